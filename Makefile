@@ -1,0 +1,42 @@
+# The README's commands. `make run` and `make test` create their own environment on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STEPS  ?= 100
+WORKSPACE ?= ./workspace
+# torch 2.13.0 is the CPU build this machine's package index carries; the fake trainer needs it.
+TORCH  ?= torch==2.13.0 numpy
+
+.PHONY: run test lint bench clean sysdeps
+
+$(VENV)/.ready: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check $(TORCH)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	touch $@
+
+# The main job: the smoke stack (stand-in inference + fake-data trainer) on a local workspace.
+# STEPS=0 runs until Ctrl-C.
+run: $(VENV)/.ready
+	$(BIN)/podkit up --smoke --workspace $(WORKSPACE) $(if $(filter-out 0,$(STEPS)),--steps $(STEPS))
+
+# Tools the tests run for real: fuser/lsof (psmisc, lsof) and git. Installed only where missing.
+sysdeps:
+	@missing=""; \
+	command -v fuser >/dev/null || missing="$$missing psmisc"; \
+	command -v lsof  >/dev/null || missing="$$missing lsof"; \
+	command -v git   >/dev/null || missing="$$missing git"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq $$missing; \
+	  else echo "install:$$missing" >&2; exit 1; fi; \
+	fi
+
+test: $(VENV)/.ready sysdeps
+	$(BIN)/ruff check src tests bench
+	$(BIN)/pytest
+
+bench: $(VENV)/.ready
+	$(BIN)/python bench/boot.py
+
+clean:
+	rm -rf $(VENV) workspace

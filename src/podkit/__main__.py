@@ -1,0 +1,3 @@
+from podkit.cli import main
+
+raise SystemExit(main())

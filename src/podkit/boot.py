@@ -1,0 +1,111 @@
+"""The container's whole boot. Each stage is idempotent; none may exit the container in a loop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from podkit import config, log, preflight, reap, render, safemode, sync
+from podkit.errors import PodkitError, StageError
+from podkit.state import read_json, write_json
+
+_log = log.get("boot")
+
+
+def run_stages(cfg) -> dict[str, str]:
+    """preflight -> reap -> sync -> render; returns supervisord's environment."""
+    if cfg.state_dir.exists():
+        safemode.clear(cfg.state_dir)
+    preflight.check(cfg)            # workspace writable, run dir, supervisord present
+    reap_stage(cfg)                 # TERM -> grace -> KILL every holder of the GPUs; stale sockets
+    sync_stage(cfg)                 # clone or fetch; never rm -rf; offline -> last good checkout
+    return render.write(cfg)        # supervisord's env from the validated config, conf checked
+
+
+def reap_stage(cfg) -> None:
+    live_ok = reap.enabled(cfg.reap.enabled)
+    for line in reap.clear_supervisor_leftovers(cfg.run_path, stop_live=live_ok, grace_s=cfg.reap.grace_s):
+        log.get("reap").info(line)
+    if not live_ok:
+        log.get("reap").info("skipped: podkit is not the container's entrypoint "
+                             "(PODKIT_REAP_ENABLED=always to free the GPUs anyway)")
+        return
+    report = reap.run(cfg.devices, cfg.reap.grace_s, cfg.reap.kill_wait_s, gpu_timeout_s=cfg.reap.gpu_free_timeout_s)
+    survivors = report.survivors
+    if survivors and cfg.reap.on_failure == "safe-mode":
+        raise StageError("reap", "GPU still held by " + ", ".join(reap.describe(h) for h in survivors),
+                         "restart the pod (not only the container); or PODKIT_REAP_ON_FAILURE=continue")
+
+
+def sync_stage(cfg) -> None:
+    r = cfg.repo
+    if not r.url:
+        log.get("sync").info("no repo configured (PODKIT_REPO_URL): nothing to sync")
+        return
+    result = sync.update(r.url, r.ref, r.dest, depth=r.depth, timeout_s=r.timeout_s, retries=r.retries,
+                         lock_timeout_s=r.lock_timeout_s)
+    write_json(cfg.state_dir / "sync.json", {"changed": result.changed, "old": result.old, "new": result.new,
+                                             "mode": result.mode, "notes": result.notes, "time": time.time()})
+
+
+def _record_current(cfg, pid: int) -> None:
+    write_json(cfg.state_dir / "current.json", {"run_dir": str(cfg.run_path), "socket": str(cfg.socket_path),
+                                                "supervisord_pid": pid, "started": time.time(),
+                                                "inference": {"host": cfg.inference.host,
+                                                              "port": cfg.inference.port}})
+
+
+def supervisord_argv(env: dict[str, str]) -> list[str]:
+    return [preflight.supervisord_path() or "supervisord", "-n", "-c", str(config.packaged("supervisord.conf"))]
+
+
+def exec_supervisord(cfg, env: dict[str, str]):
+    """PID 1 from here on: supervisord receives the container's stop signal."""
+    _record_current(cfg, os.getpid())
+    _log.info("exec supervisord")
+    argv = supervisord_argv(env)
+    os.execve(argv[0], argv, env)
+
+
+def boot(cfg) -> int:
+    """`podkit boot`: never a fast exit. A failed stage waits in safe mode."""
+    try:
+        env = run_stages(cfg)
+    except PodkitError as e:
+        stage = getattr(e, "stage", "boot")
+        return safemode.wait(cfg.state_dir, stage, e.message, e.hint)
+    exec_supervisord(cfg, env)
+    return 0  # not reached
+
+
+def up(cfg, steps: int | None = None) -> int:
+    """`podkit up`: the same stages, then supervisord as a child in the foreground; with `steps`,
+    stop everything cleanly once the trainer has reached that step."""
+    env = run_stages(cfg)
+    proc = subprocess.Popen(supervisord_argv(env), env=env)
+    _record_current(cfg, proc.pid)
+    stopping: list[int] = []
+
+    def forward(signum, _frame):
+        stopping.append(signum)
+        proc.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    progress = cfg.state_dir / "progress.json"
+    started = time.time()
+    while proc.poll() is None:
+        time.sleep(0.2)
+        rec = read_json(progress, {}) or {}
+        # Only progress made since this start counts: a workspace may already be past the step.
+        if steps and not stopping and rec.get("time", 0) > started and rec.get("step", 0) >= steps:
+            _log.info(f"trainer reached step {rec['step']} (--steps {steps}): stopping everything")
+            stopping.append(0)
+            proc.send_signal(signal.SIGTERM)
+    code = proc.wait()
+    final = read_json(progress, {}) or {}
+    _log.info(f"supervisord exited {code}; trainer at step {final.get('step', 0)}, "
+              f"last checkpoint at step {final.get('checkpoint_step', 0)}")
+    return code

@@ -1,0 +1,144 @@
+"""podkit's verbs. Stage names are verbs too: `podkit reap`, `podkit sync`, `podkit render`.
+
+Errors follow click: `podkit: error: ...` on stderr, exit 2 for usage and config errors, 1 for
+runtime failures, and no traceback for a person's mistake unless PODKIT_DEBUG is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from podkit import config, log
+from podkit.errors import ConfigError, PodkitError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="podkit", description=__doc__.splitlines()[0])
+    p.add_argument("--config", help="pod config YAML (default: $PODKIT_CONFIG, else built-in defaults)")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    sub.add_parser("boot", help="the container entrypoint: preflight, reap, sync, render, exec supervisord")
+    up = sub.add_parser("up", help="run the boot pipeline and supervisord in the foreground (local runs)")
+    up.add_argument("--smoke", action="store_true", help="use the built-in no-GPU smoke config")
+    up.add_argument("--workspace", help="workspace directory (default: the config's)")
+    up.add_argument("--steps", type=int, help="stop everything cleanly once the trainer reaches this step")
+
+    st = sub.add_parser("status", help="programs, trainer progress, inference phase")
+    st.add_argument("--json", action="store_true")
+    st.add_argument("--workspace")
+
+    run = sub.add_parser("run", help="what supervisord runs: sglang | trainer | logs")
+    run.add_argument("program", choices=["sglang", "trainer", "logs"])
+
+    rp = sub.add_parser("reap", help="stop every process holding the GPU device files")
+    rp.add_argument("--devices", help="glob of device files (default: $PODKIT_DEVICES, /dev/nvidia*)")
+    rp.add_argument("--grace", type=float, help="SIGTERM to SIGKILL grace, seconds")
+    rp.add_argument("--dry-run", action="store_true", help="find and report holders, kill nothing")
+    rp.add_argument("--json", action="store_true")
+
+    sy = sub.add_parser("sync", help="bring the training repo to a ref, keeping local work")
+    sy.add_argument("--repo", help="repository URL (default: $PODKIT_REPO_URL)")
+    sy.add_argument("--ref", help="branch, tag or commit")
+    sy.add_argument("--dest", help="checkout directory")
+    sy.add_argument("--json", action="store_true")
+
+    sub.add_parser("render", help="check supervisord.conf with the config and print supervisord's settings")
+    cf = sub.add_parser("config", help="print the resolved config (or --defaults, the documented default)")
+    cf.add_argument("--defaults", action="store_true")
+    return p
+
+
+def _load(args, **overrides):
+    path = args.config
+    if getattr(args, "smoke", False):
+        path = str(config.packaged("configs/smoke.yaml"))
+    ov = {k: v for k, v in overrides.items() if v is not None}
+    cfg = config.load(path, overrides=ov)
+    log.set_level(cfg.log_level)
+    return cfg
+
+
+def dispatch(args) -> int:
+    verb = args.verb
+    if verb == "boot":
+        from podkit import boot
+
+        try:
+            cfg = _load(args)
+        except ConfigError as e:
+            # PID 1 never exits on a bad config: that is a restart loop.
+            from podkit import safemode
+
+            ws = Path(os.environ.get("PODKIT_WORKSPACE", "/workspace")) / ".podkit"
+            return safemode.wait(ws if ws.parent.is_dir() else None, "config", e.message, e.hint)
+        return boot.boot(cfg)
+    if verb == "up":
+        from podkit import boot
+
+        cfg = _load(args, workspace=args.workspace)
+        return boot.up(cfg, steps=args.steps)
+    if verb == "status":
+        from podkit import status
+
+        ws = args.workspace or _load(args).workspace
+        return status.main(Path(ws).absolute(), args.json)
+    if verb == "run":
+        from podkit import programs
+
+        return programs.run(args.program, _load(args))
+    if verb == "reap":
+        from podkit import reap
+
+        cfg = _load(args)
+        report = reap.run(args.devices or cfg.devices, cfg.reap.grace_s if args.grace is None else args.grace,
+                          cfg.reap.kill_wait_s, dry_run=args.dry_run, gpu_timeout_s=cfg.reap.gpu_free_timeout_s)
+        if args.json:
+            print(report.to_json())
+        return 1 if report.survivors else 0
+    if verb == "sync":
+        from podkit import sync
+
+        cfg = _load(args, **{"repo.url": args.repo, "repo.ref": args.ref, "repo.dest": args.dest})
+        r = cfg.repo
+        if not r.url:
+            raise ConfigError("command line", "repo.url", "no repository given",
+                              hint="pass --repo URL or set PODKIT_REPO_URL")
+        result = sync.update(r.url, r.ref, r.dest, depth=r.depth, timeout_s=r.timeout_s, retries=r.retries,
+                             lock_timeout_s=r.lock_timeout_s)
+        if args.json:
+            print(result.to_json())
+        return 0
+    if verb == "render":
+        from podkit import render
+
+        cfg = _load(args)
+        cfg.run_path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        render.write(cfg)
+        print((cfg.run_path / "podkit.env").read_text(), end="")
+        return 0
+    if verb == "config":
+        if args.defaults:
+            print(config.render_default_yaml(), end="")
+            return 0
+        import yaml
+
+        print(yaml.safe_dump(_load(args).as_dict(), sort_keys=False), end="")
+        return 0
+    raise AssertionError(verb)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return dispatch(args)
+    except PodkitError as e:
+        if os.environ.get("PODKIT_DEBUG"):
+            raise
+        print(f"podkit: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,325 @@
+"""The pod config: one YAML file, every key with a `PODKIT_` env-var twin, validated on load.
+
+Precedence, lowest first: the schema's defaults, the YAML file, `PODKIT_*` env vars, CLI flags.
+Never imports torch, sglang or areal: `podkit boot` reads this before anything heavy exists.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from podkit.errors import ConfigError
+
+ENV_PREFIX = "PODKIT_"
+# Env vars with the prefix that are not settings (they select or locate a config).
+NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID"}
+
+
+@dataclass(frozen=True)
+class Field:
+    type: type
+    default: Any
+    doc: str
+    unit: str = ""
+    choices: tuple = ()
+    minimum: float | None = None
+
+
+# section -> key -> Field; top-level scalars live under "" (their env twin has no section part).
+SCHEMA: dict[str, dict[str, Field]] = {
+    "": {
+        "workspace": Field(str, "/workspace", "the pod's volume: logs, checkpoints, repo, podkit state", "path"),
+        "run_dir": Field(str, "", "sockets and pid files, on local disk (never the network volume); "
+                         "empty: /tmp/podkit-<uid>-<hash of workspace>", "path"),
+        "devices": Field(str, "/dev/nvidia*", "glob of the GPU device files the reap stage frees", "glob"),
+        "log_level": Field(str, "info", "podkit's own log level", "", ("debug", "info", "warning", "error")),
+    },
+    "reap": {
+        "enabled": Field(str, "auto", "auto: only when podkit is the container's entrypoint (PID 1)",
+                         "", ("auto", "always", "never")),
+        "grace_s": Field(float, 5.0, "SIGTERM to SIGKILL grace for each holder", "s", minimum=0),
+        "kill_wait_s": Field(float, 5.0, "how long to wait for a SIGKILLed holder to be gone", "s", minimum=0),
+        "gpu_free_timeout_s": Field(float, 30.0, "wait for nvidia-smi to show the GPUs' memory freed", "s",
+                                    minimum=0),
+        "on_failure": Field(str, "safe-mode", "a holder that survives SIGKILL: stop in safe mode or go on",
+                            "", ("safe-mode", "continue")),
+    },
+    "repo": {
+        "url": Field(str, "", "training repo to sync; empty: no sync", "url"),
+        "ref": Field(str, "main", "branch, tag or commit to check out"),
+        "dest": Field(str, "", "checkout directory; empty: <workspace>/repo", "path"),
+        "depth": Field(int, 1, "fetch depth; 0: full history", "commits", minimum=0),
+        "timeout_s": Field(float, 300.0, "limit for one git network operation", "s", minimum=1),
+        "retries": Field(int, 3, "attempts for a network operation, with exponential back-off", "", minimum=1),
+        "lock_timeout_s": Field(float, 600.0, "how long a second boot waits for the sync lock", "s", minimum=0),
+    },
+    "inference": {
+        "kind": Field(str, "standin", "standin: podkit's stand-in for SGLang's HTTP API (no GPU)",
+                      "", ("standin",)),
+        "host": Field(str, "127.0.0.1", "address the server binds"),
+        "port": Field(int, 30000, "HTTP port of the server", "", minimum=1),
+        "gpus": Field(str, "0", "CUDA_VISIBLE_DEVICES for inference"),
+        "model": Field(str, "Qwen/Qwen2.5-0.5B-Instruct", "model served"),
+        "startup_delay_s": Field(float, 3.0, "stand-in only: time spent in its fake start-up phases", "s",
+                                 minimum=0),
+        "ready_timeout_s": Field(float, 900.0, "how long the trainer waits for inference to be ready", "s",
+                                 minimum=1),
+        "stop_grace_s": Field(int, 20, "supervisord's stopwaitsecs for inference", "s", minimum=1),
+    },
+    "trainer": {
+        "kind": Field(str, "fake", "fake: a real torch loop of a tiny model on seeded random data (CPU)",
+                      "", ("fake",)),
+        "gpus": Field(str, "", "CUDA_VISIBLE_DEVICES for training"),
+        "checkpoint_every": Field(int, 10, "steps between checkpoints (and weight pushes)", "steps",
+                                  minimum=1),
+        "keep_checkpoints": Field(int, 3, "checkpoints kept by the fake trainer; 0: all", "", minimum=0),
+        "step_interval_s": Field(float, 0.2, "fake trainer: minimum time per step, to pace it like a real one",
+                                 "s", minimum=0),
+        "max_steps": Field(int, 0, "stop (exit 0) after this step; 0: never", "steps", minimum=0),
+        "seed": Field(int, 0, "seed of the fake data and model"),
+        "stop_grace_s": Field(int, 8, "supervisord's stopwaitsecs for the trainer (its final checkpoint "
+                              "must fit; docker stop gives 10 s)", "s", minimum=1),
+    },
+}
+
+
+def env_name(section: str, key: str) -> str:
+    return ENV_PREFIX + (f"{section}_{key}" if section else key).upper()
+
+
+ENV_KEYS: dict[str, tuple[str, str]] = {env_name(s, k): (s, k) for s, keys in SCHEMA.items() for k in keys}
+
+
+def dotted(section: str, key: str) -> str:
+    return f"{section}.{key}" if section else key
+
+
+class Section:
+    """Attribute access to one section's validated values."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self.__dict__.update(values)
+
+    def __repr__(self) -> str:
+        return f"Section({self.__dict__!r})"
+
+
+@dataclass
+class Config:
+    values: dict[str, dict[str, Any]]
+    source: str = "defaults"
+    warnings: list[str] = field(default_factory=list)
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("values", {})
+        if name in values:
+            return Section(values[name])
+        if name in values.get("", {}):
+            return values[""][name]
+        raise AttributeError(name)
+
+    @property
+    def workspace_path(self) -> Path:
+        return Path(self.values[""]["workspace"])
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.values[""]["run_dir"])
+
+    @property
+    def state_dir(self) -> Path:
+        """Podkit's records on the volume: boots, progress, program states."""
+        return self.workspace_path / ".podkit"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.workspace_path / "logs"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.workspace_path / "checkpoints"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.run_path / "supervisor.sock"
+
+    def as_env(self) -> dict[str, str]:
+        """Every resolved setting as its env twin: the rendered config that supervisord passes on."""
+        out = {}
+        for section, keys in self.values.items():
+            for key, value in keys.items():
+                out[env_name(section, key)] = _format(value)
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        top = dict(self.values[""])
+        top.update({s: dict(v) for s, v in self.values.items() if s})
+        return top
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _did_you_mean(word: str, candidates) -> str:
+    match = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f"did you mean '{match[0]}'?" if match else ""
+
+
+def _coerce(spec: Field, raw: Any, source: str, key: str, from_env: bool) -> Any:
+    want = spec.type
+    value: Any = raw
+    if from_env and isinstance(raw, str):
+        value = raw.strip()
+        if want in (int, float):
+            try:
+                value = want(value)
+            except ValueError:
+                pass  # reported below with the raw value
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if want is str and isinstance(value, (int, float)) and not isinstance(value, bool) and key.endswith(("gpus", "ref")):
+        value = str(value)  # `gpus: 0` or `ref: 1234` in YAML mean the string
+    if value is None and want is str:
+        value = ""
+    if not isinstance(value, want) or isinstance(value, bool):
+        expected = {int: "a whole number", float: "a number", str: "a string"}[want]
+        unit = f" ({spec.unit})" if spec.unit and spec.unit not in ("path", "url", "glob") else ""
+        raise ConfigError(source, key, f"expected {expected}{unit}, got {raw!r}",
+                          hint=f"{key}: {spec.doc}; default {_format(spec.default)!s}")
+    if spec.choices and value not in spec.choices:
+        raise ConfigError(source, key, f"{value!r} is not one of {', '.join(spec.choices)}",
+                          hint=_did_you_mean(str(value), spec.choices) or spec.doc)
+    if spec.minimum is not None and value < spec.minimum:
+        raise ConfigError(source, key, f"{value!r} is below the minimum {spec.minimum:g}", hint=spec.doc)
+    return value
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(str(path), "", "file not found", hint="set PODKIT_CONFIG or --config to an existing "
+                          "file; configs/default.yaml documents every key") from None
+    except OSError as e:
+        raise ConfigError(str(path), "", f"cannot read: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(str(path), where, f"invalid YAML: {problem}",
+                          hint="check the indentation and quoting around that line") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "", f"expected a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def _apply_file(values: dict, data: dict, source: str) -> None:
+    top_keys = list(SCHEMA[""]) + [s for s in SCHEMA if s]
+    for name, raw in data.items():
+        name = str(name)
+        if name in SCHEMA[""]:
+            values[""][name] = _coerce(SCHEMA[""][name], raw, source, name, from_env=False)
+        elif name in SCHEMA and name:
+            if raw is None:
+                continue
+            if not isinstance(raw, dict):
+                raise ConfigError(source, name, f"expected a section (a mapping), got {raw!r}")
+            for key, sub in raw.items():
+                key = str(key)
+                if key not in SCHEMA[name]:
+                    raise ConfigError(source, f"{name}.{key}", "unknown key",
+                                      hint=_did_you_mean(key, SCHEMA[name]) or
+                                      f"known keys of {name}: {', '.join(SCHEMA[name])}")
+                values[name][key] = _coerce(SCHEMA[name][key], sub, source, f"{name}.{key}", from_env=False)
+        else:
+            raise ConfigError(source, name, "unknown key",
+                              hint=_did_you_mean(name, top_keys) or f"known keys: {', '.join(top_keys)}")
+
+
+def _apply_env(values: dict, environ: Mapping[str, str], warnings: list[str]) -> None:
+    for var, raw in environ.items():
+        if not var.startswith(ENV_PREFIX) or var in NON_SETTING_ENV:
+            continue
+        if var not in ENV_KEYS:
+            guess = _did_you_mean(var, ENV_KEYS)
+            warnings.append(f"env {var}: not a podkit setting, ignored" + (f"; {guess}" if guess else ""))
+            continue
+        section, key = ENV_KEYS[var]
+        values[section][key] = _coerce(SCHEMA[section][key], raw, f"env {var}", dotted(section, key), True)
+
+
+def default_run_dir(workspace: str) -> str:
+    # Short and per workspace: a unix socket path must stay under 108 bytes.
+    digest = hashlib.sha1(os.path.abspath(workspace).encode()).hexdigest()[:8]
+    return os.path.join(tempfile.gettempdir(), f"podkit-{os.getuid()}-{digest}")
+
+
+def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None,
+         overrides: Mapping[str, Any] | None = None) -> Config:
+    """Defaults < YAML file (path or $PODKIT_CONFIG) < PODKIT_* env < overrides ({"section.key": value})."""
+    environ = os.environ if environ is None else environ
+    values = {s: {k: f.default for k, f in keys.items()} for s, keys in SCHEMA.items()}
+    warnings: list[str] = []
+    path = path or environ.get("PODKIT_CONFIG") or None
+    source = "defaults"
+    if path:
+        source = str(path)
+        _apply_file(values, _read_yaml(Path(path)), source)
+    _apply_env(values, environ, warnings)
+    for name, raw in (overrides or {}).items():
+        section, _, key = name.rpartition(".")
+        values[section][key] = _coerce(SCHEMA[section][key], raw, "command line", name, from_env=True)
+    top = values[""]
+    top["workspace"] = os.path.abspath(top["workspace"])
+    if not top["run_dir"]:
+        top["run_dir"] = default_run_dir(top["workspace"])
+    if not values["repo"]["dest"]:
+        values["repo"]["dest"] = os.path.join(top["workspace"], "repo")
+    return Config(values, source, warnings)
+
+
+def packaged(name: str) -> Path:
+    """A file shipped at the top of the repo (supervisord.conf, configs/*): the wheel's copy, else the tree's."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "data" / name, here.parent.parent / name):
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(f"podkit is installed without {name}; reinstall podkit")
+
+
+def render_default_yaml() -> str:
+    """The documented default config, generated from the schema (configs/default.yaml must equal it)."""
+    lines = [
+        "# podkit's default pod config, every key with its default. Generated by `podkit config --defaults`;",
+        "# a test checks it matches the code. Read by `podkit boot` (the container's entrypoint), which owns",
+        "# the lifecycle: it runs the stages, then execs supervisord. Each key has an env twin, shown after it.",
+    ]
+    for section, keys in SCHEMA.items():
+        indent = ""
+        if section:
+            lines += ["", f"{section}:"]
+            indent = "  "
+        for key, spec in keys.items():
+            value = json.dumps(spec.default) if isinstance(spec.default, str) else _format(spec.default)
+            unit = f" [{spec.unit}]" if spec.unit else ""
+            lines.append(f"{indent}{key}: {value}  # {spec.doc}{unit} ({env_name(section, key)})")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,61 @@
+"""The preflight stage: check what the other stages and programs need before touching anything."""
+
+from __future__ import annotations
+
+import glob
+import ipaddress
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from podkit import log
+from podkit.errors import StageError
+
+_log = log.get("preflight")
+MIN_FREE_BYTES = 2 << 30  # below this a checkpoint write can fail mid-file
+
+
+def supervisord_path() -> str | None:
+    beside = Path(sys.executable).parent / "supervisord"  # same venv as podkit
+    return str(beside) if beside.exists() else shutil.which("supervisord")
+
+
+def check(cfg) -> None:
+    for w in cfg.warnings:
+        _log.warn(w)
+    _log.info(f"config {cfg.source}; workspace {cfg.workspace_path}")
+    ws = cfg.workspace_path
+    for d in (ws, cfg.log_dir, cfg.checkpoint_dir, cfg.state_dir):
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StageError("preflight", f"cannot create {d}: {e.strerror}",
+                             "mount a writable volume at the workspace (PODKIT_WORKSPACE)") from None
+    probe = cfg.state_dir / f".write-test-{os.getpid()}"
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"podkit")
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as e:
+        raise StageError("preflight", f"workspace {ws} is not writable: {e.strerror}",
+                         "checkpoints and logs go there; mount it read-write") from None
+    free = shutil.disk_usage(ws).free
+    if free < MIN_FREE_BYTES:
+        _log.warn(f"only {free / 2**30:.1f} GiB free on {ws}: checkpoints may fail; free space or grow the volume")
+    try:
+        cfg.run_path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(cfg.run_path, 0o700)
+    except OSError as e:
+        raise StageError("preflight", f"cannot create run dir {cfg.run_path}: {e.strerror}",
+                         "set PODKIT_RUN_DIR to a writable local directory") from None
+    if not supervisord_path():
+        raise StageError("preflight", "supervisord is not installed", "pip install supervisor (podkit depends on it)")
+    if cfg.inference.kind == "standin" and not ipaddress.ip_address(cfg.inference.host).is_loopback:
+        raise StageError("preflight", f"inference.host {cfg.inference.host} is not loopback",
+                         "the stand-in binds 127.0.0.1 only; set PODKIT_INFERENCE_HOST=127.0.0.1")
+    devices = glob.glob(cfg.devices)
+    smi = shutil.which("nvidia-smi")
+    _log.info(f"{len(devices)} device file(s) match {cfg.devices}; nvidia-smi {'found' if smi else 'absent'}")

@@ -1,0 +1,33 @@
+"""What supervisord runs: `podkit run <program>`. Each program reads the rendered config from its
+environment (render exports every setting as its PODKIT_ twin), so it sees exactly what boot validated."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from podkit import log
+
+PROGRAMS = ("sglang", "trainer", "logs")
+
+
+def run(name: str, cfg) -> int:
+    if name == "logs":
+        from podkit.programs import logs
+
+        return logs.main(cfg)
+    # The marker line lets phase detection read only this start's part of the log.
+    print(f"[podkit:run] starting {name} (pid {os.getpid()})", flush=True)
+    log.set_level(cfg.log_level)
+    if name == "sglang":
+        os.environ["CUDA_VISIBLE_DEVICES"] = cfg.inference.gpus
+        from podkit.programs import standin
+
+        return standin.main(cfg)
+    if name == "trainer":
+        os.environ["CUDA_VISIBLE_DEVICES"] = cfg.trainer.gpus
+        from podkit.programs import fake_trainer
+
+        return fake_trainer.main(cfg)
+    print(f"podkit: error: unknown program {name!r}; one of: {', '.join(PROGRAMS)}", file=sys.stderr)
+    return 2

@@ -1,0 +1,216 @@
+"""The fake-data trainer: a real torch training loop of a tiny model on seeded random data (CPU).
+
+It behaves as the real trainer does where podkit depends on it: waits for inference to be ready,
+asks it for a rollout each step (and stalls, as AReaL does, while inference is down), writes a
+checkpoint atomically every K steps, pushes it with /update_weights_from_disk, re-pushes when a
+restarted server serves stale weights (detected from /get_model_info's weight_version), records
+progress for `podkit status`, resumes from the latest good checkpoint, and on SIGTERM saves a final
+checkpoint and exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from podkit import log
+from podkit.checkpoint import CheckpointDir
+from podkit.state import read_json, write_json
+
+_log = log.get("trainer")
+
+
+class Stop(Exception):
+    pass
+
+
+class Inference:
+    def __init__(self, host: str, port: int) -> None:
+        self.base = f"http://{host}:{port}"
+
+    def call(self, path: str, body: dict | None = None, timeout: float = 10.0) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read()
+        return json.loads(raw) if raw else {}
+
+    def ready(self) -> bool:
+        try:
+            self.call("/health", timeout=2.0)
+            return True
+        except (OSError, urllib.error.URLError, ValueError):
+            return False
+
+
+class FakeTrainer:
+    def __init__(self, cfg) -> None:
+        import torch  # only the trainer pays for torch; never the boot path
+
+        self.torch = torch
+        self.cfg = cfg
+        t = cfg.trainer
+        self.every, self.interval, self.max_steps = t.checkpoint_every, t.step_interval_s, t.max_steps
+        self.ckpts = CheckpointDir(cfg.checkpoint_dir, keep=t.keep_checkpoints)
+        self.progress_path = cfg.state_dir / "progress.json"
+        self.inference = Inference(cfg.inference.host, cfg.inference.port)
+        self.ready_timeout = cfg.inference.ready_timeout_s
+        self.stopping = False
+        torch.manual_seed(t.seed)
+        self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(t.seed)
+        self.true_w = torch.randn(16, 1, generator=g)
+        self.seed = t.seed
+        self.step = 0
+        self.pushed: str | None = None
+        self.resumed_from: str | None = None
+        self.last_ckpt_step = 0
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def on_sigterm(self, *_):
+        self.stopping = True
+
+    def resume(self) -> None:
+        found = self.ckpts.load_latest(self.torch)
+        if found is None:
+            _log.info("no checkpoint found: starting at step 0")
+            return
+        path, state = found
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optim"])
+        self.step = self.last_ckpt_step = int(state["step"])
+        self.resumed_from = path.name
+        _log.info(f"resumed from checkpoint {path.name} (step {self.step})")
+
+    def wait_for_inference(self) -> None:
+        t0 = time.monotonic()
+        told = 0.0
+        while not self.inference.ready():
+            if self.stopping:
+                raise Stop
+            waited = time.monotonic() - t0
+            if waited > self.ready_timeout:
+                raise SystemExit(f"inference at {self.inference.base} not ready after {self.ready_timeout:.0f}s")
+            if waited - told >= 5:
+                _log.info(f"waiting for inference at {self.inference.base} ({waited:.0f}s)")
+                told = waited
+            time.sleep(0.25)
+
+    # -- one step ---------------------------------------------------------------------------------------
+    def rollout(self) -> None:
+        """Ask inference for a generation; stall while it is down, as a real trainer waits for rollouts."""
+        t0 = time.monotonic()
+        warned = False
+        while True:
+            if self.stopping:
+                raise Stop
+            try:
+                self.inference.call("/generate", {"text": f"step {self.step}", "sampling_params":
+                                                  {"max_new_tokens": 4}}, timeout=5.0)
+                if warned:
+                    _log.info(f"inference is back after {time.monotonic() - t0:.1f}s")
+                return
+            except (OSError, urllib.error.URLError, ValueError) as e:
+                if not warned:
+                    _log.warn(f"waiting for rollouts: inference unreachable ({e})")
+                    warned = True
+                time.sleep(0.25)
+
+    def train_step(self) -> float:
+        torch = self.torch
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
+        x = torch.randn(64, 16, generator=g)
+        y = x @ self.true_w + 0.01 * torch.randn(64, 1, generator=g)
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return float(loss.item())
+
+    def checkpoint(self, why: str) -> Path:
+        path = self.ckpts.save(self.torch, self.step, {"step": self.step, "model": self.model.state_dict(),
+                                                       "optim": self.opt.state_dict()})
+        self.last_ckpt_step = self.step
+        write_json(self.progress_path, {**(read_json(self.progress_path, {}) or {}), "checkpoint_step": self.step})
+        _log.info(f"checkpoint {path.name} written ({why})")
+        return path
+
+    def push_weights(self, path: Path) -> None:
+        version = str(self.step)
+        try:
+            r = self.inference.call("/update_weights_from_disk", {"model_path": str(path), "weight_version": version},
+                                    timeout=60.0)
+        except (OSError, urllib.error.URLError, ValueError) as e:
+            _log.warn(f"weight update to step {self.step} failed ({e}); will retry")
+            return
+        if r.get("success"):
+            self.pushed = version
+            _log.info(f"inference now serves weights of step {self.step}")
+        else:
+            _log.warn(f"weight update rejected: {r.get('message')}")
+
+    def ensure_served_weights(self) -> None:
+        """A restarted server serves base weights: push the latest checkpoint again, never train on stale."""
+        try:
+            served = str(self.inference.call("/get_model_info", timeout=5.0).get("weight_version"))
+        except (OSError, urllib.error.URLError, ValueError):
+            return
+        latest = self.ckpts.latest_path()
+        if latest is None:
+            return
+        want = str(self.last_ckpt_step)
+        if served != want:
+            _log.warn(f"inference serves weight_version {served!r}, trainer's latest is {want!r} "
+                      "(inference restarted?): pushing again")
+            self.push_weights(latest)
+
+    def record(self, loss: float) -> None:
+        write_json(self.progress_path, {"step": self.step, "time": time.time(), "loss": loss,
+                                        "pid": os.getpid(), "checkpoint_step": self.last_ckpt_step,
+                                        "weight_version": self.pushed, "resumed_from": self.resumed_from})
+
+    def run(self) -> int:
+        self.resume()
+        try:
+            self.wait_for_inference()
+            self.ensure_served_weights()
+            while not self.stopping:
+                t0 = time.monotonic()
+                self.rollout()
+                loss = self.train_step()
+                self.step += 1
+                if not math.isfinite(loss):
+                    _log.error(f"step {self.step}: loss is {loss}")
+                self.record(loss)
+                if self.step % 10 == 0 or self.step == 1:
+                    _log.info(f"step {self.step} loss {loss:.5f}")
+                if self.step % self.every == 0:
+                    self.push_weights(self.checkpoint("every %d steps" % self.every))
+                elif self.step % 5 == 0:
+                    self.ensure_served_weights()
+                if self.max_steps and self.step >= self.max_steps:
+                    if self.last_ckpt_step != self.step:
+                        self.checkpoint("final step")
+                    _log.info(f"reached max_steps {self.max_steps}: done")
+                    return 0
+                time.sleep(max(0.0, self.interval - (time.monotonic() - t0)))
+        except Stop:
+            pass
+        if self.step != self.last_ckpt_step or not self.ckpts.latest_path():
+            self.checkpoint("SIGTERM")
+        _log.info(f"stopped cleanly at step {self.step}")
+        return 0
+
+
+def main(cfg) -> int:
+    trainer = FakeTrainer(cfg)
+    signal.signal(signal.SIGTERM, trainer.on_sigterm)
+    signal.signal(signal.SIGINT, trainer.on_sigterm)
+    return trainer.run()

@@ -1,0 +1,101 @@
+"""supervisord event listener: every line a program prints reaches the container's stdout prefixed
+with the program's name, and each program state change is recorded for `podkit status`.
+
+supervisord writes each program's output to its rotated file under <workspace>/logs/ and emits
+PROCESS_LOG events; this listener prints them to its stderr, which supervisord.conf sends to
+/dev/stdout. The protocol is read in binary: childutils reads `len` bytes through a text stream,
+which desynchronises on the first non-ASCII character a program prints.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from podkit.state import read_json, write_json
+
+READY = b"READY\n"
+OK = b"RESULT 2\nOK"
+
+
+def parse_headers(line: bytes) -> dict[str, str]:
+    return dict(tok.split(":", 1) for tok in line.decode(errors="replace").split())
+
+
+class Pump:
+    def __init__(self, out, states_path: Path | None, width: int = 8) -> None:
+        self.out = out
+        self.partial: dict[tuple[str, str], str] = {}
+        self.states_path = states_path
+        self.width = width
+        self.states = read_json(states_path, {}) if states_path else {}
+        # Counts belong to one supervisord; a new one (new boot) starts them again.
+        owner = os.getppid()
+        if self.states.get("_supervisord") != owner:
+            self.states = {"_supervisord": owner}
+
+    def log(self, name: str, channel: str, data: str) -> None:
+        key = (name, channel)
+        text = self.partial.pop(key, "") + data
+        lines = text.split("\n")
+        if lines[-1]:
+            self.partial[key] = lines[-1]
+        for line in lines[:-1]:
+            self.out.write(f"{name:<{self.width}} | {line.rstrip(chr(13))}\n")
+        self.out.flush()
+
+    def flush(self, name: str | None = None) -> None:
+        for (n, ch), rest in list(self.partial.items()):
+            if name is None or n == name:
+                self.log(n, ch, rest + "\n")
+
+    def state(self, event: str, headers: dict[str, str]) -> None:
+        name = headers.get("processname", "?")
+        to = event.removeprefix("PROCESS_STATE_")
+        rec = self.states.setdefault(name, {"starts": 0})
+        if to == "STARTING":
+            rec["starts"] = rec.get("starts", 0) + 1
+        if to == "FATAL":
+            rec["fatal_at"] = time.time()
+        rec.update(state=to, since=time.time(), pid=int(headers.get("pid", 0) or 0) or rec.get("pid"))
+        # A program's unfinished last line is flushed when it stops.
+        if to in ("EXITED", "STOPPED", "BACKOFF", "FATAL"):
+            self.flush(name)
+        if self.states_path:
+            write_json(self.states_path, self.states)
+
+    def handle(self, headers: dict[str, str], payload: bytes) -> None:
+        event = headers.get("eventname", "")
+        if event.startswith("PROCESS_LOG"):
+            head, _, data = payload.partition(b"\n")
+            h = parse_headers(head)
+            self.log(h.get("processname", "?"), h.get("channel", "stdout"), data.decode(errors="replace"))
+        elif event.startswith("PROCESS_STATE"):
+            self.state(event, parse_headers(payload.split(b"\n", 1)[0]))
+
+
+def main(cfg) -> int:
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    pump = Pump(sys.stderr, Path(cfg.run_path) / "programs.json")
+
+    def stop(*_):
+        pump.flush()
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    while True:
+        stdout.write(READY)
+        stdout.flush()
+        line = stdin.readline()
+        if not line:
+            return 0
+        headers = parse_headers(line)
+        payload = stdin.read(int(headers["len"]))
+        try:
+            pump.handle(headers, payload)
+        finally:
+            stdout.write(OK)
+            stdout.flush()

@@ -1,0 +1,156 @@
+"""STAND-IN for SGLang's HTTP server, for the no-GPU smoke stack. It is not SGLang.
+
+It speaks the subset of SGLang's API that podkit and the trainers use (/health, /health_generate,
+/get_model_info, /v1/models, /generate, /update_weights_from_disk) and behaves like SGLang where
+podkit depends on it: nothing listens until start-up is over (connection refused), the start-up
+phases print SGLang's own log lines, and a restarted server serves the base weights
+(`weight_version` "default") until a trainer pushes again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+BANNER = "[stand-in] podkit's SGLang stand-in (not SGLang): no GPU, no model, same HTTP API subset"
+
+
+def say(msg: str) -> None:
+    # SGLang's log format, so the phase detection that reads real logs reads these too.
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}", flush=True)
+
+
+class State:
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.weight_version = "default"  # what SGLang reports before any update
+        self.weights_path = model
+        self.frozen = threading.Event()  # fault injection: accept connections, never answer
+        self.lock = threading.Lock()
+
+
+def make_handler(state: State):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "sglang-standin"
+
+        def log_message(self, fmt, *args):  # requests are not logged, like SGLang at info level
+            pass
+
+        def _send(self, code: int, body) -> None:
+            data = json.dumps(body).encode() if not isinstance(body, bytes) else body
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> dict:
+            n = int(self.headers.get("Content-Length") or 0)
+            if not n:
+                return {}
+            try:
+                return json.loads(self.rfile.read(n) or b"{}")
+            except json.JSONDecodeError:
+                return {}
+
+        def _maybe_freeze(self) -> None:
+            while state.frozen.is_set():
+                time.sleep(0.5)
+
+        def do_GET(self) -> None:
+            self._maybe_freeze()
+            if self.path == "/health":
+                self._send(200, b"")
+            elif self.path == "/health_generate":
+                self._send(200, b"")
+            elif self.path == "/get_model_info":
+                with state.lock:
+                    self._send(200, {"model_path": state.model, "tokenizer_path": state.model,
+                                     "is_generation": True, "preferred_sampling_params": None,
+                                     "weight_version": state.weight_version})
+            elif self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [
+                    {"id": state.model, "object": "model", "created": int(time.time()), "owned_by": "sglang",
+                     "root": state.model, "max_model_len": 4096}]})
+            else:
+                self._send(404, {"detail": "Not Found"})
+
+        def do_POST(self) -> None:
+            self._maybe_freeze()
+            body = self._body()
+            if self.path == "/generate":
+                text = body.get("text") or ""
+                n = int((body.get("sampling_params") or {}).get("max_new_tokens", 8))
+                with state.lock:
+                    version = state.weight_version
+                self._send(200, {"text": " 42" * max(1, min(n, 16)), "meta_info": {
+                    "id": os.urandom(8).hex(), "prompt_tokens": len(str(text).split()),
+                    "completion_tokens": n, "finish_reason": {"type": "length", "length": n},
+                    "weight_version": version}})
+            elif self.path == "/update_weights_from_disk":
+                path = body.get("model_path")
+                if not path or not os.path.exists(path):
+                    self._send(400, {"success": False, "message": f"Failed to get weights iterator: {path!r} "
+                                     "does not exist", "num_paused_requests": 0})
+                    return
+                with open(path, "rb") as f:  # really read them, as SGLang would
+                    while f.read(1 << 20):
+                        pass
+                with state.lock:
+                    state.weights_path = path
+                    state.weight_version = str(body.get("weight_version") or state.weight_version)
+                    version = state.weight_version
+                say(f"Update weights from disk: {path} (weight_version={version})")
+                self._send(200, {"success": True, "message": "Succeeded to update model weights.",
+                                 "num_paused_requests": 0})
+            else:
+                self._send(404, {"detail": "Not Found"})
+
+    return Handler
+
+
+def serve(host: str, port: int, model: str, startup_delay_s: float) -> int:
+    print(BANNER, flush=True)
+    say(f"server_args=ServerArgs(model_path='{model}', host='{host}', port={port}, stand_in=True)")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # Start-up phases: nothing listens yet, exactly like SGLang before its HTTP server starts.
+    step = startup_delay_s / 2
+    say("Load weight begin. avail mem=0.00 GB")
+    if stop.wait(step):
+        return 0
+    say(f"Load weight end. type=StandIn, dtype=float32, avail mem=0.00 GB, mem usage=0.00 GB, elapsed={step:.2f} s")
+    say("Capture cuda graph begin. This can take up to several minutes. avail mem=0.00 GB")
+    if stop.wait(step):
+        return 0
+    say(f"Capture cuda graph end. Time elapsed: {step:.2f} s. mem usage=0.00 GB. avail mem=0.00 GB.")
+    state = State(model)
+    httpd = ThreadingHTTPServer((host, port), make_handler(state))
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    say(f"Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
+    say("The server is fired up and ready to roll!")
+    # SIGUSR1 freezes the server (accepts, never answers), SIGUSR2 thaws it: the fault suite's hang.
+    signal.signal(signal.SIGUSR1, lambda *_: state.frozen.set())
+    signal.signal(signal.SIGUSR2, lambda *_: state.frozen.clear())
+    stop.wait()
+    say("Shutting down (SIGTERM)")
+    httpd.shutdown()
+    httpd.server_close()
+    return 0
+
+
+def main(cfg) -> int:
+    inf = cfg.inference
+    return serve(inf.host, inf.port, inf.model, inf.startup_delay_s)
+
+
+if __name__ == "__main__":
+    sys.exit(serve("127.0.0.1", int(sys.argv[1]) if len(sys.argv) > 1 else 30000, "stand-in", 0.0))

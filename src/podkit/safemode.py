@@ -1,0 +1,74 @@
+"""Safe mode: a boot that cannot start training waits here, explaining itself, instead of exiting.
+
+An exiting PID 1 is a restart loop under `restart: always` or RunPod (seed 001: a failed
+`git clone` restarted the container every 17 s for hours and looked like a training crash).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from podkit.state import write_json
+
+REMIND_EVERY_S = 600
+
+
+def banner(stage: str, message: str, hint: str) -> str:
+    lines = [
+        "=" * 78,
+        f"podkit is in SAFE MODE: the {stage} stage failed, so training was not started.",
+        f"  why: {message}",
+    ]
+    if hint:
+        lines.append(f"  fix: {hint}")
+    lines += [
+        "  The container stays up on purpose (exiting would restart-loop it). Fix the cause and",
+        "  restart the container; `podkit status` shows this again.",
+        "=" * 78,
+    ]
+    return "\n".join(lines)
+
+
+def record(state_dir: Path | None, stage: str, message: str, hint: str) -> None:
+    if state_dir is None:
+        return
+    try:
+        write_json(state_dir / "safe-mode.json", {"stage": stage, "message": message, "hint": hint,
+                                                  "since": time.time(), "pid": os.getpid()})
+    except OSError:
+        pass  # a read-only or full workspace is often the reason we are here
+
+
+def clear(state_dir: Path) -> None:
+    (state_dir / "safe-mode.json").unlink(missing_ok=True)
+
+
+def wait(state_dir: Path | None, stage: str, message: str, hint: str = "") -> int:
+    """Blocks until SIGTERM/SIGINT, then returns 0 (docker stop ends safe mode promptly)."""
+    record(state_dir, stage, message, hint)
+    print(banner(stage, message, hint), flush=True)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
+    last = time.monotonic()
+    while not stopping:
+        time.sleep(0.2)
+        _reap_orphans()
+        if time.monotonic() - last > REMIND_EVERY_S:
+            print(f"[podkit:boot] still in safe mode ({stage}: {message})", flush=True)
+            last = time.monotonic()
+    return 0
+
+
+def _reap_orphans() -> None:
+    # As PID 1 every orphan in the container is ours to wait for.
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return

@@ -1,0 +1,87 @@
+"""`podkit status`: each program's state, pid, uptime and restarts, the trainer's progress and the
+inference phase, from supervisord (over its unix socket) and the records on the volume."""
+
+from __future__ import annotations
+
+import json
+import time
+import xmlrpc.client
+from pathlib import Path
+
+from podkit import health
+from podkit.state import read_json
+
+
+def rpc(socket_path: str | Path, timeout: float = 5.0):
+    from supervisor.xmlrpc import SupervisorTransport
+
+    transport = SupervisorTransport(None, None, f"unix://{socket_path}")
+    transport.timeout = timeout
+    return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+
+
+def collect(workspace: Path) -> dict:
+    state_dir = workspace / ".podkit"
+    current = read_json(state_dir / "current.json", {}) or {}
+    out: dict = {"workspace": str(workspace), "supervisord": {"reachable": False}, "programs": {},
+                 "trainer": {}, "inference": {}, "safe_mode": read_json(state_dir / "safe-mode.json")}
+    infos = []
+    sock = current.get("socket")
+    if sock:
+        try:
+            server = rpc(sock)
+            infos = server.supervisor.getAllProcessInfo()
+            out["supervisord"] = {"reachable": True, "pid": server.supervisor.getPID(), "socket": sock}
+        except (OSError, xmlrpc.client.Error) as e:
+            out["supervisord"] = {"reachable": False, "socket": sock, "error": str(e)}
+    records = read_json(Path(current.get("run_dir", "/nonexistent")) / "programs.json", {}) or {}
+    for info in infos:
+        name = info["name"]
+        if name == "logs":
+            continue
+        rec = records.get(name, {})
+        running = info["statename"] == "RUNNING"
+        out["programs"][name] = {
+            "state": info["statename"], "pid": info["pid"] or None,
+            "uptime_s": (info["now"] - info["start"]) if running else 0,
+            "restarts": max(0, rec.get("starts", 1) - 1), "exitstatus": info["exitstatus"],
+            "fatal": info["statename"] == "FATAL",
+        }
+    prog = read_json(state_dir / "progress.json", {}) or {}
+    out["trainer"] = {"step": prog.get("step"), "last_progress": prog.get("time"), "loss": prog.get("loss"),
+                      "checkpoint_step": prog.get("checkpoint_step"), "weight_version": prog.get("weight_version")}
+    inf = current.get("inference") or {}
+    sglang = out["programs"].get("sglang")
+    out["inference"] = {"phase": health.inference_phase(
+        inf.get("host", "127.0.0.1"), inf.get("port", 30000), workspace / "logs" / "sglang.log",
+        running=None if sglang is None else sglang["state"] in ("RUNNING", "STARTING"))}
+    return out
+
+
+def _ago(ts) -> str:
+    return f"{time.time() - ts:.0f}s ago" if ts else "never"
+
+
+def human(st: dict) -> str:
+    lines = []
+    if st.get("safe_mode"):
+        sm = st["safe_mode"]
+        lines += [f"SAFE MODE since {_ago(sm.get('since'))}: {sm.get('stage')}: {sm.get('message')}",
+                  f"  fix: {sm.get('hint')}" if sm.get("hint") else "", ""]
+    sv = st["supervisord"]
+    lines.append(f"supervisord: {'pid ' + str(sv.get('pid')) if sv.get('reachable') else 'not reachable'}"
+                 + (f" ({sv.get('error')})" if sv.get("error") else ""))
+    for name, p in st["programs"].items():
+        lines.append(f"  {name:<8} {p['state']:<9} pid {p['pid'] or '-':<7} up {p['uptime_s']:>6}s "
+                     f"restarts {p['restarts']}")
+    t = st["trainer"]
+    lines.append(f"trainer: step {t.get('step')}, last progress {_ago(t.get('last_progress'))}, "
+                 f"checkpoint at step {t.get('checkpoint_step')}")
+    lines.append(f"inference: {st['inference']['phase']}")
+    return "\n".join(ln for ln in lines if ln is not None)
+
+
+def main(workspace: Path, as_json: bool) -> int:
+    st = collect(workspace)
+    print(json.dumps(st, indent=2) if as_json else human(st))
+    return 0 if st["supervisord"].get("reachable") else 1

@@ -1,0 +1,439 @@
+"""The sync stage: bring the training repo to REF without ever causing a restart loop.
+
+Every path ends in a usable checkout or a clear error the boot turns into safe mode; none deletes
+what a person wrote. A fresh clone is fetched into a temp dir beside DEST and published by rename,
+so a container killed mid-clone never leaves a half repo at DEST. Uncommitted edits to tracked
+files are stashed (named, timestamped); untracked files stay where they are; local commits get a
+backup branch; a directory that is not a usable clone of URL is moved aside, never removed.
+A token reaches git only through GIT_ASKPASS and the environment: never argv, .git/config or logs.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import random
+import re
+import shutil
+import stat
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from podkit import log, reap
+from podkit.errors import StageError
+
+_log = log.get("sync")
+TOKEN_ENV = ("GIT_TOKEN", "GITHUB_TOKEN")
+AUTH_FAILURE = re.compile(r"Authentication failed|could not read (Username|Password)|terminal prompts disabled|"
+                          r"HTTP Basic: Access denied|returned error: 40[13]", re.I)
+
+
+class SyncError(StageError):
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__("sync", message, hint)
+
+
+@dataclass
+class Result:
+    changed: bool
+    old: str | None
+    new: str | None
+    mode: str  # cloned | updated | unchanged | offline | recovered
+    dest: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def split_credentials(url: str) -> tuple[str, str | None, str | None]:
+    """`https://user:tok@host/x` -> (`https://host/x`, user, tok). Only the clean URL is ever stored."""
+    parts = urlsplit(url)
+    if parts.scheme in ("http", "https") and (parts.username or parts.password):
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment)), parts.username, \
+            parts.password
+    return url, None, None
+
+
+def normalize_url(url: str) -> str:
+    url = split_credentials(url)[0].strip().rstrip("/")
+    url = url.removeprefix("file://")
+    if url.endswith(".git"):
+        url = url[:-4]
+    if url.startswith("/") or url.startswith("."):
+        url = os.path.realpath(url).removesuffix(".git")
+    return url
+
+
+def is_local(url: str) -> bool:
+    return url.startswith(("/", ".", "file://"))
+
+
+class Git:
+    """Runs git with bounded time, no prompts, and credentials only in the environment."""
+
+    def __init__(self, url: str, timeout_s: float, token: str | None = None, username: str | None = None):
+        self.timeout_s = timeout_s
+        self.token = token
+        self._askdir = None
+        self.env = dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C", LANG="C")
+        for var in TOKEN_ENV:
+            self.env.pop(var, None)
+        self.config = ["-c", "credential.helper=", "-c", "http.lowSpeedLimit=1000",
+                       "-c", f"http.lowSpeedTime={int(min(60, max(5, timeout_s)))}"]
+        if is_local(url):
+            self.config += ["-c", "protocol.file.allow=always"]  # submodules of a local superproject
+        if token:
+            self._askdir = tempfile.mkdtemp(prefix="podkit-askpass-")
+            script = Path(self._askdir) / "askpass"
+            # The script reads the token from its environment; the file itself holds no secret.
+            script.write_text('#!/bin/sh\ncase "$1" in\n  Username*) printf \'%s\\n\' "$_PODKIT_GIT_USER" ;;\n'
+                              '  *) printf \'%s\\n\' "$_PODKIT_GIT_TOKEN" ;;\nesac\n')
+            script.chmod(stat.S_IRWXU)
+            self.env.update(GIT_ASKPASS=str(script), _PODKIT_GIT_TOKEN=token,
+                            _PODKIT_GIT_USER=username or "x-access-token")
+
+    def close(self) -> None:
+        if self._askdir:
+            shutil.rmtree(self._askdir, ignore_errors=True)
+
+    def redact(self, text: str) -> str:
+        return text.replace(self.token, "***") if self.token else text
+
+    def run(self, args: list[str], cwd: Path | None = None, check: bool = True, progress: bool = False,
+            timeout: float | None = None) -> subprocess.CompletedProcess:
+        timeout = timeout or self.timeout_s
+        argv = ["git", *self.config, *args]
+        # Own session: a timeout kills git and its helpers (remote-https, ssh) together.
+        proc = subprocess.Popen(argv, cwd=cwd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        err_chunks: list[bytes] = []
+        reader = threading.Thread(target=self._read_stderr, args=(proc, err_chunks, progress), daemon=True)
+        reader.start()
+        try:
+            out = proc.stdout.read() if proc.stdout else b""
+            proc.wait(timeout=max(0.1, timeout))
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            reader.join(2)
+            raise SyncError(f"git {args[0]} took longer than {timeout:.0f}s and was stopped",
+                            "the remote is slow or unreachable; raise PODKIT_REPO_TIMEOUT_S if it is just slow")
+        finally:
+            if proc.poll() is None:
+                _kill_group(proc)
+        reader.join(5)
+        err = self.redact(b"".join(err_chunks).decode(errors="replace"))
+        res = subprocess.CompletedProcess(argv, proc.returncode, out.decode(errors="replace"), err)
+        if check and res.returncode != 0:
+            raise GitFailed(args, res.returncode, err)
+        return res
+
+    def _read_stderr(self, proc, chunks: list[bytes], progress: bool) -> None:
+        last = 0.0
+        buf = b""
+        for chunk in iter(lambda: proc.stderr.read1(4096), b""):
+            chunks.append(chunk)
+            if not progress:
+                continue
+            buf += chunk
+            *lines, buf = re.split(rb"[\r\n]", buf)
+            for line in lines:
+                text = self.redact(line.decode(errors="replace").strip())
+                now = time.monotonic()
+                done = "done" in text
+                if text and (done or now - last >= 2.0):
+                    _log.info(f"git: {text}")
+                    last = now
+
+    def out(self, args: list[str], cwd: Path) -> str:
+        return self.run(args, cwd=cwd).stdout.strip()
+
+
+class GitFailed(Exception):
+    def __init__(self, args: list[str], code: int, stderr: str) -> None:
+        self.args_, self.code, self.stderr = args, code, stderr
+        last = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+        super().__init__(f"git {args[0]} failed ({code}): {last[-1] if last else 'no message'}")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _stamp() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+class Lock:
+    """One sync per DEST at a time, across boots sharing a volume; the second waits, bounded."""
+
+    def __init__(self, dest: Path, timeout_s: float) -> None:
+        self.path = dest.parent / f".{dest.name}.podkit-sync.lock"
+        self.timeout_s = timeout_s
+        self.fd = -1
+
+    def __enter__(self) -> Lock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        until = time.monotonic() + self.timeout_s
+        told = False
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= until:
+                    os.close(self.fd)
+                    raise SyncError(f"another sync holds {self.path} for more than {self.timeout_s:.0f}s",
+                                    "another boot is syncing the same volume; wait for it, or raise "
+                                    "PODKIT_REPO_LOCK_TIMEOUT_S") from None
+                if not told:
+                    _log.info(f"waiting for another sync of {self.path.parent} ({self._holder()})")
+                    told = True
+                time.sleep(0.2)
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, f"{os.getpid()}\n".encode())
+        return self
+
+    def _holder(self) -> str:
+        try:
+            return f"pid {self.path.read_text().strip()}"
+        except OSError:
+            return "unknown holder"
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+class Syncer:
+    def __init__(self, url: str, ref: str, dest: str | Path, depth: int = 1, timeout_s: float = 300,
+                 retries: int = 3, lock_timeout_s: float = 600, backoff_s: float = 1.0,
+                 environ: dict | None = None) -> None:
+        environ = os.environ if environ is None else environ
+        self.url, user, token = split_credentials(url)
+        token = token or next((environ[v] for v in TOKEN_ENV if environ.get(v)), None)
+        self.ref, self.dest, self.depth = ref, Path(dest).absolute(), depth
+        self.retries, self.lock_timeout_s, self.backoff_s = retries, lock_timeout_s, backoff_s
+        self.git = Git(self.url, timeout_s, token, user)
+        self.notes: list[str] = []
+
+    # -- the stage ---------------------------------------------------------------------------------------
+    def update(self) -> Result:
+        try:
+            with Lock(self.dest, self.lock_timeout_s):
+                return self._update()
+        finally:
+            self.git.close()
+
+    def _update(self) -> Result:
+        self._clear_own_temp()
+        state, why = self._inspect()
+        if state == "absent":
+            return self._clone("cloned")
+        if state == "broken":
+            _log.warn(f"{self.dest} {why}; it will be moved aside (kept) and cloned fresh")
+            return self._clone("recovered")
+        return self._update_existing()
+
+    def _inspect(self) -> tuple[str, str]:
+        d = self.dest
+        if not d.exists():
+            return "absent", ""
+        if d.is_dir() and not any(d.iterdir()):
+            return "absent", ""  # an empty dir (a fresh mount point): clone into it
+        if not (d / ".git").exists():
+            return "broken", "exists but is not a git repository"
+        res = self.git.run(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"], cwd=d, check=False)
+        if res.returncode != 0:
+            return "broken", "is a half-finished clone (no commit checked out)"
+        origin = self.git.run(["config", "--get", "remote.origin.url"], cwd=d, check=False).stdout.strip()
+        if normalize_url(origin) != normalize_url(self.url):
+            return "broken", f"is a clone of another remote ({origin or 'none'})"
+        return "ok", ""
+
+    def _with_retries(self, what: str, fn):
+        last: Exception | None = None
+        for attempt in range(1, self.retries + 1):
+            try:
+                return fn()
+            except (GitFailed, SyncError) as e:
+                last = e
+                detail = e.stderr if isinstance(e, GitFailed) else str(e)
+                if AUTH_FAILURE.search(detail):
+                    raise SyncError(f"{what}: authentication refused by {self.url}",
+                                    "set GIT_TOKEN (or GITHUB_TOKEN) to a token with read access") from None
+                if attempt < self.retries:
+                    delay = min(30.0, self.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
+                    _log.warn(f"{what} failed (attempt {attempt}/{self.retries}): {e}; retrying in {delay:.1f}s")
+                    time.sleep(delay)
+        assert last is not None
+        raise SyncError(f"{what} failed after {self.retries} attempt(s): {last}",
+                        f"check that {self.url} is reachable from the pod and PODKIT_REPO_REF={self.ref} exists")
+
+    def _fetch(self, repo: Path) -> tuple[str, str]:
+        """Fetch REF (branch, tag or commit) into FETCH_HEAD; returns (commit, kind)."""
+        depth = [f"--depth={self.depth}"] if self.depth else []
+        shallow = (repo / ".git" / "shallow").exists()
+        if not self.depth and shallow:
+            depth = ["--unshallow"]
+        self._with_retries(f"fetching {self.ref}", lambda: self.git.run(
+            ["fetch", "--no-tags", "--progress", *depth, "origin", self.ref], cwd=repo, progress=True))
+        commit = self.git.out(["rev-parse", "FETCH_HEAD^{commit}"], cwd=repo)
+        head = (repo / ".git" / "FETCH_HEAD").read_text().split("\n", 1)[0]
+        kind = "branch" if "\tbranch '" in head else "tag" if "\ttag '" in head else "commit"
+        return commit, kind
+
+    def _checkout(self, repo: Path, commit: str, kind: str) -> None:
+        if kind == "branch":
+            self.git.run(["checkout", "-q", "-B", self.ref, commit], cwd=repo)
+        else:
+            self.git.run(["checkout", "-q", "--detach", commit], cwd=repo)
+        if (repo / ".gitmodules").exists():
+            depth = [f"--depth={self.depth}"] if self.depth else []
+            self._with_retries("updating submodules", lambda: self.git.run(
+                ["submodule", "update", "--init", "--recursive", *depth], cwd=repo, progress=True))
+        _marker(repo).write_text(commit + "\n")
+
+    # -- clone ---------------------------------------------------------------------------------------------
+    def _temp(self) -> Path:
+        return self.dest.parent / f".{self.dest.name}.podkit-clone"
+
+    def _clear_own_temp(self) -> None:
+        # A clone killed part-way leaves only our temp dir: it never held anything of the user's.
+        tmp = self._temp()
+        if tmp.exists():
+            _log.info(f"removing an unfinished clone left by a killed boot: {tmp}")
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _clone(self, mode: str) -> Result:
+        tmp = self._temp()
+        self.git.run(["init", "-q", str(tmp)])
+        self.git.run(["remote", "add", "origin", self.url], cwd=tmp)
+        _log.info(f"cloning {self.url} at {self.ref} into {self.dest}"
+                  + (f" (shallow, depth {self.depth})" if self.depth else ""))
+        try:
+            commit, kind = self._fetch(tmp)
+            self._checkout(tmp, commit, kind)
+        except SyncError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if mode == "recovered":
+            self.notes.append(f"moved the old {self.dest.name} aside to {self._move_aside()}")
+            _log.warn(self.notes[-1])
+        _publish(tmp, self.dest)
+        _log.info(f"{mode} {self.dest} at {commit[:12]} ({kind} {self.ref})")
+        return Result(True, None, commit, mode, str(self.dest), self.notes)
+
+    def _move_aside(self) -> Path:
+        aside = self.dest.with_name(f"{self.dest.name}.broken-{_stamp()}")
+        try:
+            self.dest.rename(aside)
+        except OSError as e:
+            if e.errno not in (errno.EBUSY, errno.EXDEV):
+                raise
+            # DEST is a mount point: move what is in it instead.
+            aside.mkdir()
+            for child in self.dest.iterdir():
+                shutil.move(str(child), str(aside / child.name))
+        return aside
+
+    # -- update --------------------------------------------------------------------------------------------
+    def _update_existing(self) -> Result:
+        d = self.dest
+        self._clear_stale_locks(d)
+        old = self.git.out(["rev-parse", "HEAD"], cwd=d)
+        try:
+            commit, kind = self._fetch(d)
+        except SyncError as e:
+            _log.warn("=" * 72)
+            _log.warn(f"OFFLINE: {e.message}")
+            _log.warn(f"going on with the existing checkout {d} at {old[:12]}; it may not be {self.ref}")
+            _log.warn("=" * 72)
+            self.notes.append(f"offline: {e.message}")
+            return Result(False, old, old, "offline", str(d), self.notes)
+        dirty = self.git.out(["status", "--porcelain", "--untracked-files=no"], cwd=d)
+        on_branch = self.git.run(["symbolic-ref", "-q", "--short", "HEAD"], cwd=d, check=False).stdout.strip()
+        if old == commit and not dirty and (kind != "branch" or on_branch == self.ref):
+            _log.info(f"{d} already at {self.ref} ({commit[:12]}): nothing to do")
+            return Result(False, old, commit, "unchanged", str(d), self.notes)
+        if dirty:
+            self._stash(d)
+        synced = _marker(d).read_text().strip() if _marker(d).exists() else None
+        if old != commit and old != synced and not self._is_ancestor(d, old, commit):
+            branch = f"podkit/backup-{_stamp()}"
+            self.git.run(["branch", "-f", branch, old], cwd=d)
+            self.notes.append(f"local commits kept on branch {branch} (was at {old[:12]})")
+            _log.warn(self.notes[-1])
+        self._checkout(d, commit, kind)
+        mode = "updated" if old != commit else "unchanged"
+        _log.info(f"{mode} {d}: {old[:12]} -> {commit[:12]} ({kind} {self.ref})")
+        return Result(old != commit, old, commit, mode, str(d), self.notes)
+
+    def _is_ancestor(self, d: Path, a: str, b: str) -> bool:
+        return self.git.run(["merge-base", "--is-ancestor", a, b], cwd=d, check=False).returncode == 0
+
+    def _stash(self, d: Path) -> None:
+        name = f"podkit-sync-{_stamp()}"
+        ident = []
+        if not self.git.run(["config", "--get", "user.email"], cwd=d, check=False).stdout.strip():
+            ident = ["-c", "user.name=podkit", "-c", "user.email=podkit@localhost"]
+        self.git.run([*ident, "stash", "push", "-q", "-m", name], cwd=d)
+        self.notes.append(f"uncommitted changes stashed as '{name}'; get them back with: "
+                          f"git -C {d} stash apply 'stash^{{/{name}}}'")
+        _log.warn(self.notes[-1])
+
+    def _clear_stale_locks(self, d: Path) -> None:
+        gitdir = d / ".git"
+        locks = [p for p in [gitdir / "index.lock", gitdir / "HEAD.lock", gitdir / "config.lock",
+                             gitdir / "shallow.lock", gitdir / "packed-refs.lock"] if p.exists()]
+        locks += list((gitdir / "refs").rglob("*.lock"))
+        if not locks:
+            return
+        holders, _ = reap.scan([str(p) for p in locks])
+        if holders:
+            names = ", ".join(f"{h.pid} ({h.name})" for h in holders)
+            raise SyncError(f"git in {d} is in use by {names}", "let that git command finish, then restart")
+        for p in locks:
+            p.unlink(missing_ok=True)
+            self.notes.append(f"removed stale lock {p.relative_to(d)} left by a killed git")
+            _log.warn(self.notes[-1])
+
+
+def _marker(repo: Path) -> Path:
+    # The commit podkit last checked out: a HEAD elsewhere means someone committed or moved it.
+    return repo / ".git" / "podkit-synced"
+
+
+def _publish(tmp: Path, dest: Path) -> None:
+    try:
+        os.rename(tmp, dest)  # atomic; also replaces an empty directory
+        return
+    except OSError as e:
+        if e.errno not in (errno.EBUSY, errno.EXDEV, errno.ENOTEMPTY, errno.EEXIST):
+            raise
+    dest.mkdir(parents=True, exist_ok=True)
+    for child in tmp.iterdir():
+        shutil.move(str(child), str(dest / child.name))
+    tmp.rmdir()
+
+
+def update(url: str, ref: str, dest: str | Path, **kw) -> Result:
+    return Syncer(url, ref, dest, **kw).update()
