@@ -127,7 +127,7 @@ class Git:
             _kill_group(proc)
             reader.join(2)
             raise SyncError(f"git {args[0]} took longer than {timeout:.0f}s and was stopped",
-                            "the remote is slow or unreachable; raise PODKIT_REPO_TIMEOUT_S if it is just slow")
+                            "the remote is slow or unreachable; raise PODKIT_REPO_TIMEOUT_S if it is just slow") from None
         finally:
             if proc.poll() is None:
                 _kill_group(proc)

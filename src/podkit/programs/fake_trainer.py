@@ -192,7 +192,7 @@ class FakeTrainer:
                 if self.step % 10 == 0 or self.step == 1:
                     _log.info(f"step {self.step} loss {loss:.5f}")
                 if self.step % self.every == 0:
-                    self.push_weights(self.checkpoint("every %d steps" % self.every))
+                    self.push_weights(self.checkpoint(f"every {self.every} steps"))
                 elif self.step % 5 == 0:
                     self.ensure_served_weights()
                 if self.max_steps and self.step >= self.max_steps:
