@@ -45,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     sy.add_argument("--dest", help="checkout directory")
     sy.add_argument("--json", action="store_true")
 
+    ctl = sub.add_parser("ctl", help="supervisorctl for this pod: podkit ctl status | restart sglang | ...")
+    ctl.add_argument("--workspace")
+    ctl.add_argument("args", nargs=argparse.REMAINDER)
+
     sub.add_parser("render", help="check supervisord.conf with the config and print supervisord's settings")
     cf = sub.add_parser("config", help="print the resolved config (or --defaults, the documented default)")
     cf.add_argument("--defaults", action="store_true")
@@ -111,6 +115,17 @@ def dispatch(args) -> int:
         if args.json:
             print(result.to_json())
         return 0
+    if verb == "ctl":
+        from podkit import preflight
+        from podkit.state import read_json
+
+        ws = Path(args.workspace or _load(args).workspace).absolute()
+        current = read_json(ws / ".podkit" / "current.json", {}) or {}
+        if not current.get("run_dir"):
+            raise PodkitError(f"no podkit has booted on {ws}", "start it with podkit boot or podkit up")
+        exe = str(Path(preflight.supervisord_path() or "supervisord").with_name("supervisorctl"))
+        argv = [exe, "-c", str(Path(current["run_dir"]) / "supervisorctl.conf"), *args.args]
+        os.execv(argv[0], argv)
     if verb == "render":
         from podkit import render
 

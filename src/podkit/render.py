@@ -44,6 +44,8 @@ def write(cfg) -> dict[str, str]:
     env = environment(cfg)
     conf = config.packaged("supervisord.conf")
     check_supervisord_conf(conf, env)
+    # supervisorctl cannot expand supervisord.conf's %(ENV_...)s outside supervisord: give it the literal URL.
+    (cfg.run_path / "supervisorctl.conf").write_text(f"[supervisorctl]\nserverurl=unix://{cfg.socket_path}\n")
     lines = [f"{k}={v}" for k, v in sorted(cfg.as_env().items())]
     (cfg.run_path / "podkit.env").write_text("\n".join(lines) + "\n")
     _log.info(f"supervisord.conf checked; {len(lines)} settings in {cfg.run_path / 'podkit.env'}")

@@ -104,8 +104,9 @@ class FakeTrainer:
             time.sleep(0.25)
 
     # -- one step ---------------------------------------------------------------------------------------
-    def rollout(self) -> None:
-        """Ask inference for a generation; stall while it is down, as a real trainer waits for rollouts."""
+    def rollout(self) -> bool:
+        """Ask inference for a generation; stall while it is down, as a real trainer waits for rollouts.
+        Returns True when inference had been unreachable (it may have restarted)."""
         t0 = time.monotonic()
         warned = False
         while True:
@@ -116,7 +117,7 @@ class FakeTrainer:
                                                   {"max_new_tokens": 4}}, timeout=5.0)
                 if warned:
                     _log.info(f"inference is back after {time.monotonic() - t0:.1f}s")
-                return
+                return warned
             except (OSError, urllib.error.URLError, ValueError) as e:
                 if not warned:
                     _log.warn(f"waiting for rollouts: inference unreachable ({e})")
@@ -183,7 +184,8 @@ class FakeTrainer:
             self.ensure_served_weights()
             while not self.stopping:
                 t0 = time.monotonic()
-                self.rollout()
+                if self.rollout():
+                    self.ensure_served_weights()
                 loss = self.train_step()
                 self.step += 1
                 if not math.isfinite(loss):
@@ -193,8 +195,8 @@ class FakeTrainer:
                     _log.info(f"step {self.step} loss {loss:.5f}")
                 if self.step % self.every == 0:
                     self.push_weights(self.checkpoint(f"every {self.every} steps"))
-                elif self.step % 5 == 0:
-                    self.ensure_served_weights()
+                if self.step % 5 == 0:
+                    self.ensure_served_weights()  # cheap; catches a restart between two rollouts
                 if self.max_steps and self.step >= self.max_steps:
                     if self.last_ckpt_step != self.step:
                         self.checkpoint("final step")

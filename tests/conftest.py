@@ -1,0 +1,179 @@
+"""Shared test helpers. Tests kill only processes they started, by pid, and bind only 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import xmlrpc.client
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PODKIT = [sys.executable, "-m", "podkit"]
+
+
+def wait_for(cond, timeout: float, interval: float = 0.1, what: str = "condition"):
+    """Poll `cond` until it returns a truthy value; fail with `what` after `timeout` seconds."""
+    until = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > until:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+class Procs:
+    """Every process a test starts; whatever is left at the end is killed by pid."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen] = []
+        self.extra_pids: set[int] = set()
+
+    def spawn(self, argv, **kw) -> subprocess.Popen:
+        p = subprocess.Popen(argv, **kw)
+        self.started.append(p)
+        return p
+
+    def track(self, pid: int) -> None:
+        if pid:
+            self.extra_pids.add(pid)
+
+    def cleanup(self) -> None:
+        for p in self.started:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.started:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        for pid in self.extra_pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def procs():
+    tracker = Procs()
+    yield tracker
+    tracker.cleanup()
+
+
+def smoke_env(workspace: Path, port: int, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+    env.update({
+        "PODKIT_CONFIG": str(ROOT / "configs" / "smoke.yaml"),
+        "PODKIT_WORKSPACE": str(workspace),
+        "PODKIT_INFERENCE_PORT": str(port),
+        "PODKIT_INFERENCE_STARTUP_DELAY_S": "0.5",
+        "PODKIT_TRAINER_STEP_INTERVAL_S": "0.1",
+        "PODKIT_TRAINER_CHECKPOINT_EVERY": "5",
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(extra)
+    return env
+
+
+class Stack:
+    """The smoke stack booted through `podkit boot`, as the container's entrypoint runs it."""
+
+    def __init__(self, procs: Procs, workspace: Path, **env: str) -> None:
+        self.procs = procs
+        self.workspace = workspace
+        self.port = free_port()
+        self.env = smoke_env(workspace, self.port, **env)
+        self.out_path = workspace.parent / f"{workspace.name}-stdout.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Stack:
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        self.out = open(self.out_path, "ab")
+        self.proc = self.procs.spawn([*PODKIT, "boot"], env=self.env, stdout=self.out, stderr=subprocess.STDOUT)
+        wait_for(lambda: self.current().get("supervisord_pid") == self.proc.pid and self._rpc_ok(), 30,
+                 what="supervisord to accept commands")
+        return self
+
+    def current(self) -> dict:
+        try:
+            return json.loads((self.workspace / ".podkit" / "current.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def rpc(self):
+        from podkit.status import rpc
+
+        return rpc(self.current()["socket"])
+
+    def _rpc_ok(self) -> bool:
+        try:
+            self.rpc().supervisor.getState()
+            return True
+        except (OSError, xmlrpc.client.Error, KeyError):
+            return False
+
+    def pid(self, name: str) -> int:
+        info = self.rpc().supervisor.getProcessInfo(name)
+        if info["statename"] in ("STARTING", "RUNNING") and info["pid"]:
+            self.procs.track(info["pid"])
+            return info["pid"]
+        return 0
+
+    def progress(self) -> dict:
+        try:
+            return json.loads((self.workspace / ".podkit" / "progress.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def wait_step(self, step: int, timeout: float = 60) -> dict:
+        return wait_for(lambda: (p := self.progress()).get("step", 0) >= step and p, timeout,
+                        what=f"trainer step {step}")
+
+    def stdout(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def log(self, program: str) -> str:
+        return (self.workspace / "logs" / f"{program}.log").read_text(errors="replace")
+
+    def status(self) -> dict:
+        out = subprocess.run([*PODKIT, "status", "--json", "--workspace", str(self.workspace)],
+                             capture_output=True, text=True, env=self.env, timeout=30)
+        return json.loads(out.stdout)
+
+    def stop(self, timeout: float = 30) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+
+@pytest.fixture
+def stack_factory(procs, tmp_path):
+    made: list[Stack] = []
+
+    def make(name: str = "ws", **env: str) -> Stack:
+        s = Stack(procs, tmp_path / name, **env)
+        made.append(s)
+        return s
+
+    yield make
