@@ -11,6 +11,7 @@ import sys
 import urllib.request
 
 import pytest
+
 from conftest import alive, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]

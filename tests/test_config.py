@@ -1,0 +1,115 @@
+"""The pod config: validated on load, clear errors (file, key, what is wrong, hint), exit 2, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from podkit import config
+from podkit.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def podkit(*args, env=None, cwd=None):
+    return subprocess.run([sys.executable, "-m", "podkit", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=30)
+
+
+def write(tmp_path, text: str):
+    p = tmp_path / "pod.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_unknown_key_gets_a_did_you_mean_and_exit_2_without_traceback(tmp_path):
+    """A misspelt key names the file and key, suggests the right one, exits 2, prints no traceback."""
+    p = write(tmp_path, "trainer:\n  checkpoint_evry: 5\n")
+    r = podkit("--config", str(p), "config")
+    assert r.returncode == 2
+    assert f"{p}: trainer.checkpoint_evry: unknown key" in r.stderr
+    assert "did you mean 'checkpoint_every'?" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_unknown_top_level_key_suggests_a_section(tmp_path):
+    """A misspelt section is caught too."""
+    with pytest.raises(ConfigError, match=r"trainr: unknown key") as e:
+        config.load(write(tmp_path, "trainr:\n  seed: 1\n"), environ={})
+    assert "did you mean 'trainer'?" in e.value.hint
+
+
+def test_wrong_type_names_file_key_and_expected_type(tmp_path):
+    """`grace_s: soon` is reported as file: key: expected a number (s), got 'soon'."""
+    p = write(tmp_path, "reap:\n  grace_s: soon\n")
+    r = podkit("--config", str(p), "config")
+    assert r.returncode == 2
+    assert f"{p}: reap.grace_s: expected a number (s), got 'soon'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_choice_and_below_minimum_are_rejected(tmp_path):
+    """Choices and minimums are enforced with the allowed values in the message."""
+    with pytest.raises(ConfigError, match="'sometimes' is not one of auto, always, never"):
+        config.load(write(tmp_path, "reap:\n  enabled: sometimes\n"), environ={})
+    with pytest.raises(ConfigError, match="below the minimum 1"):
+        config.load(write(tmp_path, "trainer:\n  checkpoint_every: 0\n"), environ={})
+
+
+def test_invalid_yaml_reports_line_and_column(tmp_path):
+    """A YAML syntax error says where, exit 2."""
+    p = write(tmp_path, "trainer:\n  seed: [1, 2\n")
+    r = podkit("--config", str(p), "config")
+    assert r.returncode == 2 and "invalid YAML" in r.stderr and "line " in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_config_file_is_a_config_error(tmp_path):
+    """A config path that does not exist: exit 2 with a hint."""
+    r = podkit("--config", str(tmp_path / "nope.yaml"), "config")
+    assert r.returncode == 2 and "file not found" in r.stderr
+
+
+def test_every_key_has_an_env_twin_that_overrides_the_file(tmp_path):
+    """PODKIT_<SECTION>_<KEY> overrides the YAML; the env names are unique."""
+    assert len(config.ENV_KEYS) == sum(len(k) for k in config.SCHEMA.values())
+    p = write(tmp_path, "reap:\n  grace_s: 2\ntrainer:\n  checkpoint_every: 7\n")
+    cfg = config.load(p, environ={"PODKIT_REAP_GRACE_S": "9.5", "PODKIT_WORKSPACE": str(tmp_path)})
+    assert cfg.reap.grace_s == 9.5 and cfg.trainer.checkpoint_every == 7
+    assert cfg.workspace == str(tmp_path) and cfg.repo.dest == str(tmp_path / "repo")
+
+
+def test_env_twin_with_a_wrong_type_names_the_variable():
+    """A bad env value names the env var and the key."""
+    with pytest.raises(ConfigError, match=r"env PODKIT_TRAINER_CHECKPOINT_EVERY: trainer.checkpoint_every: "
+                                          r"expected a whole number"):
+        config.load(environ={"PODKIT_TRAINER_CHECKPOINT_EVERY": "often"})
+
+
+def test_unknown_podkit_env_var_is_warned_with_a_suggestion():
+    """A typo in an env var is not silently ignored."""
+    cfg = config.load(environ={"PODKIT_REAP_GRACE": "3"})
+    assert any("PODKIT_REAP_GRACE" in w and "PODKIT_REAP_GRACE_S" in w for w in cfg.warnings)
+
+
+def test_rendered_env_round_trips_to_the_same_config(tmp_path):
+    """Programs reload the config from the env that render exports: it must be the same config."""
+    cfg = config.load(ROOT / "configs" / "smoke.yaml", environ={"PODKIT_WORKSPACE": str(tmp_path)})
+    again = config.load(environ=cfg.as_env())
+    assert again.values == cfg.values
+
+
+def test_shipped_default_config_is_the_schema_default():
+    """configs/default.yaml documents every key and equals what the code uses."""
+    assert (ROOT / "configs" / "default.yaml").read_text() == config.render_default_yaml()
+    cfg = config.load(ROOT / "configs" / "default.yaml", environ={})
+    assert cfg.values == config.load(environ={}).values
+
+
+def test_shipped_smoke_config_loads():
+    """configs/smoke.yaml is valid and runs the stand-in and the fake trainer without reaping."""
+    cfg = config.load(ROOT / "configs" / "smoke.yaml", environ={})
+    assert cfg.inference.kind == "standin" and cfg.trainer.kind == "fake" and cfg.reap.enabled == "never"
