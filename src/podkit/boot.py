@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 
-from podkit import config, log, preflight, reap, render, safemode, sync
+from podkit import config, log, preflight, reap, render, safemode
 from podkit.errors import PodkitError, StageError
 from podkit.state import read_json, write_json
 
@@ -44,6 +44,8 @@ def sync_stage(cfg) -> None:
     if not r.url:
         log.get("sync").info("no repo configured (PODKIT_REPO_URL): nothing to sync")
         return
+    from podkit import sync  # git plumbing loads only when there is a repo to sync
+
     result = sync.update(r.url, r.ref, r.dest, depth=r.depth, timeout_s=r.timeout_s, retries=r.retries,
                          lock_timeout_s=r.lock_timeout_s)
     write_json(cfg.state_dir / "sync.json", {"changed": result.changed, "old": result.old, "new": result.new,

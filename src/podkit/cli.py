@@ -67,6 +67,8 @@ def _load(args, **overrides):
 
 def dispatch(args) -> int:
     verb = args.verb
+    if getattr(args, "json", False):
+        log.to_stderr()
     if verb == "boot":
         from podkit import boot
 
@@ -132,7 +134,7 @@ def dispatch(args) -> int:
         cfg = _load(args)
         cfg.run_path.mkdir(parents=True, exist_ok=True, mode=0o700)
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
-        render.write(cfg)
+        render.write(cfg, full_check=True)
         print((cfg.run_path / "podkit.env").read_text(), end="")
         return 0
     if verb == "config":
@@ -147,7 +149,9 @@ def dispatch(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # The entrypoint's exact call skips argparse: it is on every container start's critical path.
+    args = argparse.Namespace(verb="boot", config=None) if argv == ["boot"] else _parser().parse_args(argv)
     try:
         return dispatch(args)
     except PodkitError as e:

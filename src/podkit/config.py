@@ -6,33 +6,29 @@ Never imports torch, sglang or areal: `podkit boot` reads this before anything h
 
 from __future__ import annotations
 
-import difflib
-import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from podkit.errors import ConfigError
+
+# Boot-path module: stdlib only at import time (yaml, difflib, hashlib load when needed), and no
+# dataclasses, whose import and code generation cost more than supervisord's own start-up budget.
 
 ENV_PREFIX = "PODKIT_"
 # Env vars with the prefix that are not settings (they select or locate a config).
 NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID"}
 
 
-@dataclass(frozen=True)
 class Field:
-    type: type
-    default: Any
-    doc: str
-    unit: str = ""
-    choices: tuple = ()
-    minimum: float | None = None
+    __slots__ = ("type", "default", "doc", "unit", "choices", "minimum")
+
+    def __init__(self, type: type, default: Any, doc: str, unit: str = "", choices: tuple = (),
+                 minimum: float | None = None) -> None:
+        self.type, self.default, self.doc, self.unit = type, default, doc, unit
+        self.choices, self.minimum = choices, minimum
 
 
 # section -> key -> Field; top-level scalars live under "" (their env twin has no section part).
@@ -114,11 +110,10 @@ class Section:
         return f"Section({self.__dict__!r})"
 
 
-@dataclass
 class Config:
-    values: dict[str, dict[str, Any]]
-    source: str = "defaults"
-    warnings: list[str] = field(default_factory=list)
+    def __init__(self, values: dict[str, dict[str, Any]], source: str = "defaults",
+                 warnings: list[str] | None = None) -> None:
+        self.values, self.source, self.warnings = values, source, warnings or []
 
     def __getattr__(self, name: str) -> Any:
         values = self.__dict__.get("values", {})
@@ -176,6 +171,8 @@ def _format(value: Any) -> str:
 
 
 def _did_you_mean(word: str, candidates) -> str:
+    import difflib
+
     match = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
     return f"did you mean '{match[0]}'?" if match else ""
 
@@ -210,6 +207,8 @@ def _coerce(spec: Field, raw: Any, source: str, key: str, from_env: bool) -> Any
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -269,8 +268,10 @@ def _apply_env(values: dict, environ: Mapping[str, str], warnings: list[str]) ->
 
 def default_run_dir(workspace: str) -> str:
     # Short and per workspace: a unix socket path must stay under 108 bytes.
+    import hashlib
+
     digest = hashlib.sha1(os.path.abspath(workspace).encode()).hexdigest()[:8]
-    return os.path.join(tempfile.gettempdir(), f"podkit-{os.getuid()}-{digest}")
+    return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"podkit-{os.getuid()}-{digest}")
 
 
 def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None,

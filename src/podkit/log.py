@@ -9,6 +9,15 @@ _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 _threshold = 20
 
 
+_stream = None
+
+
+def to_stderr() -> None:
+    """Keep stdout for machine output (--json)."""
+    global _stream
+    _stream = sys.stderr
+
+
 def set_level(name: str) -> None:
     global _threshold
     _threshold = _LEVELS.get(name, 20)
@@ -22,7 +31,7 @@ class Log:
     def _emit(self, level: int, prefix: str, msg: str) -> None:
         if level < _threshold:
             return
-        out = self.stream or sys.stdout
+        out = self.stream or _stream or sys.stdout
         stamp = time.strftime("%H:%M:%S")
         for i, line in enumerate(str(msg).splitlines() or [""]):
             lead = f"{stamp} [podkit:{self.tag}] {prefix}" if i == 0 else f"{stamp} [podkit:{self.tag}]   "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import glob
-import ipaddress
 import os
 import shutil
 import sys
@@ -19,6 +18,15 @@ MIN_FREE_BYTES = 2 << 30  # below this a checkpoint write can fail mid-file
 def supervisord_path() -> str | None:
     beside = Path(sys.executable).parent / "supervisord"  # same venv as podkit
     return str(beside) if beside.exists() else shutil.which("supervisord")
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def check(cfg) -> None:
@@ -53,7 +61,7 @@ def check(cfg) -> None:
                          "set PODKIT_RUN_DIR to a writable local directory") from None
     if not supervisord_path():
         raise StageError("preflight", "supervisord is not installed", "pip install supervisor (podkit depends on it)")
-    if cfg.inference.kind == "standin" and not ipaddress.ip_address(cfg.inference.host).is_loopback:
+    if cfg.inference.kind == "standin" and not _loopback(cfg.inference.host):
         raise StageError("preflight", f"inference.host {cfg.inference.host} is not loopback",
                          "the stand-in binds 127.0.0.1 only; set PODKIT_INFERENCE_HOST=127.0.0.1")
     devices = glob.glob(cfg.devices)

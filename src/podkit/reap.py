@@ -20,7 +20,6 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from podkit import log
@@ -29,55 +28,60 @@ from podkit.errors import StageError
 _log = log.get("reap")
 
 
-@dataclass
 class Proc:
-    pid: int
-    ppid: int
-    pgid: int
-    sid: int
-    state: str
-    starttime: int
-    name: str
+    """One line of /proc/<pid>/stat, the fields reap needs."""
+
+    __slots__ = ("pid", "ppid", "pgid", "sid", "state", "starttime", "name")
+
+    def __init__(self, pid, ppid, pgid, sid, state, starttime, name) -> None:
+        self.pid, self.ppid, self.pgid, self.sid = pid, ppid, pgid, sid
+        self.state, self.starttime, self.name = state, starttime, name
 
     @property
     def gone(self) -> bool:
         return self.state in ("Z", "X")
 
 
-@dataclass
 class Holder:
-    pid: int
-    name: str
-    cmdline: str
-    state: str
-    pgid: int
-    devices: list[str] = field(default_factory=list)
-    how: list[str] = field(default_factory=list)  # "fd", "mmap"
-    reason: str = "holder"  # or "group of <pid>"
-    starttime: int = 0
-    outcome: str = ""  # killed | survived | would-kill | vanished
-    signal: str = ""
-    seconds: float = 0.0
+    """A process to stop: it holds a device (`devices`, `how`: fd/mmap), or shares a holder's group."""
+
+    FIELDS = ("pid", "name", "cmdline", "state", "pgid", "devices", "how", "reason", "starttime", "outcome",
+              "signal", "seconds")
+
+    def __init__(self, pid: int, name: str, cmdline: str, state: str, pgid: int, devices=None, how=None,
+                 reason: str = "holder", starttime: int = 0) -> None:
+        self.pid, self.name, self.cmdline, self.state, self.pgid = pid, name, cmdline, state, pgid
+        self.devices: list[str] = devices or []
+        self.how: list[str] = how or []
+        self.reason, self.starttime = reason, starttime
+        self.outcome = ""  # killed | survived | would-kill | vanished
+        self.signal = ""
+        self.seconds = 0.0
+
+    def to_dict(self) -> dict:
+        return {f: getattr(self, f) for f in self.FIELDS}
 
 
-@dataclass
 class Report:
-    devices: list[str]
-    holders: list[Holder] = field(default_factory=list)
-    unreadable: int = 0
-    scan_seconds: float = 0.0
-    seconds: float = 0.0
-    gpus: list[dict] = field(default_factory=list)
-    leftovers: list[str] = field(default_factory=list)
-    dry_run: bool = False
+    def __init__(self, devices: list[str], dry_run: bool = False) -> None:
+        self.devices = devices
+        self.dry_run = dry_run
+        self.holders: list[Holder] = []
+        self.unreadable = 0
+        self.scan_seconds = 0.0
+        self.seconds = 0.0
+        self.gpus: list[dict] = []
+        self.leftovers: list[str] = []
 
     @property
     def survivors(self) -> list[Holder]:
         return [h for h in self.holders if h.outcome == "survived"]
 
     def to_json(self) -> str:
-        d = asdict(self)
-        d["survivors"] = [h["pid"] for h in d["holders"] if h["outcome"] == "survived"]
+        d = {k: getattr(self, k) for k in ("devices", "unreadable", "scan_seconds", "seconds", "gpus",
+                                           "leftovers", "dry_run")}
+        d["holders"] = [h.to_dict() for h in self.holders]
+        d["survivors"] = [h.pid for h in self.survivors]
         return json.dumps(d, indent=2)
 
 

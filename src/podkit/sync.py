@@ -118,10 +118,13 @@ class Git:
         proc = subprocess.Popen(argv, cwd=cwd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
         err_chunks: list[bytes] = []
+        out_chunks: list[bytes] = []
+        # Both pipes drain in threads, so the wait below is what bounds a git that hangs.
         reader = threading.Thread(target=self._read_stderr, args=(proc, err_chunks, progress), daemon=True)
+        out_reader = threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True)
         reader.start()
+        out_reader.start()
         try:
-            out = proc.stdout.read() if proc.stdout else b""
             proc.wait(timeout=max(0.1, timeout))
         except subprocess.TimeoutExpired:
             _kill_group(proc)
@@ -132,6 +135,8 @@ class Git:
             if proc.poll() is None:
                 _kill_group(proc)
         reader.join(5)
+        out_reader.join(5)
+        out = b"".join(out_chunks)
         err = self.redact(b"".join(err_chunks).decode(errors="replace"))
         res = subprocess.CompletedProcess(argv, proc.returncode, out.decode(errors="replace"), err)
         if check and res.returncode != 0:

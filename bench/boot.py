@@ -1,0 +1,91 @@
+"""Boot overhead: `podkit boot` (smoke config) until supervisord accepts commands, against a bare
+`supervisord` started with the same supervisord.conf and environment, in the same run.
+
+    python bench/boot.py [--runs N]
+
+Prints each median and the ratio podkit/bare (target <= 1.5). Both runs end as soon as supervisord
+answers getState over its unix socket; the programs' own start-up is not part of the figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import xmlrpc.client
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from podkit import boot, config, render  # noqa: E402
+from podkit.status import rpc  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_accepting(sock: Path, timeout: float = 30) -> None:
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        try:
+            rpc(sock, timeout=1).supervisor.getState()
+            return
+        except (OSError, xmlrpc.client.Error):
+            time.sleep(0.002)
+    raise SystemExit(f"supervisord did not answer on {sock}")
+
+
+def stop(p: subprocess.Popen) -> None:
+    p.send_signal(signal.SIGTERM)
+    p.wait(30)
+
+
+def timed(argv, env, sock: Path) -> float:
+    t0 = time.perf_counter()
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_accepting(sock)
+    elapsed = time.perf_counter() - t0
+    stop(p)
+    return elapsed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=7)
+    args = ap.parse_args()
+    ws = Path(tempfile.mkdtemp(prefix="podkit-bench-boot-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+    env.update(PODKIT_CONFIG=str(ROOT / "configs" / "smoke.yaml"), PODKIT_WORKSPACE=str(ws),
+               PODKIT_INFERENCE_PORT=str(free_port()))
+    cfg = config.load(environ=env)
+    (ws / "logs").mkdir(parents=True, exist_ok=True)
+    cfg.run_path.mkdir(parents=True, exist_ok=True)
+    bare_env = render.environment(cfg, base=env)
+    bare_argv = boot.supervisord_argv(bare_env)
+    podkit_argv = [sys.executable, "-m", "podkit", "boot"]
+    results: dict[str, list[float]] = {"podkit boot": [], "bare supervisord": []}
+    timed(bare_argv, bare_env, cfg.socket_path)  # warm the page cache for both
+    for _ in range(args.runs):
+        results["podkit boot"].append(timed(podkit_argv, env, cfg.socket_path))
+        results["bare supervisord"].append(timed(bare_argv, bare_env, cfg.socket_path))
+    med = {k: statistics.median(v) for k, v in results.items()}
+    for k, v in results.items():
+        print(f"{k:<17} median {med[k] * 1000:7.1f} ms  (min {min(v) * 1000:.1f}, max {max(v) * 1000:.1f}, "
+              f"n={len(v)})")
+    ratio = med["podkit boot"] / med["bare supervisord"]
+    print(f"ratio podkit/bare {ratio:.2f}x (target <= 1.5x)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

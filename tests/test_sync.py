@@ -1,0 +1,351 @@
+"""The sync stage with real git and local bare repositories as remotes: every case ends in a usable
+checkout or a clear error, and nothing a user wrote is lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import PODKIT, wait_for
+from gitserver import HTTPRemote, Remote, git
+from podkit import sync
+from podkit.sync import SyncError
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def remote(tmp_path):
+    r = Remote(tmp_path)
+    r.commit("train.py", "print('v1')\n")
+    r.commit(n=2)
+    return r
+
+
+def do_sync(remote_url, dest, **kw):
+    kw.setdefault("retries", 1)
+    kw.setdefault("backoff_s", 0.05)
+    kw.setdefault("timeout_s", 20)
+    return sync.update(remote_url, kw.pop("ref", "main"), dest, **kw)
+
+
+def test_missing_dest_is_cloned_shallow(remote, tmp_path):
+    """No checkout yet: a shallow clone at REF, mode cloned."""
+    dest = tmp_path / "repo"
+    r = do_sync(remote.url, dest)
+    assert (r.mode, r.changed, r.old, r.new) == ("cloned", True, None, remote.head())
+    assert git("rev-parse", "HEAD", cwd=dest) == remote.head()
+    assert git("rev-list", "--count", "HEAD", cwd=dest) == "1", "default depth is 1"
+    assert git("symbolic-ref", "--short", "HEAD", cwd=dest) == "main"
+
+
+def test_sync_at_ref_twice_is_a_noop(remote, tmp_path):
+    """Boot twice: the second sync changes nothing."""
+    dest = tmp_path / "repo"
+    do_sync(remote.url, dest)
+    r = do_sync(remote.url, dest)
+    assert (r.mode, r.changed, r.old, r.new) == ("unchanged", False, remote.head(), remote.head())
+
+
+def test_new_remote_commit_is_fetched_and_checked_out(remote, tmp_path):
+    """DEST a clone of URL: fetch and move to REF; the result names old and new."""
+    dest = tmp_path / "repo"
+    old = do_sync(remote.url, dest).new
+    new = remote.commit()
+    r = do_sync(remote.url, dest)
+    assert (r.mode, r.changed, r.old, r.new) == ("updated", True, old, new)
+    assert git("rev-parse", "HEAD", cwd=dest) == new
+
+
+def test_uncommitted_changes_are_stashed_with_a_name_and_can_be_restored(remote, tmp_path):
+    """Edits to tracked files are stashed (named, timestamped), never lost; the tree moves to REF."""
+    dest = tmp_path / "repo"
+    do_sync(remote.url, dest)
+    (dest / "train.py").write_text("print('my experiment')\n")
+    new = remote.commit("other.py", "x = 1\n")
+    r = do_sync(remote.url, dest)
+    assert r.mode == "updated" and git("rev-parse", "HEAD", cwd=dest) == new
+    assert any("stashed as 'podkit-sync-" in n for n in r.notes)
+    stash = git("stash", "list", cwd=dest)
+    assert "podkit-sync-" in stash
+    git("stash", "pop", cwd=dest)
+    assert (dest / "train.py").read_text() == "print('my experiment')\n"
+
+
+def test_untracked_files_stay_where_they_are(remote, tmp_path):
+    """Untracked files (outputs, notes) are left in the tree untouched."""
+    dest = tmp_path / "repo"
+    do_sync(remote.url, dest)
+    (dest / "notes.txt").write_text("keep me\n")
+    remote.commit()
+    assert do_sync(remote.url, dest).mode == "updated"
+    assert (dest / "notes.txt").read_text() == "keep me\n"
+
+
+def test_local_commits_are_kept_on_a_backup_branch(remote, tmp_path):
+    """A commit made on the pod and not on the remote survives on podkit/backup-<time>."""
+    dest = tmp_path / "repo"
+    do_sync(remote.url, dest)
+    (dest / "mine.py").write_text("y = 2\n")
+    git("add", "mine.py", cwd=dest)
+    git("commit", "-q", "-m", "local work", cwd=dest)
+    mine = git("rev-parse", "HEAD", cwd=dest)
+    remote.commit()
+    r = do_sync(remote.url, dest)
+    branches = git("branch", "--list", "podkit/backup-*", "--format=%(refname:short) %(objectname)", cwd=dest)
+    assert branches.split()[1] == mine
+    assert any("local commits kept on branch podkit/backup-" in n for n in r.notes)
+
+
+def test_a_directory_that_is_not_a_repo_is_moved_aside_and_recloned(remote, tmp_path):
+    """DEST exists without .git: moved to DEST.broken-<time> with its content, then cloned."""
+    dest = tmp_path / "repo"
+    dest.mkdir()
+    (dest / "precious.txt").write_text("do not delete\n")
+    r = do_sync(remote.url, dest)
+    assert r.mode == "recovered" and git("rev-parse", "HEAD", cwd=dest) == remote.head()
+    aside = list(tmp_path.glob("repo.broken-*"))
+    assert len(aside) == 1 and (aside[0] / "precious.txt").read_text() == "do not delete\n"
+
+
+def test_an_empty_directory_such_as_a_mount_point_is_cloned_into(remote, tmp_path):
+    """An empty DEST is not 'broken': clone into it."""
+    dest = tmp_path / "repo"
+    dest.mkdir()
+    assert do_sync(remote.url, dest).mode == "cloned"
+    assert not list(tmp_path.glob("repo.broken-*"))
+
+
+def test_a_clone_of_another_remote_is_moved_aside_and_recloned(remote, tmp_path):
+    """DEST is a checkout of some other repository: kept aside, URL cloned fresh."""
+    other = Remote(tmp_path, "other.git")
+    other.commit("other.py", "z = 3\n")
+    dest = tmp_path / "repo"
+    git("clone", "-q", other.url, str(dest))
+    r = do_sync(remote.url, dest)
+    assert r.mode == "recovered" and git("rev-parse", "HEAD", cwd=dest) == remote.head()
+    (aside,) = tmp_path.glob("repo.broken-*")
+    assert (aside / "other.py").exists()
+
+
+def slow_upload_pack(tmp_path) -> dict:
+    """Env whose global git config makes every served fetch hang before sending its pack."""
+    hook = tmp_path / "slow-pack"
+    hook.write_text("#!/bin/sh\nsleep 30\nexec \"$@\"\n")
+    hook.chmod(0o755)
+    cfg = tmp_path / "gitconfig"
+    cfg.write_text(f"[uploadpack]\n\tpackObjectsHook = {hook}\n")
+    return dict(os.environ, GIT_CONFIG_GLOBAL=str(cfg), GIT_CONFIG_NOSYSTEM="1")
+
+
+def kill_when_fetching(proc, dest_parent, marker: str) -> None:
+    wait_for(lambda: any(marker in p.name for p in dest_parent.iterdir()), 20, what="the clone to start")
+    time.sleep(1.0)  # well inside the fetch: the served side is sleeping in its pack hook
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+
+
+def test_a_boot_killed_mid_clone_leaves_no_half_repo_and_the_next_sync_clones(remote, tmp_path):
+    """SIGKILL of `podkit sync` during the clone: DEST never appears half-made; the next sync cleans
+    its own temp dir and clones."""
+    dest = tmp_path / "repo"
+    p = subprocess.Popen([*PODKIT, "sync", "--repo", remote.url, "--dest", str(dest)], env=slow_upload_pack(tmp_path),
+                         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kill_when_fetching(p, tmp_path, ".repo.podkit-clone")
+    assert not dest.exists()
+    r = do_sync(remote.url, dest)
+    assert r.mode == "cloned" and not (tmp_path / ".repo.podkit-clone").exists()
+
+
+def test_a_half_finished_git_clone_in_dest_is_moved_aside_and_recloned(remote, tmp_path):
+    """A plain `git clone` killed part-way (the seed's start command) leaves DEST/.git with no commit:
+    it is moved aside, never deleted, and cloned fresh."""
+    dest = tmp_path / "repo"
+    # file:// forces the pack protocol (a plain path clones locally, without upload-pack).
+    p = subprocess.Popen(["git", "clone", f"file://{remote.url}", str(dest)], env=slow_upload_pack(tmp_path),
+                         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kill_when_fetching(p, tmp_path, "repo")
+    assert (dest / ".git").exists()
+    r = do_sync(remote.url, dest)
+    assert r.mode == "recovered" and git("rev-parse", "HEAD", cwd=dest) == remote.head()
+    assert len(list(tmp_path.glob("repo.broken-*"))) == 1
+
+
+def test_a_stale_index_lock_from_a_killed_git_is_removed(remote, tmp_path):
+    """index.lock with no git holding it is a leftover: removed, and the sync goes on."""
+    dest = tmp_path / "repo"
+    do_sync(remote.url, dest)
+    (dest / ".git" / "index.lock").write_text("")
+    remote.commit()
+    r = do_sync(remote.url, dest)
+    assert r.mode == "updated" and not (dest / ".git" / "index.lock").exists()
+    assert any("stale lock" in n for n in r.notes)
+
+
+def test_a_lock_held_by_a_live_git_is_not_removed(remote, tmp_path):
+    """A lock some running process holds open is left alone and the sync says who holds it."""
+    dest = tmp_path / "repo"
+    do_sync(remote.url, dest)
+    lock = dest / ".git" / "index.lock"
+    holder = subprocess.Popen(["sleep", "30"], stdin=open(lock, "w"))
+    try:
+        with pytest.raises(SyncError, match=r"in use by \d+ \(sleep\)"):
+            do_sync(remote.url, dest)
+        assert lock.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_unreachable_remote_path_goes_offline_with_the_existing_checkout(remote, tmp_path):
+    """The remote disappears: bounded retries, then the existing checkout is used (mode offline)."""
+    dest = tmp_path / "repo"
+    head = do_sync(remote.url, dest).new
+    remote.bare.rename(tmp_path / "gone.git")
+    r = do_sync(remote.url, dest, retries=2)
+    assert (r.mode, r.changed, r.old, r.new) == ("offline", False, head, head)
+
+
+def test_unreachable_loopback_port_goes_offline_with_the_existing_checkout(remote, tmp_path):
+    """A remote on a loopback port where nothing listens: offline with the checkout we have."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/train.git"
+    dest = tmp_path / "repo"
+    git("clone", "-q", remote.url, str(dest))
+    git("remote", "set-url", "origin", url, cwd=dest)
+    r = do_sync(url, dest, retries=2)
+    assert r.mode == "offline" and r.new == remote.head()
+
+
+def test_unreachable_remote_without_a_checkout_is_a_clear_error(tmp_path):
+    """No checkout and no remote: a SyncError naming the URL (boot turns it into safe mode)."""
+    missing = tmp_path / "nowhere.git"
+    with pytest.raises(SyncError) as e:
+        do_sync(str(missing), tmp_path / "repo", retries=2)
+    assert "failed after 2 attempt(s)" in e.value.message and str(missing) in e.value.hint
+    r = subprocess.run([*PODKIT, "sync", "--repo", str(missing), "--dest", str(tmp_path / "repo")],
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ, PODKIT_REPO_RETRIES="1"))
+    assert r.returncode == 1 and "podkit: error:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_remote_that_never_answers_is_bounded_by_the_timeout(tmp_path):
+    """Accepts the connection, never answers: each attempt stops at the timeout, retries are bounded."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    accepted = []
+    def accept():
+        try:
+            while True:
+                accepted.append(srv.accept())
+        except OSError:
+            pass  # closed at the end of the test
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(SyncError, match="took longer than 2s"):
+            do_sync(f"http://127.0.0.1:{srv.getsockname()[1]}/x.git", tmp_path / "repo", timeout_s=2, retries=2)
+    finally:
+        # Wake accept() before closing: a thread left blocked on a closed fd number would accept on
+        # whatever socket reuses that number next (another test's server) and reset its connections.
+        srv.shutdown(socket.SHUT_RDWR)
+        acceptor.join(5)
+        srv.close()
+        for conn, _ in accepted:
+            conn.close()
+    assert time.monotonic() - t0 < 15 and len(accepted) >= 2
+
+
+def test_auth_refused_is_reported_without_pointless_retries(remote, tmp_path):
+    """401 from the remote: one attempt, an error that says to set a token."""
+    http = HTTPRemote(remote.bare.parent, mode="deny")
+    try:
+        with pytest.raises(SyncError, match="authentication refused") as e:
+            do_sync(http.url("train.git"), tmp_path / "repo", retries=3)
+        assert "GIT_TOKEN" in e.value.hint
+    finally:
+        http.close()
+
+
+def test_a_token_reaches_git_without_argv_config_or_logs(remote, tmp_path, capsys):
+    """GIT_TOKEN authenticates the clone, and appears in no process's command line, not in
+    .git/config, and not in podkit's output."""
+    token = "tok-5f3a9c-secret"
+    http = HTTPRemote(remote.bare.parent, token=token)
+    try:
+        dest = tmp_path / "repo"
+        r = sync.update(http.url("train.git"), "main", dest, retries=1, timeout_s=30, environ={"GIT_TOKEN": token})
+        assert r.mode == "cloned" and r.new == remote.head()
+        remote.commit()
+        assert sync.update(http.url("train.git"), "main", dest, retries=1, timeout_s=30,
+                           environ={"GITHUB_TOKEN": token}).mode == "updated"
+    finally:
+        http.close()
+    assert http.requests > 0 and http.seen_cmdlines
+    assert not [c for c in http.seen_cmdlines if token in c]
+    assert token not in (dest / ".git" / "config").read_text()
+    out = capsys.readouterr()
+    assert token not in out.out + out.err
+    assert not list(tmp_path.glob("podkit-askpass-*"))
+
+
+def test_a_token_inside_the_url_is_stripped_before_it_is_stored(remote, tmp_path):
+    """https://user:token@host/... works, and .git/config keeps only the clean URL."""
+    token = "inline-token-77"
+    http = HTTPRemote(remote.bare.parent, token=token)
+    try:
+        url = http.url("train.git").replace("http://", f"http://x-access-token:{token}@")
+        dest = tmp_path / "repo"
+        assert do_sync(url, dest).mode == "cloned"
+    finally:
+        http.close()
+    assert token not in (dest / ".git" / "config").read_text()
+    assert git("config", "--get", "remote.origin.url", cwd=dest) == http.url("train.git")
+
+
+def test_two_boots_at_once_take_turns_on_the_lock(remote, tmp_path):
+    """A second sync of the same DEST waits for the first (bounded), then finds nothing to do."""
+    dest = tmp_path / "repo"
+    with sync.Lock(dest, timeout_s=1):
+        p = subprocess.Popen([*PODKIT, "sync", "--repo", remote.url, "--dest", str(dest), "--json"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)
+        assert p.poll() is None, "the second sync must wait for the lock"
+        assert not dest.exists()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and json.loads(out)["mode"] == "cloned"
+    with sync.Lock(dest, timeout_s=1), pytest.raises(SyncError, match="another sync holds"):
+        do_sync(remote.url, dest, lock_timeout_s=0.5)
+
+
+def test_ref_can_be_a_tag_or_a_commit(remote, tmp_path):
+    """REF may be a tag or a full commit hash: checked out detached."""
+    first = git("rev-list", "--max-parents=0", "main", cwd=remote.bare)
+    git("tag", "v1", first, cwd=remote.work)
+    git("push", "-q", "origin", "v1", cwd=remote.work)
+    r = do_sync(remote.url, tmp_path / "by-tag", ref="v1")
+    assert r.new == first and git("rev-parse", "HEAD", cwd=tmp_path / "by-tag") == first
+    r = do_sync(remote.url, tmp_path / "by-commit", ref=remote.head(), depth=0)
+    assert r.new == remote.head()
+
+
+def test_submodules_are_updated(remote, tmp_path):
+    """A repo with a submodule gets it checked out."""
+    lib = Remote(tmp_path, "lib.git")
+    lib.commit("lib.py", "LIB = 1\n")
+    git("-c", "protocol.file.allow=always", "submodule", "add", "-q", lib.url, "lib", cwd=remote.work)
+    git("commit", "-q", "-m", "add lib", cwd=remote.work)
+    git("push", "-q", "origin", "HEAD:main", cwd=remote.work)
+    dest = tmp_path / "repo"
+    do_sync(remote.url, dest)
+    assert (dest / "lib" / "lib.py").read_text() == "LIB = 1\n"
