@@ -46,7 +46,7 @@ def podkit_reap(devices_glob, *extra):
     r = subprocess.run([*PODKIT, "reap", "--devices", devices_glob, "--grace", "1", "--json", *extra],
                        capture_output=True, text=True, timeout=45)
     assert r.returncode in (0, 1), r.stderr
-    return r, json.loads(r.stdout[r.stdout.index("{"):])
+    return r, json.loads(r.stdout)  # --json: data on stdout, the log lines on stderr
 
 
 def pids_of(report, outcome="killed"):
@@ -60,7 +60,7 @@ def test_holder_by_open_fd_is_killed_and_reported(procs, devices):
     assert pids_of(report) == {pid} and not alive(pid)
     h = report["holders"][0]
     assert h["how"] == ["fd"] and h["signal"] == "SIGTERM"
-    assert f"killed {pid} (" in r.stdout and f"held {devices}/nvidia0) after SIGTERM" in r.stdout
+    assert f"killed {pid} (" in r.stderr and f"held {devices}/nvidia0) after SIGTERM" in r.stderr
 
 
 def test_holder_by_mmap_only_is_found(procs, devices):
@@ -97,7 +97,7 @@ def test_holder_ignoring_sigterm_gets_sigkill_after_the_grace(procs, devices):
     h = report["holders"][0]
     assert h["pid"] == pid and h["outcome"] == "killed" and h["signal"] == "SIGKILL"
     assert h["seconds"] >= 1.0 and time.monotonic() - t0 < 20
-    assert "after SIGKILL" in r.stdout
+    assert "after SIGKILL" in r.stderr
 
 
 def test_holder_with_children_takes_its_process_group_along(procs, devices):
@@ -151,7 +151,7 @@ def test_glob_matching_nothing_is_a_noop(tmp_path):
     """A pod without device files (or a typo) finds nothing and says so."""
     r, report = podkit_reap(f"{tmp_path}/none*")
     assert r.returncode == 0 and report["devices"] == [] and report["holders"] == []
-    assert "no device files match" in r.stdout
+    assert "no device files match" in r.stderr
 
 
 def test_dry_run_kills_nothing(procs, devices):
@@ -159,7 +159,7 @@ def test_dry_run_kills_nothing(procs, devices):
     pid, _ = hold(procs, "fd", devices / "nvidia0")
     r, report = podkit_reap(f"{devices}/nvidia*", "--dry-run")
     assert pids_of(report, "would-kill") == {pid} and alive(pid)
-    assert f"would kill {pid}" in r.stdout
+    assert f"would kill {pid}" in r.stderr
 
 
 def test_podkit_finds_the_same_holders_as_fuser_and_lsof(procs, devices):
