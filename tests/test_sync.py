@@ -79,6 +79,16 @@ def test_uncommitted_changes_are_stashed_with_a_name_and_can_be_restored(remote,
     assert (dest / "train.py").read_text() == "print('my experiment')\n"
 
 
+def test_uncommitted_changes_at_ref_are_left_in_place(remote, tmp_path):
+    """Nothing new upstream: a boot leaves the user's edits as they are (no stash, no checkout)."""
+    dest = tmp_path / "repo"
+    do_sync(remote.url, dest)
+    (dest / "train.py").write_text("print('tuned on the pod')\n")
+    r = do_sync(remote.url, dest)
+    assert r.mode == "unchanged" and (dest / "train.py").read_text() == "print('tuned on the pod')\n"
+    assert git("stash", "list", cwd=dest) == ""
+
+
 def test_untracked_files_stay_where_they_are(remote, tmp_path):
     """Untracked files (outputs, notes) are left in the tree untouched."""
     dest = tmp_path / "repo"

@@ -2,9 +2,9 @@
 
 Every path ends in a usable checkout or a clear error the boot turns into safe mode; none deletes
 what a person wrote. A fresh clone is fetched into a temp dir beside DEST and published by rename,
-so a container killed mid-clone never leaves a half repo at DEST. Uncommitted edits to tracked
-files are stashed (named, timestamped); untracked files stay where they are; local commits get a
-backup branch; a directory that is not a usable clone of URL is moved aside, never removed.
+so a container killed mid-clone never leaves a half repo at DEST. Uncommitted edits stay in place
+while DEST is already at REF (they are the user's run), and are stashed (named, timestamped) when
+the tree must move; untracked files stay where they are; local commits get a backup branch; a directory that is not a usable clone of URL is moved aside, never removed.
 A token reaches git only through GIT_ASKPASS and the environment: never argv, .git/config or logs.
 """
 
@@ -16,11 +16,11 @@ import json
 import os
 import random
 import re
+import selectors
 import shutil
 import stat
 import subprocess
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -117,48 +117,54 @@ class Git:
         # Own session: a timeout kills git and its helpers (remote-https, ssh) together.
         proc = subprocess.Popen(argv, cwd=cwd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
-        err_chunks: list[bytes] = []
-        out_chunks: list[bytes] = []
-        # Both pipes drain in threads, so the wait below is what bounds a git that hangs.
-        reader = threading.Thread(target=self._read_stderr, args=(proc, err_chunks, progress), daemon=True)
-        out_reader = threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True)
-        reader.start()
-        out_reader.start()
-        try:
-            proc.wait(timeout=max(0.1, timeout))
-        except subprocess.TimeoutExpired:
+        out, err_raw = self._drain(proc, time.monotonic() + max(0.1, timeout), progress)
+        if out is None:
             _kill_group(proc)
-            reader.join(2)
             raise SyncError(f"git {args[0]} took longer than {timeout:.0f}s and was stopped",
-                            "the remote is slow or unreachable; raise PODKIT_REPO_TIMEOUT_S if it is just slow") from None
-        finally:
-            if proc.poll() is None:
-                _kill_group(proc)
-        reader.join(5)
-        out_reader.join(5)
-        out = b"".join(out_chunks)
-        err = self.redact(b"".join(err_chunks).decode(errors="replace"))
+                            "the remote is slow or unreachable; raise PODKIT_REPO_TIMEOUT_S if it is just slow")
+        proc.wait()
+        err = self.redact(err_raw.decode(errors="replace"))
         res = subprocess.CompletedProcess(argv, proc.returncode, out.decode(errors="replace"), err)
         if check and res.returncode != 0:
             raise GitFailed(args, res.returncode, err)
         return res
 
-    def _read_stderr(self, proc, chunks: list[bytes], progress: bool) -> None:
-        last = 0.0
-        buf = b""
-        for chunk in iter(lambda: proc.stderr.read1(4096), b""):
-            chunks.append(chunk)
-            if not progress:
-                continue
-            buf += chunk
-            *lines, buf = re.split(rb"[\r\n]", buf)
-            for line in lines:
-                text = self.redact(line.decode(errors="replace").strip())
-                now = time.monotonic()
-                done = "done" in text
-                if text and (done or now - last >= 2.0):
-                    _log.info(f"git: {text}")
-                    last = now
+    def _drain(self, proc: subprocess.Popen, deadline: float, progress: bool) -> tuple[bytes | None, bytes]:
+        """Read stdout and stderr until both close or the deadline passes (then stdout is None).
+        One selector loop in this thread: no reader threads, and the deadline bounds a git that hangs."""
+        bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+        sel = selectors.DefaultSelector()
+        for f in bufs:
+            sel.register(f, selectors.EVENT_READ)
+        pending, last = b"", 0.0
+        try:
+            while sel.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None, bytes(bufs[proc.stderr])
+                for key, _ in sel.select(left):
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        continue
+                    bufs[key.fileobj] += chunk
+                    if progress and key.fileobj is proc.stderr:
+                        pending, last = self._show_progress(pending + chunk, last)
+        finally:
+            sel.close()
+            proc.stdout.close()
+            proc.stderr.close()
+        return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr])
+
+    def _show_progress(self, buf: bytes, last: float) -> tuple[bytes, float]:
+        *lines, rest = re.split(rb"[\r\n]", buf)
+        for line in lines:
+            text = self.redact(line.decode(errors="replace").strip())
+            now = time.monotonic()
+            if text and ("done" in text or now - last >= 2.0):
+                _log.info(f"git: {text}")
+                last = now
+        return rest, last
 
     def out(self, args: list[str], cwd: Path) -> str:
         return self.run(args, cwd=cwd).stdout.strip()
@@ -239,6 +245,9 @@ class Syncer:
         self.retries, self.lock_timeout_s, self.backoff_s = retries, lock_timeout_s, backoff_s
         self.git = Git(self.url, timeout_s, token, user)
         self.notes: list[str] = []
+        self.head: str = ""
+        self.branch: str | None = None
+        self.remote_sha: str | None = None  # what the remote's REF points at (a tag object for tags)
 
     # -- the stage ---------------------------------------------------------------------------------------
     def update(self) -> Result:
@@ -266,13 +275,38 @@ class Syncer:
             return "absent", ""  # an empty dir (a fresh mount point): clone into it
         if not (d / ".git").exists():
             return "broken", "exists but is not a git repository"
-        res = self.git.run(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"], cwd=d, check=False)
-        if res.returncode != 0:
+        head = _read_head(d / ".git") or self._rev_parse_head(d)
+        if head is None:
             return "broken", "is a half-finished clone (no commit checked out)"
-        origin = self.git.run(["config", "--get", "remote.origin.url"], cwd=d, check=False).stdout.strip()
+        self.head, self.branch = head
+        origin = _read_marker(d)[1]
+        if normalize_url(origin or "") != normalize_url(self.url):
+            origin = self.git.run(["config", "--get", "remote.origin.url"], cwd=d, check=False).stdout.strip()
         if normalize_url(origin) != normalize_url(self.url):
             return "broken", f"is a clone of another remote ({origin or 'none'})"
         return "ok", ""
+
+    def _already_there(self, d: Path) -> bool:
+        """Is DEST at REF as the remote has it now? Asks `git ls-remote` (git-sync's way): one round
+        trip, no pack negotiation, so a boot with nothing new costs less than a fetch."""
+        if SHA.match(self.ref):
+            return self.head == self.ref  # a commit never moves: no network needed
+        want = [f"refs/heads/{self.ref}", f"refs/tags/{self.ref}"]
+        out = self._with_retries(f"asking {self.url} for {self.ref}",
+                                 lambda: self.git.out(["ls-remote", "origin", *want], cwd=d))
+        found = dict(line.split("\t")[::-1] for line in out.splitlines() if "\t" in line)
+        self.remote_sha = found.get(want[0]) or found.get(want[1])
+        commit, _, ref, remote = _read_marker(d)
+        on_ref = self.branch == self.ref if want[0] in found else True
+        return bool(self.remote_sha) and remote == self.remote_sha and ref == self.ref and \
+            commit == self.head and on_ref
+
+    def _rev_parse_head(self, d: Path) -> tuple[str, str | None] | None:
+        res = self.git.run(["rev-parse", "HEAD^{commit}", "--symbolic-full-name", "HEAD"], cwd=d, check=False)
+        lines = res.stdout.split()
+        if res.returncode != 0 or len(lines) != 2:
+            return None
+        return lines[0], (lines[1].removeprefix("refs/heads/") if lines[1].startswith("refs/heads/") else None)
 
     def _with_retries(self, what: str, fn):
         last: Exception | None = None
@@ -301,9 +335,11 @@ class Syncer:
             depth = ["--unshallow"]
         self._with_retries(f"fetching {self.ref}", lambda: self.git.run(
             ["fetch", "--no-tags", "--progress", *depth, "origin", self.ref], cwd=repo, progress=True))
-        commit = self.git.out(["rev-parse", "FETCH_HEAD^{commit}"], cwd=repo)
         head = (repo / ".git" / "FETCH_HEAD").read_text().split("\n", 1)[0]
         kind = "branch" if "\tbranch '" in head else "tag" if "\ttag '" in head else "commit"
+        commit = self.remote_sha = head.split("\t", 1)[0]
+        if kind != "branch":  # a tag may be an annotated tag object: peel it to its commit
+            commit = self.git.out(["rev-parse", "FETCH_HEAD^{commit}"], cwd=repo)
         return commit, kind
 
     def _checkout(self, repo: Path, commit: str, kind: str) -> None:
@@ -315,7 +351,7 @@ class Syncer:
             depth = [f"--depth={self.depth}"] if self.depth else []
             self._with_retries("updating submodules", lambda: self.git.run(
                 ["submodule", "update", "--init", "--recursive", *depth], cwd=repo, progress=True))
-        _marker(repo).write_text(commit + "\n")
+        _marker(repo).write_text(f"{commit}\n{self.url}\n{self.ref}\n{self.remote_sha or ''}\n")
 
     # -- clone ---------------------------------------------------------------------------------------------
     def _temp(self) -> Path:
@@ -364,8 +400,12 @@ class Syncer:
     def _update_existing(self) -> Result:
         d = self.dest
         self._clear_stale_locks(d)
-        old = self.git.out(["rev-parse", "HEAD"], cwd=d)
+        old = self.head
         try:
+            if self._already_there(d):
+                # Uncommitted edits on top of REF are the user's run: left in place.
+                _log.info(f"{d} already at {self.ref} ({old[:12]}): nothing to do")
+                return Result(False, old, old, "unchanged", str(d), self.notes)
             commit, kind = self._fetch(d)
         except SyncError as e:
             _log.warn("=" * 72)
@@ -374,14 +414,13 @@ class Syncer:
             _log.warn("=" * 72)
             self.notes.append(f"offline: {e.message}")
             return Result(False, old, old, "offline", str(d), self.notes)
-        dirty = self.git.out(["status", "--porcelain", "--untracked-files=no"], cwd=d)
-        on_branch = self.git.run(["symbolic-ref", "-q", "--short", "HEAD"], cwd=d, check=False).stdout.strip()
-        if old == commit and not dirty and (kind != "branch" or on_branch == self.ref):
+        if old == commit and (kind != "branch" or self.branch == self.ref):
+            # Already there. Uncommitted edits on top of REF are the user's run: left in place.
             _log.info(f"{d} already at {self.ref} ({commit[:12]}): nothing to do")
             return Result(False, old, commit, "unchanged", str(d), self.notes)
-        if dirty:
+        if self.git.out(["status", "--porcelain", "--untracked-files=no"], cwd=d):
             self._stash(d)
-        synced = _marker(d).read_text().strip() if _marker(d).exists() else None
+        synced = _read_marker(d)[0]
         if old != commit and old != synced and not self._is_ancestor(d, old, commit):
             branch = f"podkit/backup-{_stamp()}"
             self.git.run(["branch", "-f", branch, old], cwd=d)
@@ -409,7 +448,8 @@ class Syncer:
         gitdir = d / ".git"
         locks = [p for p in [gitdir / "index.lock", gitdir / "HEAD.lock", gitdir / "config.lock",
                              gitdir / "shallow.lock", gitdir / "packed-refs.lock"] if p.exists()]
-        locks += list((gitdir / "refs").rglob("*.lock"))
+        for top, _, names in os.walk(gitdir / "refs"):
+            locks += [Path(top) / n for n in names if n.endswith(".lock")]
         if not locks:
             return
         holders, _ = reap.scan([str(p) for p in locks])
@@ -423,8 +463,49 @@ class Syncer:
 
 
 def _marker(repo: Path) -> Path:
-    # The commit podkit last checked out: a HEAD elsewhere means someone committed or moved it.
+    # The commit podkit last checked out and the URL it came from: a HEAD elsewhere means someone
+    # committed or moved it.
     return repo / ".git" / "podkit-synced"
+
+
+def _read_marker(repo: Path) -> tuple[str | None, str | None, str | None, str | None]:
+    """(commit, url, ref, remote sha) of podkit's last sync of this checkout."""
+    try:
+        lines = _marker(repo).read_text().split("\n")
+    except OSError:
+        lines = []
+    lines += [""] * 4
+    return tuple(x or None for x in lines[:4])
+
+
+SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _read_head(gitdir: Path) -> tuple[str, str | None] | None:
+    """(commit, branch) from .git/HEAD and the loose or packed ref, without running git.
+    None for anything unusual (a ref that does not exist yet: a clone killed before its first
+    commit), which the caller settles with `git rev-parse`."""
+    try:
+        head = (gitdir / "HEAD").read_text().strip()
+    except OSError:
+        return None
+    if SHA.match(head):
+        return head, None
+    if not head.startswith("ref: refs/heads/"):
+        return None
+    ref = head[5:]
+    try:
+        sha = (gitdir / ref).read_text().strip()
+    except OSError:
+        sha = ""
+        try:
+            for line in (gitdir / "packed-refs").read_text().splitlines():
+                if line.endswith(" " + ref):
+                    sha = line.split(" ", 1)[0]
+                    break
+        except OSError:
+            return None
+    return (sha, ref.removeprefix("refs/heads/")) if SHA.match(sha) else None
 
 
 def _publish(tmp: Path, dest: Path) -> None:
