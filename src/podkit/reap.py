@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -127,58 +128,126 @@ def _pids() -> list[int]:
     return [int(n) for n in os.listdir("/proc") if n.isdigit()]
 
 
-def scan(devices: list[str], deadline_s: float = 10.0) -> tuple[list[Holder], int]:
-    """Every process holding one of `devices` by fd or mapping. Returns (holders, unreadable count)."""
+def _read_all(path: str) -> bytes:
+    return _read_all_fd(os.open(path, os.O_RDONLY))
+
+
+def _read_all_fd(fd: int) -> bytes:
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 17):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _inspect(pid: int, wanted: set[str], needles: list[bytes]) -> tuple[dict[str, set[str]], bool]:
+    """What of `wanted` this process holds, by fd and by mapping; (found, readable)."""
+    found: dict[str, set[str]] = {}
+    base = f"/proc/{pid}/"
+    try:
+        for fd in os.listdir(base + "fd"):
+            try:
+                target = os.readlink(base + "fd/" + fd)
+            except OSError:
+                continue
+            if target in wanted:
+                found.setdefault(target, set()).add("fd")
+    except FileNotFoundError:
+        return {}, True  # exited meanwhile
+    except PermissionError:
+        return {}, False
+    try:
+        maps = _read_all(base + "maps")
+    except (FileNotFoundError, ProcessLookupError):
+        return found, True
+    except PermissionError:
+        return found, False
+    if any(n in maps for n in needles):
+        for line in maps.splitlines():
+            parts = line.split(None, 5)
+            if len(parts) == 6:
+                path = parts[5].decode(errors="replace").removesuffix(" (deleted)")
+                if path in wanted:
+                    found.setdefault(path, set()).add("mmap")
+    return found, True
+
+
+def scan(devices: list[str], deadline_s: float = 10.0, workers: int = 2) -> tuple[list[Holder], int]:
+    """Every process holding one of `devices` by fd or mapping. Returns (holders, unreadable count).
+    Reading /proc/<pid>/maps is the cost (the kernel formats every mapping), so it is split with a
+    forked helper when there are many processes."""
     if not devices:
         return [], 0
     wanted = set(devices)
     needles = [d.encode() for d in devices]
     keep = protected_pids()
-    holders: list[Holder] = []
-    unreadable = 0
+    pids = [p for p in _pids() if p not in keep]
     stop_at = time.monotonic() + deadline_s
-    for pid in _pids():
-        if time.monotonic() > stop_at:
-            raise StageError("reap", f"scanning /proc took longer than {deadline_s:.0f}s",
-                             "the machine is overloaded; run `podkit reap --dry-run` to retry")
-        if pid in keep:
+    results: list[tuple[int, dict[str, set[str]]]] = []
+    unreadable = [0]
+    late = []
+
+    def work(chunk: list[int]) -> None:
+        for pid in chunk:
+            if time.monotonic() > stop_at:
+                late.append(pid)
+                return
+            found, readable = _inspect(pid, wanted, needles)
+            if not readable:
+                unreadable[0] += 1
+            if found:
+                results.append((pid, found))
+
+    # Two cores' worth: a forked helper scans every other pid (threads would fight over the GIL at
+    # every syscall). Results come back over a pipe as lines "pid path how".
+    helper = None
+    threads = sys.modules["threading"].active_count() if "threading" in sys.modules else 1
+    if workers > 1 and len(pids) >= 256 and threads == 1:  # never fork beside other threads
+        r, w = os.pipe()
+        helper = os.fork()
+        if helper == 0:
+            os.close(r)
+            out = []
+            for pid in pids[1::2]:
+                if time.monotonic() > stop_at:
+                    out.append(f"{pid}\t\tlate")
+                    break
+                found, readable = _inspect(pid, wanted, needles)
+                out += [f"{pid}\t{path}\t{how}" for path, hows in found.items() for how in hows]
+                if not readable:
+                    out.append(f"{pid}\t\tunreadable")
+            os.write(w, ("\n".join(out) + "\n").encode())
+            os._exit(0)
+        os.close(w)
+        work(pids[0::2])
+        data = _read_all_fd(r)
+        os.waitpid(helper, 0)
+        merged: dict[int, dict[str, set[str]]] = {}
+        for line in data.decode().splitlines():
+            pid_s, path, how = line.split("\t")
+            if how == "unreadable":
+                unreadable[0] += 1
+            elif how == "late":
+                late.append(int(pid_s))
+            else:
+                merged.setdefault(int(pid_s), {}).setdefault(path, set()).add(how)
+        results += merged.items()
+    else:
+        work(pids)
+    if late:
+        raise StageError("reap", f"scanning /proc took longer than {deadline_s:.0f}s",
+                         "the machine is overloaded; run `podkit reap --dry-run` to retry")
+    holders: list[Holder] = []
+    for pid, found in sorted(results):
+        st = read_stat(pid)
+        if st is None or st.gone:
             continue
-        found: dict[str, set[str]] = {}
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if target in wanted:
-                    found.setdefault(target, set()).add("fd")
-        except FileNotFoundError:
-            continue  # exited meanwhile
-        except PermissionError:
-            unreadable += 1
-            continue
-        try:
-            with open(f"/proc/{pid}/maps", "rb") as f:
-                maps = f.read()
-            if any(n in maps for n in needles):
-                for line in maps.splitlines():
-                    parts = line.split(None, 5)
-                    if len(parts) == 6:
-                        path = parts[5].decode(errors="replace").removesuffix(" (deleted)")
-                        if path in wanted:
-                            found.setdefault(path, set()).add("mmap")
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        except PermissionError:
-            unreadable += 1
-        if found:
-            st = read_stat(pid)
-            if st is None or st.gone:
-                continue
-            holders.append(Holder(pid=pid, name=st.name, cmdline=cmdline(pid), state=st.state, pgid=st.pgid,
-                                  devices=sorted(found), how=sorted(set().union(*found.values())),
-                                  starttime=st.starttime))
-    return holders, unreadable
+        holders.append(Holder(pid=pid, name=st.name, cmdline=cmdline(pid), state=st.state, pgid=st.pgid,
+                              devices=sorted(found), how=sorted(set().union(*found.values())),
+                              starttime=st.starttime))
+    return holders, unreadable[0]
 
 
 def _group_mates(holders: list[Holder]) -> list[Holder]:
