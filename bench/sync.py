@@ -40,7 +40,7 @@ def make_repo(root: Path, commits: int) -> Path:
     lines = []
     for i in range(1, commits + 1):
         body = f"step = {i}\n" + "x" * (i % 200) + "\n"
-        lines += [f"commit refs/heads/main", f"mark :{i}", f"committer b <b@b> {1700000000 + i} +0000",
+        lines += ["commit refs/heads/main", f"mark :{i}", f"committer b <b@b> {1700000000 + i} +0000",
                   f"data {len(f'c{i}')}", f"c{i}"]
         if i > 1:
             lines.append(f"from :{i - 1}")

@@ -50,6 +50,7 @@ class Procs:
     def __init__(self) -> None:
         self.started: list[subprocess.Popen] = []
         self.extra_pids: set[int] = set()
+        self.workspaces: set[str] = set()
 
     def spawn(self, argv, **kw) -> subprocess.Popen:
         p = subprocess.Popen(argv, **kw)
@@ -70,9 +71,26 @@ class Procs:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(5)
-        for pid in self.extra_pids:
+        for pid in self.extra_pids | self._programs_of_our_workspaces():
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+    def _programs_of_our_workspaces(self) -> set[int]:
+        """Programs a test's supervisord started and did not stop (it was killed mid-test): found by
+        the test's own temp workspace in their environment, so nothing else is ever touched."""
+        if not self.workspaces:
+            return set()
+        marks = {f"PODKIT_WORKSPACE={ws}".encode() for ws in self.workspaces}
+        found = set()
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) != os.getpid():
+                try:
+                    env = open(f"/proc/{name}/environ", "rb").read().split(b"\0")
+                except OSError:
+                    continue
+                if marks & set(env):
+                    found.add(int(name))
+        return found
 
 
 @pytest.fixture
@@ -110,6 +128,7 @@ class Stack:
 
     def start(self) -> Stack:
         self.workspace.mkdir(parents=True, exist_ok=True)
+        self.procs.workspaces.add(str(self.workspace))
         self.out = open(self.out_path, "ab")
         self.proc = self.procs.spawn([*PODKIT, "boot"], env=self.env, stdout=self.out, stderr=subprocess.STDOUT)
         wait_for(lambda: self.current().get("supervisord_pid") == self.proc.pid and self._rpc_ok(), 30,

@@ -113,3 +113,15 @@ def test_shipped_smoke_config_loads():
     """configs/smoke.yaml is valid and runs the stand-in and the fake trainer without reaping."""
     cfg = config.load(ROOT / "configs" / "smoke.yaml", environ={})
     assert cfg.inference.kind == "standin" and cfg.trainer.kind == "fake" and cfg.reap.enabled == "never"
+
+
+def test_an_edited_config_file_is_read_again_not_served_from_the_parse_cache(tmp_path):
+    """The parse cache never hides an edit: a changed file (size or mtime) is parsed again."""
+    p = write(tmp_path, "trainer:\n  seed: 1\n")
+    assert config.load(p, environ={}).trainer.seed == 1
+    assert config.load(p, environ={}).trainer.seed == 1
+    p.write_text("trainer:\n  seed: 22\n")
+    assert config.load(p, environ={}).trainer.seed == 22
+    p.write_text("trainer:\n  checkpoint_evry: 5\n")
+    with pytest.raises(ConfigError, match="unknown key"):
+        config.load(p, environ={})

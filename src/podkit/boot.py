@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 from podkit import config, log, preflight, reap, render, safemode
@@ -85,6 +84,8 @@ def boot(cfg) -> int:
 def up(cfg, steps: int | None = None) -> int:
     """`podkit up`: the same stages, then supervisord as a child in the foreground; with `steps`,
     stop everything cleanly once the trainer has reached that step."""
+    import subprocess
+
     env = run_stages(cfg)
     proc = subprocess.Popen(supervisord_argv(env), env=env)
     _record_current(cfg, proc.pid)

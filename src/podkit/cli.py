@@ -6,7 +6,6 @@ runtime failures, and no traceback for a person's mistake unless PODKIT_DEBUG is
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -15,7 +14,9 @@ from podkit import config, log
 from podkit.errors import ConfigError, PodkitError
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser():
+    import argparse  # not on the entrypoint's fast path
+
     p = argparse.ArgumentParser(prog="podkit", description=__doc__.splitlines()[0])
     p.add_argument("--config", help="pod config YAML (default: $PODKIT_CONFIG, else built-in defaults)")
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -148,10 +149,15 @@ def dispatch(args) -> int:
     raise AssertionError(verb)
 
 
+class _Args:
+    def __init__(self, **kw) -> None:
+        self.__dict__.update(kw)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # The entrypoint's exact call skips argparse: it is on every container start's critical path.
-    args = argparse.Namespace(verb="boot", config=None) if argv == ["boot"] else _parser().parse_args(argv)
+    args = _Args(verb="boot", config=None) if argv == ["boot"] else _parser().parse_args(argv)
     try:
         return dispatch(args)
     except PodkitError as e:

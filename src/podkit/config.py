@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from podkit.errors import ConfigError
 
@@ -25,7 +23,7 @@ NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID
 class Field:
     __slots__ = ("type", "default", "doc", "unit", "choices", "minimum")
 
-    def __init__(self, type: type, default: Any, doc: str, unit: str = "", choices: tuple = (),
+    def __init__(self, type: type, default: object, doc: str, unit: str = "", choices: tuple = (),
                  minimum: float | None = None) -> None:
         self.type, self.default, self.doc, self.unit = type, default, doc, unit
         self.choices, self.minimum = choices, minimum
@@ -103,7 +101,7 @@ def dotted(section: str, key: str) -> str:
 class Section:
     """Attribute access to one section's validated values."""
 
-    def __init__(self, values: Mapping[str, Any]) -> None:
+    def __init__(self, values: dict[str, object]) -> None:
         self.__dict__.update(values)
 
     def __repr__(self) -> str:
@@ -111,11 +109,11 @@ class Section:
 
 
 class Config:
-    def __init__(self, values: dict[str, dict[str, Any]], source: str = "defaults",
+    def __init__(self, values: dict[str, dict[str, object]], source: str = "defaults",
                  warnings: list[str] | None = None) -> None:
         self.values, self.source, self.warnings = values, source, warnings or []
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         values = self.__dict__.get("values", {})
         if name in values:
             return Section(values[name])
@@ -156,13 +154,13 @@ class Config:
                 out[env_name(section, key)] = _format(value)
         return out
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         top = dict(self.values[""])
         top.update({s: dict(v) for s, v in self.values.items() if s})
         return top
 
 
-def _format(value: Any) -> str:
+def _format(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
@@ -177,9 +175,9 @@ def _did_you_mean(word: str, candidates) -> str:
     return f"did you mean '{match[0]}'?" if match else ""
 
 
-def _coerce(spec: Field, raw: Any, source: str, key: str, from_env: bool) -> Any:
+def _coerce(spec: Field, raw: object, source: str, key: str, from_env: bool) -> object:
     want = spec.type
-    value: Any = raw
+    value: object = raw
     if from_env and isinstance(raw, str):
         value = raw.strip()
         if want in (int, float):
@@ -206,7 +204,39 @@ def _coerce(spec: Field, raw: Any, source: str, key: str, from_env: bool) -> Any
     return value
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _cache_path(path: Path) -> str:
+    import zlib
+
+    key = zlib.crc32(os.path.abspath(path).encode())
+    return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"podkit-{os.getuid()}-config-{key:08x}.json")
+
+
+def _read_yaml(path: Path) -> dict[str, object]:
+    """The file's mapping. A parse is cached on local disk, keyed by path, mtime and size: PyYAML's
+    import alone costs a sixth of supervisord's start-up, and restarts re-read an unchanged file.
+    The cached data is validated like fresh data; only the YAML parse is skipped."""
+    try:
+        st = os.stat(path)
+        stamp = [os.path.abspath(path), st.st_mtime_ns, st.st_size]
+        with open(_cache_path(path)) as f:
+            cached = json.load(f)
+        if cached.get("stamp") == stamp and isinstance(cached.get("data"), dict):
+            return cached["data"]
+    except (OSError, ValueError):
+        stamp = None
+    data = _parse_yaml(path)
+    if stamp:
+        try:
+            tmp = f"{_cache_path(path)}.{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump({"stamp": stamp, "data": data}, f)
+            os.replace(tmp, _cache_path(path))
+        except (OSError, TypeError, ValueError):
+            pass  # not JSON-representable (dates...) or no room: parse again next time
+    return data
+
+
+def _parse_yaml(path: Path) -> dict[str, object]:
     import yaml
 
     try:
@@ -254,7 +284,7 @@ def _apply_file(values: dict, data: dict, source: str) -> None:
                               hint=_did_you_mean(name, top_keys) or f"known keys: {', '.join(top_keys)}")
 
 
-def _apply_env(values: dict, environ: Mapping[str, str], warnings: list[str]) -> None:
+def _apply_env(values: dict, environ: dict[str, str], warnings: list[str]) -> None:
     for var, raw in environ.items():
         if not var.startswith(ENV_PREFIX) or var in NON_SETTING_ENV:
             continue
@@ -274,8 +304,8 @@ def default_run_dir(workspace: str) -> str:
     return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"podkit-{os.getuid()}-{digest}")
 
 
-def load(path: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None,
-         overrides: Mapping[str, Any] | None = None) -> Config:
+def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None = None,
+         overrides: dict[str, object] | None = None) -> Config:
     """Defaults < YAML file (path or $PODKIT_CONFIG) < PODKIT_* env < overrides ({"section.key": value})."""
     environ = os.environ if environ is None else environ
     values = {s: {k: f.default for k, f in keys.items()} for s, keys in SCHEMA.items()}

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import glob
 import os
-import shutil
 import sys
 from pathlib import Path
 
 from podkit import log
 from podkit.errors import StageError
+from podkit.reap import which
 
 _log = log.get("preflight")
 MIN_FREE_BYTES = 2 << 30  # below this a checkpoint write can fail mid-file
@@ -17,7 +17,7 @@ MIN_FREE_BYTES = 2 << 30  # below this a checkpoint write can fail mid-file
 
 def supervisord_path() -> str | None:
     beside = Path(sys.executable).parent / "supervisord"  # same venv as podkit
-    return str(beside) if beside.exists() else shutil.which("supervisord")
+    return str(beside) if beside.exists() else which("supervisord")
 
 
 def _loopback(host: str) -> bool:
@@ -50,7 +50,8 @@ def check(cfg) -> None:
     except OSError as e:
         raise StageError("preflight", f"workspace {ws} is not writable: {e.strerror}",
                          "checkpoints and logs go there; mount it read-write") from None
-    free = shutil.disk_usage(ws).free
+    vfs = os.statvfs(ws)
+    free = vfs.f_bavail * vfs.f_frsize
     if free < MIN_FREE_BYTES:
         _log.warn(f"only {free / 2**30:.1f} GiB free on {ws}: checkpoints may fail; free space or grow the volume")
     try:
@@ -65,5 +66,5 @@ def check(cfg) -> None:
         raise StageError("preflight", f"inference.host {cfg.inference.host} is not loopback",
                          "the stand-in binds 127.0.0.1 only; set PODKIT_INFERENCE_HOST=127.0.0.1")
     devices = glob.glob(cfg.devices)
-    smi = shutil.which("nvidia-smi")
+    smi = which("nvidia-smi")
     _log.info(f"{len(devices)} device file(s) match {cfg.devices}; nvidia-smi {'found' if smi else 'absent'}")

@@ -11,14 +11,10 @@ No torch import and no CUDA context here: creating one is what broke SGLang's st
 from __future__ import annotations
 
 import errno
-import getpass
 import glob as globmod
 import json
 import os
-import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -118,6 +114,15 @@ def protected_pids() -> set[int]:
         pid = st.ppid
         keep.add(pid)
     return keep
+
+
+def which(name: str) -> str | None:
+    """shutil.which without importing shutil (which loads zlib, bz2 and lzma) on the boot path."""
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(d, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
 
 
 def match_devices(pattern: str) -> list[str]:
@@ -365,9 +370,11 @@ def stop(holders: list[Holder], grace_s: float, kill_wait_s: float) -> None:
 
 def gpu_state(timeout_s: float = 10.0) -> list[dict] | None:
     """Per-GPU used memory and compute mode from nvidia-smi, or None where there is no nvidia-smi."""
-    exe = shutil.which("nvidia-smi")
+    exe = which("nvidia-smi")
     if not exe:
         return None
+    import subprocess
+
     try:
         out = subprocess.run([exe, "--query-gpu=index,memory.used,compute_mode", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=timeout_s, check=True).stdout
@@ -423,6 +430,8 @@ def clear_supervisor_leftovers(run_dir: Path, stop_live: bool, grace_s: float) -
         stop([h], grace_s, grace_s)
         done.append(f"stopped previous supervisord {pid} ({h.outcome})")
     if sock.exists():
+        import socket
+
         s = socket.socket(socket.AF_UNIX)
         s.settimeout(1.0)
         try:
@@ -446,6 +455,8 @@ def clear_supervisor_leftovers(run_dir: Path, stop_live: bool, grace_s: float) -
 
 def name_resolve_trial(root: str, experiment: str, trial: str) -> Path:
     """AReaL's name_resolve keys live at <root>/<user>/<experiment>/<trial>/ (areal.utils.names)."""
+    import getpass
+
     return Path(root) / getpass.getuser() / experiment / trial
 
 
@@ -453,6 +464,8 @@ def clear_name_resolve(root: str, experiment: str, trial: str) -> list[str]:
     trial_dir = name_resolve_trial(root, experiment, trial)
     if not trial_dir.exists():
         return []
+    import shutil
+
     # Discovery records only (server addresses of a dead run), never user data: safe to remove.
     shutil.rmtree(trial_dir, ignore_errors=True)
     return [f"cleared stale name_resolve records {trial_dir}"]

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 
-def write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: object) -> None:
     """temp file + fsync + rename: a reader sees the old record or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
@@ -27,7 +26,7 @@ def write_json(path: Path, data: Any) -> None:
         raise
 
 
-def read_json(path: Path, default: Any = None) -> Any:
+def read_json(path: Path, default: object = None) -> object:
     try:
         with open(path) as f:
             return json.load(f)
