@@ -50,6 +50,20 @@ def _parser():
     ctl.add_argument("--workspace")
     ctl.add_argument("args", nargs=argparse.REMAINDER)
 
+    dp = sub.add_parser("deploy", help="RunPod: create/update the template and start a pod on A40s; "
+                        "or stop | terminate | status POD")
+    dp.add_argument("action", nargs="?", choices=["create", "stop", "terminate", "status"])
+    dp.add_argument("pod", nargs="?", help="pod id (stop, terminate, status)")
+    dp.add_argument("--template", help="template YAML (default: runpod/template.yaml)")
+    dp.add_argument("--image", help="image to deploy (overrides the template's imageName)")
+    dp.add_argument("--gpus", type=int, default=4, help="number of A40s (default 4)")
+    dp.add_argument("--cloud", default="SECURE", help="SECURE | COMMUNITY | ALL (default SECURE)")
+    dp.add_argument("--name", help="pod name (default <template>-<N>xa40)")
+    dp.add_argument("--dry-run", action="store_true", help="print exactly what would be sent; send nothing")
+    dp.add_argument("--capacity-timeout", type=float, default=600, help="retry 'no capacity' for this long (s)")
+    dp.add_argument("--wait-timeout", type=float, default=900, help="wait this long for the pod to run (s)")
+    dp.add_argument("--json", action="store_true")
+
     sub.add_parser("render", help="check supervisord.conf with the config and print supervisord's settings")
     cf = sub.add_parser("config", help="print the resolved config (or --defaults, the documented default)")
     cf.add_argument("--defaults", action="store_true")
@@ -129,6 +143,10 @@ def dispatch(args) -> int:
         exe = str(Path(preflight.supervisord_path() or "supervisord").with_name("supervisorctl"))
         argv = [exe, "-c", str(Path(current["run_dir"]) / "supervisorctl.conf"), *args.args]
         os.execv(argv[0], argv)
+    if verb == "deploy":
+        from podkit import deploy
+
+        return deploy.main(args)
     if verb == "render":
         from podkit import render
 
