@@ -28,5 +28,6 @@ RUN python3 -m pip install --no-deps /opt/podkit
 
 WORKDIR /workspace
 ENTRYPOINT ["/entrypoint"]
-# Healthy when supervisord answers; `podkit status` says which program is not.
-HEALTHCHECK --interval=30s --timeout=10s --start-period=600s --retries=3 CMD ["podkit", "status"]
+# Healthy when both programs run, inference is ready and the trainer progresses (not merely
+# "supervisord is alive"); the output names what is wrong.
+HEALTHCHECK --interval=30s --timeout=10s --start-period=600s --retries=3 CMD ["podkit", "status", "--health"]

@@ -6,21 +6,33 @@ import os
 import signal
 import time
 
-from podkit import config, log, preflight, reap, render, safemode
+from podkit import config, guard, log, preflight, reap, render, safemode
 from podkit.errors import PodkitError, StageError
 from podkit.state import read_json, write_json
 
 _log = log.get("boot")
 
 
-def run_stages(cfg) -> dict[str, str]:
+def run_stages(cfg, record: guard.Boot | None = None) -> dict[str, str]:
     """preflight -> reap -> sync -> render; returns supervisord's environment."""
     if cfg.state_dir.exists():
         safemode.clear(cfg.state_dir)
-    preflight.check(cfg)            # workspace writable, run dir, supervisord present
-    reap_stage(cfg)                 # TERM -> grace -> KILL every holder of the GPUs; stale sockets
-    sync_stage(cfg)                 # clone or fetch; never rm -rf; offline -> last good checkout
-    return render.write(cfg)        # supervisord's env from the validated config, conf checked
+
+    def stage(name, fn, *args):
+        try:
+            result = fn(*args)
+        except PodkitError:
+            if record:
+                record.stage(name, "failed")
+            raise
+        if record:
+            record.stage(name, "ok")
+        return result
+
+    stage("preflight", preflight.check, cfg)     # workspace writable, run dir, supervisord present
+    stage("reap", reap_stage, cfg)               # TERM -> grace -> KILL every GPU holder; stale sockets
+    stage("sync", sync_stage, cfg)               # clone or fetch; never rm -rf; offline -> last checkout
+    return stage("render", render.write, cfg)    # supervisord's env from the validated config
 
 
 def reap_stage(cfg) -> None:
@@ -71,12 +83,28 @@ def exec_supervisord(cfg, env: dict[str, str]):
 
 
 def boot(cfg) -> int:
-    """`podkit boot`: never a fast exit. A failed stage waits in safe mode."""
+    """`podkit boot`: never a fast exit. A failed stage, or boots coming too fast, wait in safe mode."""
+    record = None
     try:
-        env = run_stages(cfg)
+        cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        record = guard.Boot(cfg.state_dir)
+        _log.info(f"last stop: {record.rec['last_stop']}")
+    except OSError:
+        pass  # an unwritable workspace: preflight explains it
+    storm = guard.storm(cfg.state_dir, cfg.guard.max_boots, cfg.guard.window_s) if record else None
+    try:
+        if storm:
+            raise StageError("guard", storm, "find the cause in the logs above or `podkit status`; then run "
+                             "`podkit resume` in the container (or fix and restart it)")
+        env = run_stages(cfg, record)
     except PodkitError as e:
         stage = getattr(e, "stage", "boot")
+        if record:
+            record.rec["reason"] = e.message
+            record.done("safe-mode")
         return safemode.wait(cfg.state_dir, stage, e.message, e.hint)
+    if record:
+        record.done("supervisord")
     exec_supervisord(cfg, env)
     return 0  # not reached
 

@@ -30,6 +30,10 @@ def _parser():
     st = sub.add_parser("status", help="programs, trainer progress, inference phase")
     st.add_argument("--json", action="store_true")
     st.add_argument("--workspace")
+    st.add_argument("--health", action="store_true", help="exit 0 when healthy, 1 with the reason (healthchecks)")
+
+    rs = sub.add_parser("resume", help="leave safe mode: forgive past boots and boot again")
+    rs.add_argument("--workspace")
 
     run = sub.add_parser("run", help="what supervisord runs: sglang | trainer | logs")
     run.add_argument("program", choices=["sglang", "trainer", "logs"])
@@ -104,8 +108,15 @@ def dispatch(args) -> int:
     if verb == "status":
         from podkit import status
 
-        ws = args.workspace or _load(args).workspace
-        return status.main(Path(ws).absolute(), args.json)
+        cfg = _load(args)
+        ws = args.workspace or cfg.workspace
+        return status.main(Path(ws).absolute(), args.json, args.health, cfg.health.progress_timeout_s)
+    if verb == "resume":
+        from podkit import guard
+
+        ws = Path(args.workspace or _load(args).workspace).absolute()
+        print(guard.resume(ws / ".podkit"))
+        return 0
     if verb == "run":
         from podkit import programs
 

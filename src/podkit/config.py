@@ -57,6 +57,15 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "retries": Field(int, 3, "attempts for a network operation, with exponential back-off", "", minimum=1),
         "lock_timeout_s": Field(float, 600.0, "how long a second boot waits for the sync lock", "s", minimum=0),
     },
+    "guard": {
+        "max_boots": Field(int, 5, "crash-loop guard: more boots than this within window_s -> safe mode", "",
+                           minimum=1),
+        "window_s": Field(float, 600.0, "crash-loop guard: the window boots are counted in", "s", minimum=1),
+    },
+    "health": {
+        "progress_timeout_s": Field(float, 1800.0, "unhealthy when the trainer has not stepped for this long "
+                                    "(after its first step)", "s", minimum=1),
+    },
     "inference": {
         "kind": Field(str, "standin", "standin: podkit's stand-in for SGLang's HTTP API (no GPU)",
                       "", ("standin",)),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -25,8 +26,8 @@ def banner(stage: str, message: str, hint: str) -> str:
     if hint:
         lines.append(f"  fix: {hint}")
     lines += [
-        "  The container stays up on purpose (exiting would restart-loop it). Fix the cause and",
-        "  restart the container; `podkit status` shows this again.",
+        "  The container stays up on purpose (exiting would restart-loop it). Fix the cause, then",
+        "  run `podkit resume` in the container (or restart it); `podkit status` shows this again.",
         "=" * 78,
     ]
     return "\n".join(lines)
@@ -47,14 +48,20 @@ def clear(state_dir: Path) -> None:
 
 
 def wait(state_dir: Path | None, stage: str, message: str, hint: str = "") -> int:
-    """Blocks until SIGTERM/SIGINT, then returns 0 (docker stop ends safe mode promptly)."""
+    """Blocks until SIGTERM/SIGINT, then returns 0 (docker stop ends safe mode promptly).
+    SIGUSR1 (`podkit resume`) boots again in place: same pid, so PID 1 stays PID 1."""
     record(state_dir, stage, message, hint)
     print(banner(stage, message, hint), flush=True)
     stopping = []
+    resume = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
+    signal.signal(signal.SIGUSR1, lambda *_: resume.append(1))
     last = time.monotonic()
     while not stopping:
+        if resume:
+            print("[podkit:boot] resume requested: booting again", flush=True)
+            os.execv(sys.executable, [sys.executable, "-m", "podkit", "boot"])
         time.sleep(0.2)
         _reap_orphans()
         if time.monotonic() - last > REMIND_EVERY_S:

@@ -47,6 +47,9 @@ def collect(workspace: Path) -> dict:
             "restarts": max(0, rec.get("starts", 1) - 1), "exitstatus": info["exitstatus"],
             "fatal": info["statename"] == "FATAL",
         }
+    boots = read_json(state_dir / "boots.json", []) or []
+    out["boots"] = {"total": len(boots), "last": boots[-1] if boots else None,
+                    "resumed_at": (read_json(state_dir / "resume.json", {}) or {}).get("time")}
     prog = read_json(state_dir / "progress.json", {}) or {}
     out["trainer"] = {"step": prog.get("step"), "last_progress": prog.get("time"), "loss": prog.get("loss"),
                       "checkpoint_step": prog.get("checkpoint_step"), "weight_version": prog.get("weight_version")}
@@ -78,10 +81,37 @@ def human(st: dict) -> str:
     lines.append(f"trainer: step {t.get('step')}, last progress {_ago(t.get('last_progress'))}, "
                  f"checkpoint at step {t.get('checkpoint_step')}")
     lines.append(f"inference: {st['inference']['phase']}")
+    last = (st.get("boots") or {}).get("last")
+    if last:
+        lines.append(f"boot: {_ago(last.get('time'))}, {last.get('outcome')}; before it: {last.get('last_stop')}")
     return "\n".join(ln for ln in lines if ln is not None)
 
 
-def main(workspace: Path, as_json: bool) -> int:
+def health_problem(st: dict, progress_timeout_s: float) -> str | None:
+    """None when healthy: supervisord answers, both programs run, inference is ready, and the
+    trainer stepped recently (before its first step, Docker's start period covers start-up)."""
+    if st.get("safe_mode"):
+        return f"safe mode: {st['safe_mode'].get('message')}"
+    if not st["supervisord"].get("reachable"):
+        return "supervisord is not reachable"
+    for name in ("sglang", "trainer"):
+        p = st["programs"].get(name)
+        if not p or p["state"] not in ("RUNNING", "STARTING"):
+            return f"{name} is {p['state'] if p else 'missing'}"
+    if st["inference"]["phase"] != "ready":
+        return f"inference is {st['inference']['phase']}"
+    last = st["trainer"].get("last_progress")
+    started = max((p.get("uptime_s") or 0) for p in st["programs"].values())
+    if last and time.time() - last > progress_timeout_s and started > progress_timeout_s:
+        return f"no training progress for {time.time() - last:.0f}s (limit {progress_timeout_s:.0f}s)"
+    return None
+
+
+def main(workspace: Path, as_json: bool, health_check: bool = False, progress_timeout_s: float = 1800) -> int:
     st = collect(workspace)
+    if health_check:
+        problem = health_problem(st, progress_timeout_s)
+        print(f"unhealthy: {problem}" if problem else "healthy")
+        return 1 if problem else 0
     print(json.dumps(st, indent=2) if as_json else human(st))
     return 0 if st["supervisord"].get("reachable") else 1

@@ -200,6 +200,7 @@ class FakeTrainer:
                 if self.max_steps and self.step >= self.max_steps:
                     if self.last_ckpt_step != self.step:
                         self.checkpoint("final step")
+                    self.record_stop("max_steps")
                     _log.info(f"reached max_steps {self.max_steps}: done")
                     return 0
                 time.sleep(max(0.0, self.interval - (time.monotonic() - t0)))
@@ -207,8 +208,14 @@ class FakeTrainer:
             pass
         if self.step != self.last_ckpt_step or not self.ckpts.latest_path():
             self.checkpoint("SIGTERM")
+        self.record_stop("SIGTERM")
         _log.info(f"stopped cleanly at step {self.step}")
         return 0
+
+    def record_stop(self, by: str) -> None:
+        # The next boot reads this to tell a clean stop from a kill (guard.last_stop).
+        write_json(self.progress_path, {**(read_json(self.progress_path, {}) or {}),
+                                        "stopped": {"by": by, "time": time.time(), "step": self.step}})
 
 
 def main(cfg) -> int:

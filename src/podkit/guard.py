@@ -1,0 +1,93 @@
+"""The crash-loop guard: every boot is recorded on the volume; boots that come too fast stop in
+safe mode instead of starting training again (seed 001: a loop every 17 s looked like a crash).
+
+`<workspace>/.podkit/boots.json` holds the recent boots (time, pid, each stage's outcome, the
+reason of the stop before it when known). `podkit resume` writes `resume.json`: boots before it
+no longer count, and a boot waiting in safe mode is told (SIGUSR1) to boot again in place.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from podkit.state import read_json, write_json
+
+KEEP = 50
+
+
+class Boot:
+    """This boot's record; every change is written through (a boot may die at any point)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / "boots.json"
+        self.boots = read_json(self.path, []) or []
+        previous = self.boots[-1] if self.boots else None
+        self.rec = {"time": time.time(), "pid": os.getpid(), "stages": {}, "outcome": "booting",
+                    "last_stop": last_stop(state_dir, previous)}
+        self.boots = (self.boots + [self.rec])[-KEEP:]
+        self._write()
+
+    def _write(self) -> None:
+        try:
+            write_json(self.path, self.boots)
+        except OSError:
+            pass  # read-only or full volume: preflight says so; the guard must not hide it
+
+    def stage(self, name: str, outcome: str) -> None:
+        self.rec["stages"][name] = outcome
+        self._write()
+
+    def done(self, outcome: str) -> None:
+        self.rec["outcome"] = outcome
+        self._write()
+
+
+def last_stop(state_dir: Path, previous: dict | None) -> str:
+    """Why the run before this boot ended, from what its programs recorded."""
+    if previous is None:
+        return "first boot on this workspace"
+    progress = read_json(state_dir / "progress.json", {}) or {}
+    stopped = progress.get("stopped") or {}
+    if stopped.get("time", 0) > previous.get("time", 0):
+        return f"{stopped.get('by', 'stop')}: trainer stopped cleanly at step {progress.get('step')}"
+    if previous.get("outcome") == "safe-mode":
+        return f"stopped in safe mode ({previous.get('reason', '')})"
+    return "unknown: no clean stop recorded (killed, crashed, OOM, or the container was restarted)"
+
+
+def recent(state_dir: Path, window_s: float, now: float | None = None) -> list[dict]:
+    """Boots within the window and after the last `podkit resume`."""
+    now = time.time() if now is None else now
+    since = max(now - window_s, (read_json(state_dir / "resume.json", {}) or {}).get("time", 0))
+    return [b for b in read_json(state_dir / "boots.json", []) or [] if b.get("time", 0) > since]
+
+
+def storm(state_dir: Path, max_boots: int, window_s: float) -> str | None:
+    boots = recent(state_dir, window_s)
+    if len(boots) <= max_boots:
+        return None
+    span = boots[-1]["time"] - boots[0]["time"]
+    return (f"crash-loop guard: {len(boots)} boots in {span:.0f}s (limit {max_boots} in {window_s:.0f}s); "
+            f"the last stop: {boots[-2].get('last_stop') if len(boots) > 1 else 'unknown'}")
+
+
+def resume(state_dir: Path) -> str:
+    """Forgive the boots so far; wake a boot that waits in safe mode."""
+    write_json(state_dir / "resume.json", {"time": time.time()})
+    waiting = read_json(state_dir / "safe-mode.json", {}) or {}
+    pid = waiting.get("pid")
+    if pid and _is_podkit(pid):
+        os.kill(pid, signal.SIGUSR1)
+        return f"told the boot waiting in safe mode (pid {pid}) to boot again"
+    return "boot history cleared: the next boot starts training"
+
+
+def _is_podkit(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"podkit" in f.read()
+    except OSError:
+        return False
