@@ -1,0 +1,133 @@
+"""Graceful stop and kill -9 on the smoke stack booted through `podkit boot`.
+
+    python bench/stop.py [--runs 3]
+
+1. SIGTERM to supervisord (what `docker stop` sends PID 1) until everything has exited, with the
+   trainer's final checkpoint at its last step (target <= 8 s, inside docker's 10 s grace).
+2. kill -9 of every process of the stack at a random moment (a container kill): steps lost =
+   the trainer's last recorded step minus the step of the checkpoint it resumes from
+   (target <= one checkpoint interval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import xmlrpc.client
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from podkit.status import rpc  # noqa: E402
+
+EVERY = 10
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def boot(ws: Path) -> tuple[subprocess.Popen, dict]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+    env.update(PODKIT_CONFIG=str(ROOT / "configs" / "smoke.yaml"), PODKIT_WORKSPACE=str(ws),
+               PODKIT_INFERENCE_PORT=str(free_port()), PODKIT_TRAINER_CHECKPOINT_EVERY=str(EVERY),
+               PODKIT_INFERENCE_STARTUP_DELAY_S="0.5")
+    p = subprocess.Popen([str(Path(sys.executable).with_name("podkit")), "boot"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return p, env
+
+
+def wait_step(ws: Path, step: int, timeout: float = 90) -> dict:
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        rec = read(ws / ".podkit" / "progress.json")
+        if rec.get("step", 0) >= step:
+            return rec
+        time.sleep(0.05)
+    raise SystemExit(f"trainer did not reach step {step}")
+
+
+def program_pids(ws: Path) -> list[int]:
+    sock = read(ws / ".podkit" / "current.json").get("socket")
+    try:
+        return [i["pid"] for i in rpc(sock).supervisor.getAllProcessInfo() if i["pid"]]
+    except (OSError, xmlrpc.client.Error):
+        return []
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def graceful(ws: Path) -> tuple[float, bool]:
+    p, _ = boot(ws)
+    wait_step(ws, wait_step(ws, 1).get("step", 0) + 15)
+    pids = program_pids(ws)
+    t0 = time.perf_counter()
+    p.send_signal(signal.SIGTERM)
+    p.wait(60)
+    while any(alive(x) for x in pids):
+        time.sleep(0.01)
+    elapsed = time.perf_counter() - t0
+    rec = read(ws / ".podkit" / "progress.json")
+    latest = (ws / "checkpoints" / "latest").read_text().strip()
+    return elapsed, latest == f"step-{rec['step']:08d}.pt" and rec.get("checkpoint_step") == rec["step"]
+
+
+def killed(ws: Path) -> tuple[int, int]:
+    p, _ = boot(ws)
+    start = wait_step(ws, 1)["step"]
+    wait_step(ws, start + 12)
+    time.sleep(random.uniform(0, 2.5))  # anywhere in the checkpoint interval
+    pids = [p.pid, *program_pids(ws)]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    p.wait(10)
+    at_kill = read(ws / ".podkit" / "progress.json")["step"]
+    ckpt = int((ws / "checkpoints" / "latest").read_text().strip()[5:13])
+    return at_kill, at_kill - ckpt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    stops, lost = [], []
+    for i in range(args.runs):
+        ws = Path(tempfile.mkdtemp(prefix=f"podkit-bench-stop-{i}-"))
+        t, ok = graceful(ws)
+        stops.append(t)
+        print(f"SIGTERM run {i + 1}: everything stopped in {t:.2f} s, final checkpoint at the last step: {ok}")
+        at, n = killed(ws)
+        lost.append(n)
+        print(f"kill -9 run {i + 1}: at step {at}, resumes from step {at - n}: {n} step(s) lost")
+    print(f"graceful stop median {statistics.median(stops):.2f} s, max {max(stops):.2f} s (target <= 8 s)")
+    print(f"steps lost on kill -9: max {max(lost)} (target <= one checkpoint interval = {EVERY})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
