@@ -35,8 +35,8 @@ def _parser():
     rs = sub.add_parser("resume", help="leave safe mode: forgive past boots and boot again")
     rs.add_argument("--workspace")
 
-    run = sub.add_parser("run", help="what supervisord runs: sglang | trainer | logs")
-    run.add_argument("program", choices=["sglang", "trainer", "logs"])
+    run = sub.add_parser("run", help="what supervisord runs: sglang | trainer | watchdog | logs")
+    run.add_argument("program", choices=["sglang", "trainer", "watchdog", "logs"])
 
     rp = sub.add_parser("reap", help="stop every process holding the GPU device files")
     rp.add_argument("--devices", help="glob of device files (default: $PODKIT_DEVICES, /dev/nvidia*)")

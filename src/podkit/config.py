@@ -62,6 +62,15 @@ SCHEMA: dict[str, dict[str, Field]] = {
                            minimum=1),
         "window_s": Field(float, 600.0, "crash-loop guard: the window boots are counted in", "s", minimum=1),
     },
+    "watchdog": {
+        "interval_s": Field(float, 10.0, "how often the watchdog looks", "s", minimum=0.1),
+        "trainer_stall_s": Field(float, 900.0, "no training step for this long while inference is ready: "
+                                 "dump the trainer's stacks and restart it", "s", minimum=1),
+        "inference_unhealthy_s": Field(float, 300.0, "inference up but not answering /health for this long: "
+                                       "restart it", "s", minimum=1),
+        "startup_deadline_s": Field(float, 1800.0, "longest inference start-up (loading weights, CUDA graph "
+                                    "capture, warm-up) before it counts as stuck", "s", minimum=1),
+    },
     "health": {
         "progress_timeout_s": Field(float, 1800.0, "unhealthy when the trainer has not stepped for this long "
                                     "(after its first step)", "s", minimum=1),

@@ -8,7 +8,22 @@ import sys
 
 from podkit import log
 
-PROGRAMS = ("sglang", "trainer", "logs")
+PROGRAMS = ("sglang", "trainer", "watchdog", "logs")
+
+
+def stacks_file(cfg, pid: int):
+    return cfg.log_dir / f"stacks-{pid}.txt"
+
+
+def stacks_on_sigusr2(cfg) -> None:
+    """SIGUSR2 writes every thread's Python stack (the watchdog's dump when py-spy cannot attach).
+    faulthandler writes from the C signal handler: it works while Python code is blocked in C."""
+    import faulthandler
+    import signal
+
+    cfg.log_dir.mkdir(parents=True, exist_ok=True)
+    f = open(stacks_file(cfg, os.getpid()), "a")  # noqa: SIM115 - open for the process's lifetime
+    faulthandler.register(signal.SIGUSR2, file=f, all_threads=True)
 
 
 def run(name: str, cfg) -> int:
@@ -24,8 +39,13 @@ def run(name: str, cfg) -> int:
         from podkit.programs import standin
 
         return standin.main(cfg)
+    if name == "watchdog":
+        from podkit import watchdog
+
+        return watchdog.main(cfg)
     if name == "trainer":
         os.environ["CUDA_VISIBLE_DEVICES"] = cfg.trainer.gpus
+        stacks_on_sigusr2(cfg)
         from podkit.programs import fake_trainer
 
         return fake_trainer.main(cfg)

@@ -218,8 +218,18 @@ class FakeTrainer:
                                         "stopped": {"by": by, "time": time.time(), "step": self.step}})
 
 
+def _injected_hang(*_) -> None:
+    """Fault injection for the watchdog tests (SIGUSR1): block forever, as a trainer stuck in a
+    collective or on a dead rollout socket does. Only SIGKILL ends it."""
+    import threading
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Event().wait()
+
+
 def main(cfg) -> int:
     trainer = FakeTrainer(cfg)
     signal.signal(signal.SIGTERM, trainer.on_sigterm)
     signal.signal(signal.SIGINT, trainer.on_sigterm)
+    signal.signal(signal.SIGUSR1, _injected_hang)
     return trainer.run()

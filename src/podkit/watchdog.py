@@ -1,0 +1,176 @@
+"""The hang watchdog, a supervised program (`podkit run watchdog`).
+
+Trainer: no step for `trainer_stall_s` while inference answers -> its Python stacks (py-spy, where
+installed; else the kernel's view from /proc) go to <workspace>/logs/hang-<time>.txt, then the
+trainer is restarted and resumes from its checkpoint. Inference: past its start-up but not
+answering /health for `inference_unhealthy_s` -> restarted. Start-up phases (loading weights, CUDA
+graph capture, warm-up; read from SGLang's own log lines) are not hangs: they have their own
+deadline, `startup_deadline_s` (seed 002: a run "stuck" for 10 minutes was capturing CUDA graphs).
+Every action is logged and recorded in <workspace>/.podkit/watchdog.json for status and doctor.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import xmlrpc.client
+from pathlib import Path
+
+from podkit import health, log
+from podkit.reap import which
+from podkit.state import read_json, write_json
+from podkit.status import rpc
+
+_log = log.get("watchdog")
+STARTUP = ("starting", "loading_weights", "weights_loaded", "capturing_cuda_graphs", "cuda_graphs_captured",
+           "warming_up")
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        kids.append(int(name))
+            except (OSError, ValueError, IndexError):
+                pass
+    return kids
+
+
+def _py_spy(pid: int) -> str | None:
+    spy = which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not os.path.exists(spy):
+        return None
+    try:
+        r = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout if r.returncode == 0 and "Thread " in r.stdout else None
+
+
+def _faulthandler(pid: int, stacks: Path) -> str | None:
+    """Ask the process itself (SIGUSR2, registered by `podkit run trainer`) and read what it wrote."""
+    before = stacks.stat().st_size if stacks.exists() else None
+    if before is None:
+        return None
+    try:
+        os.kill(pid, signal.SIGUSR2)
+    except ProcessLookupError:
+        return None
+    for _ in range(20):
+        time.sleep(0.1)
+        if stacks.stat().st_size > before:
+            time.sleep(0.2)  # let it finish every thread
+            with open(stacks, "rb") as f:
+                f.seek(before)
+                return f.read().decode(errors="replace")
+    return None
+
+
+def dump_stacks(pid: int, path: Path, stacks_dir: Path) -> str:
+    """The Python stacks of `pid` and its children (torchrun workers) into `path`, by py-spy where it
+    attaches, else by the process's own faulthandler; the kernel's view always. Returns what worked."""
+    lines = [f"# hang dump of pid {pid} and its children at {time.strftime('%Y-%m-%d %H:%M:%S')}"]
+    used = set()
+    for p in [pid, *_children(pid)]:
+        lines.append(f"\n## pid {p}")
+        text = _py_spy(p)
+        if text:
+            used.add("py-spy")
+        else:
+            text = _faulthandler(p, stacks_dir / f"stacks-{p}.txt")
+            if text:
+                used.add("faulthandler")
+        lines.append(text or "(no Python stacks: py-spy could not attach and the process did not answer SIGUSR2)")
+        for what in ("status", "wchan", "stack"):
+            try:
+                lines.append(f"### /proc/{p}/{what}\n" + Path(f"/proc/{p}/{what}").read_text())
+            except OSError as e:
+                lines.append(f"### /proc/{p}/{what}: {e.strerror}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return "+".join(sorted(used)) or "/proc only"
+
+
+class Watchdog:
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.w = cfg.watchdog
+        self.inf = cfg.inference
+        self.progress = cfg.state_dir / "progress.json"
+        self.record_path = cfg.state_dir / "watchdog.json"
+        self.unhealthy_since: float | None = None
+        self.server = rpc(cfg.socket_path)
+
+    def record(self, action: str, program: str, reason: str, **extra) -> None:
+        _log.warn(f"{action} {program}: {reason}")
+        actions = (read_json(self.record_path, []) or [])[-49:]
+        actions.append({"time": time.time(), "action": action, "program": program, "reason": reason, **extra})
+        write_json(self.record_path, actions)
+
+    def restart(self, name: str) -> None:
+        self.server.supervisor.stopProcess(name, True)
+        self.server.supervisor.startProcess(name, False)
+
+    def info(self, name: str) -> dict:
+        return self.server.supervisor.getProcessInfo(name)
+
+    def check_inference(self, now: float) -> bool:
+        """True when inference answers /health."""
+        info = self.info("sglang")
+        if info["statename"] != "RUNNING":
+            self.unhealthy_since = None
+            return False  # supervisord's own restarts deal with a dead process
+        if health.probe(self.inf.host, self.inf.port, timeout=min(5.0, self.w.interval_s * 2)):
+            self.unhealthy_since = None
+            return True
+        phase = health.phase_from_log(self.cfg.log_dir / "sglang.log")
+        up_for = now - info["start"]
+        if phase in STARTUP:
+            if up_for > self.w.startup_deadline_s:
+                self.record("restarted", "sglang", f"still {phase} after {up_for:.0f}s "
+                            f"(startup_deadline_s {self.w.startup_deadline_s:.0f})")
+                self.restart("sglang")
+            return False
+        self.unhealthy_since = self.unhealthy_since or now
+        if now - self.unhealthy_since >= self.w.inference_unhealthy_s:
+            self.record("restarted", "sglang", f"past start-up ({phase}) but /health has not answered for "
+                        f"{now - self.unhealthy_since:.0f}s")
+            self.unhealthy_since = None
+            self.restart("sglang")
+        return False
+
+    def check_trainer(self, now: float) -> None:
+        info = self.info("trainer")
+        if info["statename"] != "RUNNING":
+            return
+        last = (read_json(self.progress, {}) or {}).get("time") or 0
+        since = now - max(last, info["start"])  # a fresh trainer gets the full window
+        if since < self.w.trainer_stall_s:
+            return
+        dump = self.cfg.log_dir / f"hang-{time.strftime('%Y%m%d-%H%M%S')}.txt"
+        tool = dump_stacks(info["pid"], dump, self.cfg.log_dir)
+        self.record("restarted", "trainer", f"no training step for {since:.0f}s while inference is ready; "
+                    f"stacks ({tool}) in {dump}", dump=str(dump))
+        self.restart("trainer")
+
+    def run(self) -> int:
+        _log.info(f"watching: trainer stall {self.w.trainer_stall_s:.0f}s, inference unhealthy "
+                  f"{self.w.inference_unhealthy_s:.0f}s, start-up deadline {self.w.startup_deadline_s:.0f}s")
+        while True:
+            time.sleep(self.w.interval_s)
+            now = time.time()
+            try:
+                if self.check_inference(now):
+                    self.check_trainer(now)
+            except (OSError, xmlrpc.client.Error) as e:
+                _log.warn(f"supervisord did not answer ({e}); trying again")
+
+
+def main(cfg) -> int:
+    return Watchdog(cfg).run()

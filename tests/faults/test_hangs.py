@@ -1,0 +1,76 @@
+"""The hang watchdog on the smoke stack: a frozen trainer is dumped and restarted, a frozen server is
+restarted, and a long start-up phase is waited for, not mistaken for a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from conftest import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+FAST = {"PODKIT_WATCHDOG_INTERVAL_S": "0.5", "PODKIT_WATCHDOG_TRAINER_STALL_S": "4",
+        "PODKIT_WATCHDOG_INFERENCE_UNHEALTHY_S": "3"}
+
+
+def actions(ws) -> list[dict]:
+    try:
+        return json.loads((ws / ".podkit" / "watchdog.json").read_text())
+    except (OSError, ValueError):
+        return []
+
+
+def test_a_hung_trainer_is_dumped_and_restarted_and_resumes(stack_factory):
+    """The trainer blocks forever (SIGUSR1 makes the fake trainer hang as on a dead collective) while
+    inference is healthy: its Python stacks, naming where it hangs, land in logs/hang-*.txt; then it
+    is restarted (SIGKILL after its grace: it ignores SIGTERM) and resumes from its checkpoint."""
+    s = stack_factory(**FAST, PODKIT_TRAINER_STOP_GRACE_S="2").start()
+    s.wait_step(6)
+    trainer = s.pid("trainer")
+    os.kill(trainer, signal.SIGUSR1)
+    wait_for(lambda: s.pid("trainer") not in (0, trainer), 60, what="trainer restarted by the watchdog")
+    (act,) = [a for a in actions(s.workspace) if a["program"] == "trainer"]
+    dump = open(act["dump"]).read()
+    assert f"pid {trainer}" in dump and "_injected_hang" in dump and "fake_trainer.py" in dump, dump[:3000]
+    assert "/proc/" in dump and act["dump"].startswith(str(s.workspace / "logs" / "hang-"))
+    wait_for(lambda: "resumed from checkpoint" in s.log("trainer").split("starting trainer")[-1], 60,
+             what="the new trainer to resume")
+    assert s.stop() == 0
+
+
+def test_a_frozen_inference_server_is_restarted(stack_factory):
+    """The stand-in accepts connections but never answers: restarted after inference_unhealthy_s;
+    the trainer then pushes its weights to the new server."""
+    s = stack_factory(**FAST).start()
+    s.wait_step(6)
+    sglang, trainer = s.pid("sglang"), s.pid("trainer")
+    os.kill(sglang, signal.SIGUSR1)  # the stand-in's freeze
+    wait_for(lambda: s.pid("sglang") not in (0, sglang), 60, what="sglang restarted by the watchdog")
+    (act,) = [a for a in actions(s.workspace) if a["program"] == "sglang"]
+    assert "/health has not answered" in act["reason"]
+    assert s.pid("trainer") == trainer
+    wait_for(lambda: "inference restarted?" in s.log("trainer"), 60, what="weights re-pushed")
+    assert s.stop() == 0
+
+
+def test_a_long_start_up_phase_is_not_a_hang(stack_factory):
+    """A server spending longer than inference_unhealthy_s in its start-up phases is left alone until
+    the start-up deadline."""
+    s = stack_factory(**FAST, PODKIT_INFERENCE_STARTUP_DELAY_S="8", PODKIT_WATCHDOG_STARTUP_DEADLINE_S="60").start()
+    sglang = wait_for(lambda: s.pid("sglang"), 30, what="sglang started")
+    s.wait_step(2, timeout=60)
+    assert s.pid("sglang") == sglang and not actions(s.workspace)
+    assert s.stop() == 0
+
+
+def test_a_start_up_past_its_deadline_is_restarted(stack_factory):
+    """Stuck in a start-up phase beyond startup_deadline_s: restarted, with the phase named."""
+    s = stack_factory(**FAST, PODKIT_INFERENCE_STARTUP_DELAY_S="60", PODKIT_WATCHDOG_STARTUP_DEADLINE_S="3").start()
+    wait_for(lambda: [a for a in actions(s.workspace) if a["program"] == "sglang"], 60, what="a restart")
+    act = actions(s.workspace)[0]
+    assert "loading_weights" in act["reason"] or "capturing_cuda_graphs" in act["reason"]
+    assert "startup_deadline_s" in act["reason"]
+    assert s.stop() == 0
