@@ -324,8 +324,8 @@ class _Target:
             self.fd = None
 
 
-def _collect_children() -> None:
-    # As PID 1 (the container's entrypoint) orphans are ours to wait for.
+def collect_children() -> None:
+    """As PID 1 (the container's entrypoint) every orphan is ours to wait for."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -338,7 +338,7 @@ def _collect_children() -> None:
 def _wait_gone(targets: list[_Target], timeout: float, t0: float, sig_name: str) -> None:
     until = time.monotonic() + timeout
     while True:
-        _collect_children()
+        collect_children()
         for t in targets:
             if not t.h.outcome and not t.alive():
                 t.h.outcome, t.h.signal, t.h.seconds = "killed", sig_name, round(time.monotonic() - t0, 2)

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from podkit import reap
 from podkit.state import write_json
 
 REMIND_EVERY_S = 600
@@ -63,19 +64,9 @@ def wait(state_dir: Path | None, stage: str, message: str, hint: str = "") -> in
             print("[podkit:boot] resume requested: booting again", flush=True)
             os.execv(sys.executable, [sys.executable, "-m", "podkit", "boot"])
         time.sleep(0.2)
-        _reap_orphans()
+        reap.collect_children()
         if time.monotonic() - last > REMIND_EVERY_S:
             print(f"[podkit:boot] still in safe mode ({stage}: {message})", flush=True)
             last = time.monotonic()
     return 0
 
-
-def _reap_orphans() -> None:
-    # As PID 1 every orphan in the container is ours to wait for.
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
