@@ -32,6 +32,10 @@ def _parser():
     st.add_argument("--workspace")
     st.add_argument("--health", action="store_true", help="exit 0 when healthy, 1 with the reason (healthchecks)")
 
+    dr = sub.add_parser("doctor", help="name the cause of a failure, with evidence and the fix (exit 1 if any)")
+    dr.add_argument("--json", action="store_true")
+    dr.add_argument("--workspace")
+
     rs = sub.add_parser("resume", help="leave safe mode: forgive past boots and boot again")
     rs.add_argument("--workspace")
 
@@ -111,6 +115,11 @@ def dispatch(args) -> int:
         cfg = _load(args)
         ws = args.workspace or cfg.workspace
         return status.main(Path(ws).absolute(), args.json, args.health, cfg.health.progress_timeout_s)
+    if verb == "doctor":
+        from podkit import doctor
+
+        cfg = _load(args)
+        return doctor.main(cfg, Path(args.workspace or cfg.workspace).absolute(), args.json)
     if verb == "resume":
         from podkit import guard
 

@@ -84,6 +84,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "model": Field(str, "Qwen/Qwen2.5-0.5B-Instruct", "model served"),
         "startup_delay_s": Field(float, 3.0, "stand-in only: time spent in its fake start-up phases", "s",
                                  minimum=0),
+        "standin_update_delay_s": Field(float, 0.0, "stand-in only: extra time each weight update takes "
+                                        "(stages a slow update)", "s", minimum=0),
         "ready_timeout_s": Field(float, 900.0, "how long the trainer waits for inference to be ready", "s",
                                  minimum=1),
         "stop_grace_s": Field(int, 20, "supervisord's stopwaitsecs for inference", "s", minimum=1),
@@ -99,6 +101,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                  "s", minimum=0),
         "max_steps": Field(int, 0, "stop (exit 0) after this step; 0: never", "steps", minimum=0),
         "seed": Field(int, 0, "seed of the fake data and model"),
+        "lr": Field(float, 0.01, "fake trainer: learning rate (a huge one makes the loss NaN, for doctor)", "",
+                    minimum=0),
+        "weight_update_timeout_s": Field(float, 120.0, "limit for one weight push to inference (the seed's "
+                                         "hard-coded 120 s)", "s", minimum=0.1),
         "stop_grace_s": Field(int, 8, "supervisord's stopwaitsecs for the trainer (its final checkpoint "
                               "must fit; docker stop gives 10 s)", "s", minimum=1),
     },

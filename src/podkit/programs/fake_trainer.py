@@ -61,10 +61,11 @@ class FakeTrainer:
         self.progress_path = cfg.state_dir / "progress.json"
         self.inference = Inference(cfg.inference.host, cfg.inference.port)
         self.ready_timeout = cfg.inference.ready_timeout_s
+        self.update_timeout = t.weight_update_timeout_s
         self.stopping = False
         torch.manual_seed(t.seed)
         self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-2)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=t.lr)
         g = torch.Generator().manual_seed(t.seed)
         self.true_w = torch.randn(16, 1, generator=g)
         self.seed = t.seed
@@ -145,12 +146,20 @@ class FakeTrainer:
 
     def push_weights(self, path: Path) -> None:
         version = str(self.step)
+        t0 = time.monotonic()
         try:
             r = self.inference.call("/update_weights_from_disk", {"model_path": str(path), "weight_version": version},
-                                    timeout=60.0)
+                                    timeout=self.update_timeout)
         except (OSError, urllib.error.URLError, ValueError) as e:
-            _log.warn(f"weight update to step {self.step} failed ({e}); will retry")
+            if "timed out" in str(e):
+                _log.warn(f"weight update to step {self.step} timed out after {self.update_timeout:.0f}s "
+                          "(weight_update_timeout_s); will retry")
+            else:
+                _log.warn(f"weight update to step {self.step} failed ({e}); will retry")
             return
+        took = time.monotonic() - t0
+        if took > self.update_timeout / 2:
+            _log.warn(f"weight update to step {self.step} took {took:.1f}s of its {self.update_timeout:.0f}s limit")
         if r.get("success"):
             self.pushed = version
             _log.info(f"inference now serves weights of step {self.step}")

@@ -34,7 +34,7 @@ class State:
         self.lock = threading.Lock()
 
 
-def make_handler(state: State):
+def make_handler(state: State, update_delay_s: float = 0.0):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "sglang-standin"
@@ -102,6 +102,7 @@ def make_handler(state: State):
                 with open(path, "rb") as f:  # really read them, as SGLang would
                     while f.read(1 << 20):
                         pass
+                time.sleep(update_delay_s)
                 with state.lock:
                     state.weights_path = path
                     state.weight_version = str(body.get("weight_version") or state.weight_version)
@@ -115,7 +116,7 @@ def make_handler(state: State):
     return Handler
 
 
-def serve(host: str, port: int, model: str, startup_delay_s: float) -> int:
+def serve(host: str, port: int, model: str, startup_delay_s: float, update_delay_s: float = 0.0) -> int:
     print(BANNER, flush=True)
     say(f"server_args=ServerArgs(model_path='{model}', host='{host}', port={port}, stand_in=True)")
     stop = threading.Event()
@@ -132,7 +133,7 @@ def serve(host: str, port: int, model: str, startup_delay_s: float) -> int:
         return 0
     say(f"Capture cuda graph end. Time elapsed: {step:.2f} s. mem usage=0.00 GB. avail mem=0.00 GB.")
     state = State(model)
-    httpd = ThreadingHTTPServer((host, port), make_handler(state))
+    httpd = ThreadingHTTPServer((host, port), make_handler(state, update_delay_s))
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     say(f"Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
@@ -149,7 +150,7 @@ def serve(host: str, port: int, model: str, startup_delay_s: float) -> int:
 
 def main(cfg) -> int:
     inf = cfg.inference
-    return serve(inf.host, inf.port, inf.model, inf.startup_delay_s)
+    return serve(inf.host, inf.port, inf.model, inf.startup_delay_s, inf.standin_update_delay_s)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,270 @@
+"""`podkit doctor`: inspect a live pod (or a workspace after the fact) and name the cause of a
+failure, with its evidence and the fix. Each check is one failure seen in the seeds; none needs
+a person to read logs. Exit 1 when a problem is found (`info` findings do not count).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from pathlib import Path
+
+from podkit import guard, health, reap, status
+from podkit.state import read_json
+from podkit.watchdog import STARTUP
+
+ERROR_LINE = re.compile(r"error|exception|traceback|cuda|out of memory|killed|fatal", re.I)
+OOM_LINE = re.compile(r"Out of memory: Killed process (\d+) \(([^)]*)\)|oom-kill", re.I)
+
+
+class Finding:
+    def __init__(self, id: str, title: str, evidence: list[str], fix: str, severity: str = "problem") -> None:
+        self.id, self.title, self.evidence, self.fix, self.severity = id, title, evidence, fix, severity
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "severity": self.severity, "title": self.title, "evidence": self.evidence,
+                "fix": self.fix}
+
+
+class Pod:
+    """What doctor reads: podkit's records on the volume, the logs, and supervisord when it answers."""
+
+    def __init__(self, cfg, workspace: Path) -> None:
+        self.cfg = cfg
+        self.ws = workspace
+        self.state = workspace / ".podkit"
+        self.logs = workspace / "logs"
+        self.st = status.collect(workspace)
+        current = read_json(self.state / "current.json", {}) or {}
+        self.programs = read_json(Path(current.get("run_dir", "/nonexistent")) / "programs.json", {}) or {}
+        self.progress = read_json(self.state / "progress.json", {}) or {}
+        self.boots = read_json(self.state / "boots.json", []) or []
+
+    def log_tail(self, program: str, n: int = 400) -> list[str]:
+        return health.tail(self.logs / f"{program}.log")[-n:]
+
+
+def _ago(ts: float | None, now: float) -> str:
+    return f"{now - ts:.0f}s ago" if ts else "never"
+
+
+def check_rollouts_starved(pod: Pod, now: float) -> Finding | None:
+    phase = pod.st["inference"]["phase"]
+    waiting = [ln for ln in pod.log_tail("trainer", 200) if re.search(r"waiting for (rollouts|training batch)", ln, re.I)]
+    if phase in ("ready",) + STARTUP or not waiting:
+        return None
+    return Finding("rollouts_starved", "the trainer waits for rollouts because inference is " + phase,
+                   [f"inference phase: {phase}", f"trainer's last step: {pod.progress.get('step')} "
+                    f"({_ago(pod.progress.get('time'), now)})", f"trainer log: {waiting[-1].strip()}"],
+                   "the trainer is not the problem: read the tail of logs/sglang.log; supervisord restarts a dead "
+                   "server and the watchdog an unresponsive one (`podkit ctl restart sglang` to force it)")
+
+
+def check_restart_loop(pod: Pod, now: float) -> Finding | None:
+    recent = guard.recent(pod.state, pod.cfg.guard.window_s, now)
+    safe = (pod.st.get("safe_mode") or {}).get("stage") == "guard"
+    if len(recent) < 3 and not safe:
+        return None
+    stops = sorted({b.get("last_stop", "") for b in recent[1:]})
+    return Finding("restart_loop", f"restart loop: {len(recent)} boots in the last {pod.cfg.guard.window_s:.0f}s",
+                   [f"boot at {time.strftime('%H:%M:%S', time.localtime(b['time']))}: {b.get('outcome')}"
+                    + (f" ({b.get('reason')})" if b.get("reason") else "") for b in recent[-5:]]
+                   + [f"stopped before: {s}" for s in stops[:3]],
+                   "a crash at a fixed step is often this loop, not training: find the failing stage above; "
+                   "`podkit resume` once it is fixed")
+
+
+def check_weight_update(pod: Pod, now: float) -> Finding | None:
+    slow = [ln.strip() for ln in pod.log_tail("trainer") if re.search(r"weight update .* (timed out|took)", ln)]
+    if not slow:
+        return None
+    limit = pod.cfg.trainer.weight_update_timeout_s
+    return Finding("weight_update_slow", f"weight updates are slower than their {limit:.0f}s limit",
+                   slow[-3:], "raise trainer.weight_update_timeout_s, checkpoint less often, or move the "
+                   "shared root off a slow network volume (see workspace_slow)")
+
+
+def check_workspace(pod: Pod, now: float, min_free_bytes: int, min_mb_s: float) -> list[Finding]:
+    out = []
+    try:
+        vfs = os.statvfs(pod.ws)
+    except OSError as e:
+        return [Finding("workspace_missing", f"workspace {pod.ws} cannot be read", [str(e)], "mount the volume")]
+    free = vfs.f_bavail * vfs.f_frsize
+    total = vfs.f_blocks * vfs.f_frsize
+    if free < min_free_bytes:
+        out.append(Finding("workspace_full", f"workspace {pod.ws} is nearly full",
+                           [f"{free / 2**30:.2f} GiB free of {total / 2**30:.1f} GiB (needs {min_free_bytes / 2**30:.1f})"],
+                           "delete old checkpoints you no longer need, or grow the volume; a full disk "
+                           "corrupts nothing (checkpoints are atomic) but stops training"))
+    probe = pod.state / f".doctor-write-{os.getpid()}"
+    size = 16 << 20
+    try:
+        t0 = time.perf_counter()
+        with open(probe, "wb") as f:
+            f.write(os.urandom(size))
+            f.flush()
+            os.fsync(f.fileno())
+        mb_s = size / 2**20 / (time.perf_counter() - t0)
+    except OSError as e:
+        return out + [Finding("workspace_unwritable", f"workspace {pod.ws} cannot be written", [str(e)],
+                              "mount it read-write with free space")]
+    finally:
+        probe.unlink(missing_ok=True)
+    if mb_s < min_mb_s:
+        out.append(Finding("workspace_slow", f"workspace {pod.ws} writes at {mb_s:.0f} MB/s",
+                           [f"16 MiB written and fsynced at {mb_s:.1f} MB/s (expected >= {min_mb_s:.0f})"],
+                           "checkpoints and disk weight updates will be slow; use the pod's local disk for "
+                           "the shared root, or a faster volume"))
+    return out
+
+
+def check_oom(pod: Pod, now: float, cgroup_dir: Path) -> Finding | None:
+    evidence = []
+    try:
+        events = dict(line.split() for line in (cgroup_dir / "memory.events").read_text().splitlines() if line)
+        if int(events.get("oom_kill", 0)):
+            evidence.append(f"{cgroup_dir}/memory.events: oom_kill {events['oom_kill']}, oom {events.get('oom', '?')}")
+    except (OSError, ValueError):
+        pass
+    try:
+        import subprocess
+
+        kmsg = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5).stdout
+        evidence += [ln.strip() for ln in kmsg.splitlines() if OOM_LINE.search(ln)][-3:]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    if not evidence:
+        return None
+    return Finding("oom_kill", "a process was killed for lack of memory (OOM)", evidence,
+                   "host memory, not GPU: lower the dataloader workers or batch size, or pick a pod with more RAM")
+
+
+def check_inference_restarts(pod: Pod, now: float) -> Finding | None:
+    starts = (pod.programs.get("sglang") or {}).get("starts", 0)
+    if starts < 2:
+        return None
+    errors = [ln.strip() for ln in pod.log_tail("sglang") if ERROR_LINE.search(ln)][-5:]
+    fatal = (pod.programs.get("sglang") or {}).get("state") == "FATAL"
+    return Finding("inference_restarts", f"inference restarted {starts - 1} time(s)" + (", then gave up (FATAL)"
+                   if fatal else ""), errors or ["no error lines in logs/sglang.log (killed from outside?)"],
+                   "the last error lines above say why; a kill with no error is often an OOM (see oom_kill) or "
+                   "the watchdog (.podkit/watchdog.json)")
+
+
+def check_gpu_busy(pod: Pod, now: float) -> Finding | None:
+    devices = reap.match_devices(pod.cfg.devices) if pod.cfg.devices else []
+    ours = {p.get("pid") for p in pod.st["programs"].values() if p.get("pid")}
+    holders = [h for h in reap.scan(devices)[0] if h.pid not in ours and not _descends(h.pid, ours)]
+    exclusive = [g for g in (reap.gpu_state() or []) if g["compute_mode"].lower().startswith("exclusive")]
+    if not holders and not exclusive:
+        return None
+    return Finding("gpu_busy", "the GPUs are held by processes that are not this pod's programs",
+                   [f"{reap.describe(h)}" for h in holders]
+                   + [f"GPU {g['index']} compute mode {g['compute_mode']}" for g in exclusive],
+                   "`podkit reap` stops them (TERM, then KILL); in Exclusive_Process mode a second context fails "
+                   "with 'busy or unavailable'")
+
+
+def _descends(pid: int, ancestors: set) -> bool:
+    seen = set()
+    while pid > 1 and pid not in seen:
+        if pid in ancestors:
+            return True
+        seen.add(pid)
+        st = reap.read_stat(pid)
+        if st is None:
+            return False
+        pid = st.ppid
+    return False
+
+
+def check_startup_phase(pod: Pod, now: float) -> Finding | None:
+    phase = pod.st["inference"]["phase"]
+    sglang = pod.st["programs"].get("sglang") or {}
+    if phase not in STARTUP or not sglang.get("uptime_s"):
+        return None
+    lasted = sglang["uptime_s"]
+    limit = pod.cfg.watchdog.startup_deadline_s
+    late = lasted > limit
+    return Finding("startup_phase", f"inference is {phase.replace('_', ' ')} for {lasted:.0f}s: "
+                   + ("past its deadline" if late else "not stuck"),
+                   [f"phase from logs/sglang.log: {phase}", f"start-up deadline {limit:.0f}s"],
+                   "loading weights and capturing CUDA graphs print little for minutes; wait" if not late else
+                   "the watchdog restarts it; if it repeats, look at GPU memory and the model path",
+                   "problem" if late else "info")
+
+
+def check_nccl_ifname(pod: Pod, now: float, environ, net_dir: Path) -> Finding | None:
+    try:
+        ifaces = sorted(os.listdir(net_dir))
+    except OSError:
+        return None
+    bad = []
+    for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
+        value = environ.get(var)
+        if not value:
+            continue
+        exclude = value.startswith("^")
+        names = [n for n in value.lstrip("^=").split(",") if n]
+        exact = value.lstrip("^").startswith("=")
+        hits = [i for i in ifaces for n in names if (i == n if exact else i.startswith(n))]
+        if not exclude and not hits:
+            bad.append(f"{var}={value}: no interface matches (this machine has {', '.join(ifaces)})")
+    if not bad:
+        return None
+    return Finding("nccl_ifname", "NCCL/Gloo interface settings name interfaces this machine does not have", bad,
+                   "unset them or set them to an interface listed above; a mismatch hangs init_process_group")
+
+
+def check_nan_loss(pod: Pod, now: float) -> Finding | None:
+    loss = pod.progress.get("loss")
+    if loss is None or (isinstance(loss, (int, float)) and math.isfinite(loss)):
+        return None
+    return Finding("nan_loss", f"the training loss is {loss} at step {pod.progress.get('step')}",
+                   [f"progress.json: step {pod.progress.get('step')}, loss {loss}"],
+                   "lower the learning rate or clip gradients (max_grad_norm); resume from a checkpoint taken "
+                   "before it diverged")
+
+
+def check_last_stop(pod: Pod, now: float) -> Finding | None:
+    if not pod.boots:
+        return None
+    last = pod.boots[-1].get("last_stop", "")
+    if not last.startswith("SIGTERM"):
+        return None
+    return Finding("stopped_by_sigterm", "the run before this boot was stopped with SIGTERM", [last],
+                   "docker stop, a RunPod stop, or a spot preemption: nothing is wrong; it resumed from the "
+                   "checkpoint it wrote", "info")
+
+
+def examine(cfg, workspace: Path, *, environ=None, cgroup_dir: Path = Path("/sys/fs/cgroup"),
+            net_dir: Path = Path("/sys/class/net"), min_free_bytes: int = 5 << 30, min_mb_s: float = 20.0,
+            now: float | None = None) -> list[Finding]:
+    environ = os.environ if environ is None else environ
+    now = time.time() if now is None else now
+    pod = Pod(cfg, workspace)
+    found = [check_rollouts_starved(pod, now), check_restart_loop(pod, now), check_weight_update(pod, now),
+             *check_workspace(pod, now, min_free_bytes, min_mb_s), check_oom(pod, now, cgroup_dir),
+             check_inference_restarts(pod, now), check_gpu_busy(pod, now), check_startup_phase(pod, now),
+             check_nccl_ifname(pod, now, environ, net_dir), check_nan_loss(pod, now), check_last_stop(pod, now)]
+    return [f for f in found if f is not None]
+
+
+def main(cfg, workspace: Path, as_json: bool) -> int:
+    findings = examine(cfg, workspace)
+    problems = [f for f in findings if f.severity == "problem"]
+    if as_json:
+        print(json.dumps({"ok": not problems, "findings": [f.to_dict() for f in findings]}, indent=2))
+    else:
+        if not findings:
+            print("nothing wrong found")
+        for f in findings:
+            print(f"{'PROBLEM' if f.severity == 'problem' else 'note'}: {f.title}")
+            for e in f.evidence:
+                print(f"  - {e}")
+            print(f"  fix: {f.fix}")
+    return 1 if problems else 0

@@ -1,0 +1,139 @@
+"""`podkit doctor` names the cause: each finding is staged for real on the smoke stack or on a
+workspace after the fact, and doctor must name it with evidence and a fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import PODKIT, wait_for
+from podkit import config, doctor, guard
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+HOLDER = str(Path(__file__).parent.parent / "holder.py")
+
+
+def examine(stack_or_ws, **kw):
+    ws = getattr(stack_or_ws, "workspace", stack_or_ws)
+    env = getattr(stack_or_ws, "env", {"PODKIT_WORKSPACE": str(ws)})
+    cfg = config.load(environ={k: v for k, v in env.items() if k.startswith("PODKIT_")})
+    kw.setdefault("min_free_bytes", 0)
+    kw.setdefault("min_mb_s", 0)
+    return {f.id: f for f in doctor.examine(cfg, ws, **kw)}
+
+
+def test_trainer_waiting_on_rollouts_is_blamed_on_the_dead_inference(stack_factory):
+    """Inference frozen: the trainer logs that it waits for rollouts; doctor says inference is the
+    cause (seed 000), and `podkit doctor --json` exits 1."""
+    s = stack_factory().start()
+    s.wait_step(3)
+    os.kill(s.pid("sglang"), signal.SIGUSR1)  # the stand-in stops answering
+    wait_for(lambda: "waiting for rollouts" in s.log("trainer"), 30, what="the trainer to starve")
+    f = examine(s)["rollouts_starved"]
+    assert "inference is unhealthy" in f.title and "sglang.log" in f.fix
+    r = subprocess.run([*PODKIT, "doctor", "--json", "--workspace", str(s.workspace)], capture_output=True,
+                       text=True, env=s.env, timeout=60)
+    assert r.returncode == 1 and "rollouts_starved" in [x["id"] for x in json.loads(r.stdout)["findings"]]
+    assert s.stop() == 0
+
+
+def test_a_restart_loop_is_named_from_the_boot_history(tmp_path):
+    """Four boots in the window, recorded by the guard: doctor calls it a restart loop (seed 001)."""
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    for _ in range(4):
+        guard.Boot(state).done("supervisord")
+    f = examine(tmp_path)["restart_loop"]
+    assert "4 boots" in f.title and "podkit resume" in f.fix
+
+
+def test_weight_updates_slower_than_their_timeout_are_found(stack_factory):
+    """Each update takes 3 s against a 1 s limit: the trainer logs the timeout, doctor names it."""
+    s = stack_factory(PODKIT_INFERENCE_STANDIN_UPDATE_DELAY_S="3", PODKIT_TRAINER_WEIGHT_UPDATE_TIMEOUT_S="1").start()
+    wait_for(lambda: "timed out after 1s" in s.log("trainer"), 60, what="a weight update to time out")
+    f = examine(s)["weight_update_slow"]
+    assert "1s limit" in f.title and "timed out" in f.evidence[-1]
+    assert s.stop() == 0
+
+
+def test_a_full_or_slow_workspace_is_found(tmp_path):
+    """Free space and write speed are measured on the workspace itself (thresholds set above them)."""
+    (tmp_path / ".podkit").mkdir()
+    found = examine(tmp_path, min_free_bytes=1 << 60, min_mb_s=1e9)
+    assert "GiB free" in found["workspace_full"].evidence[0]
+    assert "MB/s" in found["workspace_slow"].title
+
+
+def test_an_oom_kill_is_found_in_the_cgroup_events(tmp_path):
+    """memory.events with oom_kill > 0 (a stand-in cgroup dir: this machine has no cgroup v2 file)."""
+    cg = tmp_path / "cgroup"
+    cg.mkdir()
+    (cg / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    (tmp_path / ".podkit").mkdir()
+    f = examine(tmp_path, cgroup_dir=cg)["oom_kill"]
+    assert "oom_kill 1" in f.evidence[0]
+
+
+def test_inference_restarts_are_counted_with_the_last_lines_of_its_log(stack_factory):
+    """Two crashes of inference: doctor counts the restarts and quotes its log."""
+    s = stack_factory().start()
+    s.wait_step(2)
+    for _ in range(2):
+        pid = s.pid("sglang")
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda pid=pid: s.pid("sglang") not in (0, pid), 30, what="sglang restart")
+    f = examine(s)["inference_restarts"]
+    assert f.title.startswith("inference restarted 2 time(s)")
+    assert s.stop() == 0
+
+
+def test_gpu_holders_that_are_not_the_pods_programs_are_found(procs, tmp_path):
+    """A leftover process holding a (stand-in) GPU device is named by pid and device."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "nvidia0").write_bytes(b"\0" * 4096)
+    p = procs.spawn([sys.executable, HOLDER, "fd", str(dev / "nvidia0")], stdout=subprocess.PIPE, text=True)
+    pid = int(p.stdout.readline().split("pid: ")[1].split(")")[0])
+    ws = tmp_path / "ws"
+    (ws / ".podkit").mkdir(parents=True)
+    cfg = config.load(environ={"PODKIT_WORKSPACE": str(ws), "PODKIT_DEVICES": f"{dev}/nvidia*"})
+    found = {f.id: f for f in doctor.examine(cfg, ws, min_free_bytes=0, min_mb_s=0)}
+    assert f"{pid} (" in found["gpu_busy"].evidence[0] and "podkit reap" in found["gpu_busy"].fix
+
+
+def test_a_long_start_up_phase_is_named_and_not_called_stuck(stack_factory):
+    """Inference still capturing CUDA graphs: a note with the phase and how long, not a problem."""
+    s = stack_factory(PODKIT_INFERENCE_STARTUP_DELAY_S="30").start()
+    wait_for(lambda: "Capture cuda graph begin" in s.log("sglang"), 30, what="graph capture")
+    wait_for(lambda: s.status()["programs"]["sglang"]["uptime_s"] > 0, 30, what="sglang RUNNING")
+    f = examine(s)["startup_phase"]
+    assert f.severity == "info" and "capturing cuda graphs" in f.title and "not stuck" in f.title
+    assert s.stop() == 0
+
+
+def test_nccl_interface_names_the_machine_lacks_are_found(tmp_path):
+    """NCCL_SOCKET_IFNAME naming a missing interface is a finding; one that exists is not."""
+    (tmp_path / ".podkit").mkdir()
+    f = examine(tmp_path, environ={"NCCL_SOCKET_IFNAME": "ens5"})["nccl_ifname"]
+    assert "NCCL_SOCKET_IFNAME=ens5" in f.evidence[0]
+    assert "nccl_ifname" not in examine(tmp_path, environ={"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "^docker"})
+
+
+def test_a_nan_loss_and_a_sigterm_at_the_last_stop_are_found(stack_factory):
+    """A diverging trainer (lr 1e30) reports a NaN loss; after `docker stop` and a new boot, doctor
+    notes that the last stop was a SIGTERM."""
+    s = stack_factory(PODKIT_TRAINER_LR="1e30").start()
+    s.wait_step(4)
+    f = examine(s)["nan_loss"]
+    assert "nan" in f.title.lower() or "inf" in f.title.lower()
+    assert s.stop() == 0
+    s = stack_factory(PODKIT_TRAINER_LR="1e30").start()
+    f = examine(s)["stopped_by_sigterm"]
+    assert f.severity == "info" and f.evidence[0].startswith("SIGTERM")
+    assert s.stop() == 0
