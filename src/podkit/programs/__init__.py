@@ -26,6 +26,14 @@ def stacks_on_sigusr2(cfg) -> None:
     faulthandler.register(signal.SIGUSR2, file=f, all_threads=True)
 
 
+def hold_devices(cfg) -> list:
+    """The smoke programs open the device files (stand-ins in tests) as CUDA processes hold
+    /dev/nvidia*, so a run killed without its programs leaves holders for the reap stage to free."""
+    import glob
+
+    return [open(p, "rb") for p in sorted(glob.glob(cfg.devices))] if cfg.devices else []  # noqa: SIM115
+
+
 def run(name: str, cfg) -> int:
     if name == "logs":
         from podkit.programs import logs
@@ -38,6 +46,8 @@ def run(name: str, cfg) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = cfg.inference.gpus
         from podkit.programs import standin
 
+        held = hold_devices(cfg)  # noqa: F841 - held for the process's lifetime
+
         return standin.main(cfg)
     if name == "watchdog":
         from podkit import watchdog
@@ -47,6 +57,8 @@ def run(name: str, cfg) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = cfg.trainer.gpus
         stacks_on_sigusr2(cfg)
         from podkit.programs import fake_trainer
+
+        held = hold_devices(cfg)  # noqa: F841 - held for the process's lifetime
 
         return fake_trainer.main(cfg)
     print(f"podkit: error: unknown program {name!r}; one of: {', '.join(PROGRAMS)}", file=sys.stderr)

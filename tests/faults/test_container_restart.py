@@ -1,0 +1,47 @@
+"""The container "restarted" with the previous run's processes still holding the GPUs (seed 003):
+the next boot frees them, clears the stale socket, and the run resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from conftest import alive, wait_for
+from podkit import reap
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+
+def test_boot_after_a_dirty_restart_frees_the_gpus_and_resumes(stack_factory, tmp_path):
+    """supervisord dies with SIGKILL: its programs live on, holding the stand-in devices and the
+    inference port, and its socket stays behind. The next boot reaps exactly those holders,
+    removes the stale socket, and the new programs start and resume."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl"):
+        (dev / name).write_bytes(b"\0" * 4096)
+    env = {"PODKIT_DEVICES": f"{dev}/nvidia*", "PODKIT_REAP_ENABLED": "always", "PODKIT_REAP_GRACE_S": "2"}
+    s = stack_factory(**env).start()
+    s.wait_step(7)
+    old = {name: s.pid(name) for name in ("sglang", "trainer")}
+    held = {h.pid for h in reap.scan(reap.match_devices(f"{dev}/nvidia*"))[0]}
+    assert set(old.values()) <= held
+    sock = s.current()["socket"]
+    os.kill(s.proc.pid, signal.SIGKILL)
+    s.proc.wait(10)
+    assert os.path.exists(sock) and all(alive(p) for p in old.values()), "the leftovers this test needs"
+
+    again = stack_factory(**env).start()  # same workspace: the container's restart
+    out = again.stdout()
+    for pid in old.values():
+        assert f"killed {pid} (" in out
+        assert not alive(pid)
+    assert "removed stale socket" in out
+    new = wait_for(lambda: again.pid("sglang"), 30, what="new sglang")
+    assert new not in old.values()
+    wait_for(lambda: again.status()["inference"]["phase"] == "ready", 30, what="new inference ready")
+    wait_for(lambda: "resumed from checkpoint" in again.log("trainer").split("starting trainer")[-1], 60,
+             what="the new trainer to resume")
+    assert again.stop() == 0
