@@ -60,10 +60,14 @@ class CheckpointDir:
         self.path.mkdir(parents=True, exist_ok=True)
         final = self.path / f"step-{step:08d}.pt"
         tmp = self.path / f".{final.name}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk must not also keep our half file
+            raise
         os.replace(tmp, final)
         pointer = self.path / f".latest.tmp-{os.getpid()}"
         pointer.write_text(final.name + "\n")

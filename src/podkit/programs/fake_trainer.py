@@ -63,6 +63,7 @@ class FakeTrainer:
         self.ready_timeout = cfg.inference.ready_timeout_s
         self.update_timeout = t.weight_update_timeout_s
         self.stopping = False
+        self.progress_failed = False
         torch.manual_seed(t.seed)
         self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
         self.opt = torch.optim.Adam(self.model.parameters(), lr=t.lr)
@@ -136,11 +137,17 @@ class FakeTrainer:
         self.opt.step()
         return float(loss.item())
 
-    def checkpoint(self, why: str) -> Path:
-        path = self.ckpts.save(self.torch, self.step, {"step": self.step, "model": self.model.state_dict(),
-                                                       "optim": self.opt.state_dict()})
+    def checkpoint(self, why: str) -> Path | None:
+        try:
+            path = self.ckpts.save(self.torch, self.step, {"step": self.step, "model": self.model.state_dict(),
+                                                           "optim": self.opt.state_dict()})
+        except OSError as e:
+            # A full or read-only volume: keep training, keep the last good checkpoint, try again later.
+            _log.error(f"checkpoint of step {self.step} not written ({e.strerror}); the latest good one stays "
+                       f"step {self.last_ckpt_step}. `podkit doctor` checks the workspace")
+            return None
         self.last_ckpt_step = self.step
-        write_json(self.progress_path, {**(read_json(self.progress_path, {}) or {}), "checkpoint_step": self.step})
+        self._write_progress({**(read_json(self.progress_path, {}) or {}), "checkpoint_step": self.step})
         _log.info(f"checkpoint {path.name} written ({why})")
         return path
 
@@ -181,10 +188,20 @@ class FakeTrainer:
                       "(inference restarted?): pushing again")
             self.push_weights(latest)
 
+    def _write_progress(self, data: dict) -> None:
+        try:
+            write_json(self.progress_path, data)
+        except OSError as e:
+            if not self.progress_failed:
+                _log.error(f"cannot record progress ({e.strerror}); training goes on")
+            self.progress_failed = True
+            return
+        self.progress_failed = False
+
     def record(self, loss: float) -> None:
-        write_json(self.progress_path, {"step": self.step, "time": time.time(), "loss": loss,
-                                        "pid": os.getpid(), "checkpoint_step": self.last_ckpt_step,
-                                        "weight_version": self.pushed, "resumed_from": self.resumed_from})
+        self._write_progress({"step": self.step, "time": time.time(), "loss": loss,
+                              "pid": os.getpid(), "checkpoint_step": self.last_ckpt_step,
+                              "weight_version": self.pushed, "resumed_from": self.resumed_from})
 
     def run(self) -> int:
         self.resume()
@@ -202,8 +219,10 @@ class FakeTrainer:
                 self.record(loss)
                 if self.step % 10 == 0 or self.step == 1:
                     _log.info(f"step {self.step} loss {loss:.5f}")
-                if self.step % self.every == 0:
-                    self.push_weights(self.checkpoint(f"every {self.every} steps"))
+                if self.step % self.every == 0 or self.step - self.last_ckpt_step > self.every:
+                    path = self.checkpoint(f"every {self.every} steps")
+                    if path:
+                        self.push_weights(path)
                 if self.step % 5 == 0:
                     self.ensure_served_weights()  # cheap; catches a restart between two rollouts
                 if self.max_steps and self.step >= self.max_steps:
@@ -223,8 +242,8 @@ class FakeTrainer:
 
     def record_stop(self, by: str) -> None:
         # The next boot reads this to tell a clean stop from a kill (guard.last_stop).
-        write_json(self.progress_path, {**(read_json(self.progress_path, {}) or {}),
-                                        "stopped": {"by": by, "time": time.time(), "step": self.step}})
+        self._write_progress({**(read_json(self.progress_path, {}) or {}),
+                              "stopped": {"by": by, "time": time.time(), "step": self.step}})
 
 
 def _injected_hang(*_) -> None:
