@@ -45,3 +45,4 @@ def test_boot_after_a_dirty_restart_frees_the_gpus_and_resumes(stack_factory, tm
     wait_for(lambda: "resumed from checkpoint" in again.log("trainer").split("starting trainer")[-1], 60,
              what="the new trainer to resume")
     assert again.stop() == 0
+    assert reap.scan(reap.match_devices(f"{dev}/nvidia*"))[0] == [], "a device file is still held after the stop"
