@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 
@@ -32,6 +33,9 @@ def test_boot_with_a_corrupt_config_stays_up_in_safe_mode(procs, tmp_path):
     text = out.read_text()
     assert "checkpoint_evry: unknown key" in text and "did you mean 'checkpoint_every'?" in text
     assert json.loads((ws / ".podkit" / "safe-mode.json").read_text())["stage"] == "config"
+    d = subprocess.run([*PODKIT, "doctor", "--workspace", str(ws)], capture_output=True, text=True, timeout=60,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")})
+    assert d.returncode == 1 and "safe mode: the config stage failed" in d.stdout and "checkpoint_evry" in d.stdout
     p.send_signal(signal.SIGTERM)
     assert p.wait(10) == 0
 

@@ -143,16 +143,29 @@ def check_oom(pod: Pod, now: float, cgroup_dir: Path) -> Finding | None:
                    "host memory, not GPU: lower the dataloader workers or batch size, or pick a pod with more RAM")
 
 
-def check_inference_restarts(pod: Pod, now: float) -> Finding | None:
-    starts = (pod.programs.get("sglang") or {}).get("starts", 0)
+def check_restarts(pod: Pod, now: float, program: str, what: str) -> Finding | None:
+    rec = pod.programs.get(program) or {}
+    starts = rec.get("starts", 0)
     if starts < 2:
         return None
-    errors = [ln.strip() for ln in pod.log_tail("sglang") if ERROR_LINE.search(ln)][-5:]
-    fatal = (pod.programs.get("sglang") or {}).get("state") == "FATAL"
-    return Finding("inference_restarts", f"inference restarted {starts - 1} time(s)" + (", then gave up (FATAL)"
-                   if fatal else ""), errors or ["no error lines in logs/sglang.log (killed from outside?)"],
+    errors = [ln.strip() for ln in pod.log_tail(program) if ERROR_LINE.search(ln)][-5:]
+    fatal = rec.get("state") == "FATAL"
+    by_watchdog = [a["reason"] for a in read_json(pod.state / "watchdog.json", []) or [] if a.get("program") == program]
+    return Finding(f"{what}_restarts", f"{what} restarted {starts - 1} time(s)" + (", then gave up (FATAL)"
+                   if fatal else ""), (errors or [f"no error lines in logs/{program}.log (killed from outside?)"])
+                   + [f"watchdog: {r}" for r in by_watchdog[-2:]],
                    "the last error lines above say why; a kill with no error is often an OOM (see oom_kill) or "
-                   "the watchdog (.podkit/watchdog.json)")
+                   "the watchdog (.podkit/watchdog.json)" + ("; the trainer resumes from its latest checkpoint"
+                                                             if program == "trainer" else ""))
+
+
+def check_safe_mode(pod: Pod, now: float) -> Finding | None:
+    sm = pod.st.get("safe_mode")
+    if not sm:
+        return None
+    return Finding("safe_mode", f"podkit is in safe mode: the {sm.get('stage')} stage failed",
+                   [sm.get("message", ""), f"since {_ago(sm.get('since'), now)}"],
+                   (sm.get("hint") or "fix the cause") + "; then `podkit resume` (or restart the container)")
 
 
 def check_gpu_busy(pod: Pod, now: float) -> Finding | None:
@@ -249,7 +262,8 @@ def examine(cfg, workspace: Path, *, environ=None, cgroup_dir: Path = Path("/sys
     pod = Pod(cfg, workspace)
     found = [check_rollouts_starved(pod, now), check_restart_loop(pod, now), check_weight_update(pod, now),
              *check_workspace(pod, now, min_free_bytes, min_mb_s), check_oom(pod, now, cgroup_dir),
-             check_inference_restarts(pod, now), check_gpu_busy(pod, now), check_startup_phase(pod, now),
+             check_restarts(pod, now, "sglang", "inference"), check_restarts(pod, now, "trainer", "trainer"),
+             check_safe_mode(pod, now), check_gpu_busy(pod, now), check_startup_phase(pod, now),
              check_nccl_ifname(pod, now, environ, net_dir), check_nan_loss(pod, now), check_last_stop(pod, now)]
     return [f for f in found if f is not None]
 
