@@ -19,7 +19,9 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 # Layers from rarely to often changed: dependencies, then data, then code (one small last layer).
-RUN python3 -m pip install "PyYAML>=6,<7" "supervisor>=4.2,<5"
+# py-spy: the watchdog dumps a hung trainer's Python stacks with it (needs CAP_SYS_PTRACE; without
+# it the trainer's own faulthandler answers instead).
+RUN python3 -m pip install "PyYAML>=6,<7" "supervisor>=4.2,<5" "py-spy>=0.3"
 COPY entrypoint /entrypoint
 COPY pyproject.toml README.md supervisord.conf /opt/podkit/
 COPY configs /opt/podkit/configs

@@ -202,6 +202,17 @@ def test_stale_name_resolve_records_of_our_trial_are_cleared(tmp_path):
     assert not ours.exists() and other.exists()
 
 
+def test_boot_clears_stale_name_resolve_records_of_its_trial(stack_factory, tmp_path):
+    """A dead run's server address under AReaL's name_resolve root is gone before the trainer starts."""
+    root = tmp_path / "name_resolve"
+    stale = reap.name_resolve_trial(str(root), "podkit", "run") / "gen_servers"
+    stale.mkdir(parents=True)
+    (stale / "0").write_text("127.0.0.1:1")
+    s = stack_factory(PODKIT_TRAINER_NAME_RESOLVE_ROOT=str(root)).start()
+    assert not stale.exists() and "cleared stale name_resolve records" in s.stdout()
+    assert s.stop() == 0
+
+
 def test_gpu_memory_check_reads_nvidia_smi(tmp_path, monkeypatch):
     """Where nvidia-smi exists its per-GPU memory and compute mode are read (a stand-in nvidia-smi
     script here, as this machine has no GPU)."""

@@ -37,7 +37,10 @@ def run_stages(cfg, record: guard.Boot | None = None) -> dict[str, str]:
 
 def reap_stage(cfg) -> None:
     live_ok = reap.enabled(cfg.reap.enabled)
-    for line in reap.clear_supervisor_leftovers(cfg.run_path, stop_live=live_ok, grace_s=cfg.reap.grace_s):
+    t = cfg.trainer
+    # No supervisord of this pod runs past this point, so its discovery records are stale.
+    for line in [*reap.clear_supervisor_leftovers(cfg.run_path, stop_live=live_ok, grace_s=cfg.reap.grace_s),
+                 *reap.clear_name_resolve(t.name_resolve_root, t.experiment, t.trial)]:
         log.get("reap").info(line)
     if not live_ok:
         log.get("reap").info("skipped: podkit is not the container's entrypoint "

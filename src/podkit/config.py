@@ -105,6 +105,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                     minimum=0),
         "weight_update_timeout_s": Field(float, 120.0, "limit for one weight push to inference (the seed's "
                                          "hard-coded 120 s)", "s", minimum=0.1),
+        "experiment": Field(str, "podkit", "AReaL experiment_name: names the discovery records to clear"),
+        "trial": Field(str, "run", "AReaL trial_name"),
+        "name_resolve_root": Field(str, "/tmp/areal/name_resolve", "AReaL's name_resolve file root; boot clears "
+                                   "<root>/<user>/<experiment>/<trial> (a dead server's address)", "path"),
         "stop_grace_s": Field(int, 8, "supervisord's stopwaitsecs for the trainer (its final checkpoint "
                               "must fit; docker stop gives 10 s)", "s", minimum=1),
     },

@@ -68,15 +68,13 @@ class Report:
         self.scan_seconds = 0.0
         self.seconds = 0.0
         self.gpus: list[dict] = []
-        self.leftovers: list[str] = []
 
     @property
     def survivors(self) -> list[Holder]:
         return [h for h in self.holders if h.outcome == "survived"]
 
     def to_json(self) -> str:
-        d = {k: getattr(self, k) for k in ("devices", "unreadable", "scan_seconds", "seconds", "gpus",
-                                           "leftovers", "dry_run")}
+        d = {k: getattr(self, k) for k in ("devices", "unreadable", "scan_seconds", "seconds", "gpus", "dry_run")}
         d["holders"] = [h.to_dict() for h in self.holders]
         d["survivors"] = [h.pid for h in self.survivors]
         return json.dumps(d, indent=2)
