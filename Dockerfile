@@ -25,6 +25,7 @@ RUN python3 -m pip install "PyYAML>=6,<7" "supervisor>=4.2,<5" "py-spy>=0.3"
 COPY entrypoint /entrypoint
 COPY pyproject.toml README.md supervisord.conf /opt/podkit/
 COPY configs /opt/podkit/configs
+COPY runpod/template.yaml /opt/podkit/runpod/template.yaml
 COPY src /opt/podkit/src
 RUN python3 -m pip install --no-deps /opt/podkit
 

@@ -39,7 +39,7 @@ def wait_accepting(sock: Path, timeout: float = 30) -> None:
     until = time.monotonic() + timeout
     while time.monotonic() < until:
         try:
-            rpc(sock, timeout=1).supervisor.getState()
+            rpc(sock).supervisor.getState()
             return
         except (OSError, xmlrpc.client.Error):
             time.sleep(0.002)

@@ -15,18 +15,10 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def parsed(cfg_path, tmp_path):
-    from supervisor.options import ServerOptions
-
     cfg = config.load(cfg_path, environ={"PODKIT_WORKSPACE": str(tmp_path), "PODKIT_RUN_DIR": str(tmp_path / "run")})
     (tmp_path / "logs").mkdir(exist_ok=True)
     (tmp_path / "run").mkdir(exist_ok=True)
-    env = render.environment(cfg, base={})
-    render.check_supervisord_conf(ROOT / "supervisord.conf", env)
-    opts = ServerOptions()
-    opts.environ_expansions = {f"ENV_{k}": v for k, v in env.items()}
-    opts.configfile = str(ROOT / "supervisord.conf")
-    opts.process_config(do_usage=False)
-    return cfg, opts
+    return cfg, render.check_supervisord_conf(ROOT / "supervisord.conf", render.environment(cfg, base={}))
 
 
 @pytest.mark.parametrize("cfg_name", ["default.yaml", "smoke.yaml"])

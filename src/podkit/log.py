@@ -24,14 +24,13 @@ def set_level(name: str) -> None:
 
 
 class Log:
-    def __init__(self, tag: str, stream=None) -> None:
+    def __init__(self, tag: str) -> None:
         self.tag = tag
-        self.stream = stream
 
     def _emit(self, level: int, prefix: str, msg: str) -> None:
         if level < _threshold:
             return
-        out = self.stream or _stream or sys.stdout
+        out = _stream or sys.stdout
         stamp = time.strftime("%H:%M:%S")
         for i, line in enumerate(str(msg).splitlines() or [""]):
             lead = f"{stamp} [podkit:{self.tag}] {prefix}" if i == 0 else f"{stamp} [podkit:{self.tag}]   "

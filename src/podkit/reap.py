@@ -127,7 +127,7 @@ def match_devices(pattern: str) -> list[str]:
     return sorted({os.path.realpath(p) for p in globmod.glob(pattern)})
 
 
-def _pids() -> list[int]:
+def all_pids() -> list[int]:
     return [int(n) for n in os.listdir("/proc") if n.isdigit()]
 
 
@@ -186,7 +186,7 @@ def scan(devices: list[str], deadline_s: float = 10.0, workers: int = 2) -> tupl
     wanted = set(devices)
     needles = [d.encode() for d in devices]
     keep = protected_pids()
-    pids = [p for p in _pids() if p not in keep]
+    pids = [p for p in all_pids() if p not in keep]
     stop_at = time.monotonic() + deadline_s
     results: list[tuple[int, dict[str, set[str]]]] = []
     unreadable = [0]
@@ -258,7 +258,7 @@ def _group_mates(holders: list[Holder]) -> list[Holder]:
     every member is a holder or a descendant of one, and none is protected."""
     if not holders:
         return []
-    procs = {p.pid: p for p in (read_stat(pid) for pid in _pids()) if p is not None}
+    procs = {p.pid: p for p in (read_stat(pid) for pid in all_pids()) if p is not None}
     keep = protected_pids()
     keep_groups = {procs[p].pgid for p in keep if p in procs}
     held = {h.pid for h in holders}

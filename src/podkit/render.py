@@ -26,7 +26,8 @@ def environment(cfg, base: dict | None = None) -> dict[str, str]:
     return env
 
 
-def check_supervisord_conf(path, env: dict[str, str]) -> None:
+def check_supervisord_conf(path, env: dict[str, str]):
+    """Parse `path` with supervisor's own parser, expanded with `env`; returns the parsed options."""
     from supervisor.options import ServerOptions
 
     opts = ServerOptions()
@@ -40,6 +41,7 @@ def check_supervisord_conf(path, env: dict[str, str]) -> None:
     for want in ("sglang", "trainer"):
         if want not in names:
             raise StageError("render", f"{path}: no [program:{want}] section", "podkit supervises sglang and trainer")
+    return opts
 
 
 ENV_REF = re.compile(r"%\(ENV_([A-Za-z0-9_]+)\)s")

@@ -12,11 +12,10 @@ from podkit import health
 from podkit.state import read_json
 
 
-def rpc(socket_path: str | Path, timeout: float = 5.0):
+def rpc(socket_path: str | Path):
     from supervisor.xmlrpc import SupervisorTransport
 
     transport = SupervisorTransport(None, None, f"unix://{socket_path}")
-    transport.timeout = timeout
     return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
 
 

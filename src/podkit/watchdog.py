@@ -19,7 +19,7 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
-from podkit import health, log
+from podkit import health, log, reap
 from podkit.reap import which
 from podkit.state import read_json, write_json
 from podkit.status import rpc
@@ -30,16 +30,7 @@ STARTUP = ("starting", "loading_weights", "weights_loaded", "capturing_cuda_grap
 
 
 def _children(pid: int) -> list[int]:
-    kids = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        kids.append(int(name))
-            except (OSError, ValueError, IndexError):
-                pass
-    return kids
+    return [p.pid for p in map(reap.read_stat, reap.all_pids()) if p is not None and p.ppid == pid]
 
 
 def _py_spy(pid: int) -> str | None:
