@@ -88,7 +88,9 @@ def test_inference_restarts_are_counted_with_the_last_lines_of_its_log(stack_fac
         pid = s.pid("sglang")
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda pid=pid: s.pid("sglang") not in (0, pid), 30, what="sglang restart")
-    f = examine(s)["inference_restarts"]
+    # State events reach the listener asynchronously: the new pid can show before the count.
+    f = wait_for(lambda: (f := examine(s).get("inference_restarts")) and "2 time(s)" in f.title and f, 15, 0.5,
+                 what="both restarts recorded by the event listener")
     assert f.title.startswith("inference restarted 2 time(s)")
     assert s.stop() == 0
 
