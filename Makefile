@@ -7,7 +7,7 @@ WORKSPACE ?= ./workspace
 # torch 2.13.0 is the CPU build this machine's package index carries; the fake trainer needs it.
 TORCH  ?= torch==2.13.0 numpy
 
-.PHONY: run test lint bench clean sysdeps
+.PHONY: run test lint bench clean sysdeps validate-env
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,9 +31,14 @@ sysdeps:
 	  else echo "install:$$missing" >&2; exit 1; fi; \
 	fi
 
+# SGLang's and AReaL's own parsers, in an environment of their own (CPU torch, no GPU stacks), built
+# once and cached under ~/.cache/podkit (tests/validate/env.sh), so CI on the same machine reuses it.
+validate-env:
+	@PYTHON=$(PYTHON) sh tests/validate/env.sh
+
 test: $(VENV)/.ready sysdeps
 	$(BIN)/ruff check src tests bench
-	$(BIN)/pytest
+	py=$$(PYTHON=$(PYTHON) sh tests/validate/env.sh) && VALIDATION_PYTHON=$$py $(BIN)/pytest
 
 bench: $(VENV)/.ready
 	$(BIN)/python bench/boot.py

@@ -100,6 +100,32 @@ def procs():
     tracker.cleanup()
 
 
+HOLDER = str(Path(__file__).with_name("holder.py"))  # holds stand-in device files
+
+
+@pytest.fixture
+def devices(tmp_path):
+    d = tmp_path / "dev"
+    d.mkdir()
+    for i in range(3):
+        (d / f"nvidia{i}").write_bytes(b"\0" * 4096)
+    (d / "nvidiactl").write_bytes(b"\0" * 4096)
+    return d
+
+
+def hold(procs, mode, *files, flags=()):
+    """Start a holder; returns (pid, child pids) once it prints its ready line."""
+    p = procs.spawn([sys.executable, HOLDER, mode, *map(str, files), *flags], stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    assert line.startswith("ready (pid: "), line
+    pid = int(line.split("pid: ")[1].split(")")[0])
+    kids = [int(k) for k in line.split("children", 1)[1].split()]
+    procs.track(pid)
+    for k in kids:
+        procs.track(k)
+    return pid, kids
+
+
 def smoke_env(workspace: Path, port: int, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
     env.update({

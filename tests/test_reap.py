@@ -6,42 +6,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import PODKIT, alive, free_port, smoke_env, wait_for
+from conftest import PODKIT, alive, free_port, hold, smoke_env, wait_for
 from podkit import reap
 
 pytestmark = pytest.mark.timeout(60)
-HOLDER = str(Path(__file__).with_name("holder.py"))
-
-
-@pytest.fixture
-def devices(tmp_path):
-    d = tmp_path / "dev"
-    d.mkdir()
-    for i in range(3):
-        (d / f"nvidia{i}").write_bytes(b"\0" * 4096)
-    (d / "nvidiactl").write_bytes(b"\0" * 4096)
-    return d
-
-
-def hold(procs, mode, *files, flags=()):
-    """Start a holder; returns (pid, child pids) once it prints its ready line."""
-    p = procs.spawn([sys.executable, HOLDER, mode, *map(str, files), *flags], stdout=subprocess.PIPE, text=True)
-    line = p.stdout.readline()
-    assert line.startswith("ready (pid: "), line
-    pid = int(line.split("pid: ")[1].split(")")[0])
-    kids = [int(k) for k in line.split("children", 1)[1].split()]
-    procs.track(pid)
-    for k in kids:
-        procs.track(k)
-    return pid, kids
-
-
 def podkit_reap(devices_glob, *extra):
     r = subprocess.run([*PODKIT, "reap", "--devices", devices_glob, "--grace", "1", "--json", *extra],
                        capture_output=True, text=True, timeout=45)

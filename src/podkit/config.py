@@ -76,25 +76,39 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                     "(after its first step)", "s", minimum=1),
     },
     "inference": {
-        "kind": Field(str, "standin", "standin: podkit's stand-in for SGLang's HTTP API (no GPU)",
-                      "", ("standin",)),
-        "host": Field(str, "127.0.0.1", "address the server binds"),
+        "kind": Field(str, "sglang", "sglang: the real SGLang server; standin: podkit's stand-in for SGLang's HTTP "
+                      "API (no GPU, smoke stack only)", "", ("sglang", "standin")),
+        "host": Field(str, "127.0.0.1", "address the server binds; beyond loopback needs SGLANG_API_KEY"),
         "port": Field(int, 30000, "HTTP port of the server", "", minimum=1),
         "gpus": Field(str, "0", "CUDA_VISIBLE_DEVICES for inference"),
-        "model": Field(str, "Qwen/Qwen2.5-0.5B-Instruct", "model served"),
+        "model": Field(str, "Qwen/Qwen2.5-0.5B-Instruct", "model served (and trained: the trainer's actor.path)"),
+        "tp": Field(int, 1, "SGLang tensor-parallel size: must equal the number of inference GPUs", "",
+                    minimum=1),
+        "mem_fraction_static": Field(float, 0.85, "SGLang --mem-fraction-static: GPU memory for weights and KV "
+                                     "cache", "", minimum=0.05),
+        "attention_backend": Field(str, "flashinfer", "SGLang --attention-backend; fa3 is Hopper-only (not A40)",
+                                   "", ("flashinfer", "triton", "torch_native", "fa3")),
+        "context_length": Field(int, 0, "SGLang --context-length; 0: the model's", "tokens", minimum=0),
+        "cuda_graph_max_bs": Field(int, 0, "SGLang --cuda-graph-max-bs; 0: SGLang's default", "", minimum=0),
+        "extra_args": Field(str, "", "more SGLang flags, shell-quoted (checked by SGLang's parser in the tests)"),
         "startup_delay_s": Field(float, 3.0, "stand-in only: time spent in its fake start-up phases", "s",
                                  minimum=0),
         "standin_update_delay_s": Field(float, 0.0, "stand-in only: extra time each weight update takes "
                                         "(stages a slow update)", "s", minimum=0),
         "ready_timeout_s": Field(float, 900.0, "how long the trainer waits for inference to be ready", "s",
                                  minimum=1),
+        "gpu_free_timeout_s": Field(float, 60.0, "before (re)starting SGLang, wait this long for its GPUs' "
+                                    "device files to be free of an old server's processes", "s", minimum=0),
         "stop_grace_s": Field(int, 20, "supervisord's stopwaitsecs for inference", "s", minimum=1),
     },
     "trainer": {
-        "kind": Field(str, "fake", "fake: a real torch loop of a tiny model on seeded random data (CPU)",
-                      "", ("fake",)),
+        "kind": Field(str, "areal", "areal: AReaL GRPO under torchrun (SPMD mode); fake: a real torch loop of a "
+                      "tiny model on seeded random data (CPU, smoke stack)", "", ("areal", "fake")),
         "gpus": Field(str, "", "CUDA_VISIBLE_DEVICES for training"),
-        "checkpoint_every": Field(int, 10, "steps between checkpoints (and weight pushes)", "steps",
+        "areal_config": Field(str, "", "AReaL experiment config (relative: to the pod config's directory); "
+                              "empty: fake trainer only", "path"),
+        "overrides": Field(str, "", "more AReaL config overrides, shell-quoted key=value pairs"),
+        "checkpoint_every": Field(int, 10, "fake trainer: steps between checkpoints (and weight pushes)", "steps",
                                   minimum=1),
         "keep_checkpoints": Field(int, 3, "checkpoints kept by the fake trainer; 0: all", "", minimum=0),
         "step_interval_s": Field(float, 0.2, "fake trainer: minimum time per step, to pace it like a real one",
@@ -105,6 +119,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                     minimum=0),
         "weight_update_timeout_s": Field(float, 120.0, "limit for one weight push to inference (the seed's "
                                          "hard-coded 120 s)", "s", minimum=0.1),
+        "stale_weights_check_s": Field(float, 30.0, "AReaL trainer: how often rank 0 asks inference which weights "
+                                       "it serves (a restarted SGLang serves the base model)", "s", minimum=1),
         "experiment": Field(str, "podkit", "AReaL experiment_name: names the discovery records to clear"),
         "trial": Field(str, "run", "AReaL trial_name"),
         "name_resolve_root": Field(str, "/tmp/areal/name_resolve", "AReaL's name_resolve file root; boot clears "
@@ -353,6 +369,10 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
         top["run_dir"] = default_run_dir(top["workspace"])
     if not values["repo"]["dest"]:
         values["repo"]["dest"] = os.path.join(top["workspace"], "repo")
+    areal = values["trainer"]["areal_config"]
+    if areal and not os.path.isabs(areal):
+        # Beside the pod config that names it, so configs/a40-4gpu.yaml can say areal/grpo-a40-4gpu.yaml.
+        values["trainer"]["areal_config"] = os.path.abspath(os.path.join(os.path.dirname(path) if path else "", areal))
     return Config(values, source, warnings)
 
 

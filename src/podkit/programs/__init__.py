@@ -42,6 +42,14 @@ def run(name: str, cfg) -> int:
     # The marker line lets phase detection read only this start's part of the log.
     print(f"[podkit:run] starting {name} (pid {os.getpid()})", flush=True)
     log.set_level(cfg.log_level)
+    if name == "sglang" and cfg.inference.kind == "sglang":
+        from podkit.programs import sglang
+
+        return sglang.main(cfg)
+    if name == "trainer" and cfg.trainer.kind == "areal":
+        from podkit.programs import areal_launch
+
+        return areal_launch.main(cfg)  # the entry script registers the stack dump in each rank
     if name == "sglang":
         os.environ["CUDA_VISIBLE_DEVICES"] = cfg.inference.gpus
         from podkit.programs import standin

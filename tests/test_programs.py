@@ -1,0 +1,198 @@
+"""The real programs' launchers: SGLang's command line, AReaL under torchrun, and what each checks before
+exec. The command lines themselves are checked by SGLang's and AReaL's own parsers in test_validate.py."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, free_port, hold, smoke_env, wait_for
+from podkit import config, preflight, reap
+from podkit.errors import ConfigError
+from podkit.programs import areal_launch, sglang
+
+pytestmark = pytest.mark.timeout(60)
+POD_CONFIGS = ["a40-1gpu.yaml", "a40-2gpu.yaml", "a40-4gpu.yaml"]
+
+
+def load(name="a40-4gpu.yaml", tmp_path=None, **env):
+    environ = {"PODKIT_WORKSPACE": str(tmp_path or "/workspace"), **env}
+    return config.load(ROOT / "configs" / name, environ=environ)
+
+
+@pytest.mark.parametrize("name", POD_CONFIGS)
+def test_shipped_a40_configs_pass_preflight_and_name_their_areal_config(name):
+    cfg = load(name)
+    assert cfg.inference.kind == "sglang" and cfg.trainer.kind == "areal"
+    assert Path(cfg.trainer.areal_config).is_file()
+    assert Path(cfg.trainer.areal_config).parent == ROOT / "configs" / "areal"
+    assert preflight.program_problems(cfg) == []
+    assert cfg.inference.attention_backend != "fa3", "fa3 is a Hopper kernel; A40 is Ampere"
+
+
+def test_sglang_command_line_comes_from_the_pod_config():
+    cfg = load("a40-4gpu.yaml", PODKIT_INFERENCE_EXTRA_ARGS="--log-level info")
+    argv = sglang.command(cfg, environ={})
+    assert argv[1:3] == ["-m", "sglang.launch_server"]
+    flags = dict(zip(argv[3::2], argv[4::2]))
+    assert flags["--model-path"] == cfg.inference.model and flags["--host"] == "127.0.0.1"
+    assert flags["--attention-backend"] == "flashinfer" and flags["--tp-size"] == "1"
+    assert flags["--context-length"] == "4096" and flags["--mem-fraction-static"] == "0.85"
+    assert argv[-2:] == ["--log-level", "info"] and "--api-key" not in argv
+    env = sglang.environment(cfg, environ={})
+    assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["HF_HOME"] == "/workspace/hf"
+
+
+def test_api_key_reaches_sglang_but_never_the_log_line():
+    cfg = load()
+    argv = sglang.command(cfg, environ={"SGLANG_API_KEY": "s3cret"})
+    assert argv[argv.index("--api-key") + 1] == "s3cret"
+    assert "s3cret" not in sglang.redacted(argv) and "--api-key '***'" in sglang.redacted(argv)
+
+
+def test_sglang_beyond_loopback_without_an_api_key_is_a_config_error(tmp_path):
+    cfg = load(tmp_path=tmp_path, PODKIT_INFERENCE_HOST="0.0.0.0")
+    assert [p[0] for p in sglang.problems(cfg, environ={})] == ["inference.host"]
+    assert sglang.problems(cfg, environ={"SGLANG_API_KEY": "k"}) == []
+
+
+def test_preflight_names_the_file_and_key_of_a_program_problem(tmp_path):
+    pod = tmp_path / "pod.yaml"
+    pod.write_text((ROOT / "configs" / "a40-4gpu.yaml").read_text().replace('gpus: "1,2,3"', 'gpus: "0,1,2"')
+                   .replace("areal/grpo-a40-4gpu.yaml", str(ROOT / "configs/areal/grpo-a40-4gpu.yaml")))
+    cfg = config.load(pod, environ={"PODKIT_WORKSPACE": str(tmp_path / "ws"), "PODKIT_DEVICES": ""})
+    with pytest.raises(ConfigError) as e:
+        preflight.check(cfg)
+    assert e.value.source == str(pod) and e.value.key == "trainer.gpus"
+    assert "also serve inference" in e.value.problem
+
+
+@pytest.mark.parametrize("env, key, words", [
+    ({"PODKIT_INFERENCE_TP": "2"}, "inference.tp", "names 1 GPU"),
+    ({"PODKIT_TRAINER_GPUS": "1,2"}, "trainer.gpus", "'fsdp:d3' (3 GPU(s))"),
+    ({"PODKIT_TRAINER_AREAL_CONFIG": "/nonexistent.yaml"}, "trainer.areal_config", "does not exist"),
+    ({"PODKIT_INFERENCE_KIND": "standin"}, "trainer.kind", "needs inference.kind sglang"),
+    ({"PODKIT_TRAINER_KIND": "fake"}, "trainer.kind", "SGLang cannot load"),
+    ({"PODKIT_TRAINER_OVERRIDES": "a='b"}, "trainer.overrides", "No closing quotation"),
+])
+def test_a_setup_that_cannot_train_is_refused_before_supervisord_starts(env, key, words):
+    problems = preflight.program_problems(load(**env))
+    assert any(k == key and words in what for k, what, _ in problems), problems
+
+
+def test_one_gpu_pod_shares_the_gpu_only_with_a_small_sglang_share():
+    cfg = load("a40-1gpu.yaml")
+    assert cfg.trainer.gpus == cfg.inference.gpus == "0" and preflight.program_problems(cfg) == []
+    greedy = load("a40-1gpu.yaml", PODKIT_INFERENCE_MEM_FRACTION_STATIC="0.85")
+    assert [p[0] for p in preflight.program_problems(greedy)] == ["trainer.gpus"]
+
+
+def test_backend_gpu_counts():
+    assert areal_launch.backend_gpus("fsdp:d3") == 3
+    assert areal_launch.backend_gpus("sglang:d2t2") == 4
+    assert areal_launch.backend_gpus("sglang.d1t1p1+d3t1p1") is None  # the seeds' old syntax: AReaL decides
+
+
+def test_trainer_runs_under_torchrun_in_spmd_mode_pointed_at_sglang(tmp_path):
+    cfg = load("a40-4gpu.yaml", tmp_path, PODKIT_TRAINER_OVERRIDES="total_train_epochs=3")
+    argv = areal_launch.command(cfg)
+    assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nnodes"]
+    assert argv[argv.index("--nproc-per-node") + 1] == "3"
+    script = argv[argv.index("--nproc-per-node") + 2]
+    assert Path(script).name == "grpo.py" and Path(script).is_file()
+    assert argv[argv.index("--config") + 1] == cfg.trainer.areal_config
+    over = argv[argv.index("--config") + 2:]
+    assert f"cluster.fileroot={tmp_path}/areal" in over and "experiment_name=podkit" in over
+    assert f"cluster.name_resolve.nfs_record_root={cfg.trainer.name_resolve_root}" in over
+    assert over[-1] == "total_train_epochs=3"
+    env = areal_launch.environment(cfg, environ={})
+    assert env["AREAL_SPMD_MODE"] == "1" and env["AREAL_LLM_SERVER_ADDRS"] == "127.0.0.1:30000"
+    assert env["CUDA_VISIBLE_DEVICES"] == "1,2,3"
+    assert env["NCCL_CUMEM_ENABLE"] == env["NCCL_NVLS_ENABLE"] == "0"
+
+
+def test_trainer_waits_for_inference_then_clears_stale_discovery_and_execs_torchrun(procs, tmp_path, monkeypatch):
+    """A leftover name_resolve record would send AReaL to a dead server: gone before torchrun starts."""
+    port = free_port()
+    root = tmp_path / "nr"
+    stale = reap.name_resolve_trial(str(root), "podkit", "run") / "llm_server" / "0"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("127.0.0.1:1")  # a dead server's address
+    cfg = load("a40-4gpu.yaml", tmp_path, PODKIT_INFERENCE_PORT=str(port),
+               PODKIT_TRAINER_NAME_RESOLVE_ROOT=str(root), PODKIT_INFERENCE_READY_TIMEOUT_S="30")
+    execs = []
+    monkeypatch.setattr(os, "execvpe", lambda f, argv, env: execs.append((argv, env)))
+
+    def start_standin_later():
+        time.sleep(1.5)  # the trainer starts first and must wait
+        env = smoke_env(tmp_path / "standin-ws", port, PODKIT_INFERENCE_STARTUP_DELAY_S="0")
+        procs.spawn([sys.executable, "-m", "podkit", "run", "sglang"], env=env,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    threading.Thread(target=start_standin_later).start()
+    t0 = time.monotonic()
+    areal_launch.main(cfg)
+    assert time.monotonic() - t0 >= 1.5 and not stale.exists()
+    (argv, env), = execs
+    assert "--standalone" in argv and env["AREAL_LLM_SERVER_ADDRS"] == f"127.0.0.1:{port}"
+
+
+def test_trainer_stops_waiting_when_supervisord_reports_inference_dead(tmp_path):
+    cfg = load("a40-4gpu.yaml", tmp_path, PODKIT_INFERENCE_PORT=str(free_port()))
+    t0 = time.monotonic()
+    why = areal_launch.wait_for_inference(cfg, is_dead=lambda: "FATAL", interval=0.1)
+    assert "FATAL" in why and time.monotonic() - t0 < 5
+
+
+def test_sglang_start_waits_for_an_old_server_to_let_go_of_its_gpu(procs, devices):
+    """A restart that begins while the old server's schedulers still hold the GPU would fail with
+    'busy or unavailable': the start waits for them, and ignores holders of other GPUs."""
+    cfg = load(PODKIT_DEVICES=f"{devices}/nvidia*", PODKIT_INFERENCE_GPUS="0")
+    assert sglang.device_files(cfg) == [str(devices / "nvidia0")]
+    other, _ = hold(procs, "fd", devices / "nvidia1")
+    old, _ = hold(procs, "mmap", devices / "nvidia0")
+    left = sglang.wait_devices_free(cfg, timeout_s=0.5, interval=0.1)
+    assert [h.pid for h in left] == [old]
+
+    def let_go():
+        time.sleep(1)
+        os.kill(old, 9)
+
+    threading.Thread(target=let_go).start()
+    t0 = time.monotonic()
+    assert sglang.wait_devices_free(cfg, timeout_s=20, interval=0.1) == []
+    assert 0.8 < time.monotonic() - t0 < 15
+    assert os.path.exists(f"/proc/{other}")
+
+
+def test_sglang_program_refuses_to_start_on_a_held_gpu_and_says_who_holds_it(procs, devices, tmp_path):
+    holder, _ = hold(procs, "fd", devices / "nvidia0")
+    env = {**os.environ, "PODKIT_CONFIG": str(ROOT / "configs/a40-4gpu.yaml"), "PODKIT_WORKSPACE": str(tmp_path),
+           "PODKIT_DEVICES": f"{devices}/nvidia*", "PODKIT_INFERENCE_GPU_FREE_TIMEOUT_S": "0.5"}
+    r = subprocess.run([sys.executable, "-m", "podkit", "run", "sglang"], env=env, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 1
+    assert f"{holder} (" in r.stdout + r.stderr and "busy or unavailable" in r.stdout + r.stderr
+
+
+def test_pod_config_and_areal_config_agree_on_the_sglang_settings():
+    """podkit launches SGLang from the pod config; AReaL's own `sglang:` section must say the same."""
+    import yaml
+
+    for name in POD_CONFIGS:
+        cfg = load(name)
+        areal = yaml.safe_load(Path(cfg.trainer.areal_config).read_text())
+        s = areal["sglang"]
+        assert s["attention_backend"] == cfg.inference.attention_backend == "flashinfer", name
+        assert s["mem_fraction_static"] == cfg.inference.mem_fraction_static, name
+        assert s["context_length"] == cfg.inference.context_length, name
+        assert areal["rollout"]["max_concurrent_rollouts"] == cfg.inference.cuda_graph_max_bs, name
+        assert areal["actor"]["path"] == cfg.inference.model, name
+        assert shlex.split(cfg.trainer.overrides) == []

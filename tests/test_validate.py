@@ -1,0 +1,136 @@
+"""What podkit generates, checked by the real parsers: every SGLang command line by SGLang's own
+ServerArgs argument parser, every shipped AReaL config (with podkit's overrides) by AReaL's own config
+loader and allocation parser. They run in a separate environment (tests/validate/env.sh, built and
+cached by `make test`), found through $VALIDATION_PYTHON; one process answers every case."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from podkit import config, reap
+from podkit.programs import areal_launch, sglang
+
+PYTHON = os.environ.get("VALIDATION_PYTHON")
+pytestmark = [pytest.mark.validate, pytest.mark.timeout(300),
+              pytest.mark.skipif(not PYTHON and not os.environ.get("CI"),
+                                 reason="no validation environment: run `make test` (or set VALIDATION_PYTHON="
+                                        "$(tests/validate/env.sh))")]
+POD_CONFIGS = ["a40-1gpu.yaml", "a40-2gpu.yaml", "a40-4gpu.yaml"]
+WS = "/workspace"
+
+
+def pod(name, **env):
+    return config.load(ROOT / "configs" / name, environ={"PODKIT_WORKSPACE": WS, **env})
+
+
+def with_changes(tmp, name, change):
+    data = yaml.safe_load((ROOT / "configs/areal" / name).read_text())
+    change(data)
+    path = tmp / f"changed-{len(list(tmp.iterdir()))}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory):
+    assert PYTHON, "CI must run the validation: `make test` sets VALIDATION_PYTHON"
+    tmp = tmp_path_factory.mktemp("areal")
+    cases = {"sglang": {}, "areal": {}}
+    for name in POD_CONFIGS:
+        cfg = pod(name)
+        cases["sglang"][name] = sglang.command(cfg, environ={})
+        cases["sglang"][name + "+key"] = sglang.command(pod(name, PODKIT_INFERENCE_HOST="0.0.0.0"),
+                                                        environ={"SGLANG_API_KEY": "k"})
+        cases["areal"][name] = {"config": cfg.trainer.areal_config, "overrides": areal_launch.overrides(cfg)}
+    default = config.load(ROOT / "configs/default.yaml", environ={})
+    cases["sglang"]["default.yaml"] = sglang.command(default, environ={})
+    cases["sglang"]["typo"] = sglang.command(pod("a40-4gpu.yaml", PODKIT_INFERENCE_EXTRA_ARGS="--mem-fraction-statik 0.5"),
+                                             environ={})
+    cases["sglang"]["bad-backend"] = sglang.command(pod("a40-4gpu.yaml", PODKIT_INFERENCE_EXTRA_ARGS=
+                                                        "--attention-backend flash"), environ={})
+    four = "grpo-a40-4gpu.yaml"
+    cases["areal"]["seed-allocation"] = {"config": with_changes(
+        tmp, four, lambda d: d["actor"].update(backend="sglang.d1t1p1+d3t1p1"))}
+    cases["areal"]["removed-recover-mode"] = {"config": with_changes(
+        tmp, four, lambda d: d["recover"].update(mode="fault"))}
+    cases["areal"]["unknown-key"] = {"config": with_changes(
+        tmp, four, lambda d: d["actor"].update(weight_update="disk"))}
+    cases["areal"]["bad-override"] = {"config": str(ROOT / "configs/areal" / four),
+                                      "overrides": ["actor.weight_update_mode=nccl"]}
+    names = {k: list(v) for k, v in cases.items()}
+    request = {k: list(v.values()) for k, v in cases.items()}
+    answer = tmp / "answer.json"
+    r = subprocess.run([PYTHON, str(ROOT / "tests/validate/check.py"), str(answer)], input=json.dumps(request),
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(answer.read_text())
+    return {k: dict(zip(names[k], out[k])) for k in names}
+
+
+@pytest.mark.parametrize("name", POD_CONFIGS + ["default.yaml"])
+def test_sglang_accepts_the_command_line_podkit_builds(verdicts, name):
+    v = verdicts["sglang"][name]
+    assert v["ok"], v["error"]
+    cfg = pod(name) if name != "default.yaml" else config.load(ROOT / "configs/default.yaml", environ={})
+    args = v["args"]
+    assert args["model_path"] == cfg.inference.model and args["port"] == cfg.inference.port
+    assert args["attention_backend"] == cfg.inference.attention_backend
+    assert args["tensor_parallel_size"] == cfg.inference.tp and args["mem_fraction_static"] == cfg.inference.mem_fraction_static
+    assert args["host"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize("name", POD_CONFIGS)
+def test_sglang_exposed_beyond_loopback_gets_its_api_key(verdicts, name):
+    v = verdicts["sglang"][name + "+key"]
+    assert v["ok"], v["error"]
+    assert v["args"]["host"] == "0.0.0.0" and v["args"]["api_key"] == "k"
+
+
+def test_sglang_parser_rejects_a_misspelt_flag_and_a_wrong_backend(verdicts):
+    """The check can fail: extra_args with a typo, or an attention backend SGLang does not know."""
+    assert not verdicts["sglang"]["typo"]["ok"]
+    assert "--mem-fraction-statik" in verdicts["sglang"]["typo"]["error"]
+    assert "invalid choice: 'flash'" in verdicts["sglang"]["bad-backend"]["error"]
+
+
+@pytest.mark.parametrize("name", POD_CONFIGS)
+def test_areal_loads_the_shipped_grpo_config_with_podkits_overrides(verdicts, name):
+    v = verdicts["areal"][name]
+    assert v["ok"], v["error"]
+    cfg = pod(name)
+    n_train, n_inf = areal_launch.gpu_count(cfg.trainer.gpus), areal_launch.gpu_count(cfg.inference.gpus)
+    # AReaL's allocation parser and podkit's reading of the same strings agree with the pod's GPUs.
+    assert v["actor_gpus"] == v["combined_train_gpus"] == n_train
+    assert v["rollout_gpus"] == v["combined_gen_gpus"] == n_inf == cfg.inference.tp
+    assert (v["actor_backend"], v["rollout_backend"]) == ("fsdp", "sglang")
+    # What podkit reads elsewhere (reap's name_resolve path, the volume) is what AReaL will use.
+    assert (v["experiment_name"], v["trial_name"]) == (cfg.trainer.experiment, cfg.trainer.trial)
+    assert v["name_resolve_root"] == cfg.trainer.name_resolve_root
+    assert str(reap.name_resolve_trial(v["name_resolve_root"], v["experiment_name"], v["trial_name"])).startswith(
+        cfg.trainer.name_resolve_root)
+    assert v["fileroot"] == v["recover_fileroot"] == f"{WS}/areal"
+    assert v["actor_path"] == v["tokenizer_path"] == cfg.inference.model
+    # The A40 facts and the seeds' timeouts.
+    assert v["attention_backend"] == "flashinfer" and v["attn_impl"] != "flash_attention_3"
+    assert v["weight_update_mode"] == "disk" and v["recover_mode"] == "auto"
+    assert (v["request_timeout"], v["request_retries"], v["setup_timeout"]) == (7200, 5, 300)
+    assert v["mem_fraction_static"] == cfg.inference.mem_fraction_static
+    assert v["context_length"] == cfg.inference.context_length
+    assert v["max_concurrent_rollouts"] == cfg.inference.cuda_graph_max_bs
+
+
+@pytest.mark.parametrize("case, words", [
+    ("seed-allocation", "backend"),           # the seeds' `sglang.d1t1p1+d3t1p1` no longer parses
+    ("removed-recover-mode", "fault"),        # modes fault/resume were removed
+    ("unknown-key", "weight_update"),
+    ("bad-override", "nccl"),
+])
+def test_areal_rejects_what_would_fail_on_the_pod(verdicts, case, words):
+    v = verdicts["areal"][case]
+    assert not v["ok"] and words in v["error"], v

@@ -1,0 +1,126 @@
+"""Runs in the validation environment (Makefile: validate-env), never in podkit's own.
+
+Reads a JSON request on stdin and writes its answer as JSON to the file named by its argument (AReaL
+logs to stdout):
+  {"sglang": [argv, ...], "areal": [{"config": path, "overrides": [...]}, ...]}
+Each SGLang argv (podkit's `python -m sglang.launch_server ...`) goes through SGLang's own ServerArgs
+argument parser; each AReaL config goes through AReaL's own loader (hydra compose, GRPOConfig
+structured merge, the dataclasses' own checks) and its backend strings through AReaL's allocation
+parser. Nothing is checked by podkit's code here: a config the real parsers reject fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+
+
+def importable_torchvision() -> None:
+    """torchvision is on PyPI only as CUDA builds, whose C++ ops cannot load against the CPU torch;
+    its Python side imports once its fake-kernel registrations for those ops are skipped. SGLang
+    imports torchvision for image decoding, which the argument parser never reaches."""
+    import torch.library
+
+    real = torch.library.register_fake
+    torch.library.register_fake = (
+        lambda op, *a, **k: (lambda fn: fn) if str(op).startswith("torchvision::") else real(op, *a, **k))
+    try:
+        import torchvision  # noqa: F401
+    finally:
+        torch.library.register_fake = real
+
+
+class ParseError(Exception):
+    pass
+
+
+def sglang_check(argv: list[str]) -> dict:
+    from sglang.srt.server_args import ServerArgs
+
+    if argv[1:3] != ["-m", "sglang.launch_server"]:
+        return {"ok": False, "error": f"not an SGLang server command line: {argv[:3]}"}
+    parser = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+
+    def error(message):
+        raise ParseError(message)
+
+    parser.error = error
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            ns = parser.parse_args(argv[3:])
+    except (ParseError, argparse.ArgumentError) as e:
+        return {"ok": False, "error": str(e)}
+    return {"ok": True, "args": {k: v for k, v in vars(ns).items() if isinstance(v, (str, int, float, bool))}}
+
+
+def declared_choices(obj, prefix: str = "") -> list[str]:
+    """AReaL declares allowed values in its dataclass fields' metadata ("choices") but its loader does
+    not enforce them (OmegaConf checks types only); the engines reject other values at run time, on
+    the pod. Enforce AReaL's own declarations here."""
+    import dataclasses
+
+    bad = []
+    if not dataclasses.is_dataclass(obj):
+        return bad
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name, None)
+        choices = f.metadata.get("choices") if f.metadata else None
+        if choices and isinstance(value, (str, int, float)) and value not in choices:
+            bad.append(f"{prefix}{f.name}={value!r} is not one of {list(choices)}")
+        if dataclasses.is_dataclass(value):
+            bad += declared_choices(value, f"{prefix}{f.name}.")
+    return bad
+
+
+def areal_check(path: str, overrides: list[str]) -> dict:
+    from areal.api.alloc_mode import ModelAllocation, _AllocationMode
+    from areal.api.cli_args import GRPOConfig, parse_cli_args, to_structured_cfg
+    from omegaconf import OmegaConf
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            raw, _ = parse_cli_args(["--config", path, *overrides])
+            cfg = OmegaConf.to_object(to_structured_cfg(raw, config_cls=GRPOConfig))
+        actor = ModelAllocation.from_str(cfg.actor.backend, name="actor")
+        rollout = ModelAllocation.from_str(cfg.rollout.backend, name="rollout")
+        # The combined form AReaL's SPMD launchers read (the seeds' `sglang.d1t1p1+d3t1p1` fails here).
+        combined = _AllocationMode.from_str(f"{cfg.rollout.backend}+{cfg.actor.backend}")
+        bad = declared_choices(cfg)
+        if bad:
+            raise ValueError("; ".join(bad))
+    except Exception as e:  # noqa: BLE001 - any rejection by AReaL is the answer
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    return {"ok": True, "actor_gpus": actor.parallel.world_size, "rollout_gpus": rollout.parallel.world_size,
+            "combined_gen_gpus": combined.gen.world_size, "combined_train_gpus": combined.train.world_size,
+            "actor_backend": actor.backend, "rollout_backend": rollout.backend,
+            "experiment_name": cfg.experiment_name, "trial_name": cfg.trial_name,
+            "fileroot": cfg.cluster.fileroot, "name_resolve_root": cfg.cluster.name_resolve.nfs_record_root,
+            "actor_path": cfg.actor.path, "tokenizer_path": cfg.tokenizer_path,
+            "attention_backend": cfg.sglang.attention_backend, "mem_fraction_static": cfg.sglang.mem_fraction_static,
+            "context_length": cfg.sglang.context_length, "weight_update_mode": cfg.actor.weight_update_mode,
+            "recover_mode": cfg.recover.mode, "recover_fileroot": cfg.recover.fileroot,
+            "request_timeout": cfg.rollout.request_timeout, "request_retries": cfg.rollout.request_retries,
+            "setup_timeout": cfg.rollout.setup_timeout, "max_concurrent_rollouts": cfg.rollout.max_concurrent_rollouts,
+            "attn_impl": cfg.actor.attn_impl}
+
+
+def main() -> int:
+    request, answer = json.load(sys.stdin), os.path.abspath(sys.argv[1])
+    # AReaL's loader may write logs under its fileroot; keep them out of the tree.
+    os.chdir(tempfile.mkdtemp(prefix="podkit-validate-"))
+    importable_torchvision()
+    out = {"sglang": [sglang_check(a) for a in request.get("sglang", [])],
+           "areal": [areal_check(r["config"], r.get("overrides", [])) for r in request.get("areal", [])]}
+    with open(answer, "w") as f:
+        json.dump(out, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
