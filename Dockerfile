@@ -1,33 +1,47 @@
 # podkit's image: the same image for a RunPod template, `docker compose up` and CI's smoke stack.
-# The base carries CUDA, torch and SGLang; podkit adds supervisor, git/psmisc/lsof and its own code.
-# Python and its packages live in the image, never on /workspace (a network volume is slow).
-# BASE_IMAGE is pinned here for GPU pods; the CPU tests build FROM a local base via --build-arg.
-ARG BASE_IMAGE=lmsysorg/sglang:v0.5.5-cu126
+#
+# BASE_IMAGE: SGLang's own runtime image at the version AReaL 1.0.4 pins (sglang 0.5.10.post1, torch
+# 2.9.1, transformers 5.3.0): the CUDA stack, torch, FlashInfer and SGLang come built and tested
+# together, and AReaL installs on top without replacing any of them. The CUDA 12 tag, not -cu130:
+# CUDA 12 runs on the 5xx drivers RunPod's A40 hosts have. CI's no-GPU tests build this same file
+# FROM a local Debian base with a CPU torch (tests/image/), via --build-arg BASE_IMAGE.
+ARG BASE_IMAGE=lmsysorg/sglang:v0.5.10.post1
 FROM ${BASE_IMAGE}
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# PIP_BREAK_SYSTEM_PACKAGES: the image is the environment; Debian/Ubuntu's PEP 668 guard is for hosts.
 ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
-    PODKIT_WORKSPACE=/workspace \
-    HF_HOME=/workspace/.cache/huggingface
+    PIP_BREAK_SYSTEM_PACKAGES=1 \
+    PODKIT_WORKSPACE=/workspace
 
-# git: the sync stage. psmisc/lsof: the same tools the reap stage is checked against, for people.
+# git: the sync stage. psmisc/lsof: the tools the reap stage is checked against, for people to use.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends git psmisc lsof procps ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 
-# Layers from rarely to often changed: dependencies, then data, then code (one small last layer).
-# py-spy: the watchdog dumps a hung trainer's Python stacks with it (needs CAP_SYS_PTRACE; without
-# it the trainer's own faulthandler answers instead).
-RUN python3 -m pip install "PyYAML>=6,<7" "supervisor>=4.2,<5" "py-spy>=0.3"
+# AReaL goes where SGLang is: with the base's torch, SGLang and transformers held as constraints, so
+# a conflicting release fails this build instead of a pod. A base without SGLang (CI's CPU base) runs
+# only the smoke stack, which needs neither.
+RUN if python3 -c "import sglang" 2>/dev/null; then \
+      python3 -m pip freeze | grep -iE '^(torch|torchvision|torchaudio|sglang|transformers|flashinfer[-_a-z]*|triton)==' > /tmp/base-pins.txt \
+      && python3 -m pip install "areal==1.0.4" -c /tmp/base-pins.txt \
+      && rm /tmp/base-pins.txt; \
+    fi
+
+# podkit's own dependencies. py-spy: the watchdog dumps a hung trainer's Python stacks with it (needs
+# CAP_SYS_PTRACE; without it the trainer's own faulthandler answers instead).
+RUN python3 -m pip install "PyYAML>=6,<7" "supervisor>=4.2,<5" "py-spy>=0.3" "hatchling>=1.18"
+
+# Layers from rarely to often changed: the entrypoint and data, then the code in one small last layer.
 COPY entrypoint /entrypoint
 COPY pyproject.toml README.md supervisord.conf /opt/podkit/
 COPY configs /opt/podkit/configs
 COPY runpod/template.yaml /opt/podkit/runpod/template.yaml
 COPY src /opt/podkit/src
-RUN python3 -m pip install --no-deps /opt/podkit
+RUN python3 -m pip install --no-deps --no-build-isolation /opt/podkit
 
 WORKDIR /workspace
 ENTRYPOINT ["/entrypoint"]

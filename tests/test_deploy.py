@@ -140,6 +140,32 @@ def test_a_one_a40_pod(runpod_api):
     assert r.returncode == 0, r.stderr
     pod = runpod_api.sent("podFindAndDeployOnDemand")["input"]
     assert (pod["gpuCount"], pod["cloudType"]) == (1, "COMMUNITY")
+    env = {e["key"]: e["value"] for e in pod["env"]}
+    assert env["PODKIT_CONFIG"] == "/opt/podkit/configs/a40-1gpu.yaml"  # SGLang and trainer share the GPU
+
+
+def test_a_gpu_count_without_a_shipped_config_is_refused_before_anything_is_sent(runpod_api):
+    r = podkit_deploy(runpod_api, "--gpus", "3", "--wait-timeout", "30")
+    assert r.returncode == 2 and "--gpus: no shipped A40 pod config for 3 GPUs" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert runpod_api.fields() == []
+
+
+def test_a_pod_config_of_your_own_is_kept_for_any_gpu_count(runpod_api, tmp_path):
+    tpl = tmp_path / "template.yaml"
+    tpl.write_text(json.dumps({"name": "t", "imageName": "img", "volumeMountPath": "/workspace",
+                               "env": {"PODKIT_CONFIG": "/workspace/my-pod.yaml"}}))
+    r = podkit_deploy(runpod_api, "--template", str(tpl), "--gpus", "3", "--wait-timeout", "30")
+    assert r.returncode == 0, r.stderr
+    env = {e["key"]: e["value"] for e in runpod_api.sent("podFindAndDeployOnDemand")["input"]["env"]}
+    assert env["PODKIT_CONFIG"] == "/workspace/my-pod.yaml"
+
+
+def test_every_shipped_config_deploy_can_name_is_in_the_image():
+    from podkit import deploy
+
+    for n in deploy.SHIPPED_GPUS:
+        assert (ROOT / deploy.SHIPPED_CONFIG.format(n).removeprefix("/opt/podkit/")).is_file()
 
 
 def test_a_second_deploy_updates_the_template_of_the_same_name(runpod_api):
@@ -167,7 +193,9 @@ def test_hostile_values_in_env_and_start_command_arrive_intact(runpod_api, tmp_p
     assert r.returncode == 0, r.stderr
     for field in ("saveTemplate", "podFindAndDeployOnDemand"):
         sent = runpod_api.sent(field)["input"]
-        assert {e["key"]: e["value"] for e in sent["env"]} == HOSTILE
+        # The pod also gets the shipped pod config for its GPU count (4 by default).
+        extra = {"PODKIT_CONFIG": "/opt/podkit/configs/a40-4gpu.yaml"} if field.startswith("pod") else {}
+        assert {e["key"]: e["value"] for e in sent["env"]} == {**HOSTILE, **extra}
         assert sent["dockerArgs"] == cmd
     assert runpod_api.sent("podFindAndDeployOnDemand")["input"]["name"] == 'pod "x"\n'
 

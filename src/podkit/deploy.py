@@ -80,6 +80,26 @@ def template_mutation(tpl: dict, template_id: str | None = None) -> str:
             "{ id name imageName dockerArgs volumeMountPath env { key value } } }")
 
 
+SHIPPED_CONFIG = "/opt/podkit/configs/a40-{}gpu.yaml"
+SHIPPED_GPUS = (1, 2, 4)
+
+
+def config_for(tpl: dict, gpus: int) -> dict:
+    """The template's env with PODKIT_CONFIG naming the shipped A40 config for `gpus`; a config of the
+    user's own (not a shipped one) is kept as it is."""
+    env = dict(tpl["env"])
+    current = env.get("PODKIT_CONFIG", "")
+    shipped = {SHIPPED_CONFIG.format(n) for n in SHIPPED_GPUS}
+    if current and current not in shipped:
+        return env
+    if gpus not in SHIPPED_GPUS:
+        raise ConfigError("command line", "--gpus", f"no shipped A40 pod config for {gpus} GPUs",
+                          hint=f"use --gpus {' | '.join(map(str, SHIPPED_GPUS))}, or set PODKIT_CONFIG in the "
+                          "template's env to a pod config of your own in the image")
+    env["PODKIT_CONFIG"] = SHIPPED_CONFIG.format(gpus)
+    return env
+
+
 def pod_args(tpl: dict, template_id: str | None, gpus: int, cloud: str, name: str) -> dict:
     """create_pod's arguments, strings pre-encoded (the SDK pastes them into its query as they are)."""
     return dict(name=gql(name), image_name=gql(tpl["imageName"]), gpu_type_id=GPU_TYPE, cloud_type=cloud,
@@ -88,7 +108,7 @@ def pod_args(tpl: dict, template_id: str | None, gpus: int, cloud: str, name: st
                 docker_args=gql(tpl.get("dockerArgs", "")), ports=tpl.get("ports") or None,
                 # The SDK's default is /runpod-volume, which would bypass podkit's workspace.
                 volume_mount_path=gql(tpl["volumeMountPath"]),
-                env={gql(k): gql(v) for k, v in tpl["env"].items()}, template_id=template_id)
+                env={gql(k): gql(v) for k, v in config_for(tpl, gpus).items()}, template_id=template_id)
 
 
 FIND_TEMPLATES = "query { myself { podTemplates { id name imageName } } }"
@@ -241,6 +261,7 @@ def _main(args) -> int:
         raise ConfigError("command line", "--cloud", f"{args.cloud!r} is not one of {', '.join(CLOUDS)}")
     if args.gpus < 1:
         raise ConfigError("command line", "--gpus", f"{args.gpus}: at least 1")
+    config_for(tpl, args.gpus)  # refuse a GPU count without a pod config before anything is sent
     name = args.name or f"{tpl['name']}-{args.gpus}xa40"
     if args.dry_run:
         from runpod.api.mutations.pods import generate_pod_deployment_mutation
