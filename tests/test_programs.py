@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, free_port, hold, smoke_env, wait_for
+from conftest import ROOT, free_port, hold, smoke_env
 from podkit import config, preflight, reap
 from podkit.errors import ConfigError
 from podkit.programs import areal_launch, sglang
@@ -41,7 +41,7 @@ def test_sglang_command_line_comes_from_the_pod_config():
     cfg = load("a40-4gpu.yaml", PODKIT_INFERENCE_EXTRA_ARGS="--log-level info")
     argv = sglang.command(cfg, environ={})
     assert argv[1:3] == ["-m", "sglang.launch_server"]
-    flags = dict(zip(argv[3::2], argv[4::2]))
+    flags = dict(zip(argv[3::2], argv[4::2], strict=True))
     assert flags["--model-path"] == cfg.inference.model and flags["--host"] == "127.0.0.1"
     assert flags["--attention-backend"] == "flashinfer" and flags["--tp-size"] == "1"
     assert flags["--context-length"] == "4096" and flags["--mem-fraction-static"] == "0.85"
@@ -118,7 +118,7 @@ def test_trainer_runs_under_torchrun_in_spmd_mode_pointed_at_sglang(tmp_path):
     assert env["NCCL_CUMEM_ENABLE"] == env["NCCL_NVLS_ENABLE"] == "0"
 
 
-def test_trainer_waits_for_inference_then_clears_stale_discovery_and_execs_torchrun(procs, tmp_path, monkeypatch):
+def test_trainer_waits_for_inference_then_clears_stale_discovery_and_starts_torchrun(procs, tmp_path, monkeypatch):
     """A leftover name_resolve record would send AReaL to a dead server: gone before torchrun starts."""
     port = free_port()
     root = tmp_path / "nr"
@@ -128,7 +128,7 @@ def test_trainer_waits_for_inference_then_clears_stale_discovery_and_execs_torch
     cfg = load("a40-4gpu.yaml", tmp_path, PODKIT_INFERENCE_PORT=str(port),
                PODKIT_TRAINER_NAME_RESOLVE_ROOT=str(root), PODKIT_INFERENCE_READY_TIMEOUT_S="30")
     execs = []
-    monkeypatch.setattr(os, "execvpe", lambda f, argv, env: execs.append((argv, env)))
+    monkeypatch.setattr(areal_launch, "supervise", lambda argv, env, record: execs.append((argv, env)) or 0)
 
     def start_standin_later():
         time.sleep(1.5)  # the trainer starts first and must wait
@@ -196,3 +196,89 @@ def test_pod_config_and_areal_config_agree_on_the_sglang_settings():
         assert areal["rollout"]["max_concurrent_rollouts"] == cfg.inference.cuda_graph_max_bs, name
         assert areal["actor"]["path"] == cfg.inference.model, name
         assert shlex.split(cfg.trainer.overrides) == []
+
+
+RANK_SCRIPT = """
+import os, signal, sys, time
+out = sys.argv[1]
+def stop(*_):
+    time.sleep(1.0)  # the end of the step in flight and its recover checkpoint
+    open(os.path.join(out, "checkpointed-" + os.environ["RANK"]), "w").close()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+open(os.path.join(out, "ready-" + os.environ["RANK"]), "w").close()
+while True:
+    time.sleep(0.1)
+"""
+LAUNCH = ("import json, os, sys; from pathlib import Path; from podkit.programs.areal_launch import supervise; "
+          "sys.exit(supervise(json.loads(sys.argv[1]), dict(os.environ), Path(sys.argv[2])))")
+
+
+def start_supervised_torchrun(procs, tmp_path):
+    import json
+
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
+            str(script), str(out)]
+    p = procs.spawn([sys.executable, "-c", LAUNCH, json.dumps(argv), str(tmp_path / "torchrun.json")],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_ready = lambda: all((out / f"ready-{r}").exists() for r in (0, 1))  # noqa: E731
+    from conftest import wait_for
+
+    wait_for(wait_ready, 40, what="both torchrun ranks to start")
+    return p, out
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_reaches_the_ranks_not_torchrun_so_the_step_ends_with_a_checkpoint(procs, tmp_path):
+    """torchrun answers SIGTERM with a 30 s countdown to SIGKILL (hard-coded before torch 2.12); the
+    launcher keeps it out of supervisord's stop and hands SIGTERM to the ranks, which finish and exit 0."""
+    import signal
+
+    p, out = start_supervised_torchrun(procs, tmp_path)
+    p.send_signal(signal.SIGTERM)
+    log, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, log
+    assert {f.name for f in out.iterdir() if f.name.startswith("checkpointed")} == {"checkpointed-0", "checkpointed-1"}
+    assert "death signal" not in log and "SIGTERM: passing it to the 2 worker process(es)" in log
+    assert not (tmp_path / "torchrun.json").exists()
+
+
+@pytest.mark.timeout(90)
+def test_ranks_left_by_a_killed_launcher_are_killed_before_the_next_torchrun(procs, tmp_path):
+    """supervisord's last resort is SIGKILL. torchrun dies with its launcher (PDEATHSIG), but it starts
+    each rank in a session of its own, so the ranks live on holding their GPUs, out of reach of
+    supervisord's killasgroup. The launcher recorded their groups; the next launch kills them first."""
+    import json
+    import signal
+
+    from conftest import alive, wait_for
+
+    p, out = start_supervised_torchrun(procs, tmp_path)
+    record = tmp_path / "torchrun.json"
+    wait_for(lambda: len(json.loads(record.read_text())["groups"]) == 3, 20, what="both ranks recorded")
+    torchrun, *ranks = [g for g, _ in json.loads(record.read_text())["groups"]]
+    for pid in (torchrun, *ranks):
+        procs.track(pid)
+    p.send_signal(signal.SIGKILL)
+    p.wait(10)
+    wait_for(lambda: not alive(torchrun), 10, what="torchrun to die with its launcher")
+    time.sleep(1)
+    assert all(alive(r) for r in ranks), "torchrun's ranks outlive it (their own sessions)"
+    assert sorted(areal_launch.clear_leftovers(record)) == sorted(ranks) and not record.exists()
+    wait_for(lambda: not any(alive(r) for r in ranks), 10, what="the left ranks to be gone")
+
+
+def test_a_pid_reused_by_a_younger_process_is_not_killed(procs, tmp_path):
+    import json
+
+    from conftest import alive
+    from podkit.reap import read_stat
+
+    other = procs.spawn([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    record = tmp_path / "torchrun.json"
+    record.write_text(json.dumps({"groups": [[other.pid, read_stat(other.pid).starttime + 10**9]]}))
+    assert areal_launch.clear_leftovers(record) == [] and alive(other.pid)

@@ -70,7 +70,7 @@ def verdicts(tmp_path_factory):
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(answer.read_text())
-    return {k: dict(zip(names[k], out[k])) for k in names}
+    return {k: dict(zip(names[k], out[k], strict=True)) for k in names}
 
 
 @pytest.mark.parametrize("name", POD_CONFIGS + ["default.yaml"])

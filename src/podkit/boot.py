@@ -43,8 +43,9 @@ def reap_stage(cfg) -> None:
                  *reap.clear_name_resolve(t.name_resolve_root, t.experiment, t.trial)]:
         log.get("reap").info(line)
     if not live_ok:
-        log.get("reap").info("skipped: podkit is not the container's entrypoint "
-                             "(PODKIT_REAP_ENABLED=always to free the GPUs anyway)")
+        why = ("reap.enabled is never" if cfg.reap.enabled == "never" else
+               "podkit is not the container's entrypoint (PODKIT_REAP_ENABLED=always to free the GPUs anyway)")
+        log.get("reap").info(f"skipped: {why}")
         return
     report = reap.run(cfg.devices, cfg.reap.grace_s, cfg.reap.kill_wait_s, gpu_timeout_s=cfg.reap.gpu_free_timeout_s)
     survivors = report.survivors

@@ -29,8 +29,15 @@ STARTUP = ("starting", "loading_weights", "weights_loaded", "capturing_cuda_grap
            "warming_up")
 
 
-def _children(pid: int) -> list[int]:
-    return [p.pid for p in map(reap.read_stat, reap.all_pids()) if p is not None and p.ppid == pid]
+def _descendants(pid: int) -> list[int]:
+    """Children, grandchildren...: the AReaL trainer is launcher -> torchrun -> one process per rank."""
+    procs = [p for p in map(reap.read_stat, reap.all_pids()) if p is not None]
+    out, frontier = [], {pid}
+    while frontier:
+        kids = [p.pid for p in procs if p.ppid in frontier]
+        out += kids
+        frontier = set(kids)
+    return out
 
 
 def _py_spy(pid: int) -> str | None:
@@ -64,11 +71,11 @@ def _faulthandler(pid: int, stacks: Path) -> str | None:
 
 
 def dump_stacks(pid: int, path: Path, stacks_dir: Path) -> str:
-    """The Python stacks of `pid` and its children (torchrun workers) into `path`, by py-spy where it
+    """The Python stacks of `pid` and its descendants (torchrun and its ranks) into `path`, by py-spy where it
     attaches, else by the process's own faulthandler; the kernel's view always. Returns what worked."""
     lines = [f"# hang dump of pid {pid} and its children at {time.strftime('%Y-%m-%d %H:%M:%S')}"]
     used = set()
-    for p in [pid, *_children(pid)]:
+    for p in [pid, *_descendants(pid)]:
         lines.append(f"\n## pid {p}")
         text = _py_spy(p)
         if text:

@@ -1,5 +1,8 @@
 """`podkit run trainer` with trainer.kind areal: AReaL's GRPO trainer under torchrun, in SPMD mode.
 
+The launcher stays torchrun's parent (see `supervise`) instead of exec'ing it: stops and leftovers
+need someone between supervisord and torchrun's ranks.
+
 SPMD mode is AReaL's way to use inference servers it did not start: torchrun runs the entry script
 (podkit/programs/grpo.py) with AREAL_SPMD_MODE=1 and AREAL_LLM_SERVER_ADDRS. AReaL asks its
 name_resolve store first and the env var only after, so a record left by a previous run would send it
@@ -179,7 +182,115 @@ def main(cfg) -> int:
     for path in clear_name_resolve(cfg.trainer.name_resolve_root, cfg.trainer.experiment, cfg.trainer.trial):
         _log.info(f"cleared stale AReaL discovery record {path}")
     argv, env = command(cfg), environment(cfg)
-    _log.info(f"exec {shlex.join(argv)} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}, "
+    _log.info(f"starting {shlex.join(argv)} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}, "
               f"AREAL_LLM_SERVER_ADDRS={env['AREAL_LLM_SERVER_ADDRS']})")
-    os.execvpe(argv[0], argv, env)
-    return 127  # not reached
+    return supervise(argv, env, cfg.run_path / "torchrun.json")
+
+
+def _group_members(pgid: int, not_before: int = 0) -> list[int]:
+    from podkit.reap import all_pids, read_stat
+
+    return [p.pid for p in map(read_stat, all_pids())
+            if p is not None and p.pgid == pgid and p.starttime >= not_before and p.pid != os.getpid()
+            and p.state != "Z"]
+
+
+def _children(pid: int) -> list:
+    from podkit.reap import all_pids, read_stat
+
+    return [p for p in map(read_stat, all_pids()) if p is not None and p.ppid == pid]
+
+
+def _set_pdeathsig() -> None:
+    import ctypes
+    import signal
+
+    # torchrun dies with this launcher, even when supervisord has to SIGKILL it.
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _kill_groups(groups: list) -> list[int]:
+    """SIGKILL every process still in the recorded (pgid, start time) groups; a pid reused by a
+    younger process is not theirs and is left alone."""
+    import signal
+
+    killed = []
+    for pgid, since in groups:
+        for pid in _group_members(pgid, since):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+def clear_leftovers(record: Path) -> list[int]:
+    """What a previous torchrun left when its launcher was SIGKILLed: torchrun starts each rank in a
+    session of its own, so neither PDEATHSIG nor supervisord's killasgroup reaches them, and a left
+    rank keeps its GPU. Returns the pids killed."""
+    from podkit.state import read_json
+
+    groups = (read_json(record, {}) or {}).get("groups") or []
+    killed = _kill_groups(groups)
+    record.unlink(missing_ok=True)
+    return killed
+
+
+def supervise(argv: list[str], env: dict[str, str], record: Path) -> int:
+    """Run torchrun in a process group of its own and stand between it and supervisord's signals.
+
+    supervisord stops the trainer's process group; had torchrun been in it, its elastic agent would
+    answer SIGTERM by giving the ranks 30 s (hard-coded before torch 2.12) and then SIGKILL, cutting a
+    step's end and its recover checkpoint short. Here SIGTERM goes to the ranks only: they finish the
+    step, checkpoint and exit 0, and torchrun with them. SIGUSR2 (the watchdog's stack dump) is passed
+    on too. torchrun's group and each rank's own group are recorded as they appear, and whatever is
+    left of them when torchrun ends, or after this launcher was killed, is killed."""
+    import signal
+    import subprocess
+    import threading
+
+    from podkit.reap import read_stat
+    from podkit.state import write_json
+
+    for pid in clear_leftovers(record):
+        _log.warn(f"killed pid {pid}, left by a previous torchrun whose launcher was killed")
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_set_pdeathsig)  # noqa: PLW1509
+    stat = read_stat(proc.pid)
+    groups = {proc.pid: stat.starttime if stat else 0}
+    done = threading.Event()
+
+    def track() -> None:
+        interval = 0.5
+        while not done.wait(interval):
+            fresh = {c.pid: c.starttime for c in _children(proc.pid) if c.pgid == c.pid and c.pid not in groups}
+            if fresh:
+                groups.update(fresh)
+                write_json(record, {"groups": [[g, t] for g, t in groups.items()]})
+            interval = min(10.0, interval * 1.5)
+
+    write_json(record, {"groups": [[g, t] for g, t in groups.items()]})
+    threading.Thread(target=track, daemon=True).start()
+
+    def forward(sig, _frame):
+        ranks = [c.pid for c in _children(proc.pid)]
+        if sig in (signal.SIGTERM, signal.SIGINT):
+            _log.info(f"{signal.Signals(sig).name}: passing it to the {len(ranks)} worker process(es), not "
+                      "torchrun, so the step in flight ends with a recover checkpoint")
+            sig = signal.SIGTERM
+        for pid in ranks or [proc.pid]:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    try:
+        rc = proc.wait()
+    finally:
+        done.set()
+        _kill_groups(list(groups.items()))
+        record.unlink(missing_ok=True)
+    _log.info(f"torchrun exited with {rc}")
+    return rc if rc >= 0 else 128 - rc
