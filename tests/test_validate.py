@@ -65,12 +65,13 @@ def verdicts(tmp_path_factory):
                                       "overrides": ["actor.weight_update_mode=nccl"]}
     names = {k: list(v) for k, v in cases.items()}
     request = {k: list(v.values()) for k, v in cases.items()}
+    request["podkit_src"] = str(ROOT / "src")
     answer = tmp / "answer.json"
     r = subprocess.run([PYTHON, str(ROOT / "tests/validate/check.py"), str(answer)], input=json.dumps(request),
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(answer.read_text())
-    return {k: dict(zip(names[k], out[k], strict=True)) for k in names}
+    return {**{k: dict(zip(names[k], out[k], strict=True)) for k in names}, "weight_update": out["weight_update"]}
 
 
 @pytest.mark.parametrize("name", POD_CONFIGS + ["default.yaml"])
@@ -134,3 +135,11 @@ def test_areal_loads_the_shipped_grpo_config_with_podkits_overrides(verdicts, na
 def test_areal_rejects_what_would_fail_on_the_pod(verdicts, case, words):
     v = verdicts["areal"][case]
     assert not v["ok"] and words in v["error"], v
+
+
+def test_disk_weight_updates_carry_their_version_in_a_request_sglang_accepts(verdicts):
+    """How a restarted SGLang is told apart: AReaL's own request builder, patched by podkit's entry
+    script, sends weight_version; SGLang's own request type takes it."""
+    v = verdicts["weight_update"]
+    assert v["ok"], v
+    assert v["weight_versions"] == ["7"] and v["payloads"][0]["model_path"].endswith("weight_update_v7")

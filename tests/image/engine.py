@@ -75,6 +75,9 @@ class Engine:
             if self.proc.poll() is not None:
                 break
             if self.sock.exists() and self.docker("version", timeout=10, check=False).returncode == 0:
+                # A run killed halfway left its containers and volumes in the kept data root.
+                self.docker("container", "prune", "-f", check=False, timeout=300)
+                self.docker("volume", "prune", "-f", check=False, timeout=300)
                 return None
             time.sleep(0.5)
         tail = (self.tmp / "dockerd.log").read_text(errors="replace")[-800:]

@@ -110,6 +110,39 @@ def areal_check(path: str, overrides: list[str]) -> dict:
             "attn_impl": cfg.actor.attn_impl}
 
 
+def sglang_request_fields(name: str) -> set[str]:
+    """The fields of one of SGLang's request dataclasses, read from its source: importing
+    sglang.srt.managers.io_struct pulls in sgl_kernel, which needs CUDA's runtime libraries."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("sglang.srt.managers.io_struct")
+    tree = ast.parse(open(spec.origin).read())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def weight_update_check(src: str) -> dict:
+    """podkit's entry script tags AReaL's disk weight updates with weight_version: the patched request
+    is built by AReaL's own SGLang backend, and every key must be a field of SGLang's
+    UpdateWeightFromDiskReqInput."""
+    sys.path.insert(0, src)
+    from areal.api.io_struct import WeightUpdateMeta
+    from areal.engine.sglang_remote import SGLangBackend
+
+    from podkit.programs.grpo import version_weight_updates
+
+    version_weight_updates()
+    meta = WeightUpdateMeta.from_disk("podkit", "run", "/workspace/areal").with_version(7)
+    reqs = SGLangBackend().build_disk_weight_update_requests(meta).requests
+    payloads = [r.payload for r in reqs if r.endpoint == "/update_weights_from_disk"]
+    fields = sglang_request_fields("UpdateWeightFromDiskReqInput")
+    unknown = sorted({k for p in payloads for k in p} - fields)
+    if unknown or not payloads:
+        return {"ok": False, "error": f"not fields of SGLang's request: {unknown}", "payloads": payloads}
+    return {"ok": True, "payloads": payloads, "weight_versions": [p.get("weight_version") for p in payloads]}
+
+
 def main() -> int:
     request, answer = json.load(sys.stdin), os.path.abspath(sys.argv[1])
     # AReaL's loader may write logs under its fileroot; keep them out of the tree.
@@ -117,6 +150,8 @@ def main() -> int:
     importable_torchvision()
     out = {"sglang": [sglang_check(a) for a in request.get("sglang", [])],
            "areal": [areal_check(r["config"], r.get("overrides", [])) for r in request.get("areal", [])]}
+    if request.get("podkit_src"):
+        out["weight_update"] = weight_update_check(request["podkit_src"])
     with open(answer, "w") as f:
         json.dump(out, f)
     return 0
