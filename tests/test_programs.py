@@ -282,3 +282,52 @@ def test_a_pid_reused_by_a_younger_process_is_not_killed(procs, tmp_path):
     record = tmp_path / "torchrun.json"
     record.write_text(json.dumps({"groups": [[other.pid, read_stat(other.pid).starttime + 10**9]]}))
     assert areal_launch.clear_leftovers(record) == [] and alive(other.pid)
+
+
+WATCH = ("import os, sys; from podkit import config; from podkit.programs.grpo import Progress, watch_served_weights; "
+         "cfg = config.load(); p = Progress(cfg); p.write(step=5, weight_version='5'); "
+         "watch_served_weights(cfg, p, sys.argv[1])")
+
+
+@pytest.mark.timeout(60)
+def test_trainer_rank0_exits_75_when_a_restarted_server_serves_base_weights(procs, tmp_path):
+    """The AReaL entry script's guard, against the stand-in's /get_model_info: weights it pushed
+    (version 5) are served, so it trains on; a server answering `default` has restarted, so it exits
+    75 and supervisord restarts the trainer, which resumes and pushes again."""
+    import json
+    import urllib.request
+
+    from conftest import wait_for
+    from podkit.health import probe
+
+    port = free_port()
+    env = smoke_env(tmp_path / "ws", port, PODKIT_INFERENCE_STARTUP_DELAY_S="0",
+                    PODKIT_TRAINER_STALE_WEIGHTS_CHECK_S="1")
+    procs.spawn([sys.executable, "-m", "podkit", "run", "sglang"], env=env, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
+    wait_for(lambda: probe("127.0.0.1", port), 20, what="the stand-in")
+    weights = tmp_path / "weights.pt"
+    weights.write_bytes(b"w" * 1024)
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/update_weights_from_disk", method="POST",
+                                 data=json.dumps({"model_path": str(weights), "weight_version": "5"}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=10).read()
+    watcher = procs.spawn([sys.executable, "-c", WATCH, f"127.0.0.1:{port}"], env=env, stdout=subprocess.PIPE,
+                          text=True)
+    time.sleep(3.5)
+    assert watcher.poll() is None, "served weights are the pushed ones: training goes on"
+    watcher.kill()
+    watcher.wait()
+
+    fresh_port = free_port()  # a restarted server: nothing pushed yet, weight_version "default"
+    fresh = smoke_env(tmp_path / "ws", fresh_port, PODKIT_INFERENCE_STARTUP_DELAY_S="0",
+                      PODKIT_TRAINER_STALE_WEIGHTS_CHECK_S="1")
+    procs.spawn([sys.executable, "-m", "podkit", "run", "sglang"], env=fresh, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
+    wait_for(lambda: probe("127.0.0.1", fresh_port), 20, what="the restarted stand-in")
+    watcher = procs.spawn([sys.executable, "-c", WATCH, f"127.0.0.1:{fresh_port}"], env=env,
+                          stdout=subprocess.PIPE, text=True)
+    out, _ = watcher.communicate(timeout=20)
+    assert watcher.returncode == 75 and "inference restarted" in out
+    progress = json.loads((tmp_path / "ws/.podkit/progress.json").read_text())
+    assert progress["stopped"]["by"] == "stale-weights" and progress["weight_version"] == "5"

@@ -31,7 +31,9 @@ def examine(stack_or_ws, **kw):
 def test_trainer_waiting_on_rollouts_is_blamed_on_the_dead_inference(stack_factory):
     """Inference frozen: the trainer logs that it waits for rollouts; doctor says inference is the
     cause (seed 000), and `podkit doctor --json` exits 1."""
-    s = stack_factory().start()
+    # No checkpoint push in the window: a push to the frozen server would block for its own timeout
+    # (weight_update_slow's case) before the trainer asks for rollouts again.
+    s = stack_factory(PODKIT_TRAINER_CHECKPOINT_EVERY="1000").start()
     s.wait_step(3)
     os.kill(s.pid("sglang"), signal.SIGUSR1)  # the stand-in stops answering
     wait_for(lambda: "waiting for rollouts" in s.log("trainer"), 30, what="the trainer to starve")
