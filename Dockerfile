@@ -22,11 +22,12 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends git psmisc lsof procps ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 
-# AReaL goes where SGLang is: with the base's torch, SGLang and transformers held as constraints, so
-# a conflicting release fails this build instead of a pod. A base without SGLang (CI's CPU base) runs
-# only the smoke stack, which needs neither.
+# AReaL goes where SGLang is: SGLang and everything it requires are held at the base's versions as
+# constraints (docker/base-pins.py), so a conflicting release fails this build instead of a pod. A
+# base without SGLang (CI's CPU base) runs only the smoke stack, which needs neither.
+COPY docker/base-pins.py /tmp/base-pins.py
 RUN if python3 -c "import sglang" 2>/dev/null; then \
-      python3 -m pip freeze | grep -iE '^(torch|torchvision|torchaudio|sglang|transformers|flashinfer[-_a-z]*|triton)==' > /tmp/base-pins.txt \
+      python3 /tmp/base-pins.py > /tmp/base-pins.txt \
       && python3 -m pip install "areal==1.0.4" -c /tmp/base-pins.txt \
       && rm /tmp/base-pins.txt; \
     fi

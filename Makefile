@@ -37,7 +37,7 @@ validate-env:
 	@PYTHON=$(PYTHON) sh tests/validate/env.sh
 
 test: $(VENV)/.ready sysdeps
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench docker
 	py=$$(PYTHON=$(PYTHON) sh tests/validate/env.sh) && VALIDATION_PYTHON=$$py $(BIN)/pytest
 
 bench: $(VENV)/.ready

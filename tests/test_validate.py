@@ -143,3 +143,13 @@ def test_disk_weight_updates_carry_their_version_in_a_request_sglang_accepts(ver
     v = verdicts["weight_update"]
     assert v["ok"], v
     assert v["weight_versions"] == ["7"] and v["payloads"][0]["model_path"].endswith("weight_update_v7")
+
+
+def test_the_images_constraints_hold_sglang_and_what_it_requires():
+    """docker/base-pins.py, run where SGLang is installed (here: the validation environment), pins
+    SGLang, torch and SGLang's own requirements, so AReaL's install in the image cannot move them."""
+    assert PYTHON, "CI must run the validation: `make test` sets VALIDATION_PYTHON"
+    r = subprocess.run([PYTHON, str(ROOT / "docker/base-pins.py")], capture_output=True, text=True, timeout=60)
+    pins = dict(line.split("==", 1) for line in r.stdout.split())
+    assert r.returncode == 0 and pins["sglang"] == "0.5.10.post1" and pins["transformers"] == "5.3.0"
+    assert pins["openai"] == "2.6.1" and pins["torch"].startswith("2.13.0")  # the CPU torch of this env
