@@ -26,6 +26,23 @@ def stacks_on_sigusr2(cfg) -> None:
     faulthandler.register(signal.SIGUSR2, file=f, all_threads=True)
 
 
+def refused(cfg, problems: list[tuple[str, str, str]], logger) -> bool:
+    """Log each (key, what, hint) as `file: key: what (hint: ...)`; True when there was any."""
+    for key, what, hint in problems:
+        logger.error(f"{cfg.source}: {key}: {what} (hint: {hint})")
+    return bool(problems)
+
+
+def program_info(cfg, name: str) -> dict | None:
+    """supervisord's word on one of its programs; None without a supervisord (a bare `podkit run`)."""
+    from podkit.status import rpc
+
+    try:
+        return rpc(cfg.socket_path).supervisor.getProcessInfo(name)
+    except Exception:  # noqa: BLE001 - no socket, no supervisord, no such program: nothing to ask
+        return None
+
+
 def hold_devices(cfg) -> list:
     """The smoke programs open the device files (stand-ins in tests) as CUDA processes hold
     /dev/nvidia*, so a run killed without its programs leaves holders for the reap stage to free."""

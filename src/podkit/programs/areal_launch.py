@@ -156,22 +156,18 @@ def wait_for_inference(cfg, is_dead=None, interval: float = 1.0) -> str | None:
 
 def sglang_state(cfg):
     """supervisord's word on the sglang program when it is dead for good, else None."""
-    def check():
-        from podkit.status import rpc
+    from podkit.programs import program_info
 
-        try:
-            info = rpc(cfg.socket_path).supervisor.getProcessInfo("sglang")
-        except Exception:  # noqa: BLE001 - no supervisord (a bare `podkit run`): nothing to ask
-            return None
-        return info["statename"] if info["statename"] in ("FATAL", "EXITED", "STOPPED") else None
+    def check():
+        info = program_info(cfg, "sglang")
+        return info["statename"] if info and info["statename"] in ("FATAL", "EXITED", "STOPPED") else None
     return check
 
 
 def main(cfg) -> int:
-    bad = problems(cfg)
-    if bad:
-        for key, what, hint in bad:
-            _log.error(f"{cfg.source}: {key}: {what} (hint: {hint})")
+    from podkit.programs import refused
+
+    if refused(cfg, problems(cfg), _log):
         return 2
     why = wait_for_inference(cfg, sglang_state(cfg))
     if why:

@@ -70,12 +70,12 @@ def device_files(cfg) -> list[str]:
 
 def _trainer_group(cfg) -> int | None:
     """The process group supervisord started the trainer in (each program has its own)."""
-    from podkit.status import rpc
+    from podkit.programs import program_info
 
+    info = program_info(cfg, "trainer")
     try:
-        pid = rpc(cfg.socket_path).supervisor.getProcessInfo("trainer")["pid"]
-        return os.getpgid(pid) if pid else None
-    except Exception:  # noqa: BLE001 - no supervisord (a bare `podkit run`), or no trainer running
+        return os.getpgid(info["pid"]) if info and info["pid"] else None
+    except ProcessLookupError:
         return None
 
 
@@ -121,10 +121,9 @@ def problems(cfg, environ: dict[str, str] | None = None) -> list[tuple[str, str,
 
 
 def main(cfg) -> int:
-    bad = problems(cfg)
-    if bad:
-        for key, what, hint in bad:
-            _log.error(f"{cfg.source}: {key}: {what} (hint: {hint})")
+    from podkit.programs import refused
+
+    if refused(cfg, problems(cfg), _log):
         return 2
     held = wait_devices_free(cfg, cfg.inference.gpu_free_timeout_s)
     if held:
