@@ -131,6 +131,22 @@ def all_pids() -> list[int]:
     return [int(n) for n in os.listdir("/proc") if n.isdigit()]
 
 
+def processes() -> list[Proc]:
+    """Every process readable now (one /proc/<pid>/stat read each)."""
+    return [p for p in map(read_stat, all_pids()) if p is not None]
+
+
+def descendants(pid: int, procs: list[Proc] | None = None) -> list[int]:
+    """Children, grandchildren...: the AReaL trainer is launcher -> torchrun -> one process per rank."""
+    procs = processes() if procs is None else procs
+    out, frontier = [], {pid}
+    while frontier:
+        kids = [p.pid for p in procs if p.ppid in frontier]
+        out += kids
+        frontier = set(kids)
+    return out
+
+
 def _read_all(path: str) -> bytes:
     return _read_all_fd(os.open(path, os.O_RDONLY))
 
@@ -258,7 +274,7 @@ def _group_mates(holders: list[Holder]) -> list[Holder]:
     every member is a holder or a descendant of one, and none is protected."""
     if not holders:
         return []
-    procs = {p.pid: p for p in (read_stat(pid) for pid in all_pids()) if p is not None}
+    procs = {p.pid: p for p in processes()}
     keep = protected_pids()
     keep_groups = {procs[p].pgid for p in keep if p in procs}
     held = {h.pid for h in holders}

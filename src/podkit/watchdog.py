@@ -29,17 +29,6 @@ STARTUP = ("starting", "loading_weights", "weights_loaded", "capturing_cuda_grap
            "warming_up")
 
 
-def _descendants(pid: int) -> list[int]:
-    """Children, grandchildren...: the AReaL trainer is launcher -> torchrun -> one process per rank."""
-    procs = [p for p in map(reap.read_stat, reap.all_pids()) if p is not None]
-    out, frontier = [], {pid}
-    while frontier:
-        kids = [p.pid for p in procs if p.ppid in frontier]
-        out += kids
-        frontier = set(kids)
-    return out
-
-
 def _py_spy(pid: int) -> str | None:
     spy = which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not os.path.exists(spy):
@@ -75,7 +64,7 @@ def dump_stacks(pid: int, path: Path, stacks_dir: Path) -> str:
     attaches, else by the process's own faulthandler; the kernel's view always. Returns what worked."""
     lines = [f"# hang dump of pid {pid} and its children at {time.strftime('%Y-%m-%d %H:%M:%S')}"]
     used = set()
-    for p in [pid, *_descendants(pid)]:
+    for p in [pid, *reap.descendants(pid)]:
         lines.append(f"\n## pid {p}")
         text = _py_spy(p)
         if text:

@@ -175,8 +175,8 @@ def main(cfg) -> int:
         return 1
     from podkit.reap import clear_name_resolve
 
-    for path in clear_name_resolve(cfg.trainer.name_resolve_root, cfg.trainer.experiment, cfg.trainer.trial):
-        _log.info(f"cleared stale AReaL discovery record {path}")
+    for line in clear_name_resolve(cfg.trainer.name_resolve_root, cfg.trainer.experiment, cfg.trainer.trial):
+        _log.info(line)
     argv, env = command(cfg), environment(cfg)
     _log.info(f"starting {shlex.join(argv)} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}, "
               f"AREAL_LLM_SERVER_ADDRS={env['AREAL_LLM_SERVER_ADDRS']})")
@@ -184,17 +184,16 @@ def main(cfg) -> int:
 
 
 def _group_members(pgid: int, not_before: int = 0) -> list[int]:
-    from podkit.reap import all_pids, read_stat
+    from podkit.reap import processes
 
-    return [p.pid for p in map(read_stat, all_pids())
-            if p is not None and p.pgid == pgid and p.starttime >= not_before and p.pid != os.getpid()
-            and p.state != "Z"]
+    return [p.pid for p in processes()
+            if p.pgid == pgid and p.starttime >= not_before and p.pid != os.getpid() and not p.gone]
 
 
 def _children(pid: int) -> list:
-    from podkit.reap import all_pids, read_stat
+    from podkit.reap import processes
 
-    return [p for p in map(read_stat, all_pids()) if p is not None and p.ppid == pid]
+    return [p for p in processes() if p.ppid == pid]
 
 
 def _set_pdeathsig() -> None:

@@ -24,6 +24,9 @@ import sys
 import threading
 import time
 
+from podkit import log
+
+_log = log.get("trainer")
 EXIT_STALE_WEIGHTS = 75  # EX_TEMPFAIL: supervisord restarts the trainer (autorestart=unexpected)
 
 
@@ -62,7 +65,7 @@ class Progress:
         try:
             write_json(self.path, self.data)
         except OSError as e:
-            print(f"[podkit:trainer] cannot record progress ({e.strerror}); training goes on", flush=True)
+            _log.error(f"cannot record progress ({e.strerror}); training goes on")
 
 
 def first_stat(stats, *suffixes: str):
@@ -94,9 +97,9 @@ def watch_served_weights(cfg, progress: Progress, addr: str) -> None:
         except (OSError, ValueError):
             continue  # down or restarting: the rollouts wait, the watchdog watches
         if served == "default":
-            print(f"[podkit:trainer] inference serves the base weights but this trainer pushed version {pushed}: "
-                  "inference restarted. Exiting so supervisord restarts the trainer; it resumes from its recover "
-                  "checkpoint and pushes those weights again.", flush=True)
+            _log.warn(f"inference serves the base weights but this trainer pushed version {pushed}: "
+                      "inference restarted. Exiting so supervisord restarts the trainer; it resumes from its "
+                      "recover checkpoint and pushes those weights again.")
             progress.write(stopped={"by": "stale-weights", "time": time.time(), "step": progress.data.get("step")})
             os._exit(EXIT_STALE_WEIGHTS)
 
@@ -174,7 +177,7 @@ def main(argv: list[str]) -> int:
                         freq.check = check
                 if progress is not None:
                     progress.write(stopped={"by": "SIGTERM", "time": time.time(), "step": step})
-                print(f"[podkit:trainer] SIGTERM: stopped after step {step} with a recover checkpoint", flush=True)
+                _log.info(f"SIGTERM: stopped after step {step} with a recover checkpoint")
                 raise SystemExit(0)
 
         trainer._save_recover_checkpoint = save_recover_and_note

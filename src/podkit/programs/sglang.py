@@ -31,8 +31,7 @@ def command(cfg, environ: dict[str, str] | None = None, python: str | None = Non
             "--tp-size", str(inf.tp),
             "--mem-fraction-static", f"{inf.mem_fraction_static:g}",
             "--attention-backend", inf.attention_backend,
-            # AReaL sends token ids and reads logprobs; it does not need SGLang's tokenizer-side extras.
-            "--random-seed", str(cfg.trainer.seed)]
+            "--random-seed", str(cfg.trainer.seed)]  # the trainer's seed: sampling repeats across restarts
     if inf.context_length:
         argv += ["--context-length", str(inf.context_length)]
     if inf.cuda_graph_max_bs:
