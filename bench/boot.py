@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from podkit import boot, config, render  # noqa: E402
-from podkit.status import rpc  # noqa: E402
+from podkit.supervisord import rpc  # noqa: E402
 
 
 def free_port() -> int:

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from podkit import reap  # noqa: E402
+from podkit import gpu  # noqa: E402
 
 HOLDER = str(ROOT / "tests" / "holder.py")
 
@@ -59,7 +59,7 @@ def main() -> int:
         nprocs = len([n for n in os.listdir("/proc") if n.isdigit()])
 
         def ours():
-            return {h.pid for h in reap.scan(files)[0]}
+            return {h.pid for h in gpu.holders(files)[0]}
 
         def lsof():
             out = subprocess.run(["lsof", "-t", *files], capture_output=True, text=True).stdout

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from podkit.status import rpc  # noqa: E402
+from podkit.supervisord import rpc  # noqa: E402
 
 EVERY = 10
 

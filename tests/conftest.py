@@ -168,7 +168,7 @@ class Stack:
             return {}
 
     def rpc(self):
-        from podkit.status import rpc
+        from podkit.supervisord import rpc
 
         return rpc(self.current()["socket"])
 

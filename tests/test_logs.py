@@ -26,7 +26,7 @@ def log_event(proc: str, data: str) -> bytes:
 def test_lines_split_across_events_are_joined_and_prefixed(tmp_path):
     """A line that arrives in two chunks is printed once, whole, with the program's name."""
     out = io.StringIO()
-    pump = Pump(out, tmp_path / "programs.json")
+    pump = Pump(out, tmp_path)
     pump.handle({"eventname": "PROCESS_LOG_STDOUT"}, b"processname:trainer groupname:trainer pid:7 channel:stdout\nstep 1 lo")
     pump.handle({"eventname": "PROCESS_LOG_STDOUT"}, b"processname:trainer groupname:trainer pid:7 channel:stdout\nss 0.5\nstep 2\n")
     assert out.getvalue() == "trainer  | step 1 loss 0.5\ntrainer  | step 2\n"
@@ -47,7 +47,7 @@ def test_listener_speaks_the_protocol_in_bytes_with_non_ascii_output(tmp_path):
 
 def test_state_events_count_starts_and_record_fatal(tmp_path):
     """STARTING events count starts (restarts = starts - 1); FATAL is recorded."""
-    pump = Pump(io.StringIO(), tmp_path / "programs.json")
+    pump = Pump(io.StringIO(), tmp_path)
     for to in ("STARTING", "RUNNING", "BACKOFF", "STARTING", "FATAL"):
         pump.state(f"PROCESS_STATE_{to}", {"processname": "sglang", "pid": "9"})
     rec = json.loads((tmp_path / "programs.json").read_text())["sglang"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, free_port, hold, smoke_env
-from podkit import config, preflight, reap
+from podkit import checks, config, discovery, preflight
 from podkit.errors import ConfigError
 from podkit.programs import areal_launch, sglang
 
@@ -33,7 +33,7 @@ def test_shipped_a40_configs_pass_preflight_and_name_their_areal_config(name):
     assert cfg.inference.kind == "sglang" and cfg.trainer.kind == "areal"
     assert Path(cfg.trainer.areal_config).is_file()
     assert Path(cfg.trainer.areal_config).parent == ROOT / "configs" / "areal"
-    assert preflight.program_problems(cfg) == []
+    assert checks.programs(cfg) == []
     assert cfg.inference.attention_backend != "fa3", "fa3 is a Hopper kernel; A40 is Ampere"
 
 
@@ -59,8 +59,8 @@ def test_api_key_reaches_sglang_but_never_the_log_line():
 
 def test_sglang_beyond_loopback_without_an_api_key_is_a_config_error(tmp_path):
     cfg = load(tmp_path=tmp_path, PODKIT_INFERENCE_HOST="0.0.0.0")
-    assert [p[0] for p in sglang.problems(cfg, environ={})] == ["inference.host"]
-    assert sglang.problems(cfg, environ={"SGLANG_API_KEY": "k"}) == []
+    assert [p[0] for p in checks.sglang(cfg, environ={})] == ["inference.host"]
+    assert checks.sglang(cfg, environ={"SGLANG_API_KEY": "k"}) == []
 
 
 def test_preflight_names_the_file_and_key_of_a_program_problem(tmp_path):
@@ -69,7 +69,7 @@ def test_preflight_names_the_file_and_key_of_a_program_problem(tmp_path):
                    .replace("areal/grpo-a40-4gpu.yaml", str(ROOT / "configs/areal/grpo-a40-4gpu.yaml")))
     cfg = config.load(pod, environ={"PODKIT_WORKSPACE": str(tmp_path / "ws"), "PODKIT_DEVICES": ""})
     with pytest.raises(ConfigError) as e:
-        preflight.check(cfg)
+        preflight.run(cfg)
     assert e.value.source == str(pod) and e.value.key == "trainer.gpus"
     assert "also serve inference" in e.value.problem
 
@@ -83,21 +83,21 @@ def test_preflight_names_the_file_and_key_of_a_program_problem(tmp_path):
     ({"PODKIT_TRAINER_OVERRIDES": "a='b"}, "trainer.overrides", "No closing quotation"),
 ])
 def test_a_setup_that_cannot_train_is_refused_before_supervisord_starts(env, key, words):
-    problems = preflight.program_problems(load(**env))
+    problems = checks.programs(load(**env))
     assert any(k == key and words in what for k, what, _ in problems), problems
 
 
 def test_one_gpu_pod_shares_the_gpu_only_with_a_small_sglang_share():
     cfg = load("a40-1gpu.yaml")
-    assert cfg.trainer.gpus == cfg.inference.gpus == "0" and preflight.program_problems(cfg) == []
+    assert cfg.trainer.gpus == cfg.inference.gpus == "0" and checks.programs(cfg) == []
     greedy = load("a40-1gpu.yaml", PODKIT_INFERENCE_MEM_FRACTION_STATIC="0.85")
-    assert [p[0] for p in preflight.program_problems(greedy)] == ["trainer.gpus"]
+    assert [p[0] for p in checks.programs(greedy)] == ["trainer.gpus"]
 
 
 def test_backend_gpu_counts():
-    assert areal_launch.backend_gpus("fsdp:d3") == 3
-    assert areal_launch.backend_gpus("sglang:d2t2") == 4
-    assert areal_launch.backend_gpus("sglang.d1t1p1+d3t1p1") is None  # the seeds' old syntax: AReaL decides
+    assert checks.backend_gpus("fsdp:d3") == 3
+    assert checks.backend_gpus("sglang:d2t2") == 4
+    assert checks.backend_gpus("sglang.d1t1p1+d3t1p1") is None  # the seeds' old syntax: AReaL decides
 
 
 def test_trainer_runs_under_torchrun_in_spmd_mode_pointed_at_sglang(tmp_path):
@@ -122,13 +122,13 @@ def test_trainer_waits_for_inference_then_clears_stale_discovery_and_starts_torc
     """A leftover name_resolve record would send AReaL to a dead server: gone before torchrun starts."""
     port = free_port()
     root = tmp_path / "nr"
-    stale = reap.name_resolve_trial(str(root), "podkit", "run") / "llm_server" / "0"
+    stale = discovery.trial_dir(str(root), "podkit", "run") / "llm_server" / "0"
     stale.parent.mkdir(parents=True)
     stale.write_text("127.0.0.1:1")  # a dead server's address
     cfg = load("a40-4gpu.yaml", tmp_path, PODKIT_INFERENCE_PORT=str(port),
                PODKIT_TRAINER_NAME_RESOLVE_ROOT=str(root), PODKIT_INFERENCE_READY_TIMEOUT_S="30")
     execs = []
-    monkeypatch.setattr(areal_launch, "supervise", lambda argv, env, record: execs.append((argv, env)) or 0)
+    monkeypatch.setattr(areal_launch, "supervise", lambda argv, env, run_dir: execs.append((argv, env)) or 0)
 
     def start_standin_later():
         time.sleep(1.5)  # the trainer starts first and must wait
@@ -223,7 +223,7 @@ def start_supervised_torchrun(procs, tmp_path):
     out.mkdir(exist_ok=True)
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
             str(script), str(out)]
-    p = procs.spawn([sys.executable, "-c", LAUNCH, json.dumps(argv), str(tmp_path / "torchrun.json")],
+    p = procs.spawn([sys.executable, "-c", LAUNCH, json.dumps(argv), str(tmp_path)],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_ready = lambda: all((out / f"ready-{r}").exists() for r in (0, 1))  # noqa: E731
     from conftest import wait_for
@@ -268,7 +268,7 @@ def test_ranks_left_by_a_killed_launcher_are_killed_before_the_next_torchrun(pro
     wait_for(lambda: not alive(torchrun), 10, what="torchrun to die with its launcher")
     time.sleep(1)
     assert all(alive(r) for r in ranks), "torchrun's ranks outlive it (their own sessions)"
-    assert sorted(areal_launch.clear_leftovers(record)) == sorted(ranks) and not record.exists()
+    assert sorted(areal_launch.clear_leftovers(tmp_path)) == sorted(ranks) and not record.exists()
     wait_for(lambda: not any(alive(r) for r in ranks), 10, what="the left ranks to be gone")
 
 
@@ -276,12 +276,12 @@ def test_a_pid_reused_by_a_younger_process_is_not_killed(procs, tmp_path):
     import json
 
     from conftest import alive
-    from podkit.reap import read_stat
+    from podkit.proc import read_stat
 
     other = procs.spawn([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     record = tmp_path / "torchrun.json"
     record.write_text(json.dumps({"groups": [[other.pid, read_stat(other.pid).starttime + 10**9]]}))
-    assert areal_launch.clear_leftovers(record) == [] and alive(other.pid)
+    assert areal_launch.clear_leftovers(tmp_path) == [] and alive(other.pid)
 
 
 WATCH = ("import os, sys; from podkit import config; from podkit.programs.grpo import Progress, watch_served_weights; "

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import PODKIT, alive, free_port, hold, smoke_env, wait_for
-from podkit import reap
+from podkit import discovery, gpu, proc, reap
 
 pytestmark = pytest.mark.timeout(60)
 def podkit_reap(devices_glob, *extra):
@@ -55,7 +55,7 @@ def test_holder_in_another_process_group_is_found(procs, devices):
 def test_double_forked_orphan_is_found_and_killed(procs, devices):
     """A holder re-parented away from its starter (double fork + setsid) is still found."""
     pid, _ = hold(procs, "fd", devices / "nvidia2", flags=["--orphan"])
-    assert reap.read_stat(pid).ppid != os.getpid()
+    assert proc.read_stat(pid).ppid != os.getpid()
     _, report = podkit_reap(f"{devices}/nvidia*")
     assert pids_of(report) == {pid}
     wait_for(lambda: not alive(pid), 5, what="orphan gone")
@@ -109,13 +109,13 @@ def test_the_runner_holding_a_device_is_never_killed(devices):
     with open(devices / "nvidia0", "rb"):
         r, report = podkit_reap(f"{devices}/nvidia*")
         assert report["holders"] == [] and alive(os.getpid())
-        holders, _ = reap.scan(reap.match_devices(f"{devices}/nvidia*"))
+        holders, _ = gpu.holders(gpu.match_devices(f"{devices}/nvidia*"))
         assert os.getpid() not in {h.pid for h in holders}
 
 
 def test_no_holders_is_a_fast_noop(devices):
     """Nothing holds the files: nothing is signalled, and the scan is quick."""
-    report = reap.run(f"{devices}/nvidia*", grace_s=1, kill_wait_s=1, gpu_timeout_s=0)
+    report = reap.free_gpus(f"{devices}/nvidia*", grace_s=1, kill_wait_s=1, gpu_timeout_s=0)
     assert report.holders == [] and report.scan_seconds < 2
 
 
@@ -139,7 +139,7 @@ def test_podkit_finds_the_same_holders_as_fuser_and_lsof(procs, devices):
     a, _ = hold(procs, "fd", devices / "nvidia0")
     b, _ = hold(procs, "mmap", devices / "nvidia1")
     files = [str(devices / f"nvidia{i}") for i in range(3)]
-    ours = {h.pid for h in reap.scan(files)[0]}
+    ours = {h.pid for h in gpu.holders(files)[0]}
     fuser = subprocess.run(["fuser", *files], capture_output=True, text=True, timeout=30)
     fuser_pids = {int("".join(c for c in tok if c.isdigit())) for tok in fuser.stdout.split()}
     lsof = subprocess.run(["lsof", "-t", *files], capture_output=True, text=True, timeout=30)
@@ -165,19 +165,19 @@ def test_stale_supervisor_socket_and_pid_file_are_removed(tmp_path):
 def test_stale_name_resolve_records_of_our_trial_are_cleared(tmp_path):
     """AReaL's discovery records of this experiment/trial go; other trials' stay."""
     root = tmp_path / "name_resolve"
-    ours = reap.name_resolve_trial(str(root), "podkit", "run")
-    other = reap.name_resolve_trial(str(root), "podkit", "other")
+    ours = discovery.trial_dir(str(root), "podkit", "run")
+    other = discovery.trial_dir(str(root), "podkit", "other")
     (ours / "gen_servers").mkdir(parents=True)
     (ours / "gen_servers" / "1").write_text("10.0.0.9:30000")
     (other / "gen_servers").mkdir(parents=True)
-    assert reap.clear_name_resolve(str(root), "podkit", "run")
+    assert discovery.clear(str(root), "podkit", "run")
     assert not ours.exists() and other.exists()
 
 
 def test_boot_clears_stale_name_resolve_records_of_its_trial(stack_factory, tmp_path):
     """A dead run's server address under AReaL's name_resolve root is gone before the trainer starts."""
     root = tmp_path / "name_resolve"
-    stale = reap.name_resolve_trial(str(root), "podkit", "run") / "gen_servers"
+    stale = discovery.trial_dir(str(root), "podkit", "run") / "gen_servers"
     stale.mkdir(parents=True)
     (stale / "0").write_text("127.0.0.1:1")
     s = stack_factory(PODKIT_TRAINER_NAME_RESOLVE_ROOT=str(root)).start()
@@ -193,7 +193,7 @@ def test_gpu_memory_check_reads_nvidia_smi(tmp_path, monkeypatch):
     fake.write_text("#!/bin/sh\necho '0, 3, Default'\necho '1, 0, Exclusive_Process'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
-    gpus = reap.wait_gpus_free(timeout_s=1)
+    gpus = gpu.wait_free(timeout_s=1)
     assert gpus == [{"index": 0, "memory_used_mib": 3, "compute_mode": "Default"},
                     {"index": 1, "memory_used_mib": 0, "compute_mode": "Exclusive_Process"}]
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from podkit import config, reap
+from podkit import config, discovery
 from podkit.programs import areal_launch, sglang
 
 PYTHON = os.environ.get("VALIDATION_PYTHON")
@@ -105,7 +105,7 @@ def test_areal_loads_the_shipped_grpo_config_with_podkits_overrides(verdicts, na
     v = verdicts["areal"][name]
     assert v["ok"], v["error"]
     cfg = pod(name)
-    n_train, n_inf = areal_launch.gpu_count(cfg.trainer.gpus), areal_launch.gpu_count(cfg.inference.gpus)
+    n_train, n_inf = len(cfg.gpus["trainer"]), len(cfg.gpus["inference"])
     # AReaL's allocation parser and podkit's reading of the same strings agree with the pod's GPUs.
     assert v["actor_gpus"] == v["combined_train_gpus"] == n_train
     assert v["rollout_gpus"] == v["combined_gen_gpus"] == n_inf == cfg.inference.tp
@@ -113,7 +113,7 @@ def test_areal_loads_the_shipped_grpo_config_with_podkits_overrides(verdicts, na
     # What podkit reads elsewhere (reap's name_resolve path, the volume) is what AReaL will use.
     assert (v["experiment_name"], v["trial_name"]) == (cfg.trainer.experiment, cfg.trainer.trial)
     assert v["name_resolve_root"] == cfg.trainer.name_resolve_root
-    assert str(reap.name_resolve_trial(v["name_resolve_root"], v["experiment_name"], v["trial_name"])).startswith(
+    assert str(discovery.trial_dir(v["name_resolve_root"], v["experiment_name"], v["trial_name"])).startswith(
         cfg.trainer.name_resolve_root)
     assert v["fileroot"] == v["recover_fileroot"] == f"{WS}/areal"
     assert v["actor_path"] == v["tokenizer_path"] == cfg.inference.model

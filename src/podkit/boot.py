@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
-from podkit import config, guard, log, preflight, reap, render, safemode
+from podkit import config, guard, log, preflight, reap, records, render, safemode
 from podkit.errors import PodkitError, StageError
-from podkit.state import read_json, write_json
 
 _log = log.get("boot")
 
@@ -29,49 +29,25 @@ def run_stages(cfg, record: guard.Boot | None = None) -> dict[str, str]:
             record.stage(name, "ok")
         return result
 
-    stage("preflight", preflight.check, cfg)     # workspace writable, run dir, supervisord present
-    stage("reap", reap_stage, cfg)               # TERM -> grace -> KILL every GPU holder; stale sockets
-    stage("sync", sync_stage, cfg)               # clone or fetch; never rm -rf; offline -> last checkout
-    return stage("render", render.write, cfg)    # supervisord's env from the validated config
-
-
-def reap_stage(cfg) -> None:
-    live_ok = reap.enabled(cfg.reap.enabled)
-    t = cfg.trainer
-    # No supervisord of this pod runs past this point, so its discovery records are stale.
-    for line in [*reap.clear_supervisor_leftovers(cfg.run_path, stop_live=live_ok, grace_s=cfg.reap.grace_s),
-                 *reap.clear_name_resolve(t.name_resolve_root, t.experiment, t.trial)]:
-        log.get("reap").info(line)
-    if not live_ok:
-        why = ("reap.enabled is never" if cfg.reap.enabled == "never" else
-               "podkit is not the container's entrypoint (PODKIT_REAP_ENABLED=always to free the GPUs anyway)")
-        log.get("reap").info(f"skipped: {why}")
-        return
-    report = reap.run(cfg.devices, cfg.reap.grace_s, cfg.reap.kill_wait_s, gpu_timeout_s=cfg.reap.gpu_free_timeout_s)
-    survivors = report.survivors
-    if survivors and cfg.reap.on_failure == "safe-mode":
-        raise StageError("reap", "GPU still held by " + ", ".join(reap.describe(h) for h in survivors),
-                         "restart the pod (not only the container); or PODKIT_REAP_ON_FAILURE=continue")
+    stage("preflight", preflight.run, cfg)   # workspace writable, run dir, supervisord, a config that can train
+    stage("reap", reap.run, cfg)             # TERM -> grace -> KILL every GPU holder; a dead run's leftovers
+    stage("sync", sync_stage, cfg)           # clone or fetch; never rm -rf; offline -> the last checkout
+    return stage("render", render.run, cfg)  # supervisord's env from the validated config
 
 
 def sync_stage(cfg) -> None:
-    r = cfg.repo
-    if not r.url:
+    if not cfg.repo.url:
         log.get("sync").info("no repo configured (PODKIT_REPO_URL): nothing to sync")
         return
-    from podkit import sync  # git plumbing loads only when there is a repo to sync
+    from podkit import sync  # git plumbing (subprocess, tempfile, dataclasses) only when there is a repo
 
-    result = sync.update(r.url, r.ref, r.dest, depth=r.depth, timeout_s=r.timeout_s, retries=r.retries,
-                         lock_timeout_s=r.lock_timeout_s)
-    write_json(cfg.state_dir / "sync.json", {"changed": result.changed, "old": result.old, "new": result.new,
-                                             "mode": result.mode, "notes": result.notes, "time": time.time()})
+    sync.run(cfg)
 
 
 def _record_current(cfg, pid: int) -> None:
-    write_json(cfg.state_dir / "current.json", {"run_dir": str(cfg.run_path), "socket": str(cfg.socket_path),
-                                                "supervisord_pid": pid, "started": time.time(),
-                                                "inference": {"host": cfg.inference.host,
-                                                              "port": cfg.inference.port}})
+    records.CURRENT.write(cfg.state_dir, {"run_dir": str(cfg.run_path), "socket": str(cfg.socket_path),
+                                          "supervisord_pid": pid, "started": time.time(),
+                                          "inference": {"host": cfg.inference.host, "port": cfg.inference.port}})
 
 
 def supervisord_argv(env: dict[str, str]) -> list[str]:
@@ -116,8 +92,6 @@ def boot(cfg) -> int:
 def up(cfg, steps: int | None = None) -> int:
     """`podkit up`: the same stages, then supervisord as a child in the foreground; with `steps`,
     stop everything cleanly once the trainer has reached that step."""
-    import subprocess
-
     env = run_stages(cfg)
     proc = subprocess.Popen(supervisord_argv(env), env=env)
     _record_current(cfg, proc.pid)
@@ -129,18 +103,17 @@ def up(cfg, steps: int | None = None) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    progress = cfg.state_dir / "progress.json"
     started = time.time()
     while proc.poll() is None:
         time.sleep(0.2)
-        rec = read_json(progress, {}) or {}
+        rec = records.PROGRESS.read(cfg.state_dir)
         # Only progress made since this start counts: a workspace may already be past the step.
-        if steps and not stopping and rec.get("time", 0) > started and rec.get("step", 0) >= steps:
+        if steps and not stopping and (rec.get("time") or 0) > started and (rec.get("step") or 0) >= steps:
             _log.info(f"trainer reached step {rec['step']} (--steps {steps}): stopping everything")
             stopping.append(0)
             proc.send_signal(signal.SIGTERM)
     code = proc.wait()
-    final = read_json(progress, {}) or {}
+    final = records.PROGRESS.read(cfg.state_dir)
     _log.info(f"supervisord exited {code}; trainer at step {final.get('step', 0)}, "
               f"last checkpoint at step {final.get('checkpoint_step', 0)}")
     return code

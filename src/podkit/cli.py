@@ -1,190 +1,243 @@
-"""podkit's verbs. Stage names are verbs too: `podkit reap`, `podkit sync`, `podkit render`.
+"""podkit's verbs, one table. Stage names are verbs too: `podkit preflight`, `podkit reap`, `podkit sync`,
+`podkit render` run the stage exactly as `podkit boot` does.
 
-Errors follow click: `podkit: error: ...` on stderr, exit 2 for usage and config errors, 1 for
-runtime failures, and no traceback for a person's mistake unless PODKIT_DEBUG is set.
+Every verb is a small function of (cfg, args). `--config` picks the pod config and `--workspace`
+overrides its workspace, for every verb that takes them. Errors follow click: `podkit: error: ...` on
+stderr, exit 2 for usage and config errors, 1 for runtime failures, and no traceback for a person's
+mistake unless PODKIT_DEBUG is set.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from podkit import config, log
 from podkit.errors import ConfigError, PodkitError
 
 
-def _parser():
+class Verb:
+    def __init__(self, name, fn, help, options, *, workspace: bool, load: bool) -> None:
+        self.name, self.fn, self.help, self.options = name, fn, help, options
+        self.workspace, self.load = workspace, load
+
+
+VERBS: dict[str, Verb] = {}
+
+
+def opt(*flags: str, override: str | None = None, **kw):
+    """An option of a verb; `override` names the setting it sets (`section.key`)."""
+    return flags, override, kw
+
+
+def verb(name: str, help: str, *options, workspace: bool = False, load: bool = True):
+    def add(fn):
+        VERBS[name] = Verb(name, fn, help, options, workspace=workspace, load=load)
+        return fn
+    return add
+
+
+def load(args, **overrides) -> config.Config:
+    """The config this verb works on: --config (or $PODKIT_CONFIG), the verb's overrides, --workspace."""
+    v = VERBS[args.verb]
+    ov = {o[1]: getattr(args, _dest(o)) for o in v.options if o[1]}
+    if v.workspace:
+        ov["workspace"] = getattr(args, "workspace", None)
+    ov.update(overrides)
+    cfg = config.load(args.config, overrides={k: x for k, x in ov.items() if x is not None})
+    log.set_level(cfg.log_level)
+    return cfg
+
+
+def _dest(option) -> str:
+    flags, _, kw = option
+    return kw.get("dest") or flags[0].lstrip("-").replace("-", "_")
+
+
+# -- the boot sequence and local runs ----------------------------------------------------------------------
+@verb("boot", "the container entrypoint: preflight, reap, sync, render, exec supervisord", load=False)
+def _boot(_cfg, args) -> int:
+    from pathlib import Path
+
+    from podkit import boot, safemode
+
+    try:
+        cfg = load(args)
+    except ConfigError as e:
+        # PID 1 never exits on a bad config: that is a restart loop.
+        ws = Path(os.environ.get("PODKIT_WORKSPACE") or "/workspace") / ".podkit"
+        return safemode.wait(ws if ws.parent.is_dir() else None, "config", e.message, e.hint)
+    return boot.boot(cfg)
+
+
+@verb("up", "run the boot pipeline and supervisord in the foreground (local runs)",
+      opt("--smoke", action="store_true", help="use the built-in no-GPU smoke config"),
+      opt("--steps", type=int, help="stop everything cleanly once the trainer reaches this step"),
+      workspace=True, load=False)
+def _up(_cfg, args) -> int:
+    from podkit import boot
+
+    if args.smoke:
+        args.config = str(config.packaged("configs/smoke.yaml"))
+    return boot.up(load(args), steps=args.steps)
+
+
+# -- the stages --------------------------------------------------------------------------------------------
+@verb("preflight", "check the workspace, the run dir and that the config can train", workspace=True)
+def _preflight(cfg, args) -> int:
+    from podkit import preflight
+
+    preflight.run(cfg)
+    return 0
+
+
+@verb("reap", "stop every process holding the GPU device files (what boot does; always, when asked)",
+      opt("--devices", override="devices", help="glob of device files (default: $PODKIT_DEVICES, /dev/nvidia*)"),
+      opt("--grace", type=float, override="reap.grace_s", help="SIGTERM to SIGKILL grace, seconds"),
+      opt("--dry-run", action="store_true", help="find and report holders, kill nothing"),
+      opt("--json", action="store_true"), load=False)
+def _reap(_cfg, args) -> int:
+    from podkit import reap
+
+    # A person asking for the stage is an explicit request: `auto` would skip it off the entrypoint.
+    cfg = load(args, **({} if os.environ.get("PODKIT_REAP_ENABLED") == "never" else {"reap.enabled": "always"}))
+    try:
+        report = reap.run(cfg, dry_run=args.dry_run)
+    except reap.ReapFailed as e:
+        if args.json:
+            print(e.report.to_json())
+        raise
+    if args.json:
+        print(report.to_json())
+    return 1 if report.survivors else 0
+
+
+@verb("sync", "bring the training repo to a ref, keeping local work (what boot does)",
+      opt("--repo", override="repo.url", help="repository URL (default: $PODKIT_REPO_URL)"),
+      opt("--ref", override="repo.ref", help="branch, tag or commit"),
+      opt("--dest", override="repo.dest", help="checkout directory"),
+      opt("--json", action="store_true"), workspace=True)
+def _sync(cfg, args) -> int:
+    if not cfg.repo.url:
+        raise ConfigError("command line", "repo.url", "no repository given",
+                          hint="pass --repo URL or set PODKIT_REPO_URL")
+    from podkit import sync
+
+    result = sync.run(cfg)
+    if args.json:
+        print(result.to_json())
+    return 0
+
+
+@verb("render", "check supervisord.conf with the config (supervisor's own parser) and print its settings",
+      workspace=True)
+def _render(cfg, args) -> int:
+    from podkit import render
+
+    cfg.run_path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    cfg.log_dir.mkdir(parents=True, exist_ok=True)
+    render.run(cfg, full_check=True)
+    print((cfg.run_path / "podkit.env").read_text(), end="")
+    return 0
+
+
+# -- while running -----------------------------------------------------------------------------------------
+@verb("status", "programs, trainer progress, inference phase",
+      opt("--json", action="store_true"),
+      opt("--health", action="store_true", help="exit 0 when healthy, 1 with the reason (healthchecks)"),
+      workspace=True)
+def _status(cfg, args) -> int:
+    from podkit import status
+
+    return status.main(cfg.workspace_path, args.json, args.health, cfg.health.progress_timeout_s)
+
+
+@verb("doctor", "name the cause of a failure, with evidence and the fix (exit 1 if any)",
+      opt("--json", action="store_true"), workspace=True)
+def _doctor(cfg, args) -> int:
+    from podkit import doctor
+
+    return doctor.main(cfg, cfg.workspace_path, args.json)
+
+
+@verb("resume", "leave safe mode: forgive past boots and boot again", workspace=True)
+def _resume(cfg, args) -> int:
+    from podkit import guard
+
+    print(guard.resume(cfg.state_dir))
+    return 0
+
+
+@verb("ctl", "supervisorctl for this pod: podkit ctl status | restart sglang | ...",
+      opt("args", nargs="REMAINDER"), workspace=True)
+def _ctl(cfg, args) -> int:
+    from pathlib import Path
+
+    from podkit import preflight, records
+
+    current = records.CURRENT.read(cfg.state_dir)
+    if not current.get("run_dir"):
+        raise PodkitError(f"no podkit has booted on {cfg.workspace_path}", "start it with podkit boot or podkit up")
+    exe = str(Path(preflight.supervisord_path() or "supervisord").with_name("supervisorctl"))
+    argv = [exe, "-c", str(Path(current["run_dir"]) / "supervisorctl.conf"), *args.args]
+    os.execv(argv[0], argv)
+    return 127  # not reached
+
+
+@verb("run", "what supervisord runs: sglang | trainer | watchdog | logs", opt("program"))
+def _run(cfg, args) -> int:
+    from podkit import programs
+
+    return programs.run(args.program, cfg)
+
+
+# -- outside the pod ---------------------------------------------------------------------------------------
+@verb("deploy", "RunPod: create/update the template and start a pod on A40s; or stop | terminate | status POD",
+      opt("action", nargs="?", choices=["create", "stop", "terminate", "status"]),
+      opt("pod", nargs="?", help="pod id (stop, terminate, status)"),
+      opt("--template", help="template YAML (default: runpod/template.yaml)"),
+      opt("--image", help="image to deploy (overrides the template's imageName)"),
+      opt("--gpus", type=int, default=4, help="number of A40s (default 4)"),
+      opt("--cloud", default="SECURE", help="SECURE | COMMUNITY | ALL (default SECURE)"),
+      opt("--name", help="pod name (default <template>-<N>xa40)"),
+      opt("--dry-run", action="store_true", help="print exactly what would be sent; send nothing"),
+      opt("--capacity-timeout", type=float, default=600, help="retry 'no capacity' for this long (s)"),
+      opt("--wait-timeout", type=float, default=900, help="wait this long for the pod to run (s)"),
+      opt("--json", action="store_true"), load=False)
+def _deploy(_cfg, args) -> int:
+    from podkit import deploy
+
+    return deploy.main(args)
+
+
+@verb("config", "print the resolved config (or --defaults, the documented default)",
+      opt("--defaults", action="store_true"), workspace=True, load=False)
+def _config(_cfg, args) -> int:
+    if args.defaults:
+        print(config.render_default_yaml(), end="")
+        return 0
+    import yaml
+
+    print(yaml.safe_dump(load(args).as_dict(), sort_keys=False), end="")
+    return 0
+
+
+def parser():
     import argparse  # not on the entrypoint's fast path
 
     p = argparse.ArgumentParser(prog="podkit", description=__doc__.splitlines()[0])
     p.add_argument("--config", help="pod config YAML (default: $PODKIT_CONFIG, else built-in defaults)")
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
-
-    sub.add_parser("boot", help="the container entrypoint: preflight, reap, sync, render, exec supervisord")
-    up = sub.add_parser("up", help="run the boot pipeline and supervisord in the foreground (local runs)")
-    up.add_argument("--smoke", action="store_true", help="use the built-in no-GPU smoke config")
-    up.add_argument("--workspace", help="workspace directory (default: the config's)")
-    up.add_argument("--steps", type=int, help="stop everything cleanly once the trainer reaches this step")
-
-    st = sub.add_parser("status", help="programs, trainer progress, inference phase")
-    st.add_argument("--json", action="store_true")
-    st.add_argument("--workspace")
-    st.add_argument("--health", action="store_true", help="exit 0 when healthy, 1 with the reason (healthchecks)")
-
-    dr = sub.add_parser("doctor", help="name the cause of a failure, with evidence and the fix (exit 1 if any)")
-    dr.add_argument("--json", action="store_true")
-    dr.add_argument("--workspace")
-
-    rs = sub.add_parser("resume", help="leave safe mode: forgive past boots and boot again")
-    rs.add_argument("--workspace")
-
-    run = sub.add_parser("run", help="what supervisord runs: sglang | trainer | watchdog | logs")
-    run.add_argument("program", choices=["sglang", "trainer", "watchdog", "logs"])
-
-    rp = sub.add_parser("reap", help="stop every process holding the GPU device files")
-    rp.add_argument("--devices", help="glob of device files (default: $PODKIT_DEVICES, /dev/nvidia*)")
-    rp.add_argument("--grace", type=float, help="SIGTERM to SIGKILL grace, seconds")
-    rp.add_argument("--dry-run", action="store_true", help="find and report holders, kill nothing")
-    rp.add_argument("--json", action="store_true")
-
-    sy = sub.add_parser("sync", help="bring the training repo to a ref, keeping local work")
-    sy.add_argument("--repo", help="repository URL (default: $PODKIT_REPO_URL)")
-    sy.add_argument("--ref", help="branch, tag or commit")
-    sy.add_argument("--dest", help="checkout directory")
-    sy.add_argument("--json", action="store_true")
-
-    ctl = sub.add_parser("ctl", help="supervisorctl for this pod: podkit ctl status | restart sglang | ...")
-    ctl.add_argument("--workspace")
-    ctl.add_argument("args", nargs=argparse.REMAINDER)
-
-    dp = sub.add_parser("deploy", help="RunPod: create/update the template and start a pod on A40s; "
-                        "or stop | terminate | status POD")
-    dp.add_argument("action", nargs="?", choices=["create", "stop", "terminate", "status"])
-    dp.add_argument("pod", nargs="?", help="pod id (stop, terminate, status)")
-    dp.add_argument("--template", help="template YAML (default: runpod/template.yaml)")
-    dp.add_argument("--image", help="image to deploy (overrides the template's imageName)")
-    dp.add_argument("--gpus", type=int, default=4, help="number of A40s (default 4)")
-    dp.add_argument("--cloud", default="SECURE", help="SECURE | COMMUNITY | ALL (default SECURE)")
-    dp.add_argument("--name", help="pod name (default <template>-<N>xa40)")
-    dp.add_argument("--dry-run", action="store_true", help="print exactly what would be sent; send nothing")
-    dp.add_argument("--capacity-timeout", type=float, default=600, help="retry 'no capacity' for this long (s)")
-    dp.add_argument("--wait-timeout", type=float, default=900, help="wait this long for the pod to run (s)")
-    dp.add_argument("--json", action="store_true")
-
-    sub.add_parser("render", help="check supervisord.conf with the config and print supervisord's settings")
-    cf = sub.add_parser("config", help="print the resolved config (or --defaults, the documented default)")
-    cf.add_argument("--defaults", action="store_true")
+    for v in VERBS.values():
+        sp = sub.add_parser(v.name, help=v.help)
+        for flags, _, kw in v.options:
+            kw = dict(kw)
+            if kw.get("nargs") == "REMAINDER":
+                kw["nargs"] = argparse.REMAINDER
+            sp.add_argument(*flags, **kw)
+        if v.workspace:
+            sp.add_argument("--workspace", help="the pod's workspace (default: the config's)")
     return p
-
-
-def _load(args, **overrides):
-    path = args.config
-    if getattr(args, "smoke", False):
-        path = str(config.packaged("configs/smoke.yaml"))
-    ov = {k: v for k, v in overrides.items() if v is not None}
-    cfg = config.load(path, overrides=ov)
-    log.set_level(cfg.log_level)
-    return cfg
-
-
-def dispatch(args) -> int:
-    verb = args.verb
-    if getattr(args, "json", False):
-        log.to_stderr()
-    if verb == "boot":
-        from podkit import boot
-
-        try:
-            cfg = _load(args)
-        except ConfigError as e:
-            # PID 1 never exits on a bad config: that is a restart loop.
-            from podkit import safemode
-
-            ws = Path(os.environ.get("PODKIT_WORKSPACE", "/workspace")) / ".podkit"
-            return safemode.wait(ws if ws.parent.is_dir() else None, "config", e.message, e.hint)
-        return boot.boot(cfg)
-    if verb == "up":
-        from podkit import boot
-
-        cfg = _load(args, workspace=args.workspace)
-        return boot.up(cfg, steps=args.steps)
-    if verb == "status":
-        from podkit import status
-
-        cfg = _load(args)
-        ws = args.workspace or cfg.workspace
-        return status.main(Path(ws).absolute(), args.json, args.health, cfg.health.progress_timeout_s)
-    if verb == "doctor":
-        from podkit import doctor
-
-        cfg = _load(args)
-        return doctor.main(cfg, Path(args.workspace or cfg.workspace).absolute(), args.json)
-    if verb == "resume":
-        from podkit import guard
-
-        ws = Path(args.workspace or _load(args).workspace).absolute()
-        print(guard.resume(ws / ".podkit"))
-        return 0
-    if verb == "run":
-        from podkit import programs
-
-        return programs.run(args.program, _load(args))
-    if verb == "reap":
-        from podkit import reap
-
-        cfg = _load(args)
-        report = reap.run(args.devices or cfg.devices, cfg.reap.grace_s if args.grace is None else args.grace,
-                          cfg.reap.kill_wait_s, dry_run=args.dry_run, gpu_timeout_s=cfg.reap.gpu_free_timeout_s)
-        if args.json:
-            print(report.to_json())
-        return 1 if report.survivors else 0
-    if verb == "sync":
-        from podkit import sync
-
-        cfg = _load(args, **{"repo.url": args.repo, "repo.ref": args.ref, "repo.dest": args.dest})
-        r = cfg.repo
-        if not r.url:
-            raise ConfigError("command line", "repo.url", "no repository given",
-                              hint="pass --repo URL or set PODKIT_REPO_URL")
-        result = sync.update(r.url, r.ref, r.dest, depth=r.depth, timeout_s=r.timeout_s, retries=r.retries,
-                             lock_timeout_s=r.lock_timeout_s)
-        if args.json:
-            print(result.to_json())
-        return 0
-    if verb == "ctl":
-        from podkit import preflight
-        from podkit.state import read_json
-
-        ws = Path(args.workspace or _load(args).workspace).absolute()
-        current = read_json(ws / ".podkit" / "current.json", {}) or {}
-        if not current.get("run_dir"):
-            raise PodkitError(f"no podkit has booted on {ws}", "start it with podkit boot or podkit up")
-        exe = str(Path(preflight.supervisord_path() or "supervisord").with_name("supervisorctl"))
-        argv = [exe, "-c", str(Path(current["run_dir"]) / "supervisorctl.conf"), *args.args]
-        os.execv(argv[0], argv)
-    if verb == "deploy":
-        from podkit import deploy
-
-        return deploy.main(args)
-    if verb == "render":
-        from podkit import render
-
-        cfg = _load(args)
-        cfg.run_path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        cfg.log_dir.mkdir(parents=True, exist_ok=True)
-        render.write(cfg, full_check=True)
-        print((cfg.run_path / "podkit.env").read_text(), end="")
-        return 0
-    if verb == "config":
-        if args.defaults:
-            print(config.render_default_yaml(), end="")
-            return 0
-        import yaml
-
-        print(yaml.safe_dump(_load(args).as_dict(), sort_keys=False), end="")
-        return 0
-    raise AssertionError(verb)
 
 
 class _Args:
@@ -192,10 +245,17 @@ class _Args:
         self.__dict__.update(kw)
 
 
+def dispatch(args) -> int:
+    if getattr(args, "json", False):
+        log.to_stderr()
+    v = VERBS[args.verb]
+    return v.fn(load(args) if v.load else None, args)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # The entrypoint's exact call skips argparse: it is on every container start's critical path.
-    args = _Args(verb="boot", config=None) if argv == ["boot"] else _parser().parse_args(argv)
+    args = _Args(verb="boot", config=None) if argv == ["boot"] else parser().parse_args(argv)
     try:
         return dispatch(args)
     except PodkitError as e:

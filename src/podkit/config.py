@@ -154,8 +154,15 @@ class Section:
 
 class Config:
     def __init__(self, values: dict[str, dict[str, object]], source: str = "defaults",
-                 warnings: list[str] | None = None) -> None:
+                 warnings: list[str] | None = None, origins: dict[str, str] | None = None) -> None:
         self.values, self.source, self.warnings = values, source, warnings or []
+        self.origins = origins or {}
+        # The GPU lists, parsed once (load() has validated them).
+        self.gpus = {s: parse_gpus(values[s]["gpus"]) for s in ("inference", "trainer") if s in values}
+
+    def origin(self, key: str) -> str:
+        """Where `section.key`'s value came from: the YAML file, `env PODKIT_X`, `command line`, or defaults."""
+        return self.origins.get(key, "defaults")
 
     def __getattr__(self, name: str) -> object:
         values = self.__dict__.get("values", {})
@@ -210,6 +217,21 @@ def _format(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
+
+
+def parse_gpus(text: str) -> tuple[int, ...]:
+    """`"0,1, 3"` -> (0, 1, 3); "" -> (). Raises ValueError naming what is wrong."""
+    ids = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit():
+            raise ValueError(f"{part!r} is not a GPU index")
+        if int(part) in ids:
+            raise ValueError(f"GPU {part} is listed twice")
+        ids.append(int(part))
+    return tuple(ids)
 
 
 def _did_you_mean(word: str, candidates) -> str:
@@ -305,12 +327,13 @@ def _parse_yaml(path: Path) -> dict[str, object]:
     return data
 
 
-def _apply_file(values: dict, data: dict, source: str) -> None:
+def _apply_file(values: dict, data: dict, source: str, origins: dict) -> None:
     top_keys = list(SCHEMA[""]) + [s for s in SCHEMA if s]
     for name, raw in data.items():
         name = str(name)
         if name in SCHEMA[""]:
             values[""][name] = _coerce(SCHEMA[""][name], raw, source, name, from_env=False)
+            origins[name] = source
         elif name in SCHEMA and name:
             if raw is None:
                 continue
@@ -323,12 +346,13 @@ def _apply_file(values: dict, data: dict, source: str) -> None:
                                       hint=_did_you_mean(key, SCHEMA[name]) or
                                       f"known keys of {name}: {', '.join(SCHEMA[name])}")
                 values[name][key] = _coerce(SCHEMA[name][key], sub, source, f"{name}.{key}", from_env=False)
+                origins[f"{name}.{key}"] = source
         else:
             raise ConfigError(source, name, "unknown key",
                               hint=_did_you_mean(name, top_keys) or f"known keys: {', '.join(top_keys)}")
 
 
-def _apply_env(values: dict, environ: dict[str, str], warnings: list[str]) -> None:
+def _apply_env(values: dict, environ: dict[str, str], warnings: list[str], origins: dict) -> None:
     for var, raw in environ.items():
         if not var.startswith(ENV_PREFIX) or var in NON_SETTING_ENV:
             continue
@@ -338,6 +362,7 @@ def _apply_env(values: dict, environ: dict[str, str], warnings: list[str]) -> No
             continue
         section, key = ENV_KEYS[var]
         values[section][key] = _coerce(SCHEMA[section][key], raw, f"env {var}", dotted(section, key), True)
+        origins[dotted(section, key)] = f"env {var}"
 
 
 def default_run_dir(workspace: str) -> str:
@@ -354,15 +379,24 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
     environ = os.environ if environ is None else environ
     values = {s: {k: f.default for k, f in keys.items()} for s, keys in SCHEMA.items()}
     warnings: list[str] = []
+    origins: dict[str, str] = {}
     path = path or environ.get("PODKIT_CONFIG") or None
     source = "defaults"
     if path:
         source = str(path)
-        _apply_file(values, _read_yaml(Path(path)), source)
-    _apply_env(values, environ, warnings)
+        _apply_file(values, _read_yaml(Path(path)), source, origins)
+    _apply_env(values, environ, warnings, origins)
     for name, raw in (overrides or {}).items():
         section, _, key = name.rpartition(".")
         values[section][key] = _coerce(SCHEMA[section][key], raw, "command line", name, from_env=True)
+        origins[name] = "command line"
+    for section in ("inference", "trainer"):
+        try:
+            parse_gpus(values[section]["gpus"])
+        except ValueError as e:
+            key = f"{section}.gpus"
+            raise ConfigError(origins.get(key, "defaults"), key, str(e),
+                              hint="comma-separated GPU indexes, e.g. \"1,2,3\"") from None
     top = values[""]
     top["workspace"] = os.path.abspath(top["workspace"])
     if not top["run_dir"]:
@@ -373,7 +407,7 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
     if areal and not os.path.isabs(areal):
         # Beside the pod config that names it, so configs/a40-4gpu.yaml can say areal/grpo-a40-4gpu.yaml.
         values["trainer"]["areal_config"] = os.path.abspath(os.path.join(os.path.dirname(path) if path else "", areal))
-    return Config(values, source, warnings)
+    return Config(values, source, warnings, origins)
 
 
 def packaged(name: str) -> Path:

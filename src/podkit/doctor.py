@@ -1,5 +1,5 @@
 """`podkit doctor`: inspect a live pod (or a workspace after the fact) and name the cause of a
-failure, with its evidence and the fix. Each check is one failure seen in the seeds; none needs
+failure, with its evidence and the fix. Each check is one failure of docs/failures.md; none needs
 a person to read logs. Exit 1 when a problem is found (`info` findings do not count).
 """
 
@@ -9,11 +9,11 @@ import json
 import math
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
-from podkit import guard, health, reap, status
-from podkit.state import read_json
+from podkit import gpu, guard, health, proc, records, status, supervisord
 from podkit.watchdog import STARTUP
 
 ERROR_LINE = re.compile(r"error|exception|traceback|cuda|out of memory|killed|fatal", re.I)
@@ -38,10 +38,10 @@ class Pod:
         self.state = workspace / ".podkit"
         self.logs = workspace / "logs"
         self.st = status.collect(workspace)
-        current = read_json(self.state / "current.json", {}) or {}
-        self.programs = read_json(Path(current.get("run_dir", "/nonexistent")) / "programs.json", {}) or {}
-        self.progress = read_json(self.state / "progress.json", {}) or {}
-        self.boots = read_json(self.state / "boots.json", []) or []
+        current = records.CURRENT.read(self.state)
+        self.programs = records.PROGRAMS.read(Path(current["run_dir"])) if current.get("run_dir") else {}
+        self.progress = records.PROGRESS.read(self.state)
+        self.boots = records.BOOTS.read(self.state)
 
     def log_tail(self, program: str, n: int = 400) -> list[str]:
         return health.tail(self.logs / f"{program}.log")[-n:]
@@ -131,8 +131,6 @@ def check_oom(pod: Pod, now: float, cgroup_dir: Path) -> Finding | None:
     except (OSError, ValueError):
         pass
     try:
-        import subprocess
-
         kmsg = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5).stdout
         evidence += [ln.strip() for ln in kmsg.splitlines() if OOM_LINE.search(ln)][-3:]
     except (OSError, subprocess.SubprocessError):
@@ -144,13 +142,13 @@ def check_oom(pod: Pod, now: float, cgroup_dir: Path) -> Finding | None:
 
 
 def check_restarts(pod: Pod, now: float, program: str, what: str) -> Finding | None:
-    rec = pod.programs.get(program) or {}
+    rec = pod.programs.get(program) if isinstance(pod.programs.get(program), dict) else {}
     starts = rec.get("starts", 0)
     if starts < 2:
         return None
     errors = [ln.strip() for ln in pod.log_tail(program) if ERROR_LINE.search(ln)][-5:]
-    fatal = rec.get("state") == "FATAL"
-    by_watchdog = [a["reason"] for a in read_json(pod.state / "watchdog.json", []) or [] if a.get("program") == program]
+    fatal = rec.get("state") == supervisord.FATAL
+    by_watchdog = [a.get("reason") for a in records.WATCHDOG.read(pod.state) if a.get("program") == program]
     return Finding(f"{what}_restarts", f"{what} restarted {starts - 1} time(s)" + (", then gave up (FATAL)"
                    if fatal else ""), (errors or [f"no error lines in logs/{program}.log (killed from outside?)"])
                    + [f"watchdog: {r}" for r in by_watchdog[-2:]],
@@ -169,14 +167,14 @@ def check_safe_mode(pod: Pod, now: float) -> Finding | None:
 
 
 def check_gpu_busy(pod: Pod, now: float) -> Finding | None:
-    devices = reap.match_devices(pod.cfg.devices) if pod.cfg.devices else []
+    devices = gpu.match_devices(pod.cfg.devices)
     ours = {p.get("pid") for p in pod.st["programs"].values() if p.get("pid")}
-    holders = [h for h in reap.scan(devices)[0] if h.pid not in ours and not _descends(h.pid, ours)]
-    exclusive = [g for g in (reap.gpu_state() or []) if g["compute_mode"].lower().startswith("exclusive")]
+    holders = [h for h in gpu.holders(devices)[0] if h.pid not in ours and not _descends(h.pid, ours)]
+    exclusive = [g for g in (gpu.smi_state() or []) if g["compute_mode"].lower().startswith("exclusive")]
     if not holders and not exclusive:
         return None
     return Finding("gpu_busy", "the GPUs are held by processes that are not this pod's programs",
-                   [f"{reap.describe(h)}" for h in holders]
+                   [h.describe() for h in holders]
                    + [f"GPU {g['index']} compute mode {g['compute_mode']}" for g in exclusive],
                    "`podkit reap` stops them (TERM, then KILL); in Exclusive_Process mode a second context fails "
                    "with 'busy or unavailable'")
@@ -188,7 +186,7 @@ def _descends(pid: int, ancestors: set) -> bool:
         if pid in ancestors:
             return True
         seen.add(pid)
-        st = reap.read_stat(pid)
+        st = proc.read_stat(pid)
         if st is None:
             return False
         pid = st.ppid

@@ -1,5 +1,5 @@
 """The crash-loop guard: every boot is recorded on the volume; boots that come too fast stop in
-safe mode instead of starting training again (seed 001: a loop every 17 s looked like a crash).
+safe mode instead of starting training again (docs/failures.md: a loop every 17 s looked like a crash).
 
 `<workspace>/.podkit/boots.json` holds the recent boots (time, pid, each stage's outcome, the
 reason of the stop before it when known). `podkit resume` writes `resume.json`: boots before it
@@ -13,7 +13,7 @@ import signal
 import time
 from pathlib import Path
 
-from podkit.state import read_json, write_json
+from podkit import records
 
 KEEP = 50
 
@@ -22,8 +22,8 @@ class Boot:
     """This boot's record; every change is written through (a boot may die at any point)."""
 
     def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / "boots.json"
-        self.boots = read_json(self.path, []) or []
+        self.state_dir = state_dir
+        self.boots = records.BOOTS.read(state_dir)
         previous = self.boots[-1] if self.boots else None
         self.rec = {"time": time.time(), "pid": os.getpid(), "stages": {}, "outcome": "booting",
                     "last_stop": last_stop(state_dir, previous)}
@@ -32,7 +32,7 @@ class Boot:
 
     def _write(self) -> None:
         try:
-            write_json(self.path, self.boots)
+            records.BOOTS.write(self.state_dir, self.boots)
         except OSError:
             pass  # read-only or full volume: preflight says so; the guard must not hide it
 
@@ -49,7 +49,7 @@ def last_stop(state_dir: Path, previous: dict | None) -> str:
     """Why the run before this boot ended, from what its programs recorded."""
     if previous is None:
         return "first boot on this workspace"
-    progress = read_json(state_dir / "progress.json", {}) or {}
+    progress = records.PROGRESS.read(state_dir)
     stopped = progress.get("stopped") or {}
     if stopped.get("time", 0) > previous.get("time", 0):
         return f"{stopped.get('by', 'stop')}: trainer stopped cleanly at step {progress.get('step')}"
@@ -61,8 +61,8 @@ def last_stop(state_dir: Path, previous: dict | None) -> str:
 def recent(state_dir: Path, window_s: float, now: float | None = None) -> list[dict]:
     """Boots within the window and after the last `podkit resume`."""
     now = time.time() if now is None else now
-    since = max(now - window_s, (read_json(state_dir / "resume.json", {}) or {}).get("time", 0))
-    return [b for b in read_json(state_dir / "boots.json", []) or [] if b.get("time", 0) > since]
+    since = max(now - window_s, records.RESUME.read(state_dir).get("time") or 0)
+    return [b for b in records.BOOTS.read(state_dir) if (b.get("time") or 0) > since]
 
 
 def storm(state_dir: Path, max_boots: int, window_s: float) -> str | None:
@@ -76,8 +76,8 @@ def storm(state_dir: Path, max_boots: int, window_s: float) -> str | None:
 
 def resume(state_dir: Path) -> str:
     """Forgive the boots so far; wake a boot that waits in safe mode."""
-    write_json(state_dir / "resume.json", {"time": time.time()})
-    waiting = read_json(state_dir / "safe-mode.json", {}) or {}
+    records.RESUME.write(state_dir, {"time": time.time()})
+    waiting = records.SAFE_MODE.read(state_dir)
     pid = waiting.get("pid")
     if pid and _is_podkit(pid):
         os.kill(pid, signal.SIGUSR1)

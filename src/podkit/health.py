@@ -1,7 +1,7 @@
 """Inference health as the outside sees it: a /health probe plus the start-up phase from its log.
 
 The phases are SGLang's own log lines (the stand-in prints the same): until "fired up" nothing may
-be wrong even though nothing listens; the seeds lost hours to a run that was capturing CUDA graphs.
+be wrong even though nothing listens; a run capturing CUDA graphs once cost hours (docs/failures.md).
 """
 
 from __future__ import annotations

@@ -7,9 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from podkit import log
+from podkit import checks, log, proc
 from podkit.errors import ConfigError, StageError
-from podkit.reap import which
 
 _log = log.get("preflight")
 MIN_FREE_BYTES = 2 << 30  # below this a checkpoint write can fail mid-file
@@ -17,36 +16,10 @@ MIN_FREE_BYTES = 2 << 30  # below this a checkpoint write can fail mid-file
 
 def supervisord_path() -> str | None:
     beside = Path(sys.executable).parent / "supervisord"  # same venv as podkit
-    return str(beside) if beside.exists() else which("supervisord")
+    return str(beside) if beside.exists() else proc.which("supervisord")
 
 
-def loopback(host: str) -> bool:
-    import ipaddress
-
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def program_problems(cfg) -> list[tuple[str, str, str]]:
-    """What would make the programs fail at once, found before supervisord starts them in a loop."""
-    out = []
-    if cfg.inference.kind == "sglang":
-        from podkit.programs import sglang
-
-        out += sglang.problems(cfg)
-    if cfg.trainer.kind == "areal":
-        from podkit.programs import areal_launch
-
-        out += areal_launch.problems(cfg)
-    elif cfg.inference.kind == "sglang":
-        out.append(("trainer.kind", "fake pushes torch checkpoints, which SGLang cannot load",
-                    "use trainer.kind areal with SGLang, or inference.kind standin (configs/smoke.yaml)"))
-    return out
-
-
-def check(cfg) -> None:
+def run(cfg) -> None:
     for w in cfg.warnings:
         _log.warn(w)
     _log.info(f"config {cfg.source}; workspace {cfg.workspace_path}")
@@ -79,11 +52,11 @@ def check(cfg) -> None:
                          "set PODKIT_RUN_DIR to a writable local directory") from None
     if not supervisord_path():
         raise StageError("preflight", "supervisord is not installed", "pip install supervisor (podkit depends on it)")
-    if cfg.inference.kind == "standin" and not loopback(cfg.inference.host):
+    if cfg.inference.kind == "standin" and not checks.loopback(cfg.inference.host):
         raise StageError("preflight", f"inference.host {cfg.inference.host} is not loopback",
                          "the stand-in binds 127.0.0.1 only; set PODKIT_INFERENCE_HOST=127.0.0.1")
-    for key, what, hint in program_problems(cfg):
-        raise ConfigError(cfg.source, key, what, hint=hint)
+    for key, what, hint in checks.programs(cfg):
+        raise ConfigError(cfg.origin(key), key, what, hint=hint)
     devices = glob.glob(cfg.devices)
-    smi = which("nvidia-smi")
+    smi = proc.which("nvidia-smi")
     _log.info(f"{len(devices)} device file(s) match {cfg.devices}; nvidia-smi {'found' if smi else 'absent'}")

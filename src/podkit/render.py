@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from podkit import config, log
+from podkit import config, log, programs
 from podkit.errors import StageError
 
 _log = log.get("render")
@@ -37,10 +37,13 @@ def check_supervisord_conf(path, env: dict[str, str]):
         opts.process_config(do_usage=False)
     except ValueError as e:
         raise StageError("render", f"{path}: {e}", "fix supervisord.conf; `podkit render` checks it") from None
-    names = sorted(g.name for g in opts.process_group_configs)
-    for want in ("sglang", "trainer"):
-        if want not in names:
-            raise StageError("render", f"{path}: no [program:{want}] section", "podkit supervises sglang and trainer")
+    names = {g.name for g in opts.process_group_configs}
+    missing, unknown = set(programs.NAMES) - names, names - set(programs.NAMES)
+    if missing or unknown:
+        what = ", ".join([*(f"no [program:{n}] section" for n in sorted(missing)),
+                          *(f"[program:{n}] is not a podkit program" for n in sorted(unknown))])
+        raise StageError("render", f"{path}: {what}",
+                         f"supervisord.conf runs exactly podkit's programs: {', '.join(programs.NAMES)}")
     return opts
 
 
@@ -57,7 +60,10 @@ def check_env_refs(path, env: dict[str, str]) -> None:
                          "supervisord.conf names settings podkit does not render; use the shipped file")
 
 
-def write(cfg, full_check: bool = False) -> dict[str, str]:
+def run(cfg, full_check: bool = False) -> dict[str, str]:
+    """The stage: supervisord's environment, checked against supervisord.conf, and the run dir's
+    files for supervisorctl and people. `full_check` parses supervisord.conf with supervisor's own
+    parser (`podkit render`), which costs half of supervisord's start-up, so boot skips it."""
     env = environment(cfg)
     conf = config.packaged("supervisord.conf")
     (check_supervisord_conf if full_check else check_env_refs)(conf, env)

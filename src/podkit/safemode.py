@@ -1,6 +1,6 @@
 """Safe mode: a boot that cannot start training waits here, explaining itself, instead of exiting.
 
-An exiting PID 1 is a restart loop under `restart: always` or RunPod (seed 001: a failed
+An exiting PID 1 is a restart loop under `restart: always` or RunPod (docs/failures.md: a failed
 `git clone` restarted the container every 17 s for hours and looked like a training crash).
 """
 
@@ -12,8 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from podkit import reap
-from podkit.state import write_json
+from podkit import pid1, records
 
 REMIND_EVERY_S = 600
 
@@ -38,14 +37,14 @@ def record(state_dir: Path | None, stage: str, message: str, hint: str) -> None:
     if state_dir is None:
         return
     try:
-        write_json(state_dir / "safe-mode.json", {"stage": stage, "message": message, "hint": hint,
+        records.SAFE_MODE.write(state_dir, {"stage": stage, "message": message, "hint": hint,
                                                   "since": time.time(), "pid": os.getpid()})
     except OSError:
         pass  # a read-only or full workspace is often the reason we are here
 
 
 def clear(state_dir: Path) -> None:
-    (state_dir / "safe-mode.json").unlink(missing_ok=True)
+    records.SAFE_MODE.path(state_dir).unlink(missing_ok=True)
 
 
 def wait(state_dir: Path | None, stage: str, message: str, hint: str = "") -> int:
@@ -64,7 +63,7 @@ def wait(state_dir: Path | None, stage: str, message: str, hint: str = "") -> in
             print("[podkit:boot] resume requested: booting again", flush=True)
             os.execv(sys.executable, [sys.executable, "-m", "podkit", "boot"])
         time.sleep(0.2)
-        reap.collect_children()
+        pid1.collect_children()
         if time.monotonic() - last > REMIND_EVERY_S:
             print(f"[podkit:boot] still in safe mode ({stage}: {message})", flush=True)
             last = time.monotonic()

@@ -8,55 +8,48 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
-from podkit import health
-from podkit.state import read_json
-
-
-def rpc(socket_path: str | Path):
-    from supervisor.xmlrpc import SupervisorTransport
-
-    transport = SupervisorTransport(None, None, f"unix://{socket_path}")
-    return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+from podkit import health, records, supervisord
+from podkit.supervisord import FATAL, RUNNING, UP
 
 
 def collect(workspace: Path) -> dict:
     state_dir = workspace / ".podkit"
-    current = read_json(state_dir / "current.json", {}) or {}
+    current = records.CURRENT.read(state_dir)
     out: dict = {"workspace": str(workspace), "supervisord": {"reachable": False}, "programs": {},
-                 "trainer": {}, "inference": {}, "safe_mode": read_json(state_dir / "safe-mode.json")}
+                 "trainer": {}, "inference": {}, "safe_mode": records.SAFE_MODE.read(state_dir) or None}
     infos = []
     sock = current.get("socket")
     if sock:
         try:
-            server = rpc(sock)
+            server = supervisord.rpc(sock)
             infos = server.supervisor.getAllProcessInfo()
             out["supervisord"] = {"reachable": True, "pid": server.supervisor.getPID(), "socket": sock}
         except (OSError, xmlrpc.client.Error) as e:
             out["supervisord"] = {"reachable": False, "socket": sock, "error": str(e)}
-    records = read_json(Path(current.get("run_dir", "/nonexistent")) / "programs.json", {}) or {}
+    programs = records.PROGRAMS.read(Path(current["run_dir"])) if current.get("run_dir") else {}
     for info in infos:
         name = info["name"]
         if name == "logs":
             continue
-        rec = records.get(name, {})
-        running = info["statename"] == "RUNNING"
+        rec = programs.get(name) if isinstance(programs.get(name), dict) else {}
+        running = info["statename"] == RUNNING
         out["programs"][name] = {
             "state": info["statename"], "pid": info["pid"] or None,
             "uptime_s": (info["now"] - info["start"]) if running else 0,
             "restarts": max(0, rec.get("starts", 1) - 1), "exitstatus": info["exitstatus"],
-            "fatal": info["statename"] == "FATAL",
+            "fatal": info["statename"] == FATAL,
         }
-    boots = read_json(state_dir / "boots.json", []) or []
+    boots = records.BOOTS.read(state_dir)
     out["boots"] = {"total": len(boots), "last": boots[-1] if boots else None,
-                    "resumed_at": (read_json(state_dir / "resume.json", {}) or {}).get("time")}
-    prog = read_json(state_dir / "progress.json", {}) or {}
+                    "resumed_at": records.RESUME.read(state_dir).get("time")}
+    prog = records.PROGRESS.read(state_dir)
     out["trainer"] = {"step": prog.get("step"), "last_progress": prog.get("time"), "loss": prog.get("loss"),
                       "checkpoint_step": prog.get("checkpoint_step"), "weight_version": prog.get("weight_version")}
     inf = current.get("inference") or {}
     sglang = out["programs"].get("sglang")
     out["inference"] = {"phase": health.inference_phase(
         inf.get("host", "127.0.0.1"), inf.get("port", 30000), workspace / "logs" / "sglang.log",
-        running=None if sglang is None else sglang["state"] in ("RUNNING", "STARTING"))}
+        running=None if sglang is None else sglang["state"] in UP)}
     return out
 
 
@@ -95,7 +88,7 @@ def health_problem(st: dict, progress_timeout_s: float) -> str | None:
         return "supervisord is not reachable"
     for name in ("sglang", "trainer"):
         p = st["programs"].get(name)
-        if not p or p["state"] not in ("RUNNING", "STARTING"):
+        if not p or p["state"] not in UP:
             return f"{name} is {p['state'] if p else 'missing'}"
     if st["inference"]["phase"] != "ready":
         return f"inference is {st['inference']['phase']}"

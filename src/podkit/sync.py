@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from podkit import log, reap
+from podkit import log, proc, records
 from podkit.errors import StageError
 
 _log = log.get("sync")
@@ -452,9 +452,12 @@ class Syncer:
             locks += [Path(top) / n for n in names if n.endswith(".lock")]
         if not locks:
             return
-        holders, _ = reap.scan([str(p) for p in locks])
+        try:
+            holders, _ = proc.holding([str(p) for p in locks])
+        except TimeoutError as e:
+            raise SyncError(f"cannot tell whether git in {d} is in use: {e}", "the machine is overloaded") from None
         if holders:
-            names = ", ".join(f"{h.pid} ({h.name})" for h in holders)
+            names = ", ".join(f"{pid} ({proc.name(pid)})" for pid in sorted(holders))
             raise SyncError(f"git in {d} is in use by {names}", "let that git command finish, then restart")
         for p in locks:
             p.unlink(missing_ok=True)
@@ -523,3 +526,13 @@ def _publish(tmp: Path, dest: Path) -> None:
 
 def update(url: str, ref: str, dest: str | Path, **kw) -> Result:
     return Syncer(url, ref, dest, **kw).update()
+
+
+def run(cfg) -> Result:
+    """The stage: the repo of the config at its ref, recorded in <workspace>/.podkit/sync.json."""
+    r = cfg.repo
+    result = update(r.url, r.ref, r.dest, depth=r.depth, timeout_s=r.timeout_s, retries=r.retries,
+                    lock_timeout_s=r.lock_timeout_s)
+    records.SYNC.write(cfg.state_dir, {"changed": result.changed, "old": result.old, "new": result.new,
+                                       "mode": result.mode, "notes": result.notes, "time": time.time()})
+    return result

@@ -5,7 +5,7 @@ installed; else the kernel's view from /proc) go to <workspace>/logs/hang-<time>
 trainer is restarted and resumes from its checkpoint. Inference: past its start-up but not
 answering /health for `inference_unhealthy_s` -> restarted. Start-up phases (loading weights, CUDA
 graph capture, warm-up; read from SGLang's own log lines) are not hangs: they have their own
-deadline, `startup_deadline_s` (seed 002: a run "stuck" for 10 minutes was capturing CUDA graphs).
+deadline, `startup_deadline_s` (docs/failures.md: a run "stuck" for 10 minutes was capturing CUDA graphs).
 Every action is logged and recorded in <workspace>/.podkit/watchdog.json for status and doctor.
 """
 
@@ -19,10 +19,7 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
-from podkit import health, log, reap
-from podkit.reap import which
-from podkit.state import read_json, write_json
-from podkit.status import rpc
+from podkit import health, log, proc, records, supervisord
 
 _log = log.get("watchdog")
 STARTUP = ("starting", "loading_weights", "weights_loaded", "capturing_cuda_graphs", "cuda_graphs_captured",
@@ -30,7 +27,7 @@ STARTUP = ("starting", "loading_weights", "weights_loaded", "capturing_cuda_grap
 
 
 def _py_spy(pid: int) -> str | None:
-    spy = which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    spy = proc.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not os.path.exists(spy):
         return None
     try:
@@ -64,7 +61,7 @@ def dump_stacks(pid: int, path: Path, stacks_dir: Path) -> str:
     attaches, else by the process's own faulthandler; the kernel's view always. Returns what worked."""
     lines = [f"# hang dump of pid {pid} and its children at {time.strftime('%Y-%m-%d %H:%M:%S')}"]
     used = set()
-    for p in [pid, *reap.descendants(pid)]:
+    for p in [pid, *proc.descendants(pid)]:
         lines.append(f"\n## pid {p}")
         text = _py_spy(p)
         if text:
@@ -89,16 +86,18 @@ class Watchdog:
         self.cfg = cfg
         self.w = cfg.watchdog
         self.inf = cfg.inference
-        self.progress = cfg.state_dir / "progress.json"
-        self.record_path = cfg.state_dir / "watchdog.json"
+        self.state_dir = cfg.state_dir
         self.unhealthy_since: float | None = None
-        self.server = rpc(cfg.socket_path)
+        self.server = supervisord.rpc(cfg.socket_path)
 
     def record(self, action: str, program: str, reason: str, **extra) -> None:
         _log.warn(f"{action} {program}: {reason}")
-        actions = (read_json(self.record_path, []) or [])[-49:]
+        actions = records.WATCHDOG.read(self.state_dir)[-49:]
         actions.append({"time": time.time(), "action": action, "program": program, "reason": reason, **extra})
-        write_json(self.record_path, actions)
+        try:
+            records.WATCHDOG.write(self.state_dir, actions)
+        except OSError as e:
+            _log.error(f"cannot record the action ({e.strerror}); the log line above is all there is")
 
     def restart(self, name: str) -> None:
         self.server.supervisor.stopProcess(name, True)
@@ -110,7 +109,7 @@ class Watchdog:
     def check_inference(self, now: float) -> bool:
         """True when inference answers /health."""
         info = self.info("sglang")
-        if info["statename"] != "RUNNING":
+        if info["statename"] != supervisord.RUNNING:
             self.unhealthy_since = None
             return False  # supervisord's own restarts deal with a dead process
         if health.probe(self.inf.host, self.inf.port, timeout=min(5.0, self.w.interval_s * 2)):
@@ -134,9 +133,9 @@ class Watchdog:
 
     def check_trainer(self, now: float) -> None:
         info = self.info("trainer")
-        if info["statename"] != "RUNNING":
+        if info["statename"] != supervisord.RUNNING:
             return
-        last = (read_json(self.progress, {}) or {}).get("time") or 0
+        last = records.PROGRESS.read(self.state_dir).get("time") or 0
         since = now - max(last, info["start"])  # a fresh trainer gets the full window
         if since < self.w.trainer_stall_s:
             return

@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from conftest import alive, wait_for
-from podkit import reap
+from podkit import gpu
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -26,7 +26,7 @@ def test_boot_after_a_dirty_restart_frees_the_gpus_and_resumes(stack_factory, tm
     s = stack_factory(**env).start()
     s.wait_step(7)
     old = {name: s.pid(name) for name in ("sglang", "trainer")}
-    held = {h.pid for h in reap.scan(reap.match_devices(f"{dev}/nvidia*"))[0]}
+    held = {h.pid for h in gpu.holders(gpu.match_devices(f"{dev}/nvidia*"))[0]}
     assert set(old.values()) <= held
     sock = s.current()["socket"]
     os.kill(s.proc.pid, signal.SIGKILL)
@@ -45,4 +45,4 @@ def test_boot_after_a_dirty_restart_frees_the_gpus_and_resumes(stack_factory, tm
     wait_for(lambda: "resumed from checkpoint" in again.log("trainer").split("starting trainer")[-1], 60,
              what="the new trainer to resume")
     assert again.stop() == 0
-    assert reap.scan(reap.match_devices(f"{dev}/nvidia*"))[0] == [], "a device file is still held after the stop"
+    assert gpu.holders(gpu.match_devices(f"{dev}/nvidia*"))[0] == [], "a device file is still held after the stop"

@@ -14,14 +14,17 @@ import json
 import math
 import os
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from podkit import log
+import torch
+
+from podkit import log, records
 from podkit.checkpoint import CheckpointDir
-from podkit.state import read_json, write_json
+from podkit.programs import hold_devices, stacks_on_sigusr2
 
 _log = log.get("trainer")
 
@@ -51,19 +54,16 @@ class Inference:
 
 class FakeTrainer:
     def __init__(self, cfg) -> None:
-        import torch  # only the trainer pays for torch; never the boot path
-
         self.torch = torch
         self.cfg = cfg
         t = cfg.trainer
         self.every, self.interval, self.max_steps = t.checkpoint_every, t.step_interval_s, t.max_steps
         self.ckpts = CheckpointDir(cfg.checkpoint_dir, keep=t.keep_checkpoints)
-        self.progress_path = cfg.state_dir / "progress.json"
+        self.progress = records.Progress(cfg.state_dir, "fake")
         self.inference = Inference(cfg.inference.host, cfg.inference.port)
         self.ready_timeout = cfg.inference.ready_timeout_s
         self.update_timeout = t.weight_update_timeout_s
         self.stopping = False
-        self.progress_failed = False
         torch.manual_seed(t.seed)
         self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
         self.opt = torch.optim.Adam(self.model.parameters(), lr=t.lr)
@@ -147,7 +147,7 @@ class FakeTrainer:
                        f"step {self.last_ckpt_step}. `podkit doctor` checks the workspace")
             return None
         self.last_ckpt_step = self.step
-        self._write_progress({**(read_json(self.progress_path, {}) or {}), "checkpoint_step": self.step})
+        self.progress.update(checkpoint_step=self.step)
         _log.info(f"checkpoint {path.name} written ({why})")
         return path
 
@@ -188,20 +188,9 @@ class FakeTrainer:
                       "(inference restarted?): pushing again")
             self.push_weights(latest)
 
-    def _write_progress(self, data: dict) -> None:
-        try:
-            write_json(self.progress_path, data)
-        except OSError as e:
-            if not self.progress_failed:
-                _log.error(f"cannot record progress ({e.strerror}); training goes on")
-            self.progress_failed = True
-            return
-        self.progress_failed = False
-
     def record(self, loss: float) -> None:
-        self._write_progress({"step": self.step, "time": time.time(), "loss": loss,
-                              "pid": os.getpid(), "checkpoint_step": self.last_ckpt_step,
-                              "weight_version": self.pushed, "resumed_from": self.resumed_from})
+        self.progress.update(step=self.step, loss=loss, checkpoint_step=self.last_ckpt_step,
+                             weight_version=self.pushed, resumed_from=self.resumed_from)
 
     def run(self) -> int:
         self.resume()
@@ -228,7 +217,7 @@ class FakeTrainer:
                 if self.max_steps and self.step >= self.max_steps:
                     if self.last_ckpt_step != self.step:
                         self.checkpoint("final step")
-                    self.record_stop("max_steps")
+                    self.progress.stopped("max_steps")
                     _log.info(f"reached max_steps {self.max_steps}: done")
                     return 0
                 time.sleep(max(0.0, self.interval - (time.monotonic() - t0)))
@@ -236,26 +225,22 @@ class FakeTrainer:
             pass
         if self.step != self.last_ckpt_step or not self.ckpts.latest_path():
             self.checkpoint("SIGTERM")
-        self.record_stop("SIGTERM")
+        self.progress.stopped("SIGTERM")
         _log.info(f"stopped cleanly at step {self.step}")
         return 0
-
-    def record_stop(self, by: str) -> None:
-        # The next boot reads this to tell a clean stop from a kill (guard.last_stop).
-        self._write_progress({**(read_json(self.progress_path, {}) or {}),
-                              "stopped": {"by": by, "time": time.time(), "step": self.step}})
 
 
 def _injected_hang(*_) -> None:
     """Fault injection for the watchdog tests (SIGUSR1): block forever, as a trainer stuck in a
     collective or on a dead rollout socket does. Only SIGKILL ends it."""
-    import threading
-
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Event().wait()
 
 
 def main(cfg) -> int:
+    os.environ["CUDA_VISIBLE_DEVICES"] = cfg.trainer.gpus
+    stacks_on_sigusr2(cfg)
+    held = hold_devices(cfg)  # noqa: F841 - held for the process's lifetime, as a CUDA trainer holds its GPU
     trainer = FakeTrainer(cfg)
     signal.signal(signal.SIGTERM, trainer.on_sigterm)
     signal.signal(signal.SIGINT, trainer.on_sigterm)

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from podkit import log
+from podkit import log, records
 
 _log = log.get("trainer")
 EXIT_STALE_WEIGHTS = 75  # EX_TEMPFAIL: supervisord restarts the trainer (autorestart=unexpected)
@@ -47,25 +47,15 @@ def version_weight_updates() -> None:
     SGLangBackend.build_disk_weight_update_requests = with_version
 
 
-class Progress:
+class Progress(records.Progress):
     """Rank 0's record for podkit (the same contract as the fake trainer's)."""
 
     def __init__(self, cfg) -> None:
-        from podkit.state import read_json
-
-        self.path = cfg.state_dir / "progress.json"
-        self.data = {"pid": os.getpid(), "kind": "areal", "checkpoint_step": None, "weight_version": None}
-        prev = read_json(self.path, {}) or {}
-        self.data["checkpoint_step"] = prev.get("checkpoint_step")
+        super().__init__(cfg.state_dir, "areal")
+        self.data["checkpoint_step"] = records.PROGRESS.read(cfg.state_dir).get("checkpoint_step")
 
     def write(self, **fields) -> None:
-        from podkit.state import write_json
-
-        self.data.update(fields, time=time.time())
-        try:
-            write_json(self.path, self.data)
-        except OSError as e:
-            _log.error(f"cannot record progress ({e.strerror}); training goes on")
+        self.update(**fields, time=time.time())
 
 
 def first_stat(stats, *suffixes: str):

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from podkit.state import read_json, write_json
+from podkit import records, supervisord
 
 READY = b"READY\n"
 OK = b"RESULT 2\nOK"
@@ -26,12 +26,12 @@ def parse_headers(line: bytes) -> dict[str, str]:
 
 
 class Pump:
-    def __init__(self, out, states_path: Path | None, width: int = 8) -> None:
+    def __init__(self, out, run_dir: Path | None, width: int = 8) -> None:
         self.out = out
         self.partial: dict[tuple[str, str], str] = {}
-        self.states_path = states_path
+        self.run_dir = run_dir
         self.width = width
-        self.states = read_json(states_path, {}) if states_path else {}
+        self.states = records.PROGRAMS.read(run_dir) if run_dir else {}
         # Counts belong to one supervisord; a new one (new boot) starts them again.
         owner = os.getppid()
         if self.states.get("_supervisord") != owner:
@@ -56,16 +56,19 @@ class Pump:
         name = headers.get("processname", "?")
         to = event.removeprefix("PROCESS_STATE_")
         rec = self.states.setdefault(name, {"starts": 0})
-        if to == "STARTING":
+        if not isinstance(rec, dict):
+            rec = self.states[name] = {"starts": 0}
+        if to == supervisord.STARTING:
             rec["starts"] = rec.get("starts", 0) + 1
-        if to == "FATAL":
+        if to == supervisord.FATAL:
             rec["fatal_at"] = time.time()
-        rec.update(state=to, since=time.time(), pid=int(headers.get("pid", 0) or 0) or rec.get("pid"))
+        pid = headers.get("pid", "")
+        rec.update(state=to, since=time.time(), pid=int(pid) if pid.isdigit() and int(pid) else rec.get("pid"))
         # A program's unfinished last line is flushed when it stops.
-        if to in ("EXITED", "STOPPED", "BACKOFF", "FATAL"):
+        if to in supervisord.GONE:
             self.flush(name)
-        if self.states_path:
-            write_json(self.states_path, self.states)
+        if self.run_dir:
+            records.PROGRAMS.write(self.run_dir, self.states)
 
     def handle(self, headers: dict[str, str], payload: bytes) -> None:
         event = headers.get("eventname", "")
@@ -79,7 +82,7 @@ class Pump:
 
 def main(cfg) -> int:
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    pump = Pump(sys.stderr, Path(cfg.run_path) / "programs.json")
+    pump = Pump(sys.stderr, Path(cfg.run_path))
 
     def stop(*_):
         pump.flush()

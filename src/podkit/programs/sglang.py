@@ -9,15 +9,15 @@ else holds the inference GPUs' device files.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import sys
 import time
 
-from podkit import log
+from podkit import checks, gpu, log, supervisord
+from podkit.checks import API_KEY_ENV
+from podkit.programs import refused
 
 _log = log.get("sglang")
-API_KEY_ENV = "SGLANG_API_KEY"  # a secret: from the env file / RunPod secret, never the YAML
 
 
 def command(cfg, environ: dict[str, str] | None = None, python: str | None = None) -> list[str]:
@@ -31,7 +31,8 @@ def command(cfg, environ: dict[str, str] | None = None, python: str | None = Non
             "--tp-size", str(inf.tp),
             "--mem-fraction-static", f"{inf.mem_fraction_static:g}",
             "--attention-backend", inf.attention_backend,
-            "--random-seed", str(cfg.trainer.seed)]  # the trainer's seed: sampling repeats across restarts
+            # SGLang's sampling seed: with the trainer's seed, a restarted server samples as before.
+            "--random-seed", str(cfg.trainer.seed)]
     if inf.context_length:
         argv += ["--context-length", str(inf.context_length)]
     if inf.cuda_graph_max_bs:
@@ -58,20 +59,13 @@ def environment(cfg, environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def device_files(cfg) -> list[str]:
-    """The inference GPUs' device files (/dev/nvidiaN for each N in inference.gpus). /dev/nvidiactl is
-    left out: every CUDA process holds it, the trainer's too."""
-    from podkit.reap import match_devices
-
-    wanted = {g.strip() for g in cfg.inference.gpus.split(",") if g.strip()}
-    return [d for d in match_devices(cfg.devices)
-            if (m := re.search(r"nvidia(\d+)$", d)) and m.group(1) in wanted]
+    """The inference GPUs' device files."""
+    return gpu.device_files(cfg.devices, cfg.gpus["inference"])
 
 
 def _trainer_group(cfg) -> int | None:
     """The process group supervisord started the trainer in (each program has its own)."""
-    from podkit.programs import program_info
-
-    info = program_info(cfg, "trainer")
+    info = supervisord.process_info(cfg.socket_path, "trainer")
     try:
         return os.getpgid(info["pid"]) if info and info["pid"] else None
     except ProcessLookupError:
@@ -80,8 +74,6 @@ def _trainer_group(cfg) -> int | None:
 
 def wait_devices_free(cfg, timeout_s: float, interval: float = 0.5) -> list:
     """Holders still on the inference GPUs after `timeout_s` (empty: free)."""
-    from podkit.reap import describe, scan
-
     devices = device_files(cfg)
     if not devices:
         return []
@@ -89,47 +81,23 @@ def wait_devices_free(cfg, timeout_s: float, interval: float = 0.5) -> list:
     until = time.monotonic() + timeout_s
     told = False
     while True:
-        holders = [h for h in scan(devices, deadline_s=10.0)[0] if h.pgid != sharing]
+        holders = [h for h in gpu.holders(devices, deadline_s=10.0)[0] if h.pgid != sharing]
         if not holders or time.monotonic() >= until:
             return holders
         if not told:
             _log.info(f"waiting up to {timeout_s:.0f}s for {len(holders)} process(es) to let go of "
-                      f"{', '.join(devices)}: " + "; ".join(describe(h) for h in holders[:3]))
+                      f"{', '.join(devices)}: " + "; ".join(h.describe() for h in holders[:3]))
             told = True
         time.sleep(interval)
 
 
-def problems(cfg, environ: dict[str, str] | None = None) -> list[tuple[str, str, str]]:
-    """(key, what is wrong, hint) for a setup where SGLang would fail or expose itself."""
-    environ = os.environ if environ is None else environ
-    from podkit.preflight import loopback
-
-    out = []
-    if not loopback(cfg.inference.host) and not environ.get(API_KEY_ENV):
-        out.append(("inference.host", f"{cfg.inference.host} exposes SGLang beyond this machine without an API key",
-                    f"set {API_KEY_ENV} (env file or RunPod secret), or bind 127.0.0.1"))
-    n = len([g for g in cfg.inference.gpus.split(",") if g.strip()])
-    if n != cfg.inference.tp:
-        out.append(("inference.tp", f"is {cfg.inference.tp} but inference.gpus {cfg.inference.gpus!r} names {n} GPU(s)",
-                    "SGLang runs one tensor-parallel rank per GPU; make them agree"))
-    try:
-        shlex.split(cfg.inference.extra_args)
-    except ValueError as e:
-        out.append(("inference.extra_args", f"cannot be split like a shell line: {e}", "check the quoting"))
-    return out
-
-
 def main(cfg) -> int:
-    from podkit.programs import refused
-
-    if refused(cfg, problems(cfg), _log):
+    if refused(cfg, checks.sglang(cfg), _log):
         return 2
     held = wait_devices_free(cfg, cfg.inference.gpu_free_timeout_s)
     if held:
-        from podkit.reap import describe
-
         _log.error("the inference GPUs are still held, SGLang would fail with 'CUDA-capable device(s) is/are "
-                   "busy or unavailable': " + "; ".join(describe(h) for h in held)
+                   "busy or unavailable': " + "; ".join(h.describe() for h in held)
                    + " — `podkit reap --dry-run` lists them; `podkit reap` frees them")
         return 1
     argv = command(cfg)

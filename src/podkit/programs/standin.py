@@ -149,6 +149,10 @@ def serve(host: str, port: int, model: str, startup_delay_s: float, update_delay
 
 
 def main(cfg) -> int:
+    from podkit.programs import hold_devices
+
+    os.environ["CUDA_VISIBLE_DEVICES"] = cfg.inference.gpus
+    held = hold_devices(cfg)  # noqa: F841 - held for the process's lifetime, as a CUDA server holds its GPU
     inf = cfg.inference
     return serve(inf.host, inf.port, inf.model, inf.startup_delay_s, inf.standin_update_delay_s)
 

@@ -1,0 +1,121 @@
+"""What makes a pod config unable to train, found before supervisord starts a program in a loop.
+
+Pure functions of the config (and the AReaL YAML it names): they import no program, so the preflight
+stage, each program before its exec, and the tests all ask the same questions. Each problem is
+(key, what is wrong, hint); preflight turns the first into `file: key: what` + hint.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import shlex
+
+API_KEY_ENV = "SGLANG_API_KEY"  # a secret: from the env file / RunPod secret, never the YAML
+SHARED_MEM_FRACTION = 0.5  # most SGLang may take of a GPU the trainer also uses
+
+Problem = tuple[str, str, str]
+
+
+def loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def backend_gpus(backend: str) -> int | None:
+    """GPUs an AReaL backend string takes: 'fsdp:d3' -> 3, 'sglang:d1t2' -> 2 (the product of its
+    parallel degrees). None when it is not of that form; AReaL's own parser has the last word."""
+    _, _, dims = backend.partition(":")
+    if not re.fullmatch(r"(?:[a-z]\d+)+", dims or ""):
+        return None
+    n = 1
+    for degree in re.findall(r"\d+", dims):
+        n *= int(degree)
+    return n
+
+
+def _shell_words(key: str, text: str) -> list[Problem]:
+    try:
+        shlex.split(text)
+    except ValueError as e:
+        return [(key, f"cannot be split like a shell line: {e}", "check the quoting")]
+    return []
+
+
+def sglang(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
+    """A setup where SGLang would fail or expose itself."""
+    environ = os.environ if environ is None else environ
+    inf, out = cfg.inference, []
+    if not loopback(inf.host) and not environ.get(API_KEY_ENV):
+        out.append(("inference.host", f"{inf.host} exposes SGLang beyond this machine without an API key",
+                    f"set {API_KEY_ENV} (env file or RunPod secret), or bind 127.0.0.1"))
+    n = len(cfg.gpus["inference"])
+    if n != inf.tp:
+        out.append(("inference.tp", f"is {inf.tp} but inference.gpus {inf.gpus!r} names {n} GPU(s)",
+                    "SGLang runs one tensor-parallel rank per GPU; make them agree"))
+    return out + _shell_words("inference.extra_args", inf.extra_args)
+
+
+def areal(cfg) -> list[Problem]:
+    """A setup the AReaL trainer cannot train with."""
+    t, out = cfg.trainer, []
+    if not t.areal_config:
+        out.append(("trainer.areal_config", "empty: the AReaL trainer needs an experiment config",
+                    "use a shipped pod config (configs/a40-4gpu.yaml) or set it to your AReaL YAML"))
+    elif not os.path.isfile(t.areal_config):
+        out.append(("trainer.areal_config", f"{t.areal_config} does not exist",
+                    "a relative path is read from the pod config's directory"))
+    if not cfg.gpus["trainer"]:
+        out.append(("trainer.gpus", "empty: torchrun needs at least one training GPU",
+                    "e.g. 1,2,3 on a 4-GPU pod with inference on 0"))
+    shared = set(cfg.gpus["trainer"]) & set(cfg.gpus["inference"])
+    if shared and cfg.inference.mem_fraction_static > SHARED_MEM_FRACTION:
+        out.append(("trainer.gpus", f"GPU(s) {','.join(map(str, sorted(shared)))} also serve inference, which takes "
+                    f"{cfg.inference.mem_fraction_static:g} of their memory",
+                    f"give the trainer other GPUs, or share with inference.mem_fraction_static <= "
+                    f"{SHARED_MEM_FRACTION} (configs/a40-1gpu.yaml)"))
+    if cfg.inference.kind != "sglang":
+        out.append(("trainer.kind", f"areal needs inference.kind sglang, not {cfg.inference.kind}",
+                    "the stand-in speaks only what the fake trainer uses; use configs/smoke.yaml for it"))
+    out += _shell_words("trainer.overrides", t.overrides)
+    if t.areal_config and os.path.isfile(t.areal_config):
+        out += _backends(cfg)
+    return out
+
+
+def _backends(cfg) -> list[Problem]:
+    import yaml  # the AReaL YAML is read only where an AReaL trainer is configured
+
+    try:
+        with open(cfg.trainer.areal_config) as f:
+            data = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as e:
+        return [("trainer.areal_config", f"cannot read {cfg.trainer.areal_config}: {e}", "fix the YAML")]
+    if not isinstance(data, dict):
+        return [("trainer.areal_config", f"{cfg.trainer.areal_config} is not a mapping of AReaL settings",
+                 "an AReaL experiment config is a YAML mapping (configs/areal/ has examples)")]
+    out = []
+    for section, pod_key, gpus in (("actor", "trainer.gpus", "trainer"), ("rollout", "inference.gpus", "inference")):
+        part = data.get(section)
+        backend = str((part.get("backend") if isinstance(part, dict) else None) or "")
+        want, have = len(cfg.gpus[gpus]), backend_gpus(backend)
+        if have is not None and have != want:
+            out.append((pod_key, f"names {want} GPU(s) but {cfg.trainer.areal_config} has {section}.backend "
+                        f"{backend!r} ({have} GPU(s))", f"make {section}.backend and {pod_key} agree"))
+    return out
+
+
+def programs(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
+    """Everything that would make the configured programs fail at once."""
+    out = []
+    if cfg.inference.kind == "sglang":
+        out += sglang(cfg, environ)
+    if cfg.trainer.kind == "areal":
+        out += areal(cfg)
+    elif cfg.inference.kind == "sglang":
+        out.append(("trainer.kind", "fake pushes torch checkpoints, which SGLang cannot load",
+                    "use trainer.kind areal with SGLang, or inference.kind standin (configs/smoke.yaml)"))
+    return out

@@ -1,0 +1,29 @@
+"""AReaL's discovery records (its file-based name_resolve store): where a trial's server addresses and
+weight-update keys live, and clearing them before a run.
+
+AReaL asks this store before AREAL_LLM_SERVER_ADDRS, so a record left by a dead run sends a new
+trainer to a dead server, and a leftover weight-update key fails the rerun with NameEntryExistsError.
+Only discovery records live there, never user data: removing a trial's directory is safe.
+"""
+
+from __future__ import annotations
+
+import getpass
+import shutil
+from pathlib import Path
+
+
+def trial_dir(root: str, experiment: str, trial: str) -> Path:
+    """AReaL's name_resolve keys live at <root>/<user>/<experiment>/<trial>/ (areal.utils.names)."""
+    return Path(root) / getpass.getuser() / experiment / trial
+
+
+def clear(root: str, experiment: str, trial: str) -> list[str]:
+    d = trial_dir(root, experiment, trial)
+    if not d.exists() and not d.is_symlink():
+        return []
+    if d.is_symlink() or not d.is_dir():
+        d.unlink()
+    else:
+        shutil.rmtree(d, ignore_errors=True)
+    return [f"cleared stale name_resolve records {d}"]

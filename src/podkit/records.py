@@ -1,0 +1,186 @@
+"""podkit's records: every file under `<workspace>/.podkit/` (and the two in the run dir), with its
+name and its shape, written atomically and read as data, not truth.
+
+A record may be truncated, empty, binary, huge, or valid JSON of the wrong shape (a killed writer, a
+full disk, a person's edit, a planted file). Reading one that does not fit its shape returns the
+record's empty value, as if it were missing, and moves the bad copy aside (`<name>.bad-<time>`, the
+last few kept) so it can be looked at. Depends on nothing else in podkit but its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from podkit import log
+
+_log = log.get("records")
+MAX_BYTES = 16 << 20  # no record of podkit's is near this; a bigger file is not one of ours
+KEEP_BAD = 3
+NUMBER = (int, float)
+OPTIONAL = type(None)
+
+
+class Record:
+    """One record file. `shape` is a dict of field -> type(s) for a JSON object (every field optional,
+    None allowed), or a one-item list holding such a dict for a JSON array of objects."""
+
+    def __init__(self, name: str, shape: dict | list) -> None:
+        self.name, self.shape = name, shape
+
+    def path(self, directory: Path) -> Path:
+        return Path(directory) / self.name
+
+    @property
+    def empty(self):
+        return [] if isinstance(self.shape, list) else {}
+
+    def fits(self, data) -> bool:
+        if isinstance(self.shape, list):
+            return isinstance(data, list) and all(_fits(item, self.shape[0]) for item in data)
+        return _fits(data, self.shape)
+
+    def read(self, directory: Path):
+        """The record, or its empty value when it is missing or does not fit its shape."""
+        path = self.path(directory)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return self.empty
+        except OSError as e:
+            return self._bad(path, f"cannot be opened ({e.strerror})")
+        try:
+            raw = os.read(fd, MAX_BYTES + 1) if os.fstat(fd).st_size <= MAX_BYTES else b"x" * (MAX_BYTES + 1)
+        except OSError as e:
+            return self._bad(path, f"cannot be read ({e.strerror})")
+        finally:
+            os.close(fd)
+        if len(raw) > MAX_BYTES:
+            return self._bad(path, "is larger than any record podkit writes")
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return self._bad(path, "is not JSON (truncated, empty or binary)")
+        if not self.fits(data):
+            return self._bad(path, "is JSON of the wrong shape")
+        return data
+
+    def _bad(self, path: Path, why: str):
+        aside = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        try:
+            if os.path.islink(path) or path.is_file():
+                os.replace(path, aside)
+                _prune(path)
+                _log.warn(f"{path} {why}: treated as missing, kept as {aside.name}")
+            else:
+                _log.warn(f"{path} {why}: treated as missing")
+        except OSError:
+            _log.warn(f"{path} {why}: treated as missing")
+        return self.empty
+
+    def write(self, directory: Path, data) -> None:
+        write_json(self.path(directory), data)
+
+
+def _fits(data, shape: dict) -> bool:
+    if not isinstance(data, dict):
+        return False
+    for key, want in shape.items():
+        if key not in data or data[key] is None:
+            continue
+        value = data[key]
+        if isinstance(want, dict):
+            if not _fits(value, want):
+                return False
+        elif isinstance(want, list):
+            if not isinstance(value, list) or not all(isinstance(v, tuple(want)) and not isinstance(v, bool)
+                                                      or v is None for v in value):
+                return False
+        elif want is bool:
+            if not isinstance(value, bool):
+                return False
+        elif not isinstance(value, want) or (isinstance(value, bool) and want is not object):
+            return False
+    return True
+
+
+def _prune(path: Path) -> None:
+    bad = sorted(path.parent.glob(f"{path.name}.bad-*"))
+    for old in bad[:-KEEP_BAD]:
+        old.unlink(missing_ok=True)
+
+
+def write_json(path: Path, data: object) -> None:
+    """temp file + fsync + rename: a reader sees the old record or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True, allow_nan=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# -- the records ------------------------------------------------------------------------------------------
+STOPPED = {"by": str, "time": NUMBER, "step": int}
+# Written by podkit boot (one item per boot; guard.py).
+BOOTS = Record("boots.json", [{"time": NUMBER, "pid": int, "stages": dict, "outcome": str, "last_stop": str,
+                               "reason": str, "traceback": str}])
+# Written by the trainer (both kinds, through Progress below); read by status, health, watchdog, doctor.
+PROGRESS = Record("progress.json", {"kind": str, "step": int, "time": NUMBER, "loss": NUMBER, "reward": NUMBER,
+                                    "pid": int, "checkpoint_step": int, "weight_version": str,
+                                    "resumed_from": str, "stopped": STOPPED})
+# Written by boot just before supervisord starts: where this pod's supervisord listens.
+CURRENT = Record("current.json", {"run_dir": str, "socket": str, "supervisord_pid": int, "started": NUMBER,
+                                  "inference": {"host": str, "port": int}})
+SAFE_MODE = Record("safe-mode.json", {"stage": str, "message": str, "hint": str, "since": NUMBER, "pid": int,
+                                      "traceback": str})
+SYNC = Record("sync.json", {"changed": bool, "old": str, "new": str, "mode": str, "notes": [str], "time": NUMBER})
+RESUME = Record("resume.json", {"time": NUMBER})
+WATCHDOG = Record("watchdog.json", [{"time": NUMBER, "action": str, "program": str, "reason": str, "dump": str}])
+# In the run dir (local disk): the log listener's view of supervisord's programs, and the AReaL
+# launcher's process groups.
+PROGRAMS = Record("programs.json", {"_supervisord": int})
+TORCHRUN = Record("torchrun.json", {"groups": list})
+STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG)
+
+
+class Progress:
+    """The trainer's progress record (`progress.json`): the fake trainer and rank 0 of the AReaL
+    trainer both write it through this, so status, health, the watchdog and the guard read one shape.
+    `time` is the time of the last step; a write that fails (a full or read-only volume) is logged
+    once and training goes on."""
+
+    def __init__(self, state_dir: Path, kind: str) -> None:
+        self.state_dir = Path(state_dir)
+        self.data: dict = {"kind": kind, "pid": os.getpid()}
+        self.failed = False
+
+    def update(self, **fields) -> bool:
+        if "step" in fields:
+            fields.setdefault("time", time.time())
+        self.data.update(fields)
+        try:
+            PROGRESS.write(self.state_dir, self.data)
+        except OSError as e:
+            if not self.failed:
+                log.get("trainer").error(f"cannot record progress ({e.strerror}); training goes on")
+            self.failed = True
+            return False
+        self.failed = False
+        return True
+
+    def stopped(self, by: str) -> bool:
+        """The next boot reads this to tell a clean stop from a kill (guard.last_stop)."""
+        return self.update(stopped={"by": by, "time": time.time(), "step": self.data.get("step")})
