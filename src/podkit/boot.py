@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 from podkit import config, guard, log, preflight, reap, records, render, safemode
@@ -92,6 +91,8 @@ def boot(cfg) -> int:
 def up(cfg, steps: int | None = None) -> int:
     """`podkit up`: the same stages, then supervisord as a child in the foreground; with `steps`,
     stop everything cleanly once the trainer has reached that step."""
+    import subprocess  # `up` only: the entrypoint's `boot` execs supervisord and never pays for it
+
     env = run_stages(cfg)
     proc = subprocess.Popen(supervisord_argv(env), env=env)
     _record_current(cfg, proc.pid)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from podkit import config, log
 from podkit.errors import ConfigError, PodkitError
@@ -54,11 +55,12 @@ def _dest(option) -> str:
     return kw.get("dest") or flags[0].lstrip("-").replace("-", "_")
 
 
+# Each verb imports its modules when it runs: `podkit boot`, the container's entrypoint, loads the boot
+# path and nothing else (pinned by tests/test_boot_imports.py).
+
 # -- the boot sequence and local runs ----------------------------------------------------------------------
 @verb("boot", "the container entrypoint: preflight, reap, sync, render, exec supervisord", load=False)
 def _boot(_cfg, args) -> int:
-    from pathlib import Path
-
     from podkit import boot, safemode
 
     try:
@@ -171,8 +173,6 @@ def _resume(cfg, args) -> int:
 @verb("ctl", "supervisorctl for this pod: podkit ctl status | restart sglang | ...",
       opt("args", nargs="REMAINDER"), workspace=True)
 def _ctl(cfg, args) -> int:
-    from pathlib import Path
-
     from podkit import preflight, records
 
     current = records.CURRENT.read(cfg.state_dir)

@@ -235,7 +235,7 @@ def parse_gpus(text: str) -> tuple[int, ...]:
 
 
 def _did_you_mean(word: str, candidates) -> str:
-    import difflib
+    import difflib  # an error's hint only
 
     match = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
     return f"did you mean '{match[0]}'?" if match else ""
@@ -271,7 +271,7 @@ def _coerce(spec: Field, raw: object, source: str, key: str, from_env: bool) -> 
 
 
 def _cache_path(path: Path) -> str:
-    import zlib
+    import zlib  # a builtin module: cheap
 
     key = zlib.crc32(os.path.abspath(path).encode())
     return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"podkit-{os.getuid()}-config-{key:08x}.json")
@@ -303,7 +303,7 @@ def _read_yaml(path: Path) -> dict[str, object]:
 
 
 def _parse_yaml(path: Path) -> dict[str, object]:
-    import yaml
+    import yaml  # only when there is a file to parse (and no cached parse of it)
 
     try:
         text = path.read_text()
@@ -367,7 +367,7 @@ def _apply_env(values: dict, environ: dict[str, str], warnings: list[str], origi
 
 def default_run_dir(workspace: str) -> str:
     # Short and per workspace: a unix socket path must stay under 108 bytes.
-    import hashlib
+    import hashlib  # only when run_dir is not set
 
     digest = hashlib.sha1(os.path.abspath(workspace).encode()).hexdigest()[:8]
     return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"podkit-{os.getuid()}-{digest}")

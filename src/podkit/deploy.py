@@ -16,8 +16,19 @@ import re
 import time
 from pathlib import Path
 
+import yaml
+
 from podkit import config, log
 from podkit.errors import ConfigError, PodkitError
+
+try:
+    import requests
+    import runpod
+    from runpod import error
+    from runpod.api.graphql import run_graphql_query
+    from runpod.api.mutations.pods import generate_pod_deployment_mutation
+except ImportError:  # the [deploy] extra: `podkit deploy` runs where you deploy from, not in the image
+    runpod = None
 
 _log = log.get("deploy")
 GPU_TYPE = "NVIDIA A40"
@@ -35,8 +46,6 @@ def gql(value) -> str:
 
 
 def load_template(path: Path) -> dict:
-    import yaml
-
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except OSError as e:
@@ -116,9 +125,6 @@ FIND_TEMPLATES = "query { myself { podTemplates { id name imageName } } }"
 
 class Deployer:
     def __init__(self, api_key: str | None = None, sleep=time.sleep) -> None:
-        import runpod
-        from runpod.api.graphql import run_graphql_query
-
         self.runpod = runpod
         self.query = run_graphql_query
         key = api_key or os.environ.get("RUNPOD_API_KEY") or runpod.api_key
@@ -142,8 +148,6 @@ class Deployer:
     # -- pods --------------------------------------------------------------------------------------------
     def create_pod(self, args: dict, capacity_timeout_s: float) -> dict:
         """create_pod, retrying capacity errors with back-off for a bounded time."""
-        from runpod import error
-
         t0, delay, attempt = time.monotonic(), 5.0, 0
         while True:
             attempt += 1
@@ -217,9 +221,9 @@ def default_template() -> Path:
 
 
 def main(args) -> int:
-    import requests
-    from runpod import error
-
+    if runpod is None:
+        raise PodkitError("podkit deploy needs the RunPod SDK, which is not installed",
+                          "pip install 'podkit[deploy]' where you deploy from (make test installs it)")
     try:
         return _main(args)
     except requests.RequestException as e:
@@ -264,8 +268,6 @@ def _main(args) -> int:
     config_for(tpl, args.gpus)  # refuse a GPU count without a pod config before anything is sent
     name = args.name or f"{tpl['name']}-{args.gpus}xa40"
     if args.dry_run:
-        from runpod.api.mutations.pods import generate_pod_deployment_mutation
-
         print("# 1. query (finds an existing template of this name):")
         print(FIND_TEMPLATES)
         print(f"# 2. mutation (create; with id: \"<existing id>\" when one named {tpl['name']!r} exists):")

@@ -9,7 +9,6 @@ Only discovery records live there, never user data: removing a trial's directory
 from __future__ import annotations
 
 import getpass
-import shutil
 from pathlib import Path
 
 
@@ -25,5 +24,7 @@ def clear(root: str, experiment: str, trial: str) -> list[str]:
     if d.is_symlink() or not d.is_dir():
         d.unlink()
     else:
+        import shutil  # only when there is something to remove: shutil loads zlib, bz2 and lzma
+
         shutil.rmtree(d, ignore_errors=True)
     return [f"cleared stale name_resolve records {d}"]

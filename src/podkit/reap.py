@@ -13,7 +13,6 @@ always), and `--dry-run` reports what it would stop without touching anything.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 
@@ -141,6 +140,8 @@ def clear_supervisor_leftovers(run_dir: Path, stop_live: bool, grace_s: float) -
             proc.stop([t], grace_s, grace_s, reap_children=pid1.collect_children)
             done.append(f"stopped previous supervisord {pid} ({t.outcome})")
     if sock.exists():
+        import socket  # only when a socket was left behind: most boots find none
+
         s = socket.socket(socket.AF_UNIX)
         s.settimeout(1.0)
         try:

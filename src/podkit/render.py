@@ -28,6 +28,7 @@ def environment(cfg, base: dict | None = None) -> dict[str, str]:
 
 def check_supervisord_conf(path, env: dict[str, str]):
     """Parse `path` with supervisor's own parser, expanded with `env`; returns the parsed options."""
+    # `podkit render` and the tests only: importing supervisor's parser costs half of supervisord's start-up.
     from supervisor.options import ServerOptions
 
     opts = ServerOptions()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import xmlrpc.client
 from pathlib import Path
 
+from supervisor.xmlrpc import SupervisorTransport
+
 STOPPED = "STOPPED"
 STARTING = "STARTING"
 RUNNING = "RUNNING"
@@ -24,8 +26,6 @@ GONE = (EXITED, STOPPED, BACKOFF, FATAL)  # the process is not running
 
 
 def rpc(socket_path: str | Path):
-    from supervisor.xmlrpc import SupervisorTransport  # supervisor's own client: only where it is asked
-
     transport = SupervisorTransport(None, None, f"unix://{socket_path}")
     return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
 

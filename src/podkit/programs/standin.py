@@ -17,6 +17,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from podkit.programs import hold_devices
+
 BANNER = "[stand-in] podkit's SGLang stand-in (not SGLang): no GPU, no model, same HTTP API subset"
 
 
@@ -149,8 +151,6 @@ def serve(host: str, port: int, model: str, startup_delay_s: float, update_delay
 
 
 def main(cfg) -> int:
-    from podkit.programs import hold_devices
-
     os.environ["CUDA_VISIBLE_DEVICES"] = cfg.inference.gpus
     held = hold_devices(cfg)  # noqa: F841 - held for the process's lifetime, as a CUDA server holds its GPU
     inf = cfg.inference
