@@ -40,8 +40,12 @@ test: $(VENV)/.ready sysdeps
 	$(BIN)/ruff check src tests bench docker
 	py=$$(PYTHON=$(PYTHON) sh tests/validate/env.sh) && VALIDATION_PYTHON=$$py $(BIN)/pytest
 
-bench: $(VENV)/.ready
-	$(BIN)/python bench/boot.py
+# Every benchmark with the arguments bench/RESULTS.md records (tests/test_bench.py runs each briefly).
+bench: $(VENV)/.ready sysdeps
+	$(BIN)/python bench/boot.py --runs 11
+	$(BIN)/python bench/reap.py --idle 500 --runs 9
+	$(BIN)/python bench/sync.py --commits 3000 --runs 9
+	$(BIN)/python bench/stop.py --runs 3
 
 clean:
 	rm -rf $(VENV) workspace
