@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from podkit import boot, config, render  # noqa: E402
+from podkit import boot, config, records, render  # noqa: E402
 from podkit.supervisord import rpc  # noqa: E402
 
 
@@ -84,7 +84,7 @@ def main() -> int:
     podkit_argv = [str(Path(sys.executable).with_name("podkit")), "boot"]  # as /entrypoint runs it
     results: dict[str, list[float]] = {"podkit boot": [], "bare supervisord": []}
     timed(bare_argv, bare_env, cfg.socket_path)  # warm the page cache for both
-    cache = Path(config._cache_path(Path(env["PODKIT_CONFIG"])))
+    cache = records.CONFIG_CACHE.path(ws / ".podkit")
     for _ in range(args.runs):
         if args.cold:
             cache.unlink(missing_ok=True)

@@ -1,13 +1,20 @@
-"""The container's whole boot. Each stage is idempotent; none may exit the container in a loop."""
+"""The container's whole boot. Each stage is idempotent; none may exit the container in a loop.
+
+`main` is total: whatever happens, the process ends up as supervisord or waiting in safe mode, and
+every boot is in the boot history. A config error, a failed stage, a boot storm and a bug in podkit
+(any exception, with its traceback) all wait in safe mode, explained; only a stop signal ends it.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
+from pathlib import Path
 
 from podkit import config, guard, log, preflight, reap, records, render, safemode
-from podkit.errors import PodkitError, StageError
+from podkit.errors import ConfigError, PodkitError, StageError
 
 _log = log.get("boot")
 
@@ -55,37 +62,77 @@ def supervisord_argv(env: dict[str, str]) -> list[str]:
 
 def exec_supervisord(cfg, env: dict[str, str]):
     """PID 1 from here on: supervisord receives the container's stop signal."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # supervisord installs its own; nothing inherits ours
     _record_current(cfg, os.getpid())
     _log.info("exec supervisord")
     argv = supervisord_argv(env)
     os.execve(argv[0], argv, env)
 
 
-def boot(cfg) -> int:
-    """`podkit boot`: never a fast exit. A failed stage, or boots coming too fast, wait in safe mode."""
-    record = None
+def main(path: str | None = None) -> int:
+    """`podkit boot`: supervisord, or safe mode; never a fast exit (that is a restart loop)."""
+    # PID 1 has no default action for SIGTERM: without this, a stop during a long clone waits for SIGKILL.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    record, state_dir = None, None
     try:
-        cfg.state_dir.mkdir(parents=True, exist_ok=True)
-        record = guard.Boot(cfg.state_dir)
-        _log.info(f"last stop: {record.rec['last_stop']}")
+        try:
+            cfg = config.load(path)
+        except ConfigError as e:
+            state_dir = _fallback_state_dir()
+            record = _start_record(state_dir)
+            return _safe_mode(record, state_dir, "config", e.message, e.hint)
+        log.set_level(cfg.log_level)
+        state_dir = cfg.state_dir
+        record = _start_record(state_dir)
+        storm = guard.storm(state_dir, cfg.guard.max_boots, cfg.guard.window_s) if record else None
+        try:
+            if storm:
+                raise StageError("guard", storm, "find the cause in the logs above or `podkit status`; then run "
+                                 "`podkit resume` in the container (or fix and restart it)")
+            env = run_stages(cfg, record)
+            if record:
+                record.done("supervisord")
+            exec_supervisord(cfg, env)
+        except PodkitError as e:
+            return _safe_mode(record, state_dir, getattr(e, "stage", "boot"), e.message, e.hint)
+        return 0  # not reached: exec_supervisord replaced this process
+    except Exception as e:  # noqa: BLE001 - total: a bug in podkit must not restart-loop the container
+        import traceback
+
+        tb = traceback.format_exc()
+        _log.error(f"unexpected {type(e).__name__} during boot:\n{tb}")
+        return _safe_mode(record, state_dir, "boot", f"podkit failed with {type(e).__name__}: {e}",
+                          "this is a bug in podkit: the traceback is in the log and `podkit status`; report it "
+                          "with `podkit doctor` output, then `podkit resume` or restart", traceback=tb)
+
+
+def _fallback_state_dir() -> Path | None:
+    """Where a boot whose config did not load records itself: PODKIT_WORKSPACE's records, if it exists."""
+    ws = Path(os.environ.get("PODKIT_WORKSPACE") or "/workspace")
+    return ws / ".podkit" if ws.is_dir() else None
+
+
+def _start_record(state_dir: Path | None) -> guard.Boot | None:
+    if state_dir is None:
+        return None
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        record = guard.Boot(state_dir)
     except OSError:
-        pass  # an unwritable workspace: preflight explains it
-    storm = guard.storm(cfg.state_dir, cfg.guard.max_boots, cfg.guard.window_s) if record else None
-    try:
-        if storm:
-            raise StageError("guard", storm, "find the cause in the logs above or `podkit status`; then run "
-                             "`podkit resume` in the container (or fix and restart it)")
-        env = run_stages(cfg, record)
-    except PodkitError as e:
-        stage = getattr(e, "stage", "boot")
-        if record:
-            record.rec["reason"] = e.message
-            record.done("safe-mode")
-        return safemode.wait(cfg.state_dir, stage, e.message, e.hint)
+        return None  # an unwritable workspace: preflight explains it
+    _log.info(f"last stop: {record.rec['last_stop']}")
+    return record
+
+
+def _safe_mode(record: guard.Boot | None, state_dir: Path | None, stage: str, message: str, hint: str,
+               traceback: str = "") -> int:
     if record:
-        record.done("supervisord")
-    exec_supervisord(cfg, env)
-    return 0  # not reached
+        record.rec["reason"] = message
+        if traceback:
+            record.rec["traceback"] = traceback
+        record.stage(stage, "failed")
+        record.done("safe-mode")
+    return safemode.wait(state_dir, stage, message, hint, traceback=traceback)
 
 
 def up(cfg, steps: int | None = None) -> int:

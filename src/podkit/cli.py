@@ -18,9 +18,9 @@ from podkit.errors import ConfigError, PodkitError
 
 
 class Verb:
-    def __init__(self, name, fn, help, options, *, workspace: bool, load: bool) -> None:
+    def __init__(self, name, fn, help, options, *, workspace: bool, load: bool, tolerant: bool) -> None:
         self.name, self.fn, self.help, self.options = name, fn, help, options
-        self.workspace, self.load = workspace, load
+        self.workspace, self.load, self.tolerant = workspace, load, tolerant
 
 
 VERBS: dict[str, Verb] = {}
@@ -31,9 +31,11 @@ def opt(*flags: str, override: str | None = None, **kw):
     return flags, override, kw
 
 
-def verb(name: str, help: str, *options, workspace: bool = False, load: bool = True):
+def verb(name: str, help: str, *options, workspace: bool = False, load: bool = True, tolerant: bool = False):
+    """`tolerant`: a verb that reads a workspace (status, doctor...) still works under a broken config:
+    the config error is what it must then show, not what stops it."""
     def add(fn):
-        VERBS[name] = Verb(name, fn, help, options, workspace=workspace, load=load)
+        VERBS[name] = Verb(name, fn, help, options, workspace=workspace, load=load, tolerant=tolerant)
         return fn
     return add
 
@@ -50,6 +52,17 @@ def load(args, **overrides) -> config.Config:
     return cfg
 
 
+def load_tolerant(args) -> config.Config:
+    """The config, or, when it does not load, the defaults with only the workspace from --workspace or
+    PODKIT_WORKSPACE: a pod waiting in safe mode over a bad config must still be looked at."""
+    try:
+        return load(args)
+    except ConfigError as e:
+        print(f"podkit: warning: {e.message}; reading the workspace with the default settings", file=sys.stderr)
+        ws = getattr(args, "workspace", None) or os.environ.get("PODKIT_WORKSPACE") or "/workspace"
+        return config.load(None, environ={}, overrides={"workspace": ws})
+
+
 def _dest(option) -> str:
     flags, _, kw = option
     return kw.get("dest") or flags[0].lstrip("-").replace("-", "_")
@@ -61,15 +74,9 @@ def _dest(option) -> str:
 # -- the boot sequence and local runs ----------------------------------------------------------------------
 @verb("boot", "the container entrypoint: preflight, reap, sync, render, exec supervisord", load=False)
 def _boot(_cfg, args) -> int:
-    from podkit import boot, safemode
+    from podkit import boot
 
-    try:
-        cfg = load(args)
-    except ConfigError as e:
-        # PID 1 never exits on a bad config: that is a restart loop.
-        ws = Path(os.environ.get("PODKIT_WORKSPACE") or "/workspace") / ".podkit"
-        return safemode.wait(ws if ws.parent.is_dir() else None, "config", e.message, e.hint)
-    return boot.boot(cfg)
+    return boot.main(args.config)  # total: supervisord or safe mode, whatever happens
 
 
 @verb("up", "run the boot pipeline and supervisord in the foreground (local runs)",
@@ -147,7 +154,7 @@ def _render(cfg, args) -> int:
 @verb("status", "programs, trainer progress, inference phase",
       opt("--json", action="store_true"),
       opt("--health", action="store_true", help="exit 0 when healthy, 1 with the reason (healthchecks)"),
-      workspace=True)
+      workspace=True, tolerant=True)
 def _status(cfg, args) -> int:
     from podkit import status
 
@@ -155,14 +162,14 @@ def _status(cfg, args) -> int:
 
 
 @verb("doctor", "name the cause of a failure, with evidence and the fix (exit 1 if any)",
-      opt("--json", action="store_true"), workspace=True)
+      opt("--json", action="store_true"), workspace=True, tolerant=True)
 def _doctor(cfg, args) -> int:
     from podkit import doctor
 
     return doctor.main(cfg, cfg.workspace_path, args.json)
 
 
-@verb("resume", "leave safe mode: forgive past boots and boot again", workspace=True)
+@verb("resume", "leave safe mode: forgive past boots and boot again", workspace=True, tolerant=True)
 def _resume(cfg, args) -> int:
     from podkit import guard
 
@@ -171,7 +178,7 @@ def _resume(cfg, args) -> int:
 
 
 @verb("ctl", "supervisorctl for this pod: podkit ctl status | restart sglang | ...",
-      opt("args", nargs="REMAINDER"), workspace=True)
+      opt("args", nargs="REMAINDER"), workspace=True, tolerant=True)
 def _ctl(cfg, args) -> int:
     from podkit import preflight, records
 
@@ -240,6 +247,26 @@ def parser():
     return p
 
 
+def _boot_total(args) -> int:
+    """boot.main is total; this is the last line for what could fail before it runs (a broken install)."""
+    try:
+        return dispatch(args)
+    except Exception as e:  # noqa: BLE001 - PID 1 must not exit: under restart: always that is a loop
+        import time
+        import traceback
+
+        traceback.print_exc()
+        print(f"podkit: SAFE MODE: podkit itself cannot run ({type(e).__name__}: {e}); the container stays up "
+              "so you can look: reinstall the image", flush=True)
+        import signal
+
+        stop = []
+        signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+        while not stop:
+            time.sleep(1)
+        return 0
+
+
 class _Args:
     def __init__(self, **kw) -> None:
         self.__dict__.update(kw)
@@ -249,13 +276,17 @@ def dispatch(args) -> int:
     if getattr(args, "json", False):
         log.to_stderr()
     v = VERBS[args.verb]
-    return v.fn(load(args) if v.load else None, args)
+    if not v.load:
+        return v.fn(None, args)
+    return v.fn(load_tolerant(args) if v.tolerant else load(args), args)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # The entrypoint's exact call skips argparse: it is on every container start's critical path.
     args = _Args(verb="boot", config=None) if argv == ["boot"] else parser().parse_args(argv)
+    if args.verb == "boot":
+        return _boot_total(args)
     try:
         return dispatch(args)
     except PodkitError as e:

@@ -7,9 +7,11 @@ Never imports torch, sglang or areal: `podkit boot` reads this before anything h
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
+from podkit import records
 from podkit.errors import ConfigError
 
 # Boot-path module: stdlib only at import time (yaml, difflib, hashlib load when needed), and no
@@ -21,12 +23,12 @@ NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID
 
 
 class Field:
-    __slots__ = ("type", "default", "doc", "unit", "choices", "minimum")
+    __slots__ = ("type", "default", "doc", "unit", "choices", "minimum", "maximum")
 
     def __init__(self, type: type, default: object, doc: str, unit: str = "", choices: tuple = (),
-                 minimum: float | None = None) -> None:
+                 minimum: float | None = None, maximum: float | None = None) -> None:
         self.type, self.default, self.doc, self.unit = type, default, doc, unit
-        self.choices, self.minimum = choices, minimum
+        self.choices, self.minimum, self.maximum = choices, minimum, maximum
 
 
 # section -> key -> Field; top-level scalars live under "" (their env twin has no section part).
@@ -79,7 +81,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "kind": Field(str, "sglang", "sglang: the real SGLang server; standin: podkit's stand-in for SGLang's HTTP "
                       "API (no GPU, smoke stack only)", "", ("sglang", "standin")),
         "host": Field(str, "127.0.0.1", "address the server binds; beyond loopback needs SGLANG_API_KEY"),
-        "port": Field(int, 30000, "HTTP port of the server", "", minimum=1),
+        "port": Field(int, 30000, "HTTP port of the server", "", minimum=1, maximum=65535),
         "gpus": Field(str, "0", "CUDA_VISIBLE_DEVICES for inference"),
         "model": Field(str, "Qwen/Qwen2.5-0.5B-Instruct", "model served (and trained: the trainer's actor.path)"),
         "tp": Field(int, 1, "SGLang tensor-parallel size: must equal the number of inference GPUs", "",
@@ -114,7 +116,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "step_interval_s": Field(float, 0.2, "fake trainer: minimum time per step, to pace it like a real one",
                                  "s", minimum=0),
         "max_steps": Field(int, 0, "stop (exit 0) after this step; 0: never", "steps", minimum=0),
-        "seed": Field(int, 0, "seed of the fake data and model"),
+        "seed": Field(int, 0, "seed of the fake data and model", minimum=0, maximum=2**32 - 1),
         "lr": Field(float, 0.01, "fake trainer: learning rate (a huge one makes the loss NaN, for doctor)", "",
                     minimum=0),
         "weight_update_timeout_s": Field(float, 120.0, "limit for one weight push to inference (the seed's "
@@ -265,53 +267,88 @@ def _coerce(spec: Field, raw: object, source: str, key: str, from_env: bool) -> 
     if spec.choices and value not in spec.choices:
         raise ConfigError(source, key, f"{value!r} is not one of {', '.join(spec.choices)}",
                           hint=_did_you_mean(str(value), spec.choices) or spec.doc)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(source, key, f"{raw!r} is not a finite number", hint=f"{key}: {spec.doc}")
+    if isinstance(value, str) and (bad := _bad_character(value)):
+        raise ConfigError(source, key, f"{bad}: {value!r}",
+                          hint="one line of UTF-8 text; an env var set from a binary file carries its bytes")
     if spec.minimum is not None and value < spec.minimum:
         raise ConfigError(source, key, f"{value!r} is below the minimum {spec.minimum:g}", hint=spec.doc)
+    if spec.maximum is not None and value > spec.maximum:
+        raise ConfigError(source, key, f"{value!r} is above the maximum {spec.maximum:g}", hint=spec.doc)
     return value
 
 
-def _cache_path(path: Path) -> str:
+def _bad_character(text: str) -> str:
+    """Why `text` cannot be a setting: bytes that were not UTF-8 (os.environ keeps them as surrogates),
+    or control characters (a newline would split podkit.env and supervisord.conf lines)."""
+    for c in text:
+        if "\udc80" <= c <= "\udcff":
+            return "not UTF-8"
+        if (c < " " and c != "\t") or c == "\x7f":
+            return f"contains the control character {c!r}"
+    return ""
+
+
+def _cache_dir(environ) -> Path | None:
+    """The parse cache lives with podkit's records on the volume (it outlives the container, as the
+    config file usually does), and only where PODKIT_WORKSPACE says where that is."""
+    ws = environ.get("PODKIT_WORKSPACE")
+    return Path(ws) / ".podkit" if ws else None
+
+
+def _read_yaml(path: Path, environ) -> dict[str, object]:
+    """The file's mapping. A parse is cached, keyed by the file's path and content: PyYAML's import
+    alone costs a sixth of supervisord's start-up, and restarts re-read an unchanged file. The cache
+    is used only when this user owns it and nobody else can write it (it could steer root's
+    config); its data is validated like fresh data, only the YAML parse is skipped."""
     import zlib  # a builtin module: cheap
 
-    key = zlib.crc32(os.path.abspath(path).encode())
-    return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"podkit-{os.getuid()}-config-{key:08x}.json")
-
-
-def _read_yaml(path: Path) -> dict[str, object]:
-    """The file's mapping. A parse is cached on local disk, keyed by path, mtime and size: PyYAML's
-    import alone costs a sixth of supervisord's start-up, and restarts re-read an unchanged file.
-    The cached data is validated like fresh data; only the YAML parse is skipped."""
-    try:
-        st = os.stat(path)
-        stamp = [os.path.abspath(path), st.st_mtime_ns, st.st_size]
-        with open(_cache_path(path)) as f:
-            cached = json.load(f)
-        if cached.get("stamp") == stamp and isinstance(cached.get("data"), dict):
+    raw = _read_bytes(path)
+    key = [os.path.abspath(path), zlib.crc32(raw), len(raw)]
+    cache = _cache_dir(environ)
+    if cache is not None:
+        cached = records.CONFIG_CACHE.read_owned(cache)
+        if cached.get("key") == key and isinstance(cached.get("data"), dict):
             return cached["data"]
-    except (OSError, ValueError):
-        stamp = None
-    data = _parse_yaml(path)
-    if stamp:
+    data = _parse_yaml(path, raw)
+    if cache is not None and cache.is_dir():
         try:
-            tmp = f"{_cache_path(path)}.{os.getpid()}"
-            with open(tmp, "w") as f:
-                json.dump({"stamp": stamp, "data": data}, f)
-            os.replace(tmp, _cache_path(path))
+            records.CONFIG_CACHE.write(cache, {"key": key, "data": data}, mode=0o600)
         except (OSError, TypeError, ValueError):
             pass  # not JSON-representable (dates...) or no room: parse again next time
     return data
 
 
-def _parse_yaml(path: Path) -> dict[str, object]:
-    import yaml  # only when there is a file to parse (and no cached parse of it)
-
+def _read_bytes(path: Path) -> bytes:
     try:
-        text = path.read_text()
+        with open(path, "rb") as f:
+            return f.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(str(path), "", "file not found", hint="set PODKIT_CONFIG or --config to an existing "
                           "file; configs/default.yaml documents every key") from None
+    except IsADirectoryError:
+        raise ConfigError(str(path), "", "is a directory, not a YAML file",
+                          hint="PODKIT_CONFIG names the pod config file itself") from None
     except OSError as e:
         raise ConfigError(str(path), "", f"cannot read: {e.strerror}") from None
+
+
+MAX_CONFIG_BYTES = 1 << 20  # a pod config is a few KiB
+
+
+def _parse_yaml(path: Path, raw: bytes) -> dict[str, object]:
+    import yaml  # only when there is a file to parse (and no cached parse of it)
+
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(str(path), "", f"is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a pod config",
+                          hint="PODKIT_CONFIG names the pod config file itself")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ConfigError(str(path), f"line {line}", f"not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start})",
+                          hint="save the file as UTF-8; a binary or corrupt file is not a pod config") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -320,10 +357,13 @@ def _parse_yaml(path: Path) -> dict[str, object]:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(str(path), where, f"invalid YAML: {problem}",
                           hint="check the indentation and quoting around that line") from None
+    except RecursionError:
+        raise ConfigError(str(path), "", "invalid YAML: nested too deeply", hint="a pod config is two levels deep") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(str(path), "", f"expected a mapping of settings, got {type(data).__name__}")
+        raise ConfigError(str(path), "", f"expected a mapping of settings, got {type(data).__name__}",
+                          hint="configs/default.yaml shows the shape: sections of key: value")
     return data
 
 
@@ -365,6 +405,23 @@ def _apply_env(values: dict, environ: dict[str, str], warnings: list[str], origi
         origins[dotted(section, key)] = f"env {var}"
 
 
+SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with its terminating NUL
+
+
+def _check_paths(top: dict, origins: dict) -> None:
+    """Paths that supervisord takes into its config: a `%` there is read as an expansion, and a unix
+    socket path longer than sun_path fails to bind only once supervisord starts."""
+    for key in ("workspace", "run_dir"):
+        if "%" in top[key]:
+            raise ConfigError(origins.get(key, "defaults"), key, f"{top[key]!r} contains '%', which supervisord "
+                              "reads as an expansion", hint="pick a path without '%'")
+    sock = os.path.join(top["run_dir"], "supervisor.sock")
+    if len(os.fsencode(sock)) > SOCKET_PATH_MAX:
+        raise ConfigError(origins.get("run_dir", "defaults"), "run_dir", f"the control socket {sock} would be "
+                          f"{len(os.fsencode(sock))} bytes long; a unix socket path holds at most {SOCKET_PATH_MAX}",
+                          hint="set PODKIT_RUN_DIR to a short local directory, e.g. /tmp/podkit")
+
+
 def default_run_dir(workspace: str) -> str:
     # Short and per workspace: a unix socket path must stay under 108 bytes.
     import hashlib  # only when run_dir is not set
@@ -384,7 +441,7 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
     source = "defaults"
     if path:
         source = str(path)
-        _apply_file(values, _read_yaml(Path(path)), source, origins)
+        _apply_file(values, _read_yaml(Path(path), environ), source, origins)
     _apply_env(values, environ, warnings, origins)
     for name, raw in (overrides or {}).items():
         section, _, key = name.rpartition(".")
@@ -403,6 +460,7 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
         top["run_dir"] = default_run_dir(top["workspace"])
     if not values["repo"]["dest"]:
         values["repo"]["dest"] = os.path.join(top["workspace"], "repo")
+    _check_paths(top, origins)
     areal = values["trainer"]["areal_config"]
     if areal and not os.path.isabs(areal):
         # Beside the pod config that names it, so configs/a40-4gpu.yaml can say areal/grpo-a40-4gpu.yaml.

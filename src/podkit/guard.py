@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from podkit import records
+from podkit.errors import PodkitError
 
 KEEP = 50
 
@@ -76,6 +77,9 @@ def storm(state_dir: Path, max_boots: int, window_s: float) -> str | None:
 
 def resume(state_dir: Path) -> str:
     """Forgive the boots so far; wake a boot that waits in safe mode."""
+    if not state_dir.is_dir():
+        raise PodkitError(f"no podkit workspace at {state_dir.parent} (it has no .podkit/)",
+                          "pass the pod's workspace: --workspace /workspace, or PODKIT_WORKSPACE")
     records.RESUME.write(state_dir, {"time": time.time()})
     waiting = records.SAFE_MODE.read(state_dir)
     pid = waiting.get("pid")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -80,8 +81,27 @@ class Record:
             _log.warn(f"{path} {why}: treated as missing")
         return self.empty
 
-    def write(self, directory: Path, data) -> None:
-        write_json(self.path(directory), data)
+    def write(self, directory: Path, data, mode: int = 0o644) -> None:
+        write_json(self.path(directory), data, mode)
+
+    def read_owned(self, directory: Path):
+        """The record only if this user owns it and nobody else may write it (a cache that steers what
+        podkit does); anything else is ignored, as missing, and left where it is."""
+        try:
+            fd = os.open(self.path(directory), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return self.empty
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.getuid() or st.st_mode & 0o022 or not stat.S_ISREG(st.st_mode) \
+                    or st.st_size > MAX_BYTES:
+                return self.empty
+            data = json.loads(os.read(fd, MAX_BYTES).decode("utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return self.empty
+        finally:
+            os.close(fd)
+        return data if self.fits(data) else self.empty
 
 
 def _fits(data, shape: dict) -> bool:
@@ -112,12 +132,12 @@ def _prune(path: Path) -> None:
         old.unlink(missing_ok=True)
 
 
-def write_json(path: Path, data: object) -> None:
+def write_json(path: Path, data: object, mode: int = 0o644) -> None:
     """temp file + fsync + rename: a reader sees the old record or the new one, never half of one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True, allow_nan=True)
@@ -153,6 +173,8 @@ WATCHDOG = Record("watchdog.json", [{"time": NUMBER, "action": str, "program": s
 # launcher's process groups.
 PROGRAMS = Record("programs.json", {"_supervisord": int})
 TORCHRUN = Record("torchrun.json", {"groups": list})
+# podkit's own parse of the pod config (config.py): trusted only when owned by this user (read_owned).
+CONFIG_CACHE = Record("config-cache.json", {"key": list, "data": dict})
 STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG)
 
 

@@ -33,12 +33,14 @@ def banner(stage: str, message: str, hint: str) -> str:
     return "\n".join(lines)
 
 
-def record(state_dir: Path | None, stage: str, message: str, hint: str) -> None:
+def record(state_dir: Path | None, stage: str, message: str, hint: str, traceback: str = "") -> None:
     if state_dir is None:
         return
+    rec = {"stage": stage, "message": message, "hint": hint, "since": time.time(), "pid": os.getpid()}
+    if traceback:
+        rec["traceback"] = traceback
     try:
-        records.SAFE_MODE.write(state_dir, {"stage": stage, "message": message, "hint": hint,
-                                                  "since": time.time(), "pid": os.getpid()})
+        records.SAFE_MODE.write(state_dir, rec)
     except OSError:
         pass  # a read-only or full workspace is often the reason we are here
 
@@ -47,25 +49,44 @@ def clear(state_dir: Path) -> None:
     records.SAFE_MODE.path(state_dir).unlink(missing_ok=True)
 
 
-def wait(state_dir: Path | None, stage: str, message: str, hint: str = "") -> int:
+def say(text: str) -> None:
+    """stdout may be closed or full (a detached container): safe mode goes on without it."""
+    try:
+        print(text, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", traceback: str = "") -> int:
     """Blocks until SIGTERM/SIGINT, then returns 0 (docker stop ends safe mode promptly).
-    SIGUSR1 (`podkit resume`) boots again in place: same pid, so PID 1 stays PID 1."""
-    record(state_dir, stage, message, hint)
-    print(banner(stage, message, hint), flush=True)
+    SIGUSR1 (`podkit resume`) boots again in place: same pid, so PID 1 stays PID 1.
+    Nothing in here may end the process otherwise: a failure of its own falls back to waiting."""
     stopping = []
     resume = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
     signal.signal(signal.SIGUSR1, lambda *_: resume.append(1))
+    try:
+        record(state_dir, stage, message, hint, traceback)
+        say(banner(stage, message, hint))
+    except Exception:  # noqa: BLE001 - explaining must not be what ends PID 1
+        pass
     last = time.monotonic()
     while not stopping:
         if resume:
-            print("[podkit:boot] resume requested: booting again", flush=True)
-            os.execv(sys.executable, [sys.executable, "-m", "podkit", "boot"])
+            resume.clear()
+            say("[podkit:boot] resume requested: booting again")
+            try:
+                os.execv(sys.executable, [sys.executable, "-m", "podkit", "boot"])
+            except OSError as e:
+                say(f"[podkit:boot] cannot boot again ({e}); still in safe mode")
         time.sleep(0.2)
-        pid1.collect_children()
+        try:
+            pid1.collect_children()
+        except OSError:
+            pass
         if time.monotonic() - last > REMIND_EVERY_S:
-            print(f"[podkit:boot] still in safe mode ({stage}: {message})", flush=True)
+            say(f"[podkit:boot] still in safe mode ({stage}: {message})")
             last = time.monotonic()
     return 0
 

@@ -8,8 +8,10 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
-from podkit import health, records, supervisord
-from podkit.supervisord import FATAL, RUNNING, UP
+from podkit import health, programs, records, supervisord
+from podkit.supervisord import EXITED, FATAL, RUNNING, UP
+
+FINISHED = ("done", "max_steps")  # progress.json's stopped.by when the trainer ended its run
 
 
 def collect(workspace: Path) -> dict:
@@ -29,8 +31,6 @@ def collect(workspace: Path) -> dict:
     programs = records.PROGRAMS.read(Path(current["run_dir"])) if current.get("run_dir") else {}
     for info in infos:
         name = info["name"]
-        if name == "logs":
-            continue
         rec = programs.get(name) if isinstance(programs.get(name), dict) else {}
         running = info["statename"] == RUNNING
         out["programs"][name] = {
@@ -44,7 +44,8 @@ def collect(workspace: Path) -> dict:
                     "resumed_at": records.RESUME.read(state_dir).get("time")}
     prog = records.PROGRESS.read(state_dir)
     out["trainer"] = {"step": prog.get("step"), "last_progress": prog.get("time"), "loss": prog.get("loss"),
-                      "checkpoint_step": prog.get("checkpoint_step"), "weight_version": prog.get("weight_version")}
+                      "checkpoint_step": prog.get("checkpoint_step"), "weight_version": prog.get("weight_version"),
+                      "stopped": prog.get("stopped")}
     inf = current.get("inference") or {}
     sglang = out["programs"].get("sglang")
     out["inference"] = {"phase": health.inference_phase(
@@ -62,11 +63,16 @@ def human(st: dict) -> str:
     if st.get("safe_mode"):
         sm = st["safe_mode"]
         lines += [f"SAFE MODE since {_ago(sm.get('since'))}: {sm.get('stage')}: {sm.get('message')}",
-                  f"  fix: {sm.get('hint')}" if sm.get("hint") else "", ""]
+                  f"  fix: {sm.get('hint')}" if sm.get("hint") else ""]
+        if sm.get("traceback"):
+            lines += ["  traceback (last lines):", *("    " + ln for ln in sm["traceback"].rstrip().splitlines()[-8:])]
+        lines.append("")
     sv = st["supervisord"]
     lines.append(f"supervisord: {'pid ' + str(sv.get('pid')) if sv.get('reachable') else 'not reachable'}"
                  + (f" ({sv.get('error')})" if sv.get("error") else ""))
     for name, p in st["programs"].items():
+        if name == "logs":
+            continue
         lines.append(f"  {name:<8} {p['state']:<9} pid {p['pid'] or '-':<7} up {p['uptime_s']:>6}s "
                      f"restarts {p['restarts']}")
     t = st["trainer"]
@@ -86,8 +92,11 @@ def health_problem(st: dict, progress_timeout_s: float) -> str | None:
         return f"safe mode: {st['safe_mode'].get('message')}"
     if not st["supervisord"].get("reachable"):
         return "supervisord is not reachable"
-    for name in ("sglang", "trainer"):
+    finished = (st["trainer"].get("stopped") or {}).get("by") in FINISHED
+    for name in programs.NAMES:
         p = st["programs"].get(name)
+        if name == "trainer" and finished and p and p["state"] == EXITED:
+            continue  # training is over: nothing is wrong with the pod
         if not p or p["state"] not in UP:
             return f"{name} is {p['state'] if p else 'missing'}"
     if st["inference"]["phase"] != "ready":
