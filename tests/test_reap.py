@@ -157,7 +157,7 @@ def test_stale_supervisor_socket_and_pid_file_are_removed(tmp_path):
     s.bind(str(run / "supervisor.sock"))
     s.close()  # bound, never listening: what a killed supervisord leaves
     (run / "supervisord.pid").write_text("999999\n")
-    done = reap.clear_supervisor_leftovers(run, stop_live=False, grace_s=1)
+    done = reap.previous_run(run, stop_live=False, grace_s=1, kill_wait_s=1)
     assert not (run / "supervisor.sock").exists() and not (run / "supervisord.pid").exists()
     assert len(done) == 2
 

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from podkit import config, guard, log, preflight, reap, records, render, safemode
+from podkit import config, guard, log, preflight, proc, reap, records, render, safemode
 from podkit.errors import ConfigError, PodkitError, StageError
 
 _log = log.get("boot")
@@ -51,6 +51,9 @@ def sync_stage(cfg) -> None:
 
 
 def _record_current(cfg, pid: int) -> None:
+    # The run dir's record steers the next boot's kills (local, 0700, ours); current.json is for people.
+    records.RUN.write(cfg.run_path, {"supervisord": [pid, proc.starttime(pid) or 0], "started": time.time()},
+                      mode=0o600)
     records.CURRENT.write(cfg.state_dir, {"run_dir": str(cfg.run_path), "socket": str(cfg.socket_path),
                                           "supervisord_pid": pid, "started": time.time(),
                                           "inference": {"host": cfg.inference.host, "port": cfg.inference.port}})
@@ -149,8 +152,9 @@ def up(cfg, steps: int | None = None) -> int:
         stopping.append(signum)
         proc.send_signal(signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    # A closed terminal (SIGHUP) stops the stack too: it must not leave supervisord without its owner.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
     started = time.time()
     while proc.poll() is None:
         time.sleep(0.2)

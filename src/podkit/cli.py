@@ -141,9 +141,9 @@ def _sync(cfg, args) -> int:
 @verb("render", "check supervisord.conf with the config (supervisor's own parser) and print its settings",
       workspace=True)
 def _render(cfg, args) -> int:
-    from podkit import render
+    from podkit import preflight, render
 
-    cfg.run_path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    preflight.private_dir(cfg.run_path)
     cfg.log_dir.mkdir(parents=True, exist_ok=True)
     render.run(cfg, full_check=True)
     print((cfg.run_path / "podkit.env").read_text(), end="")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -17,6 +18,32 @@ MIN_FREE_BYTES = 2 << 30  # below this a checkpoint write can fail mid-file
 def supervisord_path() -> str | None:
     beside = Path(sys.executable).parent / "supervisord"  # same venv as podkit
     return str(beside) if beside.exists() else proc.which("supervisord")
+
+
+def private_dir(path: Path) -> None:
+    """The run dir holds supervisord's control socket and the records of which processes are podkit's:
+    it must be podkit's own. Created mode 0700; one that exists must be a real directory (not a
+    symlink) owned by this user, and nobody else may write into it. /tmp is shared: anyone can
+    create a directory at a predictable name there first."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise StageError("preflight", f"cannot create run dir {path}: {e.strerror}",
+                         "set PODKIT_RUN_DIR to a writable local directory") from None
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise StageError("preflight", f"cannot inspect run dir {path}: {e.strerror}", "set PODKIT_RUN_DIR") from None
+    why = ("is a symbolic link" if stat.S_ISLNK(st.st_mode) else "is not a directory" if not stat.S_ISDIR(st.st_mode)
+           else f"is owned by uid {st.st_uid}, not {os.getuid()}" if st.st_uid != os.getuid() else "")
+    if why:
+        raise StageError("preflight", f"run dir {path} {why}: someone else made it, so podkit will not use it",
+                         "set PODKIT_RUN_DIR to a directory of your own, or remove that one")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)  # ours: tighten it, then nobody else can have planted anything after this
 
 
 def run(cfg) -> None:
@@ -44,12 +71,7 @@ def run(cfg) -> None:
     free = vfs.f_bavail * vfs.f_frsize
     if free < MIN_FREE_BYTES:
         _log.warn(f"only {free / 2**30:.1f} GiB free on {ws}: checkpoints may fail; free space or grow the volume")
-    try:
-        cfg.run_path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(cfg.run_path, 0o700)
-    except OSError as e:
-        raise StageError("preflight", f"cannot create run dir {cfg.run_path}: {e.strerror}",
-                         "set PODKIT_RUN_DIR to a writable local directory") from None
+    private_dir(cfg.run_path)
     if not supervisord_path():
         raise StageError("preflight", "supervisord is not installed", "pip install supervisor (podkit depends on it)")
     if cfg.inference.kind == "standin" and not checks.loopback(cfg.inference.host):

@@ -3,8 +3,9 @@
 Every process holding the device files (fd or mapping, found by gpu.holders) is stopped TERM ->
 grace -> KILL through a pidfd (proc.stop), with its process group when nothing else lives there;
 podkit itself, its ancestors and PID 1 are never touched. Then nvidia-smi must show the memory freed.
-The stage also clears what a dead run leaves behind: supervisord's socket and pid file, and AReaL's
-discovery records of this trial, which would point a new trainer at a dead server.
+The stage also stops what the previous run of this pod left running (recorded process groups, even
+where GPU reaping is off), clears its supervisord's socket and pid file, and AReaL's discovery
+records of this trial, which would point a new trainer at a dead server.
 
 `podkit reap` runs the same stage; called by a person it is an explicit request (reap.enabled
 always), and `--dry-run` reports what it would stop without touching anything.
@@ -16,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-from podkit import discovery, gpu, log, pid1, proc
+from podkit import discovery, gpu, log, pid1, proc, records
 from podkit.errors import StageError
 
 _log = log.get("reap")
@@ -64,7 +65,8 @@ def run(cfg, dry_run: bool = False) -> Report:
     t = cfg.trainer
     if not dry_run:
         # No supervisord of this pod runs past this point, so its discovery records are stale.
-        for line in [*clear_supervisor_leftovers(cfg.run_path, stop_live=live_ok, grace_s=cfg.reap.grace_s),
+        for line in [*previous_run(cfg.run_path, stop_live=live_ok, grace_s=cfg.reap.grace_s,
+                                   kill_wait_s=cfg.reap.kill_wait_s),
                      *discovery.clear(t.name_resolve_root, t.experiment, t.trial)]:
             _log.info(line)
     if not live_ok:
@@ -120,26 +122,53 @@ def free_gpus(devices_glob: str, grace_s: float, kill_wait_s: float, dry_run: bo
     return report
 
 
-def clear_supervisor_leftovers(run_dir: Path, stop_live: bool, grace_s: float) -> list[str]:
-    """Remove a dead supervisord's socket and pid file; a live one is stopped only when `stop_live`."""
+def previous_run(run_dir: Path, stop_live: bool, grace_s: float, kill_wait_s: float) -> list[str]:
+    """Stop what the previous run of this pod left running, by what it recorded in the run dir (its
+    supervisord's pid and start time, each program's process group, the torchrun ranks' groups),
+    never by name; then clear its control socket and pid file. A pid recorded by a dead run that
+    now belongs to another process is not stopped: its start time differs. A live supervisord of
+    this run dir is another podkit on this workspace: refused, or stopped when `stop_live`."""
     done: list[str] = []
-    sock, pidfile = run_dir / "supervisor.sock", run_dir / "supervisord.pid"
-    pid = None
-    try:
-        pid = int(pidfile.read_text().strip())
-    except (OSError, ValueError):
-        pass
-    live = pid is not None and pid > 1 and "supervisord" in proc.cmdline(pid)
-    if live and pid not in proc.protected_pids():
+    sup = records.RUN.read_owned(run_dir).get("supervisord") or []
+    keep = proc.protected_pids()
+    if len(sup) == 2 and proc.same_process(*sup) and sup[0] not in keep:
+        sock = run_dir / "supervisor.sock"
         if not stop_live:
-            raise StageError("reap", f"a podkit supervisord is already running (pid {pid}, socket {sock})",
+            raise StageError("reap", f"a podkit supervisord is already running (pid {sup[0]}, socket {sock})",
                              f"stop it first: supervisorctl -s unix://{sock} shutdown")
-        st = proc.read_stat(pid)
-        t = proc.Target.of(st, reason="previous supervisord") if st else None
-        if t:
-            proc.stop([t], grace_s, grace_s, reap_children=pid1.collect_children)
-            done.append(f"stopped previous supervisord {pid} ({t.outcome})")
-    if sock.exists():
+        st = proc.read_stat(sup[0])
+        if st:
+            t = proc.Target.of(st, reason="previous supervisord")
+            proc.stop([t], grace_s, kill_wait_s, reap_children=pid1.collect_children)
+            done.append(f"stopped previous supervisord {t.pid} ({t.outcome})")
+    targets = []
+    for rec_path in sorted(run_dir.glob("group-*.json")):
+        g = records.Record(rec_path.name, records.GROUP_SHAPE).read_owned(run_dir)
+        if isinstance(g.get("pgid"), int) and isinstance(g.get("start"), int) and g["pgid"] > 1:
+            targets += [proc.Target.of(p, reason=f"left running by the previous run's {g.get('program', '?')}")
+                        for p in proc.group_members(g["pgid"], g["start"]) if p.pid not in keep]
+        rec_path.unlink(missing_ok=True)
+    for pgid, start in _pairs(records.TORCHRUN.read_owned(run_dir).get("groups")):
+        targets += [proc.Target.of(p, reason="a torchrun rank left by the previous run")
+                    for p in proc.group_members(pgid, start) if p.pid not in keep]
+    records.TORCHRUN.path(run_dir).unlink(missing_ok=True)
+    unique = list({t.pid: t for t in targets}.values())
+    if unique:
+        proc.stop(unique, grace_s, kill_wait_s, reap_children=pid1.collect_children)
+        done += [f"stopped {t.describe()} after {t.signal or t.outcome}" for t in unique]
+    done += _clear_socket_and_pidfile(run_dir, stop_live)
+    return done
+
+
+def _pairs(value) -> list[tuple[int, int]]:
+    return [(a, b) for a, b in (x for x in value or [] if isinstance(x, list) and len(x) == 2)
+            if isinstance(a, int) and isinstance(b, int) and a > 1]
+
+
+def _clear_socket_and_pidfile(run_dir: Path, stop_live: bool) -> list[str]:
+    done = []
+    sock, pidfile = run_dir / "supervisor.sock", run_dir / "supervisord.pid"
+    if sock.exists() or sock.is_symlink():
         import socket  # only when a socket was left behind: most boots find none
 
         s = socket.socket(socket.AF_UNIX)
@@ -151,13 +180,14 @@ def clear_supervisor_leftovers(run_dir: Path, stop_live: bool, grace_s: float) -
             answered = False
         finally:
             s.close()
-        if answered and not stop_live:
-            raise StageError("reap", f"something answers on {sock}", "another podkit runs on this workspace; "
-                             f"stop it: supervisorctl -s unix://{sock} shutdown")
-        if not answered:
-            sock.unlink(missing_ok=True)
-            done.append(f"removed stale socket {sock}")
-    if pidfile.exists() and not (pid and "supervisord" in proc.cmdline(pid)):
+        if answered:
+            raise StageError("reap", f"something answers on {sock}, and it is not a supervisord this run dir "
+                             "recorded", "another podkit runs on this workspace; stop it: supervisorctl -s "
+                             f"unix://{sock} shutdown")
+        sock.unlink(missing_ok=True)
+        done.append(f"removed stale socket {sock}")
+    if pidfile.exists() or pidfile.is_symlink():
+        # Never trusted: the pid in it may belong to anyone by now. What was ours is in run.json.
         pidfile.unlink(missing_ok=True)
         done.append(f"removed stale pid file {pidfile}")
     return done

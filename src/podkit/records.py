@@ -172,7 +172,16 @@ WATCHDOG = Record("watchdog.json", [{"time": NUMBER, "action": str, "program": s
 # In the run dir (local disk): the log listener's view of supervisord's programs, and the AReaL
 # launcher's process groups.
 PROGRAMS = Record("programs.json", {"_supervisord": int})
-TORCHRUN = Record("torchrun.json", {"groups": list})
+TORCHRUN = Record("torchrun.json", {"groups": list})  # [[pgid, start time], ...]; read with read_owned
+# Who belongs to this run, for the next boot to stop what a killed supervisord left running: the
+# supervisord (boot writes it before the exec, which keeps pid and start time) and each program's
+# process group (supervisord gives every program its own). Read with read_owned: they steer kills.
+RUN = Record("run.json", {"supervisord": [int], "started": NUMBER})
+GROUP_SHAPE = {"program": str, "pgid": int, "start": int}
+
+
+def group(program: str) -> Record:
+    return Record(f"group-{program}.json", GROUP_SHAPE)
 # podkit's own parse of the pod config (config.py): trusted only when owned by this user (read_owned).
 CONFIG_CACHE = Record("config-cache.json", {"key": list, "data": dict})
 STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG)

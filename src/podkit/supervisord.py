@@ -30,6 +30,30 @@ def rpc(socket_path: str | Path):
     return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
 
 
+def stop_requested(socket_path: str | Path, name: str) -> bool:
+    """Is supervisord stopping `name` (a pod stop, `supervisorctl stop`), rather than the program having
+    been sent a signal by someone else? supervisord marks a program STOPPING before it signals it, and
+    answers every call with a SHUTDOWN_STATE fault once it is shutting down. No supervisord to ask (a
+    bare `podkit run`) means whoever runs it asked for the stop."""
+    try:
+        return rpc(socket_path).supervisor.getProcessInfo(name)["statename"] == STOPPING
+    except xmlrpc.client.Fault as e:
+        return e.faultCode == SHUTDOWN_STATE_FAULT
+    except OSError:
+        return True
+
+
+SHUTDOWN_STATE_FAULT = 6  # supervisor.xmlrpc.Faults.SHUTDOWN_STATE
+EXIT_RESTART = 75  # EX_TEMPFAIL: the trainer is not finished; supervisord starts it again (exitcodes=0)
+
+
+def exit_after_sigterm(socket_path: str | Path, name: str = "trainer") -> int:
+    """The exit code after the checkpoint a SIGTERM asked for: 0 when supervisord is stopping the program
+    (a pod stop, `podkit ctl stop trainer`), where it then stays; EXIT_RESTART after a stray SIGTERM
+    (someone's `kill`), so supervisord starts it again and it resumes. Only a finished run ends the trainer."""
+    return 0 if stop_requested(socket_path, name) else EXIT_RESTART
+
+
 def process_info(socket_path: str | Path, name: str) -> dict | None:
     """supervisord's word on one program; None when there is no supervisord to ask (a bare `podkit run`)
     or it does not know the program."""

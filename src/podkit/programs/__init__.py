@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 
-from podkit import log
+from podkit import log, proc, records
 
 TABLE: dict[tuple[str, str], str] = {
     ("sglang", "sglang"): "podkit.programs.sglang",          # SGLang itself (exec)
@@ -73,4 +73,21 @@ def run(name: str, cfg) -> int:
         # The marker line lets phase detection read only this start's part of the log.
         print(f"[podkit:run] starting {name} (pid {os.getpid()})", flush=True)
     log.set_level(cfg.log_level)
+    register(cfg, name)
     return importlib.import_module(module(cfg, name)).main(cfg)
+
+
+def register(cfg, name: str) -> None:
+    """Record this program's process group (supervisord makes one per program, led by it) with its
+    start time, so a boot after a killed supervisord stops exactly what this run started. A program
+    that does not lead its own group (a bare `podkit run` from a shell) records nothing: its group is
+    the shell's."""
+    pgid = os.getpgrp()
+    if pgid != os.getpid():
+        return
+    try:
+        records.group(name).write(cfg.run_path, {"program": name, "pgid": pgid, "start": proc.starttime(pgid) or 0},
+                                  mode=0o600)
+    except OSError as e:
+        log.get(name).warn(f"cannot record this program's process group in {cfg.run_path} ({e.strerror}); a "
+                           "boot after a killed supervisord will not find what it leaves running")

@@ -118,7 +118,7 @@ def clear_leftovers(run_dir: Path) -> list[int]:
     """What a previous torchrun left when its launcher was SIGKILLed: torchrun starts each rank in a
     session of its own, so neither PDEATHSIG nor supervisord's killasgroup reaches them, and a left
     rank keeps its GPU. Returns the pids killed."""
-    groups = [g for g in records.TORCHRUN.read(run_dir).get("groups") or []
+    groups = [g for g in records.TORCHRUN.read_owned(run_dir).get("groups") or []
               if isinstance(g, list) and len(g) == 2 and all(isinstance(x, int) for x in g)]
     killed = proc.kill_groups(groups)
     records.TORCHRUN.path(run_dir).unlink(missing_ok=True)
@@ -146,10 +146,10 @@ def supervise(argv: list[str], env: dict[str, str], run_dir: Path) -> int:
             fresh = {c.pid: c.starttime for c in proc.children(child.pid) if c.pgid == c.pid and c.pid not in groups}
             if fresh:
                 groups.update(fresh)
-                records.TORCHRUN.write(run_dir, {"groups": [[g, t] for g, t in groups.items()]})
+                records.TORCHRUN.write(run_dir, {"groups": [[g, t] for g, t in groups.items()]}, mode=0o600)
             interval = min(10.0, interval * 1.5)
 
-    records.TORCHRUN.write(run_dir, {"groups": [[g, t] for g, t in groups.items()]})
+    records.TORCHRUN.write(run_dir, {"groups": [[g, t] for g, t in groups.items()]}, mode=0o600)
     threading.Thread(target=track, daemon=True).start()
 
     def forward(sig, _frame):

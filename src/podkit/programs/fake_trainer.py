@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from podkit import log, records
+from podkit import log, records, supervisord
 from podkit.checkpoint import CheckpointDir
 from podkit.programs import hold_devices, stacks_on_sigusr2
 
@@ -151,25 +151,41 @@ class FakeTrainer:
         _log.info(f"checkpoint {path.name} written ({why})")
         return path
 
+    def loads(self, path: Path) -> int | None:
+        """The step of the checkpoint at `path` if it loads, else None: a file that does not load is
+        never pushed to inference (it would fail there, or serve something else than its version)."""
+        try:
+            return int(self.torch.load(path, map_location="cpu", weights_only=True)["step"])
+        except Exception as e:  # noqa: BLE001 - any unreadable file means: do not push it
+            _log.warn(f"checkpoint {path.name} does not load ({type(e).__name__}); not pushing it")
+            return None
+
     def push_weights(self, path: Path) -> None:
-        version = str(self.step)
+        """Push a checkpoint that loads, tagged with the step it holds."""
+        step = self.loads(path)
+        if step is None:
+            found = self.ckpts.load_latest(self.torch)
+            if found is None:
+                return
+            path, step = found[0], int(found[1]["step"])
+        version = str(step)
         t0 = time.monotonic()
         try:
             r = self.inference.call("/update_weights_from_disk", {"model_path": str(path), "weight_version": version},
                                     timeout=self.update_timeout)
         except (OSError, urllib.error.URLError, ValueError) as e:
             if "timed out" in str(e):
-                _log.warn(f"weight update to step {self.step} timed out after {self.update_timeout:.0f}s "
+                _log.warn(f"weight update to step {step} timed out after {self.update_timeout:.0f}s "
                           "(weight_update_timeout_s); will retry")
             else:
-                _log.warn(f"weight update to step {self.step} failed ({e}); will retry")
+                _log.warn(f"weight update to step {step} failed ({e}); will retry")
             return
         took = time.monotonic() - t0
         if took > self.update_timeout / 2:
-            _log.warn(f"weight update to step {self.step} took {took:.1f}s of its {self.update_timeout:.0f}s limit")
+            _log.warn(f"weight update to step {step} took {took:.1f}s of its {self.update_timeout:.0f}s limit")
         if r.get("success"):
             self.pushed = version
-            _log.info(f"inference now serves weights of step {self.step}")
+            _log.info(f"inference now serves weights of step {step}")
         else:
             _log.warn(f"weight update rejected: {r.get('message')}")
 
@@ -225,9 +241,18 @@ class FakeTrainer:
             pass
         if self.step != self.last_ckpt_step or not self.ckpts.latest_path():
             self.checkpoint("SIGTERM")
-        self.progress.stopped("SIGTERM")
-        _log.info(f"stopped cleanly at step {self.step}")
-        return 0
+        return stopped_by_sigterm(self.cfg, self.progress, self.step)
+
+
+def stopped_by_sigterm(cfg, progress, step) -> int:
+    code = supervisord.exit_after_sigterm(cfg.socket_path)
+    progress.stopped("SIGTERM" if code == 0 else "stray SIGTERM")
+    if code == 0:
+        _log.info(f"stopped cleanly at step {step}")
+    else:
+        _log.warn(f"stopped at step {step} with a checkpoint after a SIGTERM that was not supervisord's: exiting "
+                  f"{code} so it restarts and resumes (training ends only when it is finished)")
+    return code
 
 
 def _injected_hang(*_) -> None:
