@@ -16,7 +16,8 @@ pytestmark = pytest.mark.timeout(60)
 
 # The modules the boot sequence is made of (README: Layout). A new one here is a decision, not an accident.
 BOOT_MODULES = {"podkit", "podkit.boot", "podkit.checks", "podkit.cli", "podkit.config", "podkit.discovery",
-                "podkit.errors", "podkit.gpu", "podkit.guard", "podkit.log", "podkit.pid1", "podkit.preflight",
+                "podkit.errors", "podkit.gpu", "podkit.guard", "podkit.lease", "podkit.log", "podkit.pid1",
+                "podkit.preflight",
                 "podkit.proc", "podkit.programs", "podkit.reap", "podkit.records", "podkit.render",
                 "podkit.safemode"}
 NEVER = {"torch", "areal", "sglang", "transformers", "runpod", "requests", "supervisor", "numpy", "argparse",

@@ -97,7 +97,8 @@ def main(path: str | None = None) -> int:
                 record.done("supervisord")
             exec_supervisord(cfg, env)
         except PodkitError as e:
-            return _safe_mode(record, state_dir, getattr(e, "stage", "boot"), e.message, e.hint)
+            return _safe_mode(record, state_dir, getattr(e, "stage", "boot"), e.message, e.hint,
+                              retry=getattr(e, "retry", None))
         return 0  # not reached: exec_supervisord replaced this process
     except Exception as e:  # noqa: BLE001 - total: a bug in podkit must not restart-loop the container
         import traceback
@@ -128,14 +129,14 @@ def _start_record(state_dir: Path | None) -> guard.Boot | None:
 
 
 def _safe_mode(record: guard.Boot | None, state_dir: Path | None, stage: str, message: str, hint: str,
-               traceback: str = "") -> int:
+               traceback: str = "", retry=None) -> int:
     if record:
         record.rec["reason"] = message
         if traceback:
             record.rec["traceback"] = traceback
         record.stage(stage, "failed")
         record.done("safe-mode")
-    return safemode.wait(state_dir, stage, message, hint, traceback=traceback)
+    return safemode.wait(state_dir, stage, message, hint, traceback=traceback, retry=retry)
 
 
 def up(cfg, steps: int | None = None) -> int:

@@ -63,6 +63,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "max_boots": Field(int, 5, "crash-loop guard: more boots than this within window_s -> safe mode", "",
                            minimum=1),
         "window_s": Field(float, 600.0, "crash-loop guard: the window boots are counted in", "s", minimum=1),
+        "lease_s": Field(float, 300.0, "one workspace, one pod: another pod's hold on the workspace lapses this "
+                         "long after its last renewal (a pod on another host that died)", "s", minimum=30),
     },
     "watchdog": {
         "interval_s": Field(float, 10.0, "how often the watchdog looks", "s", minimum=0.1),

@@ -8,7 +8,7 @@ import stat
 import sys
 from pathlib import Path
 
-from podkit import checks, log, proc
+from podkit import checks, lease, log, proc
 from podkit.errors import ConfigError, StageError
 
 _log = log.get("preflight")
@@ -18,6 +18,18 @@ MIN_FREE_BYTES = 2 << 30  # below this a checkpoint write can fail mid-file
 def supervisord_path() -> str | None:
     beside = Path(sys.executable).parent / "supervisord"  # same venv as podkit
     return str(beside) if beside.exists() else proc.which("supervisord")
+
+
+class WorkspaceHeld(StageError):
+    """Another pod holds the workspace: wait in safe mode, and boot by itself once it is free."""
+
+    def __init__(self, cfg, holder: dict) -> None:
+        super().__init__("preflight", f"workspace {cfg.workspace_path} is in use by another pod "
+                         f"({lease.describe(holder, cfg.guard.lease_s)})",
+                         "two pods on one volume would train into one checkpoint directory; stop the other "
+                         "pod, or give this one its own volume or PODKIT_WORKSPACE. This boot goes on by "
+                         "itself once the other pod's hold is released or lapses")
+        self.retry = lambda: not lease.live(lease.read(cfg.state_dir), cfg.guard.lease_s)
 
 
 def private_dir(path: Path) -> None:
@@ -67,6 +79,9 @@ def run(cfg) -> None:
     except OSError as e:
         raise StageError("preflight", f"workspace {ws} is not writable: {e.strerror}",
                          "checkpoints and logs go there; mount it read-write") from None
+    holder = lease.acquire(cfg.state_dir, cfg.guard.lease_s)
+    if holder is not None:
+        raise WorkspaceHeld(cfg, holder)
     vfs = os.statvfs(ws)
     free = vfs.f_bavail * vfs.f_frsize
     if free < MIN_FREE_BYTES:

@@ -182,6 +182,9 @@ GROUP_SHAPE = {"program": str, "pgid": int, "start": int}
 
 def group(program: str) -> Record:
     return Record(f"group-{program}.json", GROUP_SHAPE)
+# One workspace, one pod (lease.py writes it with link(2), not through Record.write).
+LEASE = Record("lease.json", {"host": str, "boot_id": str, "pid": int, "start": int, "since": NUMBER,
+                              "renewed": NUMBER, "token": str})
 # podkit's own parse of the pod config (config.py): trusted only when owned by this user (read_owned).
 CONFIG_CACHE = Record("config-cache.json", {"key": list, "data": dict})
 STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG)

@@ -57,10 +57,16 @@ def say(text: str) -> None:
         pass
 
 
-def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", traceback: str = "") -> int:
+RETRY_EVERY_S = 5
+
+
+def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", traceback: str = "",
+         retry=None) -> int:
     """Blocks until SIGTERM/SIGINT, then returns 0 (docker stop ends safe mode promptly).
-    SIGUSR1 (`podkit resume`) boots again in place: same pid, so PID 1 stays PID 1.
-    Nothing in here may end the process otherwise: a failure of its own falls back to waiting."""
+    SIGUSR1 (`podkit resume`) boots again in place: same pid, so PID 1 stays PID 1; so does `retry()`
+    turning true (asked every few seconds: the cause went away by itself, such as another pod's hold
+    on the workspace). Nothing in here may end the process otherwise: a failure of its own falls
+    back to waiting."""
     stopping = []
     resume = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
@@ -71,8 +77,16 @@ def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", trace
         say(banner(stage, message, hint))
     except Exception:  # noqa: BLE001 - explaining must not be what ends PID 1
         pass
-    last = time.monotonic()
+    last = checked = time.monotonic()
     while not stopping:
+        if retry and time.monotonic() - checked >= RETRY_EVERY_S:
+            checked = time.monotonic()
+            try:
+                if retry():
+                    say("[podkit:boot] the cause of safe mode is gone: booting again")
+                    resume.append(1)
+            except Exception:  # noqa: BLE001 - a failing check keeps waiting
+                pass
         if resume:
             resume.clear()
             say("[podkit:boot] resume requested: booting again")

@@ -31,6 +31,8 @@ from podkit.errors import StageError
 
 _log = log.get("sync")
 TOKEN_ENV = ("GIT_TOKEN", "GITHUB_TOKEN")
+MISSING_REF = re.compile(r"couldn't find remote ref|not our ref|no such remote ref|"
+                         r"Server does not allow request for unadvertised object|reference is not a tree", re.I)
 AUTH_FAILURE = re.compile(r"Authentication failed|could not read (Username|Password)|terminal prompts disabled|"
                           r"HTTP Basic: Access denied|returned error: 40[13]", re.I)
 
@@ -170,11 +172,20 @@ class Git:
         return self.run(args, cwd=cwd).stdout.strip()
 
 
-class GitFailed(Exception):
+class GitFailed(SyncError):
+    """A git command that failed, with git's own words (its stderr, the last lines that say something)."""
+
     def __init__(self, args: list[str], code: int, stderr: str) -> None:
         self.args_, self.code, self.stderr = args, code, stderr
-        last = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-        super().__init__(f"git {args[0]} failed ({code}): {last[-1] if last else 'no message'}")
+        said = [ln.strip() for ln in stderr.strip().splitlines()
+                if ln.strip() and not ln.lstrip().startswith(("hint:", "remote: Enumerating", "remote: Counting"))]
+        words = " / ".join(said[-6:]) if said else "no message"
+        super().__init__(f"git {args[0]} failed ({code}): {words}",
+                         "the git message above says why; `podkit sync --json` runs the same stage")
+
+
+class RefNotFound(SyncError):
+    """The remote answers but has no such branch, tag or commit: not offline (the old checkout is not REF)."""
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -296,6 +307,8 @@ class Syncer:
                                  lambda: self.git.out(["ls-remote", "origin", *want], cwd=d))
         found = dict(line.split("\t")[::-1] for line in out.splitlines() if "\t" in line)
         self.remote_sha = found.get(want[0]) or found.get(want[1])
+        if not self.remote_sha and not _looks_like_sha(self.ref):
+            raise self._ref_not_found()
         commit, _, ref, remote = _read_marker(d)
         on_ref = self.branch == self.ref if want[0] in found else True
         return bool(self.remote_sha) and remote == self.remote_sha and ref == self.ref and \
@@ -313,12 +326,16 @@ class Syncer:
         for attempt in range(1, self.retries + 1):
             try:
                 return fn()
-            except (GitFailed, SyncError) as e:
+            except RefNotFound:
+                raise
+            except SyncError as e:
                 last = e
                 detail = e.stderr if isinstance(e, GitFailed) else str(e)
                 if AUTH_FAILURE.search(detail):
                     raise SyncError(f"{what}: authentication refused by {self.url}",
                                     "set GIT_TOKEN (or GITHUB_TOKEN) to a token with read access") from None
+                if MISSING_REF.search(detail):
+                    raise self._ref_not_found() from None
                 if attempt < self.retries:
                     delay = min(30.0, self.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
                     _log.warn(f"{what} failed (attempt {attempt}/{self.retries}): {e}; retrying in {delay:.1f}s")
@@ -326,6 +343,11 @@ class Syncer:
         assert last is not None
         raise SyncError(f"{what} failed after {self.retries} attempt(s): {last}",
                         f"check that {self.url} is reachable from the pod and PODKIT_REPO_REF={self.ref} exists")
+
+    def _ref_not_found(self) -> RefNotFound:
+        return RefNotFound(f"{self.url} has no branch, tag or commit {self.ref!r}",
+                           f"PODKIT_REPO_REF={self.ref} is misspelt or not pushed yet: push it, or set the ref "
+                           "that exists (the existing checkout is not used: it is not that ref)")
 
     def _fetch(self, repo: Path) -> tuple[str, str]:
         """Fetch REF (branch, tag or commit) into FETCH_HEAD; returns (commit, kind)."""
@@ -343,10 +365,19 @@ class Syncer:
         return commit, kind
 
     def _checkout(self, repo: Path, commit: str, kind: str) -> None:
-        if kind == "branch":
-            self.git.run(["checkout", "-q", "-B", self.ref, commit], cwd=repo)
-        else:
-            self.git.run(["checkout", "-q", "--detach", commit], cwd=repo)
+        argv = ["checkout", "-q", "-B", self.ref, commit] if kind == "branch" else ["checkout", "-q", "--detach", commit]
+        try:
+            self.git.run(argv, cwd=repo)
+        except GitFailed as e:
+            in_the_way = _untracked_in_the_way(e.stderr)
+            if not in_the_way:
+                raise
+            # Files of the user's that the new commit adds: kept, beside the checkout, never overwritten.
+            aside = self._move_untracked_aside(repo, in_the_way)
+            self.notes.append(f"untracked file(s) that {self.ref} now tracks were moved aside (kept) to {aside}: "
+                              + ", ".join(in_the_way[:5]) + (" ..." if len(in_the_way) > 5 else ""))
+            _log.warn(self.notes[-1])
+            self.git.run(argv, cwd=repo)
         if (repo / ".gitmodules").exists():
             depth = [f"--depth={self.depth}"] if self.depth else []
             self._with_retries("updating submodules", lambda: self.git.run(
@@ -407,6 +438,8 @@ class Syncer:
                 _log.info(f"{d} already at {self.ref} ({old[:12]}): nothing to do")
                 return Result(False, old, old, "unchanged", str(d), self.notes)
             commit, kind = self._fetch(d)
+        except RefNotFound:
+            raise  # the remote answered: training the old checkout would train the wrong ref
         except SyncError as e:
             _log.warn("=" * 72)
             _log.warn(f"OFFLINE: {e.message}")
@@ -430,6 +463,17 @@ class Syncer:
         mode = "updated" if old != commit else "unchanged"
         _log.info(f"{mode} {d}: {old[:12]} -> {commit[:12]} ({kind} {self.ref})")
         return Result(old != commit, old, commit, mode, str(d), self.notes)
+
+    def _move_untracked_aside(self, repo: Path, paths: list[str]) -> Path:
+        aside = repo.with_name(f"{repo.name}.untracked-{_stamp()}")
+        for rel in paths:
+            src = (repo / rel).resolve()
+            if repo.resolve() not in src.parents:
+                raise SyncError(f"git named {rel!r} as in the way, which is outside {repo}", "look at the repo by hand")
+            target = aside / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(repo / rel), str(target))
+        return aside
 
     def _is_ancestor(self, d: Path, a: str, b: str) -> bool:
         return self.git.run(["merge-base", "--is-ancestor", a, b], cwd=d, check=False).returncode == 0
@@ -463,6 +507,18 @@ class Syncer:
             p.unlink(missing_ok=True)
             self.notes.append(f"removed stale lock {p.relative_to(d)} left by a killed git")
             _log.warn(self.notes[-1])
+
+
+def _untracked_in_the_way(stderr: str) -> list[str]:
+    """The paths git lists after "untracked working tree files would be overwritten by checkout"."""
+    if "untracked working tree files would be" not in stderr:
+        return []
+    lines = stderr.split("would be overwritten by", 1)[1].splitlines()[1:]
+    return [ln.strip() for ln in lines if ln.startswith(("\t", "    ")) and ln.strip()]
+
+
+def _looks_like_sha(ref: str) -> bool:
+    return bool(re.fullmatch(r"[0-9a-f]{7,40}", ref))
 
 
 def _marker(repo: Path) -> Path:

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from podkit import records, supervisord
+from podkit import lease, records, supervisord
 
 READY = b"READY\n"
 OK = b"RESULT 2\nOK"
@@ -26,8 +26,9 @@ def parse_headers(line: bytes) -> dict[str, str]:
 
 
 class Pump:
-    def __init__(self, out, run_dir: Path | None, width: int = 8) -> None:
+    def __init__(self, out, run_dir: Path | None, width: int = 8, state_dir: Path | None = None) -> None:
         self.out = out
+        self.state_dir = state_dir
         self.partial: dict[tuple[str, str], str] = {}
         self.run_dir = run_dir
         self.width = width
@@ -78,14 +79,21 @@ class Pump:
             self.log(h.get("processname", "?"), h.get("channel", "stdout"), data.decode(errors="replace"))
         elif event.startswith("PROCESS_STATE"):
             self.state(event, parse_headers(payload.split(b"\n", 1)[0]))
+        elif event.startswith("TICK") and self.state_dir is not None:
+            try:
+                lease.renew(self.state_dir)
+            except OSError as e:
+                self.out.write(f"{'podkit':<{self.width}} | cannot renew the workspace lease ({e.strerror})\n")
 
 
 def main(cfg) -> int:
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    pump = Pump(sys.stderr, Path(cfg.run_path))
+    pump = Pump(sys.stderr, Path(cfg.run_path), state_dir=cfg.state_dir)
 
     def stop(*_):
         pump.flush()
+        if supervisord.stop_requested(cfg.socket_path, "logs"):
+            lease.release(cfg.state_dir)  # the pod is stopping: the workspace is free for the next one
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, stop)
