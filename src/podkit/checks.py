@@ -56,7 +56,32 @@ def sglang(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
     if n != inf.tp:
         out.append(("inference.tp", f"is {inf.tp} but inference.gpus {inf.gpus!r} names {n} GPU(s)",
                     "SGLang runs one tensor-parallel rank per GPU; make them agree"))
-    return out + _shell_words("inference.extra_args", inf.extra_args)
+    return out + _shell_words("inference.extra_args", inf.extra_args) + _owned_flags(inf.extra_args)
+
+
+# SGLang flags that podkit sets from the pod config: extra_args may not set them again (argparse takes
+# the last, so `--host 0.0.0.0` there would undo the loopback/API-key rule).
+OWNED_FLAGS = {"--host": "inference.host", "--port": "inference.port", "--api-key": "SGLANG_API_KEY (env)",
+               "--model-path": "inference.model", "--model": "inference.model", "--tp-size": "inference.tp",
+               "--tp": "inference.tp", "--tensor-parallel-size": "inference.tp",
+               "--mem-fraction-static": "inference.mem_fraction_static",
+               "--attention-backend": "inference.attention_backend", "--context-length": "inference.context_length",
+               "--cuda-graph-max-bs": "inference.cuda_graph_max_bs", "--random-seed": "trainer.seed",
+               "--config": "the pod config (podkit builds SGLang's settings)"}
+
+
+def _owned_flags(extra_args: str) -> list[Problem]:
+    try:
+        words = shlex.split(extra_args)
+    except ValueError:
+        return []
+    out = []
+    for w in words:
+        flag = w.split("=", 1)[0]
+        if flag in OWNED_FLAGS:
+            out.append(("inference.extra_args", f"sets {flag}, which podkit sets from {OWNED_FLAGS[flag]}",
+                        f"set {OWNED_FLAGS[flag]} instead; extra_args is for flags podkit does not manage"))
+    return out
 
 
 def areal(cfg) -> list[Problem]:

@@ -158,9 +158,13 @@ class Section:
 
 class Config:
     def __init__(self, values: dict[str, dict[str, object]], source: str = "defaults",
-                 warnings: list[str] | None = None, origins: dict[str, str] | None = None) -> None:
+                 warnings: list[str] | None = None, origins: dict[str, str] | None = None,
+                 secrets: dict[str, str] | None = None) -> None:
         self.values, self.source, self.warnings = values, source, warnings or []
         self.origins = origins or {}
+        # Credentials found inside settings (a token in repo.url): used by the stage that needs them,
+        # never rendered, printed or passed to a program.
+        self.secrets = secrets or {}
         # The GPU lists, parsed once (load() has validated them).
         self.gpus = {s: parse_gpus(values[s]["gpus"]) for s in ("inference", "trainer") if s in values}
 
@@ -221,6 +225,25 @@ def _format(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
+
+
+def split_credentials(url: str) -> tuple[str, str | None, str | None]:
+    """`https://user:tok@host/x` -> (`https://host/x`, user, tok). Only the clean URL is ever stored."""
+    from urllib.parse import urlsplit, urlunsplit  # only for a URL with an '@' in it
+
+    if "@" not in url:
+        return url, None, None
+    try:
+        parts = urlsplit(url)
+        if parts.scheme in ("http", "https") and (parts.username or parts.password):
+            host = parts.hostname or ""
+            if parts.port:
+                host += f":{parts.port}"
+            return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment)), parts.username, \
+                parts.password
+    except ValueError:
+        pass
+    return url, None, None
 
 
 def parse_gpus(text: str) -> tuple[int, ...]:
@@ -314,7 +337,9 @@ def _read_yaml(path: Path, environ) -> dict[str, object]:
         if cached.get("key") == key and isinstance(cached.get("data"), dict):
             return cached["data"]
     data = _parse_yaml(path, raw)
-    if cache is not None and cache.is_dir():
+    repo = data.get("repo")
+    secret = isinstance(repo, dict) and split_credentials(str(repo.get("url") or ""))[2]
+    if cache is not None and cache.is_dir() and not secret:  # a file with a token is not copied to the volume
         try:
             records.CONFIG_CACHE.write(cache, {"key": key, "data": data}, mode=0o600)
         except (OSError, TypeError, ValueError):
@@ -463,11 +488,14 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
     if not values["repo"]["dest"]:
         values["repo"]["dest"] = os.path.join(top["workspace"], "repo")
     _check_paths(top, origins)
+    url, user, token = split_credentials(values["repo"]["url"])
+    values["repo"]["url"] = url
+    secrets = {k: v for k, v in (("repo.user", user), ("repo.token", token)) if v}
     areal = values["trainer"]["areal_config"]
     if areal and not os.path.isabs(areal):
         # Beside the pod config that names it, so configs/a40-4gpu.yaml can say areal/grpo-a40-4gpu.yaml.
         values["trainer"]["areal_config"] = os.path.abspath(os.path.join(os.path.dirname(path) if path else "", areal))
-    return Config(values, source, warnings, origins)
+    return Config(values, source, warnings, origins, secrets)
 
 
 def packaged(name: str) -> Path:

@@ -45,6 +45,28 @@ def gql(value) -> str:
     return json.dumps(str(value), ensure_ascii=False)[1:-1]
 
 
+SECRET_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "hf_", "rpa_", "sk-", "sk_live_",
+                   "xoxb-", "xoxp-", "glpat-", "AKIA", "ASIA")
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)", re.I)
+
+
+def literal_secret(value: str, name: str = "") -> str:
+    """Why `value` looks like a secret written literally ('' when it does not): credentials inside a
+    URL, a known key prefix (also with spaces or quotes around it), or a long opaque value under a
+    name that says it is secret. A RunPod secret reference is never one."""
+    v = value.strip().strip("'\"").strip()
+    if not v or "RUNPOD_SECRET_" in v:
+        return ""
+    if re.search(r"://[^/\s:@]+:[^/\s@]+@", v):
+        return "credentials inside a URL"
+    for prefix in SECRET_PREFIXES:
+        if v.startswith(prefix) and len(v) >= len(prefix) + 8:
+            return f"starts with {prefix}"
+    if name and SECRET_NAME.search(name) and len(v) >= 16 and " " not in v:
+        return f"a long value under {name}"
+    return ""
+
+
 def load_template(path: Path) -> dict:
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
@@ -68,8 +90,8 @@ def load_template(path: Path) -> dict:
                           "/workspace", hint="mount the volume at /workspace")
     data["env"] = {str(k): "" if v is None else str(v) for k, v in (data.get("env") or {}).items()}
     for k, v in data["env"].items():
-        if re.fullmatch(r"(ghp_|github_pat_|hf_|rpa_)\w{8,}", v):
-            raise ConfigError(str(path), f"env.{k}", "looks like a literal secret",
+        if why := literal_secret(v, k):
+            raise ConfigError(str(path), f"env.{k}", f"looks like a literal secret ({why})",
                               hint=f'reference a RunPod secret: "{{{{ RUNPOD_SECRET_{k} }}}}"')
     return data
 

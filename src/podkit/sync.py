@@ -24,9 +24,9 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from podkit import log, proc, records
+from podkit.config import split_credentials
 from podkit.errors import StageError
 
 _log = log.get("sync")
@@ -53,18 +53,6 @@ class Result:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
-
-
-def split_credentials(url: str) -> tuple[str, str | None, str | None]:
-    """`https://user:tok@host/x` -> (`https://host/x`, user, tok). Only the clean URL is ever stored."""
-    parts = urlsplit(url)
-    if parts.scheme in ("http", "https") and (parts.username or parts.password):
-        host = parts.hostname or ""
-        if parts.port:
-            host += f":{parts.port}"
-        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment)), parts.username, \
-            parts.password
-    return url, None, None
 
 
 def normalize_url(url: str) -> str:
@@ -248,9 +236,10 @@ class Lock:
 class Syncer:
     def __init__(self, url: str, ref: str, dest: str | Path, depth: int = 1, timeout_s: float = 300,
                  retries: int = 3, lock_timeout_s: float = 600, backoff_s: float = 1.0,
-                 environ: dict | None = None) -> None:
+                 environ: dict | None = None, user: str | None = None, token: str | None = None) -> None:
         environ = os.environ if environ is None else environ
-        self.url, user, token = split_credentials(url)
+        self.url, url_user, url_token = split_credentials(url)
+        user, token = user or url_user, token or url_token
         token = token or next((environ[v] for v in TOKEN_ENV if environ.get(v)), None)
         self.ref, self.dest, self.depth = ref, Path(dest).absolute(), depth
         self.retries, self.lock_timeout_s, self.backoff_s = retries, lock_timeout_s, backoff_s
@@ -588,7 +577,8 @@ def run(cfg) -> Result:
     """The stage: the repo of the config at its ref, recorded in <workspace>/.podkit/sync.json."""
     r = cfg.repo
     result = update(r.url, r.ref, r.dest, depth=r.depth, timeout_s=r.timeout_s, retries=r.retries,
-                    lock_timeout_s=r.lock_timeout_s)
+                    lock_timeout_s=r.lock_timeout_s, user=cfg.secrets.get("repo.user"),
+                    token=cfg.secrets.get("repo.token"))
     records.SYNC.write(cfg.state_dir, {"changed": result.changed, "old": result.old, "new": result.new,
                                        "mode": result.mode, "notes": result.notes, "time": time.time()})
     return result
