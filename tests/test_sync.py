@@ -359,3 +359,58 @@ def test_submodules_are_updated(remote, tmp_path):
     dest = tmp_path / "repo"
     do_sync(remote.url, dest)
     assert (dest / "lib" / "lib.py").read_text() == "LIB = 1\n"
+
+
+def test_an_untracked_file_that_the_remote_later_adds_is_moved_aside_and_kept(remote, tmp_path):
+    """The user created notes.md; the remote then commits its own notes.md. The checkout goes on to
+    the new commit and the user's file is kept beside the checkout, with its content."""
+    dest = tmp_path / "repo"
+    do_sync(remote.url, dest)
+    (dest / "notes.md").write_text("my notes\n")
+    new = remote.commit("notes.md", "the project's notes\n")
+    r = do_sync(remote.url, dest)
+    assert r.mode == "updated" and r.new == new
+    assert (dest / "notes.md").read_text() == "the project's notes\n"
+    kept = list(tmp_path.glob("repo.untracked-*/notes.md"))
+    assert len(kept) == 1 and kept[0].read_text() == "my notes\n"
+    assert any("moved aside (kept)" in n and "notes.md" in n for n in r.notes)
+
+
+def test_a_ref_the_remote_does_not_have_is_not_found_and_not_offline(remote, tmp_path):
+    """A reachable remote without the ref: with a checkout of another ref this is an error, not
+    'offline' (the old checkout is not that ref); without a checkout, the same error."""
+    dest = tmp_path / "repo"
+    do_sync(remote.url, dest)
+    with pytest.raises(sync.RefNotFound, match="has no branch, tag or commit 'mian'"):
+        do_sync(remote.url, dest, ref="mian", retries=3)
+    with pytest.raises(sync.RefNotFound, match="'v9'"):
+        do_sync(remote.url, tmp_path / "fresh", ref="v9", retries=3)
+
+
+def test_a_git_failure_is_a_podkit_error_carrying_gits_own_words(remote, tmp_path):
+    """A broken .git/config makes every git command fail: the error is a SyncError with git's lines,
+    not a raw exception and not only git's last line."""
+    dest = tmp_path / "repo"
+    do_sync(remote.url, dest)
+    remote.commit()
+    (dest / ".git" / "config").write_text("[core\n\tbroken = \n")
+    with pytest.raises(SyncError) as e:
+        do_sync(remote.url, dest)
+    assert "bad config line 1" in e.value.message
+
+
+def test_boot_with_a_missing_ref_waits_in_safe_mode_naming_it(remote, tmp_path, procs):
+    """At boot, 'ref not found' is safe mode (the checkout of the old ref is not trained)."""
+    from conftest import free_port, smoke_env
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    do_sync(remote.url, ws / "repo")
+    env = smoke_env(ws, free_port(), PODKIT_REPO_URL=remote.url, PODKIT_REPO_REF="release-9")
+    out = tmp_path / "boot.log"
+    p = procs.spawn([*PODKIT, "boot"], env=env, stdout=open(out, "wb"), stderr=subprocess.STDOUT)
+    wait_for(lambda: "SAFE MODE" in out.read_text(), 30, what="safe mode")
+    assert "the sync stage failed" in out.read_text() and "no branch, tag or commit 'release-9'" in out.read_text()
+    assert "OFFLINE" not in out.read_text()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(10) == 0

@@ -45,8 +45,10 @@ def verdicts(tmp_path_factory):
     for name in POD_CONFIGS:
         cfg = pod(name)
         cases["sglang"][name] = sglang.command(cfg, environ={})
+        secrets = tmp / f"{name}-secrets.yaml"
+        secrets.write_text(sglang.secrets_yaml({"SGLANG_API_KEY": "k"}))
         cases["sglang"][name + "+key"] = sglang.command(pod(name, PODKIT_INFERENCE_HOST="0.0.0.0"),
-                                                        environ={"SGLANG_API_KEY": "k"})
+                                                        environ={"SGLANG_API_KEY": "k"}, secrets_file=str(secrets))
         cases["areal"][name] = {"config": cfg.trainer.areal_config, "overrides": areal_launch.overrides(cfg)}
     default = config.load(ROOT / "configs/default.yaml", environ={})
     cases["sglang"]["default.yaml"] = sglang.command(default, environ={})

@@ -39,6 +39,8 @@ def collect(workspace: Path) -> dict:
             "restarts": max(0, rec.get("starts", 1) - 1), "exitstatus": info["exitstatus"],
             "fatal": info["statename"] == FATAL,
         }
+    out["sync"] = records.SYNC.read(state_dir) or None
+    out["watchdog"] = records.WATCHDOG.read(state_dir)[-3:]
     boots = records.BOOTS.read(state_dir)
     out["boots"] = {"total": len(boots), "last": boots[-1] if boots else None,
                     "resumed_at": records.RESUME.read(state_dir).get("time")}
@@ -79,6 +81,12 @@ def human(st: dict) -> str:
     lines.append(f"trainer: step {t.get('step')}, last progress {_ago(t.get('last_progress'))}, "
                  f"checkpoint at step {t.get('checkpoint_step')}")
     lines.append(f"inference: {st['inference']['phase']}")
+    for act in st.get("watchdog") or []:
+        lines.append(f"watchdog {_ago(act.get('time'))}: {act.get('action')} {act.get('program')}: {act.get('reason')}")
+    sync = st.get("sync")
+    if sync:
+        lines.append(f"repo: {sync.get('mode')} at {(sync.get('new') or '?')[:12]} ({_ago(sync.get('time'))})"
+                     + "".join(f"\n  {n}" for n in sync.get("notes") or []))
     last = (st.get("boots") or {}).get("last")
     if last:
         lines.append(f"boot: {_ago(last.get('time'))}, {last.get('outcome')}; before it: {last.get('last_stop')}")

@@ -31,6 +31,11 @@ from podkit.errors import StageError
 
 _log = log.get("sync")
 TOKEN_ENV = ("GIT_TOKEN", "GITHUB_TOKEN")
+# What "the remote cannot be reached" looks like; any other failure is not a reason to go offline.
+UNREACHABLE = re.compile(r"could not resolve host|connection refused|connection timed out|timed out|network is "
+                         r"unreachable|unable to access|could not read from remote repository|does not appear to "
+                         r"be a git repository|early eof|rpc failed|returned error: 5\d\d|took longer than|"
+                         r"failed to connect|no route to host|connection reset|ssl|temporary failure", re.I)
 MISSING_REF = re.compile(r"couldn't find remote ref|not our ref|no such remote ref|"
                          r"Server does not allow request for unadvertised object|reference is not a tree", re.I)
 AUTH_FAILURE = re.compile(r"Authentication failed|could not read (Username|Password)|terminal prompts disabled|"
@@ -430,6 +435,8 @@ class Syncer:
         except RefNotFound:
             raise  # the remote answered: training the old checkout would train the wrong ref
         except SyncError as e:
+            if not UNREACHABLE.search(e.message):
+                raise  # not the network: the checkout or git itself is broken; say so, with git's words
             _log.warn("=" * 72)
             _log.warn(f"OFFLINE: {e.message}")
             _log.warn(f"going on with the existing checkout {d} at {old[:12]}; it may not be {self.ref}")

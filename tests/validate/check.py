@@ -51,10 +51,15 @@ def sglang_check(argv: list[str]) -> dict:
         raise ParseError(message)
 
     parser.error = error
+    args = argv[3:]
     try:
+        if "--config" in args:  # what sglang.srt.server_args.prepare_server_args does with it
+            from sglang.srt.server_args_config_parser import ConfigArgumentMerger
+
+            args = ConfigArgumentMerger(parser).merge_config_with_args(args)
         with contextlib.redirect_stderr(io.StringIO()):
-            ns = parser.parse_args(argv[3:])
-    except (ParseError, argparse.ArgumentError) as e:
+            ns = parser.parse_args(args)
+    except (ParseError, argparse.ArgumentError, ValueError) as e:
         return {"ok": False, "error": str(e)}
     return {"ok": True, "args": {k: v for k, v in vars(ns).items() if isinstance(v, (str, int, float, bool))}}
 

@@ -8,6 +8,7 @@ else holds the inference GPUs' device files.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -20,8 +21,12 @@ from podkit.programs import refused
 _log = log.get("sglang")
 
 
-def command(cfg, environ: dict[str, str] | None = None, python: str | None = None) -> list[str]:
-    """argv for SGLang's server. Every flag here is checked by SGLang's own parser in the test suite."""
+def command(cfg, environ: dict[str, str] | None = None, python: str | None = None,
+            secrets_file: str | None = None) -> list[str]:
+    """argv for SGLang's server. Every flag here is checked by SGLang's own parser in the test suite.
+    The API key never goes on the command line (every user can read /proc/<pid>/cmdline): with a key,
+    argv names `secrets_file` with `--config`, which SGLang's launcher merges in-process
+    (sglang.srt.server_args.prepare_server_args); `secrets_yaml` is what that file must hold."""
     environ = os.environ if environ is None else environ
     inf = cfg.inference
     argv = [python or sys.executable, "-m", "sglang.launch_server",
@@ -38,16 +43,27 @@ def command(cfg, environ: dict[str, str] | None = None, python: str | None = Non
     if inf.cuda_graph_max_bs:
         argv += ["--cuda-graph-max-bs", str(inf.cuda_graph_max_bs)]
     if environ.get(API_KEY_ENV):
-        argv += ["--api-key", environ[API_KEY_ENV]]
+        argv += ["--config", secrets_file or SECRETS_FILE]
     return argv + shlex.split(inf.extra_args)
 
 
-def redacted(argv: list[str]) -> str:
-    out = list(argv)
-    for i, a in enumerate(out[:-1]):
-        if a == "--api-key":
-            out[i + 1] = "***"
-    return shlex.join(out)
+SECRETS_FILE = "sglang-secrets.yaml"  # in the run dir (local disk, 0700), mode 0600; SGLang wants .yaml
+
+
+def secrets_yaml(environ: dict[str, str]) -> str:
+    return f"api-key: {json.dumps(environ[API_KEY_ENV])}\n"  # a JSON string is a YAML string
+
+
+def write_secrets(cfg, environ: dict[str, str]) -> str | None:
+    """The file `--config` names, written where only this user can read it; None without a key."""
+    if not environ.get(API_KEY_ENV):
+        return None
+    path = cfg.run_path / SECRETS_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets_yaml(environ))
+    os.chmod(path, 0o600)
+    return str(path)
 
 
 def environment(cfg, environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -100,9 +116,10 @@ def main(cfg) -> int:
                    "busy or unavailable': " + "; ".join(h.describe() for h in held)
                    + " — `podkit reap --dry-run` lists them; `podkit reap` frees them")
         return 1
-    argv = command(cfg)
     env = environment(cfg)
-    _log.info(f"exec {redacted(argv)} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}, "
+    argv = command(cfg, secrets_file=write_secrets(cfg, env))
+    env.pop(API_KEY_ENV, None)  # in the 0600 file now; /proc/<pid>/environ is the owner's, but no need
+    _log.info(f"exec {shlex.join(argv)} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}, "
               f"HF_HOME={env['HF_HOME']})")
     os.execvpe(argv[0], argv, env)
     return 127  # not reached

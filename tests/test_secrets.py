@@ -1,0 +1,103 @@
+"""Secrets stay secret: a token inside repo.url, the SGLang API key, and what `podkit deploy` would send.
+The token is looked for everywhere a person or another process could read it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from conftest import PODKIT, ROOT
+from gitserver import HTTPRemote, Remote
+from podkit import config, deploy
+from podkit.programs import sglang
+
+pytestmark = pytest.mark.timeout(120)
+TOKEN = "ghp_inlineTokenInTheUrl0123456789"
+
+
+def test_a_token_inside_repo_url_syncs_and_shows_nowhere(stack_factory, tmp_path):
+    """PODKIT_REPO_URL=https://user:TOKEN@host/repo clones, and the token is in none of: `podkit
+    config`, `podkit render`, the run dir's env file, boot's output, any program's environment or
+    command line, .git/config."""
+    remote = Remote(tmp_path / "remotes")
+    remote.commit("train.py", "print('hi')\n")
+    http = HTTPRemote(remote.bare.parent, token=TOKEN)
+    try:
+        url = http.url("train.git").replace("http://", f"http://x-access-token:{TOKEN}@")
+        s = stack_factory(PODKIT_REPO_URL=url).start()
+        s.wait_step(2)
+        assert (s.workspace / "repo" / "train.py").exists()
+        run_dir = s.current()["run_dir"]
+        env = {**s.env}
+        shown = [subprocess.run([*PODKIT, verb], capture_output=True, text=True, env=env, timeout=60).stdout
+                 for verb in ("config", "render")]
+        assert all(http.url("train.git") in out for out in shown[:1])
+        places = {"podkit config": shown[0], "podkit render": shown[1], "boot output": s.stdout(),
+                  "podkit.env": open(os.path.join(run_dir, "podkit.env")).read(),
+                  ".git/config": (s.workspace / "repo" / ".git" / "config").read_text()}
+        for name in ("sglang", "trainer", "watchdog", "logs"):
+            pid = s.pid(name)
+            places[f"{name} environment"] = open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace")
+            places[f"{name} command line"] = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+        places["supervisord environment"] = open(f"/proc/{s.proc.pid}/environ", "rb").read().decode(errors="replace")
+        leaked = [where for where, text in places.items() if TOKEN in text]
+        assert not leaked, f"the token shows in {leaked}"
+        assert s.stop() == 0
+    finally:
+        http.close()
+    assert not [c for c in http.seen_cmdlines if TOKEN in c]
+
+
+def test_the_config_keeps_the_clean_url_and_the_token_apart():
+    cfg = config.load(environ={"PODKIT_REPO_URL": f"https://me:{TOKEN}@git.example.com/team/train.git",
+                               "PODKIT_WORKSPACE": "/workspace"})
+    assert cfg.repo.url == "https://git.example.com/team/train.git"
+    assert cfg.secrets == {"repo.user": "me", "repo.token": TOKEN}
+    assert TOKEN not in repr(cfg.as_env()) and TOKEN not in repr(cfg.as_dict())
+
+
+@pytest.mark.parametrize("value, why", [
+    (f"https://bob:{TOKEN}@github.com/x/y", "credentials inside a URL"),
+    ("  hf_abcdefghijklmnopqrstu  ", "starts with hf_"),
+    ('"sk-proj-abcdefghijklmnop"', "starts with sk-"),
+    ("github_pat_11ABCDEFG0123456789", "starts with github_pat_"),
+    ("rpa_ABCDEFGHIJKLMNOP", "starts with rpa_"),
+    ("AKIAABCDEFGHIJKLMNOP", "starts with AKIA"),
+])
+def test_deploy_refuses_a_literal_secret_in_the_template(tmp_path, value, why):
+    tpl = tmp_path / "t.yaml"
+    tpl.write_text((ROOT / "runpod" / "template.yaml").read_text().replace(
+        'HF_TOKEN: "{{ RUNPOD_SECRET_HF_TOKEN }}"', f"HF_TOKEN: {value!r}"))
+    from podkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=why):
+        deploy.load_template(tpl)
+
+
+@pytest.mark.parametrize("name, value", [("HF_TOKEN", "{{ RUNPOD_SECRET_HF_TOKEN }}"), ("GIT_TOKEN", ""),
+                                         ("PODKIT_REPO_REF", "main"),
+                                         ("PODKIT_CONFIG", "/opt/podkit/configs/a40-1gpu.yaml"),
+                                         ("PODKIT_REPO_URL", "https://github.com/x/y.git")])
+def test_deploy_accepts_references_and_plain_values(name, value):
+    assert deploy.literal_secret(value, name) == ""
+
+
+def test_the_sglang_api_key_reaches_sglang_through_a_private_file_not_its_command_line(tmp_path):
+    """SGLANG_API_KEY goes into a 0600 YAML file in the run dir that argv names with --config (SGLang's
+    launcher merges it in-process); the key is on no command line and not in SGLang's environment.
+    tests/test_validate.py runs SGLang's own merge on that file."""
+    cfg = config.load(ROOT / "configs" / "a40-4gpu.yaml",
+                      environ={"PODKIT_WORKSPACE": str(tmp_path), "PODKIT_RUN_DIR": str(tmp_path / "run"),
+                               "PODKIT_INFERENCE_HOST": "0.0.0.0"})
+    (tmp_path / "run").mkdir(mode=0o700)
+    environ = {"SGLANG_API_KEY": 'k-"quoted"-123456'}
+    path = sglang.write_secrets(cfg, environ)
+    argv = sglang.command(cfg, environ=environ, secrets_file=path)
+    assert argv[argv.index("--config") + 1] == path and not [a for a in argv if "123456" in a]
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    import yaml
+
+    assert yaml.safe_load(open(path)) == {"api-key": 'k-"quoted"-123456'}
+    assert sglang.write_secrets(cfg, {}) is None and "--config" not in sglang.command(cfg, environ={})
