@@ -127,8 +127,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                        "it serves (a restarted SGLang serves the base model)", "s", minimum=1),
         "experiment": Field(str, "podkit", "AReaL experiment_name: names the discovery records to clear"),
         "trial": Field(str, "run", "AReaL trial_name"),
-        "name_resolve_root": Field(str, "/tmp/areal/name_resolve", "AReaL's name_resolve file root; boot clears "
-                                   "<root>/<user>/<experiment>/<trial> (a dead server's address)", "path"),
+        "name_resolve_root": Field(str, "", "AReaL's name_resolve file root; empty: <run_dir>/name_resolve (private: a "
+                                   "record planted in a shared /tmp would send the trainer to another server); boot "
+                                   "clears <root>/<user>/<experiment>/<trial> (a dead server's address)", "path"),
         "stop_grace_s": Field(int, 8, "supervisord's stopwaitsecs for the trainer (its final checkpoint "
                               "must fit; docker stop gives 10 s)", "s", minimum=1),
     },
@@ -487,6 +488,8 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
         top["run_dir"] = default_run_dir(top["workspace"])
     if not values["repo"]["dest"]:
         values["repo"]["dest"] = os.path.join(top["workspace"], "repo")
+    if not values["trainer"]["name_resolve_root"]:
+        values["trainer"]["name_resolve_root"] = os.path.join(top["run_dir"], "name_resolve")
     _check_paths(top, origins)
     url, user, token = split_credentials(values["repo"]["url"])
     values["repo"]["url"] = url
