@@ -7,7 +7,7 @@ WORKSPACE ?= ./workspace
 # torch 2.13.0 is the CPU build this machine's package index carries; the fake trainer needs it.
 TORCH  ?= torch==2.13.0 numpy
 
-.PHONY: run test lint bench clean sysdeps validate-env
+.PHONY: run test rehearse lint bench clean sysdeps areal-env
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,14 +31,24 @@ sysdeps:
 	  else echo "install:$$missing" >&2; exit 1; fi; \
 	fi
 
-# SGLang's and AReaL's own parsers, in an environment of their own (CPU torch, no GPU stacks), built
-# once and cached under ~/.cache/podkit (tests/validate/env.sh), so CI on the same machine reuses it.
-validate-env:
-	@PYTHON=$(PYTHON) sh tests/validate/env.sh
+# AReaL's real trainer and SGLang's and AReaL's own parsers, in an environment of their own (CPU torch,
+# no GPU stacks), built once and cached under ~/.cache/podkit (rehearse/env.sh): CI on the same
+# machine reuses it.
+areal-env:
+	@PYTHON=$(PYTHON) sh rehearse/env.sh
+
+# The CPU rehearsal of a pod: podkit up with AReaL's real GRPO trainer (configs/cpu-rehearsal.yaml) on a
+# tiny local model and GSM8K-shaped data, against the generating stand-in for SGLang. STEPS=0: until
+# Ctrl-C. Run it again on the same WORKSPACE and it resumes from the last recover checkpoint.
+rehearse: sysdeps
+	py=$$(PYTHON=$(PYTHON) sh rehearse/env.sh) && \
+	$$py rehearse/assets.py $(WORKSPACE)/rehearsal && \
+	PYTHONPATH=$(CURDIR)/src $$py -m podkit --config configs/cpu-rehearsal.yaml up --workspace $(WORKSPACE) \
+	  $(if $(filter-out 0,$(STEPS)),--steps $(STEPS))
 
 test: $(VENV)/.ready sysdeps
-	$(BIN)/ruff check src tests bench docker
-	py=$$(PYTHON=$(PYTHON) sh tests/validate/env.sh) && VALIDATION_PYTHON=$$py $(BIN)/pytest
+	$(BIN)/ruff check src tests bench docker rehearse
+	py=$$(PYTHON=$(PYTHON) sh rehearse/env.sh) && AREAL_PYTHON=$$py $(BIN)/pytest
 
 # Every benchmark with the arguments bench/RESULTS.md records (tests/test_bench.py runs each briefly).
 bench: $(VENV)/.ready sysdeps

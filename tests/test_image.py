@@ -57,7 +57,7 @@ def test_hadolint_does_find_problems(tmp_path):
 
 def test_every_shell_script_is_shellcheck_clean():
     scripts = shell_scripts()
-    assert {"entrypoint", ".ci/run", "tests/validate/env.sh"} <= set(scripts), scripts
+    assert {"entrypoint", ".ci/run", "rehearse/env.sh"} <= set(scripts), scripts
     r = run(tool("shellcheck"), *scripts)
     assert r.returncode == 0, r.stdout + r.stderr
 

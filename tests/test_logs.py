@@ -7,6 +7,7 @@ import io
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,12 +16,16 @@ from podkit.programs.logs import Pump
 pytestmark = pytest.mark.timeout(60)
 
 
-def event(name: str, payload: bytes) -> bytes:
-    return f"ver:3.0 server:supervisor serial:1 pool:logs poolserial:1 eventname:{name} len:{len(payload)}\n".encode() + payload
-
-
 def log_event(proc: str, data: str) -> bytes:
-    return event("PROCESS_LOG_STDOUT", f"processname:{proc} groupname:{proc} pid:7 channel:stdout\n".encode() + data.encode())
+    """The bytes supervisord writes to a listener for one chunk of a program's stdout, built by
+    supervisor's own code: its `len` counts characters, and it writes UTF-8."""
+    from supervisor import events
+    from supervisor.process import EventListenerPool
+
+    process = SimpleNamespace(config=SimpleNamespace(name=proc), group=SimpleNamespace(config=SimpleNamespace(name=proc)))
+    payload = events.ProcessLogStdoutEvent(process, 7, data.encode()).payload()
+    pool = SimpleNamespace(config=SimpleNamespace(options=SimpleNamespace(identifier="supervisor"), name="logs"))
+    return EventListenerPool._eventEnvelope(pool, events.EventTypes.PROCESS_LOG_STDOUT, 1, 1, payload).encode()
 
 
 def test_lines_split_across_events_are_joined_and_prefixed(tmp_path):
@@ -35,14 +40,15 @@ def test_lines_split_across_events_are_joined_and_prefixed(tmp_path):
 def test_listener_speaks_the_protocol_in_bytes_with_non_ascii_output(tmp_path):
     """`podkit run logs` as supervisord drives it: READY, event, RESULT; a multi-byte character in one
     event must not desynchronise the next."""
-    feed = log_event("sglang", "température ✓ 温度\n") + log_event("trainer", "next line\n")
+    table = "│ ppo_actor/task_reward/avg │  5.0000e-01 │\n"  # AReaL's stats table
+    feed = log_event("sglang", "température ✓ 温度\n") + log_event("trainer", table) + log_event("trainer", "next line\n")
     env = {"PODKIT_WORKSPACE": str(tmp_path), "PODKIT_RUN_DIR": str(tmp_path / "run"), "PATH": "/usr/bin:/bin"}
     (tmp_path / "run").mkdir()
     r = subprocess.run([sys.executable, "-m", "podkit", "run", "logs"], input=feed, capture_output=True,
                        env=env, timeout=30)
     assert r.returncode == 0
-    assert r.stdout == b"READY\nRESULT 2\nOKREADY\nRESULT 2\nOKREADY\n"
-    assert r.stderr.decode() == "sglang   | température ✓ 温度\ntrainer  | next line\n"
+    assert r.stdout == b"READY\nRESULT 2\nOK" * 3 + b"READY\n", r.stderr.decode()
+    assert r.stderr.decode() == f"sglang   | température ✓ 温度\ntrainer  | {table}trainer  | next line\n"
 
 
 def test_state_events_count_starts_and_record_fatal(tmp_path):

@@ -71,8 +71,10 @@ def test_preflight_names_the_file_and_key_of_a_program_problem(tmp_path):
     ({"PODKIT_INFERENCE_TP": "2"}, "inference.tp", "names 1 GPU"),
     ({"PODKIT_TRAINER_GPUS": "1,2"}, "trainer.gpus", "'fsdp:d3' (3 GPU(s))"),
     ({"PODKIT_TRAINER_AREAL_CONFIG": "/nonexistent.yaml"}, "trainer.areal_config", "does not exist"),
-    ({"PODKIT_INFERENCE_KIND": "standin"}, "trainer.kind", "needs inference.kind sglang"),
-    ({"PODKIT_TRAINER_KIND": "fake"}, "trainer.kind", "SGLang cannot load"),
+    ({"PODKIT_INFERENCE_KIND": "standin"}, "trainer.kind", "needs a server that generates"),
+    ({"PODKIT_TRAINER_KIND": "fake"}, "trainer.kind", "sglang cannot load"),
+    ({"PODKIT_INFERENCE_KIND": "standin-lm"}, "inference.model", "not a local model directory"),
+    ({"PODKIT_TRAINER_CPU_RANKS": "1"}, "trainer.cpu_ranks", "but trainer.gpus is"),
     ({"PODKIT_TRAINER_OVERRIDES": "a='b"}, "trainer.overrides", "No closing quotation"),
 ])
 def test_a_setup_that_cannot_train_is_refused_before_supervisord_starts(env, key, words):
@@ -102,7 +104,9 @@ def test_trainer_runs_under_torchrun_in_spmd_mode_pointed_at_sglang(tmp_path):
     assert Path(script).name == "grpo.py" and Path(script).is_file()
     assert argv[argv.index("--config") + 1] == cfg.trainer.areal_config
     over = argv[argv.index("--config") + 2:]
-    assert f"cluster.fileroot={tmp_path}/areal" in over and "experiment_name=podkit" in over
+    # Weight updates on local disk (the run dir); what must outlive the container on the volume.
+    assert f"cluster.fileroot={cfg.run_path}/areal" in over and "experiment_name=podkit" in over
+    assert all(f"{k}.fileroot={tmp_path}/areal" in over for k in ("saver", "recover", "stats_logger", "evaluator"))
     assert f"cluster.name_resolve.nfs_record_root={cfg.trainer.name_resolve_root}" in over
     assert over[-1] == "total_train_epochs=3"
     env = areal_launch.environment(cfg, environ={})
@@ -277,27 +281,24 @@ def test_a_pid_reused_by_a_younger_process_is_not_killed(procs, tmp_path):
     assert areal_launch.clear_leftovers(tmp_path) == [] and alive(other.pid)
 
 
-WATCH = ("import os, sys; from podkit import config; from podkit.programs.grpo import Progress, watch_served_weights; "
-         "cfg = config.load(); p = Progress(cfg); p.write(step=5, weight_version='5'); "
-         "watch_served_weights(cfg, p, sys.argv[1])")
-
-
 @pytest.mark.timeout(60)
-def test_trainer_rank0_exits_75_when_a_restarted_server_serves_base_weights(procs, tmp_path):
-    """The AReaL entry script's guard, against the stand-in's /get_model_info: weights it pushed
-    (version 5) are served, so it trains on; a server answering `default` has restarted, so it exits
-    75 and supervisord restarts the trainer, which resumes and pushes again."""
+def test_trainer_rank0_flags_stale_weights_when_a_restarted_server_serves_base_weights(procs, tmp_path):
+    """The AReaL entry script's watcher, against the stand-in's /model_info: weights it pushed (version
+    5) are served, so nothing is flagged; a server answering `default` has restarted, so the flag is
+    set and every rank stops after the step in flight (tests/test_rehearsal.py runs the whole path)."""
     import json
+    import threading
     import urllib.request
 
     from conftest import wait_for
+    from podkit import config
     from podkit.health import probe
+    from podkit.programs.grpo import Progress, watch_served_weights
 
     port = free_port()
-    env = smoke_env(tmp_path / "ws", port, PODKIT_INFERENCE_STARTUP_DELAY_S="0",
-                    PODKIT_TRAINER_STALE_WEIGHTS_CHECK_S="1")
-    procs.spawn([sys.executable, "-m", "podkit", "run", "sglang"], env=env, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL)
+    env = smoke_env(tmp_path / "ws", port, PODKIT_INFERENCE_STARTUP_DELAY_S="0")
+    server = procs.spawn([sys.executable, "-m", "podkit", "run", "sglang"], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
     wait_for(lambda: probe("127.0.0.1", port), 20, what="the stand-in")
     weights = tmp_path / "weights.pt"
     weights.write_bytes(b"w" * 1024)
@@ -305,22 +306,17 @@ def test_trainer_rank0_exits_75_when_a_restarted_server_serves_base_weights(proc
                                  data=json.dumps({"model_path": str(weights), "weight_version": "5"}).encode(),
                                  headers={"Content-Type": "application/json"})
     urllib.request.urlopen(req, timeout=10).read()
-    watcher = procs.spawn([sys.executable, "-c", WATCH, f"127.0.0.1:{port}"], env=env, stdout=subprocess.PIPE,
-                          text=True)
+    cfg = config.load(environ={**env, "PODKIT_TRAINER_STALE_WEIGHTS_CHECK_S": "1"})
+    progress = Progress(cfg)
+    progress.write(step=5, weight_version="5")
+    stale = threading.Event()
+    threading.Thread(target=watch_served_weights, args=(cfg, progress, f"127.0.0.1:{port}", "", stale),
+                     daemon=True).start()
     time.sleep(3.5)
-    assert watcher.poll() is None, "served weights are the pushed ones: training goes on"
-    watcher.kill()
-    watcher.wait()
+    assert not stale.is_set(), "served weights are the pushed ones: training goes on"
 
-    fresh_port = free_port()  # a restarted server: nothing pushed yet, weight_version "default"
-    fresh = smoke_env(tmp_path / "ws", fresh_port, PODKIT_INFERENCE_STARTUP_DELAY_S="0",
-                      PODKIT_TRAINER_STALE_WEIGHTS_CHECK_S="1")
-    procs.spawn([sys.executable, "-m", "podkit", "run", "sglang"], env=fresh, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL)
-    wait_for(lambda: probe("127.0.0.1", fresh_port), 20, what="the restarted stand-in")
-    watcher = procs.spawn([sys.executable, "-c", WATCH, f"127.0.0.1:{fresh_port}"], env=env,
-                          stdout=subprocess.PIPE, text=True)
-    out, _ = watcher.communicate(timeout=20)
-    assert watcher.returncode == 75 and "inference restarted" in out
-    progress = json.loads((tmp_path / "ws/.podkit/progress.json").read_text())
-    assert progress["stopped"]["by"] == "stale-weights" and progress["weight_version"] == "5"
+    server.terminate()
+    server.wait(10)
+    procs.spawn([sys.executable, "-m", "podkit", "run", "sglang"], env=env, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)  # restarted: nothing pushed yet, weight_version "default"
+    wait_for(stale.is_set, 20, what="the watcher to flag the base weights")

@@ -1,7 +1,7 @@
 """What podkit generates, checked by the real parsers: every SGLang command line by SGLang's own
 ServerArgs argument parser, every shipped AReaL config (with podkit's overrides) by AReaL's own config
-loader and allocation parser. They run in a separate environment (tests/validate/env.sh, built and
-cached by `make test`), found through $VALIDATION_PYTHON; one process answers every case."""
+loader and allocation parser. They run in a separate environment (rehearse/env.sh, built and
+cached by `make test`), found through $AREAL_PYTHON; one process answers every case."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from conftest import ROOT
 from podkit import config, discovery
 from podkit.programs import areal_launch, sglang
 
-PYTHON = os.environ.get("VALIDATION_PYTHON")
+PYTHON = os.environ.get("AREAL_PYTHON")
 pytestmark = [pytest.mark.validate, pytest.mark.timeout(300),
               pytest.mark.skipif(not PYTHON and not os.environ.get("CI"),
-                                 reason="no validation environment: run `make test` (or set VALIDATION_PYTHON="
-                                        "$(tests/validate/env.sh))")]
+                                 reason="no AReaL environment: run `make test` (or set AREAL_PYTHON="
+                                        "$(rehearse/env.sh))")]
 POD_CONFIGS = ["a40-1gpu.yaml", "a40-2gpu.yaml", "a40-4gpu.yaml"]
 WS = "/workspace"
 
@@ -39,7 +39,7 @@ def with_changes(tmp, name, change):
 
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory):
-    assert PYTHON, "CI must run the validation: `make test` sets VALIDATION_PYTHON"
+    assert PYTHON, "CI must run the validation: `make test` sets AREAL_PYTHON"
     tmp = tmp_path_factory.mktemp("areal")
     cases = {"sglang": {}, "areal": {}}
     for name in POD_CONFIGS:
@@ -117,7 +117,10 @@ def test_areal_loads_the_shipped_grpo_config_with_podkits_overrides(verdicts, na
     assert v["name_resolve_root"] == cfg.trainer.name_resolve_root
     assert str(discovery.trial_dir(v["name_resolve_root"], v["experiment_name"], v["trial_name"])).startswith(
         cfg.trainer.name_resolve_root)
-    assert v["fileroot"] == v["recover_fileroot"] == f"{WS}/areal"
+    # Weight updates (cluster.fileroot) on local disk in the run dir; what must outlive the container on
+    # the volume.
+    assert v["fileroot"] == areal_launch.update_root(cfg) == f"{cfg.run_path}/areal" and not v["fileroot"].startswith(WS)
+    assert v["recover_fileroot"] == v["saver_fileroot"] == v["stats_fileroot"] == f"{WS}/areal"
     assert v["actor_path"] == v["tokenizer_path"] == cfg.inference.model
     # The A40 facts and the seeds' timeouts.
     assert v["attention_backend"] == "flashinfer" and v["attn_impl"] != "flash_attention_3"
@@ -150,7 +153,7 @@ def test_disk_weight_updates_carry_their_version_in_a_request_sglang_accepts(ver
 def test_the_images_constraints_hold_sglang_and_what_it_requires():
     """docker/base-pins.py, run where SGLang is installed (here: the validation environment), pins
     SGLang, torch and SGLang's own requirements, so AReaL's install in the image cannot move them."""
-    assert PYTHON, "CI must run the validation: `make test` sets VALIDATION_PYTHON"
+    assert PYTHON, "CI must run the validation: `make test` sets AREAL_PYTHON"
     r = subprocess.run([PYTHON, str(ROOT / "docker/base-pins.py")], capture_output=True, text=True, timeout=60)
     pins = dict(line.split("==", 1) for line in r.stdout.split())
     assert r.returncode == 0 and pins["sglang"] == "0.5.10.post1" and pins["transformers"] == "5.3.0"

@@ -93,18 +93,21 @@ def areal(cfg) -> list[Problem]:
     elif not os.path.isfile(t.areal_config):
         out.append(("trainer.areal_config", f"{t.areal_config} does not exist",
                     "a relative path is read from the pod config's directory"))
-    if not cfg.gpus["trainer"]:
+    if t.cpu_ranks and cfg.gpus["trainer"]:
+        out.append(("trainer.cpu_ranks", f"is {t.cpu_ranks} (train on CPU) but trainer.gpus is {t.gpus!r}",
+                    "CPU ranks are for the rehearsal without a GPU: set one of the two, not both"))
+    elif not t.cpu_ranks and not cfg.gpus["trainer"]:
         out.append(("trainer.gpus", "empty: torchrun needs at least one training GPU",
-                    "e.g. 1,2,3 on a 4-GPU pod with inference on 0"))
+                    "e.g. 1,2,3 on a 4-GPU pod with inference on 0 (trainer.cpu_ranks: the CPU rehearsal)"))
     shared = set(cfg.gpus["trainer"]) & set(cfg.gpus["inference"])
     if shared and cfg.inference.mem_fraction_static > SHARED_MEM_FRACTION:
         out.append(("trainer.gpus", f"GPU(s) {','.join(map(str, sorted(shared)))} also serve inference, which takes "
                     f"{cfg.inference.mem_fraction_static:g} of their memory",
                     f"give the trainer other GPUs, or share with inference.mem_fraction_static <= "
                     f"{SHARED_MEM_FRACTION} (configs/a40-1gpu.yaml)"))
-    if cfg.inference.kind != "sglang":
-        out.append(("trainer.kind", f"areal needs inference.kind sglang, not {cfg.inference.kind}",
-                    "the stand-in speaks only what the fake trainer uses; use configs/smoke.yaml for it"))
+    if cfg.inference.kind == "standin":
+        out.append(("trainer.kind", "areal needs a server that generates, not inference.kind standin",
+                    "inference.kind sglang on a pod, standin-lm for the CPU rehearsal (configs/cpu-rehearsal.yaml)"))
     out += _shell_words("trainer.overrides", t.overrides)
     if t.areal_config and os.path.isfile(t.areal_config):
         out += _backends(cfg)
@@ -123,12 +126,17 @@ def _backends(cfg) -> list[Problem]:
         return [("trainer.areal_config", f"{cfg.trainer.areal_config} is not a mapping of AReaL settings",
                  "an AReaL experiment config is a YAML mapping (configs/areal/ has examples)")]
     out = []
-    for section, pod_key, gpus in (("actor", "trainer.gpus", "trainer"), ("rollout", "inference.gpus", "inference")):
+    t = cfg.trainer
+    sections = [("actor", "trainer.cpu_ranks", t.cpu_ranks) if t.cpu_ranks else
+                ("actor", "trainer.gpus", len(cfg.gpus["trainer"]))]
+    if cfg.inference.kind == "sglang":  # a stand-in serves whatever the rollout backend says
+        sections.append(("rollout", "inference.gpus", len(cfg.gpus["inference"])))
+    for section, pod_key, want in sections:
         part = data.get(section)
         backend = str((part.get("backend") if isinstance(part, dict) else None) or "")
-        want, have = len(cfg.gpus[gpus]), backend_gpus(backend)
+        have = backend_gpus(backend)
         if have is not None and have != want:
-            out.append((pod_key, f"names {want} GPU(s) but {cfg.trainer.areal_config} has {section}.backend "
+            out.append((pod_key, f"names {want} rank(s) but {cfg.trainer.areal_config} has {section}.backend "
                         f"{backend!r} ({have} GPU(s))", f"make {section}.backend and {pod_key} agree"))
     return out
 
@@ -138,9 +146,20 @@ def programs(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
     out = []
     if cfg.inference.kind == "sglang":
         out += sglang(cfg, environ)
+    if cfg.inference.kind == "standin-lm":
+        out += standin_lm(cfg)
     if cfg.trainer.kind == "areal":
         out += areal(cfg)
-    elif cfg.inference.kind == "sglang":
-        out.append(("trainer.kind", "fake pushes torch checkpoints, which SGLang cannot load",
-                    "use trainer.kind areal with SGLang, or inference.kind standin (configs/smoke.yaml)"))
+    elif cfg.inference.kind in ("sglang", "standin-lm"):
+        out.append(("trainer.kind", f"fake pushes torch checkpoints, which {cfg.inference.kind} cannot load",
+                    "use trainer.kind areal with it, or inference.kind standin (configs/smoke.yaml)"))
     return out
+
+
+def standin_lm(cfg) -> list[Problem]:
+    """The generating stand-in loads a local model directory (nothing comes from a hub)."""
+    model = cfg.inference.model
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        return [("inference.model", f"{model!r} is not a local model directory (no config.json in it)",
+                 "standin-lm serves a local tiny model: `make rehearse` builds one (rehearse/assets.py)")]
+    return []

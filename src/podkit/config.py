@@ -81,11 +81,14 @@ SCHEMA: dict[str, dict[str, Field]] = {
     },
     "inference": {
         "kind": Field(str, "sglang", "sglang: the real SGLang server; standin: podkit's stand-in for SGLang's HTTP "
-                      "API (no GPU, smoke stack only)", "", ("sglang", "standin")),
+                      "API (no GPU, no model: smoke stack only); standin-lm: podkit's generating stand-in, a tiny "
+                      "local model on CPU (the CPU rehearsal, configs/cpu-rehearsal.yaml)", "",
+                      ("sglang", "standin", "standin-lm")),
         "host": Field(str, "127.0.0.1", "address the server binds; beyond loopback needs SGLANG_API_KEY"),
         "port": Field(int, 30000, "HTTP port of the server", "", minimum=1, maximum=65535),
         "gpus": Field(str, "0", "CUDA_VISIBLE_DEVICES for inference"),
-        "model": Field(str, "Qwen/Qwen2.5-0.5B-Instruct", "model served (and trained: the trainer's actor.path)"),
+        "model": Field(str, "Qwen/Qwen2.5-0.5B-Instruct", "model served (and trained: the trainer's actor.path); "
+                       "with standin-lm a local directory, ./ meaning the workspace"),
         "tp": Field(int, 1, "SGLang tensor-parallel size: must equal the number of inference GPUs", "",
                     minimum=1),
         "mem_fraction_static": Field(float, 0.85, "SGLang --mem-fraction-static: GPU memory for weights and KV "
@@ -109,6 +112,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "kind": Field(str, "areal", "areal: AReaL GRPO under torchrun (SPMD mode); fake: a real torch loop of a "
                       "tiny model on seeded random data (CPU, smoke stack)", "", ("areal", "fake")),
         "gpus": Field(str, "", "CUDA_VISIBLE_DEVICES for training"),
+        "cpu_ranks": Field(int, 0, "AReaL trainer on CPU (the rehearsal): this many torchrun ranks and no GPU; "
+                           "0: one rank per trainer.gpus", "", minimum=0, maximum=64),
         "areal_config": Field(str, "", "AReaL experiment config (relative: to the pod config's directory); "
                               "empty: fake trainer only", "path"),
         "overrides": Field(str, "", "more AReaL config overrides, shell-quoted key=value pairs"),
@@ -121,8 +126,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "seed": Field(int, 0, "seed of the fake data and model", minimum=0, maximum=2**32 - 1),
         "lr": Field(float, 0.01, "fake trainer: learning rate (a huge one makes the loss NaN, for doctor)", "",
                     minimum=0),
-        "weight_update_timeout_s": Field(float, 120.0, "limit for one weight push to inference (the seed's "
-                                         "hard-coded 120 s)", "s", minimum=0.1),
+        "weight_update_timeout_s": Field(float, 120.0, "fake trainer: limit for one weight push to inference "
+                                         "(AReaL's own wait is a fixed 120 s; doctor reads each trainer's "
+                                         "limit)", "s", minimum=0.1),
         "stale_weights_check_s": Field(float, 30.0, "AReaL trainer: how often rank 0 asks inference which weights "
                                        "it serves (a restarted SGLang serves the base model)", "s", minimum=1),
         "experiment": Field(str, "podkit", "AReaL experiment_name: names the discovery records to clear"),
@@ -490,6 +496,9 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
         values["repo"]["dest"] = os.path.join(top["workspace"], "repo")
     if not values["trainer"]["name_resolve_root"]:
         values["trainer"]["name_resolve_root"] = os.path.join(top["run_dir"], "name_resolve")
+    inf = values["inference"]
+    if inf["kind"] == "standin-lm" and inf["model"].startswith("./"):  # a model the rehearsal built there
+        inf["model"] = os.path.join(top["workspace"], inf["model"][2:])
     _check_paths(top, origins)
     url, user, token = split_credentials(values["repo"]["url"])
     values["repo"]["url"] = url

@@ -77,14 +77,31 @@ def check_restart_loop(pod: Pod, now: float) -> Finding | None:
                    "`podkit resume` once it is fixed")
 
 
+AREAL_UPDATE_WAIT_S = 120.0  # areal 1.0.4 remote_inf_engine.py:1389: name_resolve.wait(update_name, timeout=120)
+AREAL_UPDATE_TIMEOUT = re.compile(r"Timeout waiting for key '[^']*/update_weights_from_disk/(\d+)'")
+AREAL_UPDATE_DONE = re.compile(r"Loading weights from disk done in ([\d.]+)s")
+
+
 def check_weight_update(pod: Pod, now: float) -> Finding | None:
-    slow = [ln.strip() for ln in pod.log_tail("trainer") if re.search(r"weight update .* (timed out|took)", ln)]
+    """Weight pushes near or past their limit: the fake trainer's `weight update ... took/timed out`
+    lines against trainer.weight_update_timeout_s; AReaL's own lines against its fixed 120 s wait for
+    the trainer's save (a timeout) and the time each update took."""
+    lines = pod.log_tail("trainer")
+    if pod.cfg.trainer.kind == "areal":
+        limit, where = AREAL_UPDATE_WAIT_S, "AReaL's fixed wait"
+        slow = [ln.strip() for ln in lines if AREAL_UPDATE_TIMEOUT.search(ln)
+                or ((m := AREAL_UPDATE_DONE.search(ln)) and float(m.group(1)) > limit / 2)]
+        hint = ("the update files go to local disk (<run_dir>/areal); a slow or full container disk makes the "
+                "trainer's save miss AReaL's 120 s: check `df` in the pod, or use a smaller model per GPU")
+    else:
+        limit, where = pod.cfg.trainer.weight_update_timeout_s, "trainer.weight_update_timeout_s"
+        slow = [ln.strip() for ln in lines if re.search(r"weight update .* (timed out|took)", ln)]
+        hint = ("raise trainer.weight_update_timeout_s, checkpoint less often, or move the shared root off a "
+                "slow network volume (see workspace_slow)")
     if not slow:
         return None
-    limit = pod.cfg.trainer.weight_update_timeout_s
-    return Finding("weight_update_slow", f"weight updates are slower than their {limit:.0f}s limit",
-                   slow[-3:], "raise trainer.weight_update_timeout_s, checkpoint less often, or move the "
-                   "shared root off a slow network volume (see workspace_slow)")
+    return Finding("weight_update_slow", f"weight updates are slow against their {limit:.0f}s limit ({where})",
+                   slow[-3:], hint)
 
 
 def check_workspace(pod: Pod, now: float, min_free_bytes: int, min_mb_s: float) -> list[Finding]:

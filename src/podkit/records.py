@@ -160,7 +160,10 @@ BOOTS = Record("boots.json", [{"time": NUMBER, "pid": int, "stages": dict, "outc
 # Written by the trainer (both kinds, through Progress below); read by status, health, watchdog, doctor.
 PROGRESS = Record("progress.json", {"kind": str, "step": int, "time": NUMBER, "loss": NUMBER, "reward": NUMBER,
                                     "pid": int, "checkpoint_step": int, "weight_version": str,
-                                    "resumed_from": str, "stopped": STOPPED})
+                                    "resumed_from": str, "resumed_at": int, "stopped": STOPPED,
+                                    # AReaL: inference's log-probs against the trainer's (grpo.logp_gap)
+                                    "logp_gap": {"max_abs": NUMBER, "avg": NUMBER},
+                                    "on_policy_logp_gap": {"max_abs": NUMBER, "avg": NUMBER}})
 # Written by boot just before supervisord starts: where this pod's supervisord listens.
 CURRENT = Record("current.json", {"run_dir": str, "socket": str, "supervisord_pid": int, "started": NUMBER,
                                   "inference": {"host": str, "port": int}})

@@ -47,7 +47,8 @@ def collect(workspace: Path) -> dict:
     prog = records.PROGRESS.read(state_dir)
     out["trainer"] = {"step": prog.get("step"), "last_progress": prog.get("time"), "loss": prog.get("loss"),
                       "checkpoint_step": prog.get("checkpoint_step"), "weight_version": prog.get("weight_version"),
-                      "stopped": prog.get("stopped")}
+                      "stopped": prog.get("stopped"), "kind": prog.get("kind"), "reward": prog.get("reward"),
+                      "resumed_from_step": prog.get("resumed_at"), "logp_gap": prog.get("logp_gap")}
     inf = current.get("inference") or {}
     sglang = out["programs"].get("sglang")
     out["inference"] = {"phase": health.inference_phase(
@@ -79,7 +80,8 @@ def human(st: dict) -> str:
                      f"restarts {p['restarts']}")
     t = st["trainer"]
     lines.append(f"trainer: step {t.get('step')}, last progress {_ago(t.get('last_progress'))}, "
-                 f"checkpoint at step {t.get('checkpoint_step')}")
+                 f"checkpoint at step {t.get('checkpoint_step')}, weights v{t.get('weight_version')}"
+                 + (f", resumed at step {t['resumed_from_step']}" if t.get("resumed_from_step") else ""))
     lines.append(f"inference: {st['inference']['phase']}")
     for act in st.get("watchdog") or []:
         lines.append(f"watchdog {_ago(act.get('time'))}: {act.get('action')} {act.get('program')}: {act.get('reason')}")

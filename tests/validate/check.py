@@ -1,4 +1,4 @@
-"""Runs in the validation environment (Makefile: validate-env), never in podkit's own.
+"""Runs in the AReaL environment (rehearse/env.sh), never in podkit's own.
 
 Reads a JSON request on stdin and writes its answer as JSON to the file named by its argument (AReaL
 logs to stdout):
@@ -20,19 +20,47 @@ import sys
 import tempfile
 
 
-def importable_torchvision() -> None:
-    """torchvision is on PyPI only as CUDA builds, whose C++ ops cannot load against the CPU torch;
-    its Python side imports once its fake-kernel registrations for those ops are skipped. SGLang
-    imports torchvision for image decoding, which the argument parser never reaches."""
-    import torch.library
+def import_server_args_without_torchvision() -> None:
+    """The AReaL environment has no torchvision (PyPI has only CUDA builds; beside a CPU torch it breaks
+    transformers' PreTrainedModel import, which the trainer needs). SGLang's server_args import chain
+    reaches module-level `from torchvision... import X` (utils/common.py: torchvision.io.decode_jpeg;
+    multimodal/internvl_utils.py: torchvision.transforms) for image code the parser never runs. A
+    placeholder package answers those imports for that one import and is removed after; transformers,
+    imported first, has already decided that torchvision is unavailable."""
+    import importlib.abc
+    import importlib.machinery
+    import types
 
-    real = torch.library.register_fake
-    torch.library.register_fake = (
-        lambda op, *a, **k: (lambda fn: fn) if str(op).startswith("torchvision::") else real(op, *a, **k))
+    import transformers  # noqa: F401 - decides "no torchvision" before the placeholder exists
+
+    class Anything(types.ModuleType):
+        __path__ = []
+
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return type(name, (), {"__init__": lambda self, *a, **k: None})
+
+    class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path, target=None):
+            if name == "torchvision" or name.startswith("torchvision."):
+                return importlib.machinery.ModuleSpec(name, self, is_package=True)
+            return None
+
+        def create_module(self, spec):
+            return Anything(spec.name)
+
+        def exec_module(self, module):
+            pass
+
+    finder = Finder()
+    sys.meta_path.insert(0, finder)
     try:
-        import torchvision  # noqa: F401
+        import sglang.srt.server_args  # noqa: F401
     finally:
-        torch.library.register_fake = real
+        sys.meta_path.remove(finder)
+        for k in [k for k in sys.modules if k == "torchvision" or k.startswith("torchvision.")]:
+            del sys.modules[k]
 
 
 class ParseError(Exception):
@@ -110,6 +138,8 @@ def areal_check(path: str, overrides: list[str]) -> dict:
             "attention_backend": cfg.sglang.attention_backend, "mem_fraction_static": cfg.sglang.mem_fraction_static,
             "context_length": cfg.sglang.context_length, "weight_update_mode": cfg.actor.weight_update_mode,
             "recover_mode": cfg.recover.mode, "recover_fileroot": cfg.recover.fileroot,
+            "saver_fileroot": cfg.saver.fileroot, "stats_fileroot": cfg.stats_logger.fileroot,
+            "total_train_steps": cfg.total_train_steps,
             "request_timeout": cfg.rollout.request_timeout, "request_retries": cfg.rollout.request_retries,
             "setup_timeout": cfg.rollout.setup_timeout, "max_concurrent_rollouts": cfg.rollout.max_concurrent_rollouts,
             "attn_impl": cfg.actor.attn_impl}
@@ -135,7 +165,7 @@ def weight_update_check(src: str) -> dict:
     from areal.api.io_struct import WeightUpdateMeta
     from areal.engine.sglang_remote import SGLangBackend
 
-    from podkit.programs.grpo import version_weight_updates
+    from podkit.programs.areal_patches import version_weight_updates
 
     version_weight_updates()
     meta = WeightUpdateMeta.from_disk("podkit", "run", "/workspace/areal").with_version(7)
@@ -152,7 +182,7 @@ def main() -> int:
     request, answer = json.load(sys.stdin), os.path.abspath(sys.argv[1])
     # AReaL's loader may write logs under its fileroot; keep them out of the tree.
     os.chdir(tempfile.mkdtemp(prefix="podkit-validate-"))
-    importable_torchvision()
+    import_server_args_without_torchvision()
     out = {"sglang": [sglang_check(a) for a in request.get("sglang", [])],
            "areal": [areal_check(r["config"], r.get("overrides", [])) for r in request.get("areal", [])]}
     if request.get("podkit_src"):

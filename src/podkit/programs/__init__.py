@@ -20,6 +20,7 @@ from podkit import log, proc, records
 TABLE: dict[tuple[str, str], str] = {
     ("sglang", "sglang"): "podkit.programs.sglang",          # SGLang itself (exec)
     ("sglang", "standin"): "podkit.programs.standin",        # stand-in for SGLang's HTTP API (smoke stack)
+    ("sglang", "standin-lm"): "podkit.programs.standin_lm",  # generating stand-in, tiny model on CPU (rehearsal)
     ("trainer", "areal"): "podkit.programs.areal_launch",    # AReaL GRPO under torchrun
     ("trainer", "fake"): "podkit.programs.fake_trainer",     # a real torch loop on random data (smoke stack)
     ("watchdog", ""): "podkit.watchdog",                     # the hang watchdog
@@ -57,6 +58,17 @@ def refused(cfg, problems: list[tuple[str, str, str]], logger) -> bool:
     for key, what, hint in problems:
         logger.error(f"{cfg.origin(key)}: {key}: {what} (hint: {hint})")
     return bool(problems)
+
+
+def compile_caches(cfg, env: dict[str, str]) -> dict[str, str]:
+    """Kernel caches on the volume: a new container reuses what the last one compiled (FlashInfer JITs
+    its sm_86 kernels at SGLang's first start; AReaL's torch.compile'd log-prob gather compiles through
+    inductor and triton). Keyed by their own versions, so an image with other pins does not reuse them."""
+    base = cfg.workspace_path / "cache"
+    for var, sub in (("FLASHINFER_WORKSPACE_BASE", "flashinfer"), ("TRITON_CACHE_DIR", "triton"),
+                     ("TVM_FFI_CACHE_DIR", "tvm-ffi"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
+        env.setdefault(var, str(base / sub))
+    return env
 
 
 def hold_devices(cfg) -> list:

@@ -19,10 +19,11 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from podkit import checks, discovery, health, log, proc, records, supervisord
-from podkit.programs import refused
+from podkit.programs import compile_caches, refused
 
 _log = log.get("trainer")
 
@@ -36,18 +37,30 @@ def fileroot(cfg) -> str:
     return str(cfg.workspace_path / "areal")
 
 
+def update_root(cfg) -> str:
+    """AReaL's cluster.fileroot, which only its disk weight updates read: a full HF save every step
+    (~1 GB for 0.5B in bf16) that SGLang must read back inside AReaL's fixed 120 s wait. Local disk in
+    the private run dir, not the network volume."""
+    return str(cfg.run_path / "areal")
+
+
 def overrides(cfg) -> list[str]:
     """Hydra overrides that make the pod config the one source of truth for what podkit also reads."""
-    t, model = cfg.trainer, cfg.inference.model
+    t, model, root = cfg.trainer, cfg.inference.model, fileroot(cfg)
     return [f"experiment_name={t.experiment}", f"trial_name={t.trial}",
-            f"cluster.fileroot={fileroot(cfg)}",
+            f"cluster.fileroot={update_root(cfg)}", f"saver.fileroot={root}", f"recover.fileroot={root}",
+            f"stats_logger.fileroot={root}", f"evaluator.fileroot={root}",
             "cluster.name_resolve.type=nfs", f"cluster.name_resolve.nfs_record_root={t.name_resolve_root}",
             f"actor.path={model}", f"tokenizer_path={model}", f"sglang.model_path={model}",
             *shlex.split(t.overrides)]
 
 
+def ranks(cfg) -> int:
+    return cfg.trainer.cpu_ranks or len(cfg.gpus["trainer"])
+
+
 def command(cfg, python: str | None = None) -> list[str]:
-    n = len(cfg.gpus["trainer"])
+    n = ranks(cfg)
     # --standalone: a local rendezvous on a free port, so a dying previous run's port cannot collide.
     return [python or sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
             "--nproc-per-node", str(n), entry_script(), "--config", cfg.trainer.areal_config, *overrides(cfg)]
@@ -58,11 +71,14 @@ def environment(cfg, environ: dict[str, str] | None = None) -> dict[str, str]:
     inf = cfg.inference
     host = "127.0.0.1" if inf.host in ("0.0.0.0", "::") else inf.host
     env.update(AREAL_SPMD_MODE="1", AREAL_LLM_SERVER_ADDRS=f"{host}:{inf.port}",
-               CUDA_VISIBLE_DEVICES=cfg.trainer.gpus,
+               # CPU ranks see no GPU: AReaL then picks its CPU platform (gloo).
+               CUDA_VISIBLE_DEVICES="" if cfg.trainer.cpu_ranks else cfg.trainer.gpus,
                # What AReaL's own launcher sets for an SGLang rollout backend.
                NCCL_CUMEM_ENABLE="0", NCCL_NVLS_ENABLE="0")
     env.setdefault("HF_HOME", str(cfg.workspace_path / "hf"))
-    return env
+    env.setdefault("WANDB_MODE", "disabled")  # opt in with stats_logger.wandb.mode=online in trainer.overrides
+    return compile_caches(cfg, env)
+
 
 
 def wait_for_inference(cfg, is_dead=None, interval: float = 1.0) -> str | None:
@@ -101,12 +117,49 @@ def main(cfg) -> int:
     if why:
         _log.error(why)
         return 1
+    # Before the discovery records go: a rank left by a killed launcher may still be registering.
+    for pid in clear_leftovers(cfg.run_path):
+        _log.warn(f"killed pid {pid}, left by a previous torchrun whose launcher was killed")
     for line in discovery.clear(cfg.trainer.name_resolve_root, cfg.trainer.experiment, cfg.trainer.trial):
         _log.info(line)
+    unpause(cfg)
     argv, env = command(cfg), environment(cfg)
-    _log.info(f"starting {shlex.join(argv)} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}, "
+    _log.info(f"starting {shlex.join(argv)} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r}, "
               f"AREAL_LLM_SERVER_ADDRS={env['AREAL_LLM_SERVER_ADDRS']})")
-    return supervise(argv, env, cfg.run_path)
+    started = time.time()
+    rc = supervise(argv, env, cfg.run_path)
+    return outcome(cfg, rc, started)
+
+
+def unpause(cfg) -> None:
+    """AReaL pauses generation for each weight update and resumes it after; a trainer that died in
+    between left inference paused, and every rollout of the next run would wait forever."""
+    inf = cfg.inference
+    host = "127.0.0.1" if inf.host in ("0.0.0.0", "::") else inf.host
+    key = os.environ.get(checks.API_KEY_ENV, "")
+    req = urllib.request.Request(f"http://{host}:{inf.port}/continue_generation", data=b"{}", method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {key}"} if key else {})})
+    try:
+        urllib.request.urlopen(req, timeout=10).close()
+    except (OSError, ValueError) as e:
+        _log.warn(f"could not ask inference to continue generating ({e}); a server left paused by a dead trainer "
+                  "would stall the rollouts")
+
+
+def outcome(cfg, rc: int, started: float) -> int:
+    """torchrun's 1 for any failed rank loses why the ranks stopped; rank 0's progress record says it.
+    A stop for stale weights exits 75 (supervisord restarts the trainer, which resumes); a SIGTERM
+    exits 0 when supervisord is stopping the trainer and 75 after a stray one; a finished run 0."""
+    stopped = records.PROGRESS.read(cfg.state_dir).get("stopped")
+    if not isinstance(stopped, dict) or not isinstance(stopped.get("time"), (int, float)) or stopped["time"] < started:
+        return rc
+    by = stopped.get("by")
+    if by == "stale-weights":
+        return supervisord.EXIT_RESTART
+    if by == "SIGTERM":
+        return supervisord.exit_after_sigterm(cfg.socket_path)
+    return rc
 
 
 def _set_pdeathsig() -> None:
@@ -134,8 +187,6 @@ def supervise(argv: list[str], env: dict[str, str], run_dir: Path) -> int:
     step, checkpoint and exit 0, and torchrun with them. SIGUSR2 (the watchdog's stack dump) is passed
     on too. torchrun's group and each rank's own group are recorded as they appear, and whatever is
     left of them when torchrun ends, or after this launcher was killed, is killed."""
-    for pid in clear_leftovers(run_dir):
-        _log.warn(f"killed pid {pid}, left by a previous torchrun whose launcher was killed")
     child = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_set_pdeathsig)  # noqa: PLW1509
     groups = {child.pid: proc.starttime(child.pid) or 0}
     done = threading.Event()

@@ -1,50 +1,44 @@
-"""podkit's GRPO entry script for AReaL 1.0.4 in SPMD mode (run by torchrun, one process per training GPU).
+"""podkit's GRPO entry script for AReaL 1.0.4 in SPMD mode (run by torchrun, one process per rank).
 
     torchrun --standalone --nproc-per-node N grpo.py --config areal/grpo-a40-4gpu.yaml key=value ...
 
-GSM8K with AReaL's RLVRWorkflow (areal's gsm8k example uses a workflow SPMD mode refuses). Around
-AReaL's own PPOTrainer it adds what podkit's supervision relies on:
+GSM8K with AReaL's RLVRWorkflow for training and for evaluation (areal's gsm8k example uses a workflow
+SPMD mode refuses). AReaL's own PPOTrainer does the training, with podkit's patches
+(areal_patches.py); around it, what podkit's supervision relies on:
 
-- progress: rank 0 writes <workspace>/.podkit/progress.json after each step (status, health, watchdog);
-- versioned weights: each disk weight update tells SGLang its version, so `/get_model_info` says which
-  weights are served; a restarted SGLang says "default" (the base model), which rank 0 checks for every
-  trainer.stale_weights_check_s and answers by exiting 75, so supervisord restarts the trainer, which
-  resumes from its recover checkpoint and pushes those weights (AReaL pushes on recovery);
-- SIGTERM: the step in flight finishes, a recover checkpoint is written if this step had none, exit 0;
+- progress: rank 0 writes <workspace>/.podkit/progress.json after each step (status, health, watchdog):
+  step, weight_version, checkpoint_step, reward, loss, the trainer-vs-inference log-prob gap (and, from
+  a fresh run's first step, where every rollout came from the weights the trainer holds, the gap that
+  must be float error: on_policy_logp_gap), and resumed_from/resumed_at when this run resumed;
+- stale weights: a restarted SGLang serves the base weights ("default"), and rollouts it generates
+  carry this trainer's version. Rank 0 asks /model_info every trainer.stale_weights_check_s; after the
+  step in flight (its recover checkpoint written) every rank stops, and the launcher exits 75 so
+  supervisord restarts the trainer, which resumes from that checkpoint and pushes its weights;
+- SIGTERM: the step in flight finishes, with a recover checkpoint if it had none, and train() returns;
 - SIGUSR2: every thread's stack, to logs/stacks-<pid>.txt (the watchdog's dump).
 
-Imports AReaL and torch: this runs only in the image, never on podkit's boot path.
+Every stop happens between steps and on all ranks at once (an all-reduce of the flags), through
+AReaL's own step limit, so no checkpoint is cut and AReaL logs no failure.
+
+Imports AReaL and torch: this runs only in the AReaL environment, never on podkit's boot path.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 from podkit import log, records
+from podkit.checks import API_KEY_ENV
 
 _log = log.get("trainer")
-EXIT_STALE_WEIGHTS = 75  # EX_TEMPFAIL: supervisord restarts the trainer (autorestart=unexpected)
-
-
-def version_weight_updates() -> None:
-    """Disk updates carry weight_version (SGLang's UpdateWeightFromDiskReqInput has the field)."""
-    from areal.engine.sglang_remote import SGLangBackend
-
-    build = SGLangBackend.build_disk_weight_update_requests
-
-    def with_version(self, meta):
-        requests = build(self, meta)
-        if meta.version is not None and not meta.use_lora:
-            for req in requests.requests:
-                if req.endpoint == "/update_weights_from_disk":
-                    req.payload["weight_version"] = str(meta.version)
-        return requests
-
-    SGLangBackend.build_disk_weight_update_requests = with_version
+EVAL_TEMPERATURE = 0.6  # areal's gsm8k example evaluates at 0.6, one sample per prompt
 
 
 class Progress(records.Progress):
@@ -58,40 +52,53 @@ class Progress(records.Progress):
         self.update(**fields, time=time.time())
 
 
-def first_stat(stats, *suffixes: str):
+def stat(stats, *suffixes: str):
+    """The first of `suffixes` (in that order of preference) that some stats key ends with."""
     items = stats if isinstance(stats, list) else [stats]
-    for item in items:
-        for key, value in item.items():
-            if key.endswith(suffixes):
-                try:
-                    return float(value)
-                except (TypeError, ValueError):
-                    pass
+    for suffix in suffixes:
+        for item in items:
+            for key, value in item.items():
+                if key.endswith(suffix):
+                    try:
+                        return float(value)
+                    except (TypeError, ValueError):
+                        pass
     return None
 
 
-def watch_served_weights(cfg, progress: Progress, addr: str) -> None:
-    """Rank 0, in a daemon thread: a restarted SGLang serves base weights ('default') after this trainer
-    pushed a version. Training on would compute rollouts from stale weights, silently."""
-    import json
-    import urllib.request
+def logp_gap(stats) -> dict | None:
+    """AReaL's kl_div_direct is old_logp - logprobs over the step's tokens: inference's (behaviour)
+    log-probs against the trainer's recomputed ones. On-policy tokens (step 1 of a fresh run: every
+    rollout from the weights the trainer holds) must agree to float error."""
+    lo, hi, avg = (stat(stats, f"kl_div_direct/{k}") for k in ("min", "max", "avg"))
+    if hi is None or lo is None:
+        return None
+    return {"max_abs": max(abs(lo), abs(hi)), "avg": avg}
 
-    while True:
+
+def served_version(addr: str, api_key: str, timeout: float = 10) -> str | None:
+    """What inference says it serves; None when it does not answer."""
+    req = urllib.request.Request(f"http://{addr}/model_info",
+                                 headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return str(json.loads(r.read()).get("weight_version"))
+    except (OSError, ValueError, urllib.error.HTTPError):
+        return None
+
+
+def watch_served_weights(cfg, progress: Progress, addr: str, api_key: str, stale: threading.Event) -> None:
+    """Rank 0, a daemon thread: flags base weights served after this trainer pushed a version."""
+    while not stale.is_set():
         time.sleep(cfg.trainer.stale_weights_check_s)
         pushed = progress.data.get("weight_version")
         if pushed is None:
             continue
-        try:
-            with urllib.request.urlopen(f"http://{addr}/get_model_info", timeout=10) as r:
-                served = str(json.loads(r.read()).get("weight_version"))
-        except (OSError, ValueError):
-            continue  # down or restarting: the rollouts wait, the watchdog watches
-        if served == "default":
-            _log.warn(f"inference serves the base weights but this trainer pushed version {pushed}: "
-                      "inference restarted. Exiting so supervisord restarts the trainer; it resumes from its "
-                      "recover checkpoint and pushes those weights again.")
-            progress.write(stopped={"by": "stale-weights", "time": time.time(), "step": progress.data.get("step")})
-            os._exit(EXIT_STALE_WEIGHTS)
+        if served_version(addr, api_key) == "default":
+            _log.warn(f"inference serves the base weights but this trainer pushed version {pushed}: inference "
+                      "restarted. Stopping after this step; supervisord restarts the trainer, which resumes "
+                      "from its recover checkpoint and pushes those weights again.")
+            stale.set()
 
 
 def main(argv: list[str]) -> int:
@@ -100,8 +107,8 @@ def main(argv: list[str]) -> int:
 
     cfg = config.load()
     stacks_on_sigusr2(cfg)
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    sigterm, stale = threading.Event(), threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: sigterm.set())
 
     import torch
     import torch.distributed as dist
@@ -110,7 +117,10 @@ def main(argv: list[str]) -> int:
     from areal.dataset import get_custom_dataset
     from areal.utils.hf_utils import load_hf_tokenizer
 
-    version_weight_updates()
+    from podkit.programs import areal_patches
+
+    api_key = os.environ.get(API_KEY_ENV, "")
+    areal_patches.apply(api_key=api_key, ride_out_s=cfg.inference.ready_timeout_s)
     config_, _ = load_expr_config(argv, GRPOConfig)
     tokenizer = load_hf_tokenizer(config_.tokenizer_path)
     train_dataset = get_custom_dataset(split="train", dataset_config=config_.train_dataset, tokenizer=tokenizer)
@@ -121,22 +131,19 @@ def main(argv: list[str]) -> int:
     rank = int(os.environ.get("RANK", "0"))
     progress = Progress(cfg) if rank == 0 else None
     addr = os.environ.get("AREAL_LLM_SERVER_ADDRS", "").split(",")[0]
+    workflow = "areal.workflow.rlvr.RLVRWorkflow"
+    kwargs = dict(reward_fn="areal.reward.gsm8k.gsm8k_reward_fn", gconfig=config_.gconfig,
+                  tokenizer=config_.tokenizer_path, enable_thinking=False)
+    eval_kwargs = {**kwargs, "gconfig": config_.gconfig.new(temperature=EVAL_TEMPERATURE, n_samples=1)}
+    stopped = {"by": None}
 
     with PPOTrainer(config_, train_dataset=train_dataset, valid_dataset=valid_dataset) as trainer:
         export, save_recover = trainer._export_and_commit_stats, trainer._save_recover_checkpoint
         info_path = trainer.recover_handler.recover_info_path(
-            config_.experiment_name, config_.trial_name, config_.cluster.fileroot)
-        saved = {"step": None}
-
-        def save_recover_and_note(epoch: int, epoch_step: int, global_step: int) -> None:
-            before = os.path.getmtime(info_path) if os.path.exists(info_path) else None
-            save_recover(epoch=epoch, epoch_step=epoch_step, global_step=global_step)
-            if os.path.exists(info_path) and os.path.getmtime(info_path) != before:
-                saved["step"] = global_step + 1
+            config_.experiment_name, config_.trial_name, config_.recover.fileroot)
 
         def commit(epoch: int, epoch_step: int, global_step: int) -> None:
-            stats = {}
-            commit_ = trainer.stats_logger.commit
+            stats, commit_ = {}, trainer.stats_logger.commit
 
             def keep(e, s, g, data):
                 stats["data"] = data
@@ -147,44 +154,52 @@ def main(argv: list[str]) -> int:
                 export(epoch=epoch, epoch_step=epoch_step, global_step=global_step)
             finally:
                 trainer.stats_logger.commit = commit_
-            step = global_step + 1
+            step = global_step + 1  # AReaL pushed these weights as version global_step + 1
             if progress is not None:
                 data = stats.get("data") or {}
-                progress.write(step=step, weight_version=str(step), checkpoint_step=saved["step"]
-                               or progress.data.get("checkpoint_step"),
-                               loss=first_stat(data, "loss/avg", "loss"),
-                               reward=first_stat(data, "task_reward/avg", "reward/avg"))
-            # Every rank must agree to stop at the same step, or the next collective hangs.
-            flag = torch.tensor([1 if stopping.is_set() else 0])
-            dist.all_reduce(flag, group=trainer.actor.cpu_group)
-            if flag.item():
-                if saved["step"] != step:
-                    freq = trainer.recover_handler.freq_ctl
-                    check, freq.check = freq.check, (lambda **_: True)
-                    try:
-                        save_recover_and_note(epoch, epoch_step, global_step)
-                    finally:
-                        freq.check = check
-                if progress is not None:
-                    progress.write(stopped={"by": "SIGTERM", "time": time.time(), "step": step})
-                _log.info(f"SIGTERM: stopped after step {step} with a recover checkpoint")
-                raise SystemExit(0)
+                saved = areal_patches.recover_checkpoint_written(trainer, global_step)
+                progress.write(step=step, weight_version=str(step),
+                               checkpoint_step=step if saved else progress.data.get("checkpoint_step"),
+                               loss=stat(data, "update/loss/avg", "loss/avg"),
+                               reward=stat(data, "task_reward/avg", "reward/avg"),
+                               logp_gap=logp_gap(data))
+                if global_step == 0:  # every rollout came from the weights the trainer holds
+                    progress.write(on_policy_logp_gap=logp_gap(data))
+                if served_version(addr, api_key) not in (str(step), None):
+                    stale.set()  # the push just made is not what is served
+            # Every rank must stop at the same step, or the next collective hangs.
+            flags = torch.tensor([sigterm.is_set(), stale.is_set()], dtype=torch.int64)
+            dist.all_reduce(flags, group=trainer.actor.cpu_group)
+            by_sigterm, by_stale = bool(flags[0]), bool(flags[1])
+            if not (by_sigterm or by_stale):
+                return
+            if not areal_patches.recover_checkpoint_written(trainer, global_step):
+                areal_patches.force_recover_checkpoint(trainer, save_recover, epoch, epoch_step, global_step)
+            stopped["by"] = "SIGTERM" if by_sigterm else "stale-weights"
+            if progress is not None:
+                progress.write(checkpoint_step=step)
+            _log.info(f"{stopped['by']}: stopping after step {step}, with its recover checkpoint")
+            areal_patches.stop_after_step(trainer, global_step)
 
-        trainer._save_recover_checkpoint = save_recover_and_note
         trainer._export_and_commit_stats = commit
         if progress is not None and addr:
-            threading.Thread(target=watch_served_weights, args=(cfg, progress, addr), daemon=True).start()
-        if progress is not None and trainer.recover_info is not None:
-            # AReaL pushed the recovered weights as version global_step + 1.
-            resumed = trainer.recover_info.last_step_info.global_step + 1
-            progress.write(step=resumed, weight_version=str(resumed), checkpoint_step=resumed,
-                           resumed_from=info_path)
-        trainer.train(workflow="areal.workflow.rlvr.RLVRWorkflow",
-                      workflow_kwargs=dict(reward_fn="areal.reward.gsm8k.gsm8k_reward_fn",
-                                           gconfig=config_.gconfig, tokenizer=config_.tokenizer_path,
-                                           enable_thinking=False))
+            threading.Thread(target=watch_served_weights, args=(cfg, progress, addr, api_key, stale),
+                             daemon=True).start()
+        if progress is not None:
+            fresh = {"resumed_from": None, "resumed_at": None, "stopped": None, "logp_gap": None,
+                     "on_policy_logp_gap": None}
+            if trainer.recover_info is not None:
+                # AReaL pushed the recovered weights as version global_step + 1.
+                resumed = trainer.recover_info.last_step_info.global_step + 1
+                fresh.update(step=resumed, weight_version=str(resumed), checkpoint_step=resumed,
+                             resumed_from=info_path, resumed_at=resumed)
+                _log.info(f"resumed from the recover checkpoint of step {resumed} ({info_path})")
+            progress.write(**fresh)
+        trainer.train(workflow=workflow, workflow_kwargs=kwargs,
+                      eval_workflow=workflow if valid_dataset is not None else None,
+                      eval_workflow_kwargs=eval_kwargs if valid_dataset is not None else None)
     if progress is not None:
-        progress.write(stopped={"by": "done", "time": time.time(), "step": progress.data.get("step")})
+        progress.stopped(stopped["by"] or "done")
     return 0
 
 

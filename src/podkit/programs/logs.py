@@ -9,6 +9,7 @@ which desynchronises on the first non-ASCII character a program prints.
 
 from __future__ import annotations
 
+import codecs
 import os
 import signal
 import sys
@@ -19,6 +20,21 @@ from podkit import lease, records, supervisord
 
 READY = b"READY\n"
 OK = b"RESULT 2\nOK"
+
+
+def read_payload(stdin, n: int) -> bytes:
+    """supervisord's `len` counts the payload's characters, but it writes UTF-8 (supervisor 4.3,
+    process.py:985): a log line with a non-ASCII character (AReaL's stats tables) is longer in bytes,
+    and reading `len` bytes would leave the rest to be parsed as the next event's header."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    data, chars = b"", 0
+    while chars < n:
+        chunk = stdin.read(n - chars)  # each missing character is at least one more byte
+        if not chunk:
+            break
+        data += chunk
+        chars += len(decoder.decode(chunk))
+    return data
 
 
 def parse_headers(line: bytes) -> dict[str, str]:
@@ -104,7 +120,7 @@ def main(cfg) -> int:
         if not line:
             return 0
         headers = parse_headers(line)
-        payload = stdin.read(int(headers["len"]))
+        payload = read_payload(stdin, int(headers["len"]))
         try:
             pump.handle(headers, payload)
         finally:

@@ -16,7 +16,7 @@ import time
 
 from podkit import checks, gpu, log, supervisord
 from podkit.checks import API_KEY_ENV
-from podkit.programs import refused
+from podkit.programs import compile_caches, refused
 
 _log = log.get("sglang")
 
@@ -71,7 +71,7 @@ def environment(cfg, environ: dict[str, str] | None = None) -> dict[str, str]:
     env["CUDA_VISIBLE_DEVICES"] = cfg.inference.gpus
     # Model downloads go to the volume: a restarted pod does not fetch the weights again.
     env.setdefault("HF_HOME", str(cfg.workspace_path / "hf"))
-    return env
+    return compile_caches(cfg, env)
 
 
 def device_files(cfg) -> list[str]:

@@ -71,7 +71,7 @@ def make_handler(state: State, update_delay_s: float = 0.0):
                 self._send(200, b"")
             elif self.path == "/health_generate":
                 self._send(200, b"")
-            elif self.path == "/get_model_info":
+            elif self.path in ("/get_model_info", "/model_info"):  # SGLang serves both
                 with state.lock:
                     self._send(200, {"model_path": state.model, "tokenizer_path": state.model,
                                      "is_generation": True, "preferred_sampling_params": None,
@@ -135,14 +135,18 @@ def serve(host: str, port: int, model: str, startup_delay_s: float, update_delay
         return 0
     say(f"Capture cuda graph end. Time elapsed: {step:.2f} s. mem usage=0.00 GB. avail mem=0.00 GB.")
     state = State(model)
-    httpd = ThreadingHTTPServer((host, port), make_handler(state, update_delay_s))
+    # SIGUSR1 freezes the server (accepts, never answers), SIGUSR2 thaws it: the fault suite's hang.
+    signal.signal(signal.SIGUSR1, lambda *_: state.frozen.set())
+    signal.signal(signal.SIGUSR2, lambda *_: state.frozen.clear())
+    return listen(ThreadingHTTPServer((host, port), make_handler(state, update_delay_s)), host, port, stop)
+
+
+def listen(httpd: ThreadingHTTPServer, host: str, port: int, stop: threading.Event) -> int:
+    """Serve until `stop`, announcing it with SGLang's own lines (phase detection reads them)."""
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     say(f"Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
     say("The server is fired up and ready to roll!")
-    # SIGUSR1 freezes the server (accepts, never answers), SIGUSR2 thaws it: the fault suite's hang.
-    signal.signal(signal.SIGUSR1, lambda *_: state.frozen.set())
-    signal.signal(signal.SIGUSR2, lambda *_: state.frozen.clear())
     stop.wait()
     say("Shutting down (SIGTERM)")
     httpd.shutdown()

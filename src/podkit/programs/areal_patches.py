@@ -1,0 +1,277 @@
+"""What podkit changes in AReaL 1.0.4 at run time, each change pinned to the AReaL code it relies on.
+
+apply() runs in every rank before PPOTrainer is built (it patches classes and module names, so later
+engines are covered; a second call is a no-op). It refuses any other AReaL version: each patch below
+names file:line of areal 1.0.4's wheel, and `check()` pins the signature and source hash of everything
+wrapped (tests/test_rehearsal.py runs it in the AReaL environment), so an upgrade fails loudly here,
+not silently in training.
+
+- packed_mask: with attn_impl sdpa or eager, AReaL packs each micro-batch into one row and passes
+  attention_mask={"full_attention": None, ...} plus cu_seq_lens, which only flash-attention reads; so
+  every packed sequence attended to the ones before it and the trainer's log-probs were wrong
+  (0.15 nats on average at step 1 of the rehearsal, 4.7 at worst). Setting the mask to None lets
+  transformers build the block-diagonal causal mask from position_ids, as AReaL itself does for
+  qwen3_moe/qwen3_vl/qwen3_5 (fsdp_engine.py:1890-1896). Checked on every micro-batch.
+- versioned weight updates: each disk update tells SGLang its version (UpdateWeightFromDiskReqInput
+  has weight_version), so /model_info says which weights are served.
+- API key: RemoteSGLangEngine sends no Authorization header; SGLang with --api-key answers every route
+  but /health and /metrics with 401. The header is added to every request AReaL sends to SGLang.
+- ride out restarts: AReaL retries a request request_retries times 1 s apart (http.py:164-217), so a
+  restarting SGLang failed the step within seconds; requests that failed to connect are retried for
+  up to inference.ready_timeout_s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import time
+
+AREAL_VERSION = "1.0.4"
+PACKED_MASK_IMPLS = ("sdpa", "eager")
+EXPECTED_MASK = {"full_attention": None, "sliding_attention": None}
+_CONNECTION_ERRORS = ("ClientConnectorError", "ServerDisconnectedError", "ClientOSError",
+                      "ConnectionRefusedError", "ConnectionResetError")
+
+# What the patches wrap, with the sha256 (first 16 hex) of its source in areal 1.0.4.
+PINNED = {
+    "areal.engine.fsdp_engine:FSDPEngine._prepare_mb_list": "7f16c43e78b0be9a",
+    "areal.engine.sglang_remote:SGLangBackend.build_disk_weight_update_requests": "f98e82180b7f3c6b",
+    "areal.infra.utils.http:arequest_with_retry": "c539b75abc8e38ba",  # its "Last error: {e!r}" message
+    "areal.trainer.rl_trainer:PPOTrainer.train": "87c2844be42f4362",  # the step loop and its stop check
+    "areal.trainer.rl_trainer:PPOTrainer._save_recover_checkpoint": "cc24f2261c3e3904",
+    "areal.trainer.rl_trainer:PPOTrainer._export_and_commit_stats": "7e4e8cad3f836983",
+}
+
+
+class PatchError(RuntimeError):
+    """AReaL is not what these patches were written against."""
+
+
+def _resolve(target: str):
+    import importlib
+
+    mod, _, attr = target.partition(":")
+    obj = importlib.import_module(mod)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return getattr(obj, "__wrapped__", obj)
+
+
+def source_hash(target: str) -> str:
+    return hashlib.sha256(inspect.getsource(_resolve(target)).encode()).hexdigest()[:16]
+
+
+def check() -> dict[str, str]:
+    """Each pinned target's current source hash (the test compares them with PINNED's)."""
+    return {t: source_hash(t) for t in PINNED}
+
+
+def areal_version() -> str:
+    from importlib.metadata import version
+
+    return version("areal")
+
+
+def apply(api_key: str = "", ride_out_s: float = 0.0) -> None:
+    have = areal_version()
+    if have != AREAL_VERSION:
+        raise PatchError(f"podkit's AReaL patches are for areal {AREAL_VERSION}, this is {have}: read "
+                         "src/podkit/programs/areal_patches.py against the new version before training")
+    packed_mask()
+    version_weight_updates()
+    if ride_out_s > 0:
+        ride_out_restarts(ride_out_s)
+    if api_key:
+        send_api_key(api_key)  # outermost: every retry carries the header
+
+
+# --- packed micro-batches -------------------------------------------------------------------------
+
+
+class PackedMaskError(PatchError):
+    """AReaL's packed micro-batch no longer looks like what the packed-mask patch relies on."""
+
+
+def unmask(mb: dict) -> None:
+    """One padded micro-batch (fsdp_engine.py:1877-1901): check it is one packed row whose position_ids
+    restart at every cu_seqlens boundary, then drop the mask so transformers builds it per sequence."""
+    import torch
+
+    mask = mb.get("attention_mask", "missing")
+    if mask is None:
+        return
+    if mask != EXPECTED_MASK:
+        raise PackedMaskError(f"attention_mask is {mask!r}, expected {EXPECTED_MASK!r}")
+    ids, pos, cu = mb.get("input_ids"), mb.get("position_ids"), mb.get("cu_seqlens")
+    if not (torch.is_tensor(ids) and ids.ndim == 2 and ids.shape[0] == 1):
+        raise PackedMaskError(f"input_ids must be [1, T], got {getattr(ids, 'shape', ids)}")
+    t = ids.shape[1]
+    if not (torch.is_tensor(pos) and tuple(pos.shape) == (1, t)):
+        raise PackedMaskError(f"position_ids must be [1, {t}], got {getattr(pos, 'shape', pos)}")
+    if not (torch.is_tensor(cu) and cu.ndim == 1 and cu.numel() >= 2):
+        raise PackedMaskError(f"cu_seqlens must be 1-D, got {getattr(cu, 'shape', cu)}")
+    cu = cu.to(device=pos.device, dtype=torch.long)
+    lens = cu[1:] - cu[:-1]
+    if int(cu[0]) != 0 or int(cu[-1]) != t or bool((lens < 0).any()):
+        raise PackedMaskError(f"cu_seqlens must run from 0 to T={t}, got {cu.tolist()}")
+    starts = torch.repeat_interleave(cu[:-1], lens, output_size=t)
+    if not torch.equal(pos[0].to(torch.long), torch.arange(t, device=pos.device) - starts):
+        raise PackedMaskError("position_ids do not restart at 0 at each cu_seqlens boundary")
+    mb["attention_mask"] = None
+
+
+def packed_mask() -> None:
+    from areal.engine.fsdp_engine import FSDPEngine
+
+    original = FSDPEngine._prepare_mb_list
+    if getattr(original, "_podkit", False):
+        return
+
+    def _prepare_mb_list(self, input_):
+        mb_list = original(self, input_)
+        if self.config.attn_impl not in PACKED_MASK_IMPLS:
+            return mb_list  # flash-attention reads cu_seq_lens itself
+        if self.enable_tree_training or self.parallel_helper.sp_size > 1 or self.is_vision_model:
+            raise PackedMaskError(f"attn_impl {self.config.attn_impl!r} with packed micro-batches is patched only "
+                                  "for text models without tree training or Ulysses SP")
+        for mb in mb_list.padded_mbs:
+            unmask(mb)
+        return mb_list
+
+    _prepare_mb_list._podkit = True
+    _prepare_mb_list.__wrapped__ = original
+    FSDPEngine._prepare_mb_list = _prepare_mb_list
+
+
+# --- weight updates carry their version -----------------------------------------------------------
+
+
+def version_weight_updates() -> None:
+    from areal.engine.sglang_remote import SGLangBackend
+
+    build = SGLangBackend.build_disk_weight_update_requests
+    if getattr(build, "_podkit", False):
+        return
+
+    def with_version(self, meta):
+        requests = build(self, meta)
+        if meta.version is not None and not meta.use_lora:
+            for req in requests.requests:
+                if req.endpoint == "/update_weights_from_disk":
+                    req.payload["weight_version"] = str(meta.version)
+        return requests
+
+    with_version._podkit = True
+    with_version.__wrapped__ = build
+    SGLangBackend.build_disk_weight_update_requests = with_version
+
+
+# --- requests to SGLang ---------------------------------------------------------------------------
+
+
+class _AuthSession:
+    """The methods arequest_with_retry calls on its aiohttp session (http.py:168-177), with the header."""
+
+    def __init__(self, session, headers: dict) -> None:
+        self._session, self._headers = session, headers
+
+    def _call(self, method: str, url, **kw):
+        kw["headers"] = {**self._headers, **(kw.get("headers") or {})}
+        return getattr(self._session, method)(url, **kw)
+
+    def get(self, url, **kw):
+        return self._call("get", url, **kw)
+
+    def post(self, url, **kw):
+        return self._call("post", url, **kw)
+
+    def put(self, url, **kw):
+        return self._call("put", url, **kw)
+
+    def delete(self, url, **kw):
+        return self._call("delete", url, **kw)
+
+
+def send_api_key(api_key: str) -> None:
+    """Every request RemoteSGLangEngine sends to SGLang goes through the name arequest_with_retry in
+    areal.infra.remote_inf_engine (imported at :47, called at :866, :1312, :1403) with a session;
+    AReaL's readiness check is /health, which SGLang leaves open."""
+    import areal.infra.remote_inf_engine as rie
+
+    original = rie.arequest_with_retry
+    if getattr(original, "_podkit_api_key", False):
+        return
+    headers = {"Authorization": f"Bearer {api_key}"}
+
+    async def arequest_with_retry(addr, endpoint, payload=None, session=None, **kw):
+        if session is None:
+            import aiohttp
+
+            async with aiohttp.ClientSession(connector=rie.get_default_connector()) as own:
+                return await original(addr, endpoint, payload, session=_AuthSession(own, headers), **kw)
+        return await original(addr, endpoint, payload, session=_AuthSession(session, headers), **kw)
+
+    arequest_with_retry._podkit_api_key = True
+    arequest_with_retry.__wrapped__ = original
+    rie.arequest_with_retry = arequest_with_retry
+
+
+def ride_out_restarts(window_s: float, interval_s: float = 2.0) -> None:
+    """Retry what failed to connect (SGLang down or restarting) for up to window_s; HTTP errors and
+    timeouts fail as before. AReaL names the last exception in its RuntimeError ("... Last error:
+    {last_exception!r}", http.py:219-223): that format is pinned by check()."""
+    import areal.infra.remote_inf_engine as rie
+
+    original = rie.arequest_with_retry
+    if getattr(original, "_podkit_ride_out", False):
+        return
+
+    async def arequest_with_retry(*args, **kw):
+        deadline = time.monotonic() + window_s
+        told = False
+        while True:
+            try:
+                return await original(*args, **kw)
+            except RuntimeError as e:
+                last = str(e).rpartition("Last error: ")[2]
+                if not last.startswith(_CONNECTION_ERRORS) or time.monotonic() >= deadline:
+                    raise
+                if not told:
+                    print(f"[podkit] inference unreachable ({last[:80]}); retrying for up to {window_s:.0f}s "
+                          "(a restarting server)", flush=True)
+                    told = True
+                await asyncio.sleep(interval_s)
+
+    arequest_with_retry._podkit_ride_out = True
+    arequest_with_retry.__wrapped__ = original
+    rie.arequest_with_retry = arequest_with_retry
+
+
+# --- the training loop (rl_trainer.py:552-860) ----------------------------------------------------
+
+
+def stop_after_step(trainer, global_step: int) -> None:
+    """train() checks `total_train_steps is not None and global_step >= total_train_steps` at the top
+    of each iteration (rl_trainer.py:590-594), so it returns normally and `with PPOTrainer` exits
+    without the "Training failed" of a SystemExit. Every rank must call it for the same step."""
+    trainer.config.total_train_steps = global_step + 1
+
+
+def recover_checkpoint_written(trainer, global_step: int) -> bool:
+    """RecoverHandler.dump sets last_step_info only after the freq check passed and every engine's save
+    returned (recover.py:238-255); the same answer on every rank."""
+    info = getattr(trainer.recover_handler, "last_step_info", None)
+    return info is not None and info.global_step == global_step
+
+
+def force_recover_checkpoint(trainer, save, epoch: int, epoch_step: int, global_step: int) -> bool:
+    """A recover checkpoint for this step whatever recover.freq_* say; a collective (all ranks)."""
+    freq = trainer.recover_handler.freq_ctl
+    check_, freq.check = freq.check, (lambda **_: True)
+    try:
+        save(epoch=epoch, epoch_step=epoch_step, global_step=global_step)
+    finally:
+        freq.check = check_
+    return recover_checkpoint_written(trainer, global_step)
