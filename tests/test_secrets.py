@@ -101,3 +101,36 @@ def test_the_sglang_api_key_reaches_sglang_through_a_private_file_not_its_comman
 
     assert yaml.safe_load(open(path)) == {"api-key": 'k-"quoted"-123456'}
     assert sglang.write_secrets(cfg, {}) is None and "--config" not in sglang.command(cfg, environ={})
+
+
+@pytest.mark.timeout(30)
+def test_sglang_printing_its_api_key_at_start_up_reaches_the_logs_masked(tmp_path):
+    """SGLang logs `server_args=ServerArgs(..., api_key='<key>')` (entrypoints/engine.py:648). With a
+    key, `podkit run sglang` stays its parent and masks the key in what it passes on; SIGTERM reaches
+    SGLang and its exit status comes back."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    key = "sk-live-0123456789abcdef"
+    fake_sglang = ("import signal, sys, time\n"
+                   "signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))\n"
+                   f"print(\"server_args=ServerArgs(model_path='m', api_key='{key}', port=1)\", flush=True)\n"
+                   "print('The server is fired up and ready to roll!', flush=True)\n"
+                   "time.sleep(60)\n")
+    runner = ("import sys; from podkit.programs.sglang import run_masked; "
+              f"sys.exit(run_masked([sys.executable, '-c', {fake_sglang!r}], {{}}, {key!r}))")
+    p = subprocess.Popen([sys.executable, "-c", runner], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        first = p.stdout.readline().decode()
+        second = p.stdout.readline().decode()
+        time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        rest = p.communicate(timeout=20)[0].decode()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert "api_key='***'" in first and key not in first + second + rest
+    assert "fired up" in second
+    assert p.returncode == 3

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
+import subprocess
 import sys
 import time
 
@@ -118,8 +120,33 @@ def main(cfg) -> int:
         return 1
     env = environment(cfg)
     argv = command(cfg, secrets_file=write_secrets(cfg, env))
-    env.pop(API_KEY_ENV, None)  # in the 0600 file now; /proc/<pid>/environ is the owner's, but no need
-    _log.info(f"exec {shlex.join(argv)} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}, "
+    key = env.pop(API_KEY_ENV, None)  # in the 0600 file now; /proc/<pid>/environ is the owner's, but no need
+    _log.info(f"{'start' if key else 'exec'} {shlex.join(argv)} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}, "
               f"HF_HOME={env['HF_HOME']})")
+    if key:
+        return run_masked(argv, env, key)
     os.execvpe(argv[0], argv, env)
     return 127  # not reached
+
+
+def run_masked(argv: list[str], env: dict[str, str], secret: str) -> int:
+    """SGLang logs `server_args=ServerArgs(..., api_key='<the key>', ...)` at start-up
+    (entrypoints/engine.py:648), and its log goes to the container's stdout and the volume. With a
+    key, this stays SGLang's parent (same process group: supervisord's stop reaches both) and
+    passes its output on, line by line, with the key replaced; signals are handed on."""
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def forward(sig, _frame):
+        try:
+            child.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    masked, out = secret.encode(), sys.stdout.buffer
+    for line in iter(child.stdout.readline, b""):
+        out.write(line.replace(masked, b"***"))
+        out.flush()
+    rc = child.wait()
+    return rc if rc >= 0 else 128 - rc
