@@ -102,8 +102,8 @@ def rehearsal(procs, tmp_path, assets):
             s.stop()
 
 
-def test_the_real_trainer_trains_pushes_each_version_and_resumes_after_sigterm(rehearsal):
-    s = rehearsal().start()
+def test_the_real_trainer_trains_pushes_each_version_evaluates_and_resumes_after_sigterm(rehearsal):
+    s = rehearsal(PODKIT_TRAINER_OVERRIDES="+evaluator.freq_steps=2").start()
     t0 = time.time()
     served = set()
     # Each step's push is served: sample while it trains (rollouts are paused around each update).
@@ -118,6 +118,8 @@ def test_the_real_trainer_trains_pushes_each_version_and_resumes_after_sigterm(r
     gap = p["on_policy_logp_gap"]
     assert gap is not None and gap["max_abs"] < 1e-4, gap
     assert p["checkpoint_step"] == p["step"]  # recover.freq_steps 1: a checkpoint each step, seen each step
+    # AReaL's evaluation ran (the eval workflow and its own sampling settings, eval_gconfig) at step 2.
+    assert p.get("eval_step") == 2 and p.get("eval_reward") is not None, p
     # podkit's own CLI reads the real trainer's records.
     st = json.loads(s.podkit("status", "--json").stdout)
     assert st["trainer"]["step"] >= 3 and st["trainer"]["kind"] == "areal", st

@@ -161,6 +161,7 @@ BOOTS = Record("boots.json", [{"time": NUMBER, "pid": int, "stages": dict, "outc
 PROGRESS = Record("progress.json", {"kind": str, "step": int, "time": NUMBER, "loss": NUMBER, "reward": NUMBER,
                                     "pid": int, "checkpoint_step": int, "weight_version": str,
                                     "resumed_from": str, "resumed_at": int, "stopped": STOPPED,
+                                    "eval_reward": NUMBER, "eval_step": int,
                                     # AReaL: inference's log-probs against the trainer's (grpo.logp_gap)
                                     "logp_gap": {"max_abs": NUMBER, "avg": NUMBER},
                                     "on_policy_logp_gap": {"max_abs": NUMBER, "avg": NUMBER}})

@@ -38,7 +38,6 @@ from podkit import log, records
 from podkit.checks import API_KEY_ENV
 
 _log = log.get("trainer")
-EVAL_TEMPERATURE = 0.6  # areal's gsm8k example evaluates at 0.6, one sample per prompt
 
 
 class Progress(records.Progress):
@@ -134,7 +133,7 @@ def main(argv: list[str]) -> int:
     workflow = "areal.workflow.rlvr.RLVRWorkflow"
     kwargs = dict(reward_fn="areal.reward.gsm8k.gsm8k_reward_fn", gconfig=config_.gconfig,
                   tokenizer=config_.tokenizer_path, enable_thinking=False)
-    eval_kwargs = {**kwargs, "gconfig": config_.gconfig.new(temperature=EVAL_TEMPERATURE, n_samples=1)}
+    eval_kwargs = {**kwargs, "gconfig": config_.eval_gconfig}  # AReaL groups eval samples by its n_samples
     stopped = {"by": None}
 
     with PPOTrainer(config_, train_dataset=train_dataset, valid_dataset=valid_dataset) as trainer:
@@ -163,6 +162,9 @@ def main(argv: list[str]) -> int:
                                loss=stat(data, "update/loss/avg", "loss/avg"),
                                reward=stat(data, "task_reward/avg", "reward/avg"),
                                logp_gap=logp_gap(data))
+                evaluated = stat(data, "eval-rollout/reward")  # only on the evaluator's steps
+                if evaluated is not None:
+                    progress.write(eval_reward=evaluated, eval_step=step)
                 if global_step == 0:  # every rollout came from the weights the trainer holds
                     progress.write(on_policy_logp_gap=logp_gap(data))
                 if served_version(addr, api_key) not in (str(step), None):
