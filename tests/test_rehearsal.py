@@ -269,3 +269,22 @@ def test_the_cpu_config_differs_from_the_a40_one_only_where_marked():
     changed = [(a, c) for a, c in zip(a40, cpu, strict=True) if a != c]
     assert changed and all("# CPU:" in c for _, c in changed), changed
     assert len(changed) <= 10
+
+
+def test_an_override_areal_refuses_stops_the_trainer_once_and_doctor_names_it(rehearsal):
+    """A typo in trainer.overrides fails inside AReaL's loader, ~20 s after each start (the torch
+    import): supervisord would restart it forever. It stops once, and doctor shows AReaL's words."""
+    s = rehearsal(PODKIT_TRAINER_OVERRIDES="actor.no_such_key=1").start()
+    wait_for(lambda: (s.progress().get("stopped") or {}).get("by") == "config-error", 180, interval=0.5,
+             what="the trainer to record AReaL's refusal")
+    wait_for(lambda: s.rpc().supervisor.getProcessInfo("trainer")["statename"] == "EXITED", 60,
+             what="the trainer to stay stopped")
+    time.sleep(5)
+    info = s.rpc().supervisor.getProcessInfo("trainer")
+    assert info["statename"] == "EXITED" and info["exitstatus"] == 0, info
+    assert s.log("trainer").count("[podkit:run] starting trainer") == 1  # started once: no loop
+    doc = json.loads(s.podkit("doctor", "--json").stdout)
+    finding = next(f for f in doc["findings"] if f["id"] == "trainer_config_error")
+    assert any("no_such_key" in e for e in finding["evidence"]), finding
+    assert s.podkit("status", "--health").returncode != 0
+    assert s.stop() == 0

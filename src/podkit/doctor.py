@@ -258,6 +258,17 @@ def check_nan_loss(pod: Pod, now: float) -> Finding | None:
                    "before it diverged")
 
 
+def check_trainer_config(pod: Pod, now: float) -> Finding | None:
+    stopped = pod.progress.get("stopped") or {}
+    if stopped.get("by") != "config-error":
+        return None
+    lines = [ln for ln in str(stopped.get("message") or "").splitlines() if ln.strip()]
+    return Finding("trainer_config_error", "AReaL refused the trainer's config: the trainer is stopped, not looping",
+                   lines[:6] or ["(no message recorded)"],
+                   "fix trainer.overrides (a key missing from the YAML needs hydra's +key=value) or "
+                   "trainer.areal_config, then `podkit ctl start trainer`")
+
+
 def check_last_stop(pod: Pod, now: float) -> Finding | None:
     if not pod.boots:
         return None
@@ -279,7 +290,8 @@ def examine(cfg, workspace: Path, *, environ=None, cgroup_dir: Path = Path("/sys
              *check_workspace(pod, now, min_free_bytes, min_mb_s), check_oom(pod, now, cgroup_dir),
              check_restarts(pod, now, "sglang", "inference"), check_restarts(pod, now, "trainer", "trainer"),
              check_safe_mode(pod, now), check_gpu_busy(pod, now), check_startup_phase(pod, now),
-             check_nccl_ifname(pod, now, environ, net_dir), check_nan_loss(pod, now), check_last_stop(pod, now)]
+             check_nccl_ifname(pod, now, environ, net_dir), check_nan_loss(pod, now), check_trainer_config(pod, now),
+             check_last_stop(pod, now)]
     return [f for f in found if f is not None]
 
 

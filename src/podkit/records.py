@@ -153,7 +153,7 @@ def write_json(path: Path, data: object, mode: int = 0o644) -> None:
 
 
 # -- the records ------------------------------------------------------------------------------------------
-STOPPED = {"by": str, "time": NUMBER, "step": int}
+STOPPED = {"by": str, "time": NUMBER, "step": int, "message": str}
 # Written by podkit boot (one item per boot; guard.py).
 BOOTS = Record("boots.json", [{"time": NUMBER, "pid": int, "stages": dict, "outcome": str, "last_stop": str,
                                "reason": str, "traceback": str}])

@@ -149,12 +149,18 @@ def unpause(cfg) -> None:
 
 def outcome(cfg, rc: int, started: float) -> int:
     """torchrun's 1 for any failed rank loses why the ranks stopped; rank 0's progress record says it.
-    A stop for stale weights exits 75 (supervisord restarts the trainer, which resumes); a SIGTERM
+    A config AReaL refuses exits 0 (stays stopped: restarting cannot fix it); a stop for stale weights exits 75 (supervisord restarts the trainer, which resumes); a SIGTERM
     exits 0 when supervisord is stopping the trainer and 75 after a stray one; a finished run 0."""
     stopped = records.PROGRESS.read(cfg.state_dir).get("stopped")
     if not isinstance(stopped, dict) or not isinstance(stopped.get("time"), (int, float)) or stopped["time"] < started:
         return rc
     by = stopped.get("by")
+    if by == "config-error":
+        # Exit 0: supervisord leaves the trainer stopped instead of restarting it into the same error;
+        # status and doctor show why (progress.json).
+        _log.error("AReaL refused its config: the trainer stays stopped until it is fixed "
+                   "(`podkit doctor` shows the error; then `podkit ctl start trainer`)")
+        return 0
     if by == "stale-weights":
         return supervisord.EXIT_RESTART
     if by == "SIGTERM":

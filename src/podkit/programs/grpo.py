@@ -38,6 +38,7 @@ from podkit import log, records
 from podkit.checks import API_KEY_ENV
 
 _log = log.get("trainer")
+CONFIG_ERROR = "config-error"  # progress.json stopped.by: AReaL refused the config (the launcher exits 0)
 
 
 class Progress(records.Progress):
@@ -120,7 +121,16 @@ def main(argv: list[str]) -> int:
 
     api_key = os.environ.get(API_KEY_ENV, "")
     areal_patches.apply(api_key=api_key, ride_out_s=cfg.inference.ready_timeout_s)
-    config_, _ = load_expr_config(argv, GRPOConfig)
+    try:
+        config_, _ = load_expr_config(argv, GRPOConfig)
+    except Exception as e:  # noqa: BLE001 - hydra, omegaconf and AReaL's own checks raise their own types
+        # The same on every restart: a restart loop re-importing torch every 20 s fixes nothing.
+        message = f"{type(e).__name__}: {e}".strip()
+        _log.error(f"AReaL rejected its config ({message.splitlines()[0]}); fix trainer.areal_config or "
+                   "trainer.overrides, then `podkit ctl start trainer`")
+        if int(os.environ.get("RANK", "0")) == 0:
+            Progress(cfg).update(stopped={"by": CONFIG_ERROR, "time": time.time(), "message": message[:2000]})
+        return 2
     tokenizer = load_hf_tokenizer(config_.tokenizer_path)
     train_dataset = get_custom_dataset(split="train", dataset_config=config_.train_dataset, tokenizer=tokenizer)
     valid_dataset = None
