@@ -1,4 +1,4 @@
-"""The container "restarted" with the previous run's processes still holding the GPUs (seed 003):
+"""The container "restarted" with the previous run's processes still holding the GPUs (docs/failures.md):
 the next boot frees them, clears the stale socket, and the run resumes from its checkpoint."""
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ def examine(stack_or_ws, **kw):
 
 def test_trainer_waiting_on_rollouts_is_blamed_on_the_dead_inference(stack_factory):
     """Inference frozen: the trainer logs that it waits for rollouts; doctor says inference is the
-    cause (seed 000), and `podkit doctor --json` exits 1."""
+    cause (docs/failures.md), and `podkit doctor --json` exits 1."""
     # No checkpoint push in the window: a push to the frozen server would block for its own timeout
     # (weight_update_slow's case) before the trainer asks for rollouts again.
     s = stack_factory(PODKIT_TRAINER_CHECKPOINT_EVERY="1000").start()
@@ -46,7 +46,7 @@ def test_trainer_waiting_on_rollouts_is_blamed_on_the_dead_inference(stack_facto
 
 
 def test_a_restart_loop_is_named_from_the_boot_history(tmp_path):
-    """Four boots in the window, recorded by the guard: doctor calls it a restart loop (seed 001)."""
+    """Four boots in the window, recorded by the guard: doctor calls it a restart loop (docs/failures.md)."""
     state = tmp_path / ".podkit"
     state.mkdir()
     for _ in range(4):
