@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -141,3 +142,25 @@ def test_a_nan_loss_and_a_sigterm_at_the_last_stop_are_found(stack_factory):
     f = examine(s)["stopped_by_sigterm"]
     assert f.severity == "info" and f.evidence[0].startswith("SIGTERM")
     assert s.stop() == 0
+
+
+def test_areals_own_weight_update_lines_are_read_against_its_fixed_120s_wait(tmp_path):
+    """AReaL's trainer: its update waits a fixed 120 s for the trainer's save (remote_inf_engine.py:1389,
+    name_resolve.py:135's message) and logs each update's time (remote_inf_engine.py:1075). A timeout,
+    or an update over half the wait, is found; a fast one is not."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (tmp_path / ".podkit").mkdir()
+    fast = ("(AReaL) 20261122-23:48:03.312 [RemoteInfEngine Rank 0] INFO: Loading weights from disk done in "
+            "1.13s. Respond time: 1.08s.\n")
+    (logs / "trainer.log").write_text(fast)
+    env = {"PODKIT_WORKSPACE": str(tmp_path), "PODKIT_TRAINER_KIND": "areal"}
+    assert "weight_update_slow" not in examine(SimpleNamespace(workspace=tmp_path, env=env))
+    slow = fast.replace("1.13s", "95.40s")
+    timeout = ("TimeoutError: Timeout waiting for key 'root/podkit/run/update_weights_from_disk/7' "
+               "(NfsNameRecordRepository)\n")
+    (logs / "trainer.log").write_text(fast + slow + timeout)
+    f = examine(SimpleNamespace(workspace=tmp_path, env=env))["weight_update_slow"]
+    assert "120s limit" in f.title and "AReaL" in f.title
+    assert any("95.40s" in e for e in f.evidence) and "update_weights_from_disk/7" in f.evidence[-1]
+    assert not any("1.13s" in e for e in f.evidence)
