@@ -67,6 +67,19 @@ def test_preflight_names_the_file_and_key_of_a_program_problem(tmp_path):
     assert "also serve inference" in e.value.problem
 
 
+def test_an_areal_config_that_cannot_resume_or_survive_an_sglang_restart_is_refused(tmp_path):
+    import yaml
+
+    for section, key, value, words in (("recover", "mode", "disabled", "from scratch"),
+                                       ("actor", "weight_update_mode", "xccl", "hangs when SGLang restarts")):
+        data = yaml.safe_load((ROOT / "configs/areal/grpo-a40-4gpu.yaml").read_text())
+        data[section][key] = value
+        path = tmp_path / f"{key}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        problems = checks.programs(load(PODKIT_TRAINER_AREAL_CONFIG=str(path)))
+        assert any(k == "trainer.areal_config" and words in what for k, what, _ in problems), problems
+
+
 @pytest.mark.parametrize("env, key, words", [
     ({"PODKIT_INFERENCE_TP": "2"}, "inference.tp", "names 1 GPU"),
     ({"PODKIT_TRAINER_GPUS": "1,2"}, "trainer.gpus", "'fsdp:d3' (3 GPU(s))"),

@@ -126,6 +126,16 @@ def _backends(cfg) -> list[Problem]:
         return [("trainer.areal_config", f"{cfg.trainer.areal_config} is not a mapping of AReaL settings",
                  "an AReaL experiment config is a YAML mapping (configs/areal/ has examples)")]
     out = []
+    for section, key, bad, why in (
+            ("recover", "mode", ("disabled", "off"), "every restart (a SIGTERM, stale weights, a crash) would start "
+             "training from scratch"),
+            ("actor", "weight_update_mode", ("xccl", "nccl"), "an NCCL group ties the trainer to one SGLang "
+             "process: it hangs when SGLang restarts alone, and the served version stays 'default'")):
+        part = data.get(section)
+        value = part.get(key) if isinstance(part, dict) else None
+        if value in bad:
+            out.append(("trainer.areal_config", f"{cfg.trainer.areal_config} sets {section}.{key}: {value}: {why}",
+                        f"use {section}.{key}: {'auto' if section == 'recover' else 'disk'}, as configs/areal/ do"))
     t = cfg.trainer
     sections = [("actor", "trainer.cpu_ranks", t.cpu_ranks) if t.cpu_ranks else
                 ("actor", "trainer.gpus", len(cfg.gpus["trainer"]))]

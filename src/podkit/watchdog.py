@@ -30,11 +30,15 @@ def _py_spy(pid: int) -> str | None:
     spy = proc.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not os.path.exists(spy):
         return None
-    try:
-        r = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return r.stdout if r.returncode == 0 and "Thread " in r.stdout else None
+    # A process that cannot be suspended (stopped, or mid-syscall in a hang) is read without suspending.
+    for extra in ([], ["--nonblocking"]):
+        try:
+            r = subprocess.run([spy, "dump", *extra, "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if r.returncode == 0 and "Thread " in r.stdout:
+            return r.stdout
+    return None
 
 
 def _faulthandler(pid: int, stacks: Path) -> str | None:

@@ -39,8 +39,8 @@ def fileroot(cfg) -> str:
 
 def update_root(cfg) -> str:
     """AReaL's cluster.fileroot, which only its disk weight updates read: a full HF save every step
-    (~1 GB for 0.5B in bf16) that SGLang must read back inside AReaL's fixed 120 s wait. Local disk in
-    the private run dir, not the network volume."""
+    (~1 GB for 0.5B in bf16) that must be written within AReaL's fixed 120 s wait, then read by SGLang.
+    Local disk in the private run dir, not the network volume."""
     return str(cfg.run_path / "areal")
 
 
@@ -113,13 +113,13 @@ def sglang_state(cfg):
 def main(cfg) -> int:
     if refused(cfg, checks.areal(cfg), _log):
         return 2
+    # First: a rank left by a killed launcher trains on (and writes progress) until it is stopped.
+    for pid in clear_leftovers(cfg.run_path):
+        _log.warn(f"killed pid {pid}, left by a previous torchrun whose launcher was killed")
     why = wait_for_inference(cfg, sglang_state(cfg))
     if why:
         _log.error(why)
         return 1
-    # Before the discovery records go: a rank left by a killed launcher may still be registering.
-    for pid in clear_leftovers(cfg.run_path):
-        _log.warn(f"killed pid {pid}, left by a previous torchrun whose launcher was killed")
     for line in discovery.clear(cfg.trainer.name_resolve_root, cfg.trainer.experiment, cfg.trainer.trial):
         _log.info(line)
     unpause(cfg)

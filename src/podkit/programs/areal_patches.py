@@ -42,6 +42,11 @@ PINNED = {
     "areal.trainer.rl_trainer:PPOTrainer.train": "87c2844be42f4362",  # the step loop and its stop check
     "areal.trainer.rl_trainer:PPOTrainer._save_recover_checkpoint": "cc24f2261c3e3904",
     "areal.trainer.rl_trainer:PPOTrainer._export_and_commit_stats": "7e4e8cad3f836983",
+    # freq_ctl.check called by keyword, last_step_info set after the save (force_recover_checkpoint)
+    "areal.utils.recover:RecoverHandler.dump": "501e4695bd6b985f",
+    # the disk update waits for SGLang's answer (fut.result()) before the step goes on: what grpo.py's
+    # check of the served version at commit time relies on
+    "areal.engine.fsdp_engine:FSDPEngine._update_weights_from_disk": "42638912b2b392fa",
 }
 
 
@@ -74,7 +79,15 @@ def areal_version() -> str:
     return version("areal")
 
 
+_applied: list[tuple[str, float]] = []
+
+
 def apply(api_key: str = "", ride_out_s: float = 0.0) -> None:
+    if _applied:  # the request wrappers nest: a second call would double the ride-out window
+        if _applied[0] != (api_key, ride_out_s):
+            raise PatchError("AReaL was already patched with other settings")
+        return
+    _applied.append((api_key, ride_out_s))
     have = areal_version()
     if have != AREAL_VERSION:
         raise PatchError(f"podkit's AReaL patches are for areal {AREAL_VERSION}, this is {have}: read "

@@ -82,9 +82,22 @@ def served_version(addr: str, api_key: str, timeout: float = 10) -> str | None:
                                  headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return str(json.loads(r.read()).get("weight_version"))
-    except (OSError, ValueError, urllib.error.HTTPError):
+            version = json.loads(r.read()).get("weight_version")
+    except (OSError, ValueError, AttributeError, urllib.error.HTTPError):
         return None
+    return None if version is None else str(version)
+
+
+def server_identity(cfg) -> tuple | None:
+    """Which SGLang process serves, by supervisord's word (pid and start time); None outside supervisord.
+    A different one at the end of a step than at its start means a restart in between: part of the
+    step's rollouts came from the base weights, whatever the label says once this step's push landed."""
+    from podkit import supervisord
+
+    info = supervisord.process_info(cfg.socket_path, "sglang")
+    if info is None:
+        return None
+    return (info["pid"], info["start"]) if info.get("statename") == supervisord.RUNNING else ("not running",)
 
 
 def watch_served_weights(cfg, progress: Progress, addr: str, api_key: str, stale: threading.Event) -> None:
@@ -179,21 +192,29 @@ def main(argv: list[str]) -> int:
                     progress.write(on_policy_logp_gap=logp_gap(data))
                 if served_version(addr, api_key) not in (str(step), None):
                     stale.set()  # the push just made is not what is served
+                now_serving = server_identity(cfg)
+                if serving[0] is not None and now_serving != serving[0]:
+                    _log.warn(f"inference was restarted during step {step}: its rollouts came partly from the base "
+                              "weights. Stopping after this step; the trainer restarts and resumes.")
+                    stale.set()
+                serving[0] = now_serving
             # Every rank must stop at the same step, or the next collective hangs.
             flags = torch.tensor([sigterm.is_set(), stale.is_set()], dtype=torch.int64)
             dist.all_reduce(flags, group=trainer.actor.cpu_group)
             by_sigterm, by_stale = bool(flags[0]), bool(flags[1])
             if not (by_sigterm or by_stale):
                 return
-            if not areal_patches.recover_checkpoint_written(trainer, global_step):
+            saved = areal_patches.recover_checkpoint_written(trainer, global_step) or \
                 areal_patches.force_recover_checkpoint(trainer, save_recover, epoch, epoch_step, global_step)
             stopped["by"] = "SIGTERM" if by_sigterm else "stale-weights"
-            if progress is not None:
+            if progress is not None and saved:
                 progress.write(checkpoint_step=step)
-            _log.info(f"{stopped['by']}: stopping after step {step}, with its recover checkpoint")
+            _log.info(f"{stopped['by']}: stopping after step {step}, " + (
+                "with its recover checkpoint" if saved else "WITHOUT a recover checkpoint (recover.mode disabled?)"))
             areal_patches.stop_after_step(trainer, global_step)
 
         trainer._export_and_commit_stats = commit
+        serving = [server_identity(cfg) if progress is not None else None]
         if progress is not None and addr:
             threading.Thread(target=watch_served_weights, args=(cfg, progress, addr, api_key, stale),
                              daemon=True).start()

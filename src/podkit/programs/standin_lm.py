@@ -281,10 +281,11 @@ def make_handler(engine: Engine, api_key: str = ""):
             return json.loads(raw) if raw.strip() else {}
 
         def _refused(self, path: str) -> bool:
-            """SGLang's API-key middleware: only /health and /metrics are open."""
-            if not api_key or path in ("/health", "/metrics"):
+            """SGLang's API-key middleware (decide_request_auth): /health* and /metrics* are open."""
+            if not api_key or path.startswith(("/health", "/metrics")):
                 return False
-            if hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {api_key}"):
+            scheme, _, token = self.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), api_key.encode()):
                 return False
             self._send(401, {"error": "Unauthorized"})
             return True
