@@ -56,6 +56,7 @@ bench: $(VENV)/.ready sysdeps
 	$(BIN)/python bench/reap.py --idle 500 --runs 9
 	$(BIN)/python bench/sync.py --commits 3000 --runs 9
 	$(BIN)/python bench/stop.py --runs 3
+	PYTHON=$(PYTHON) $(BIN)/python bench/rehearse.py --steps 8 --runs 3 --env
 
 clean:
 	rm -rf $(VENV) workspace
