@@ -22,12 +22,15 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends git psmisc lsof procps ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 
-# AReaL goes where SGLang is: SGLang and everything it requires are held at the base's versions as
-# constraints (docker/base-pins.py), so a conflicting release fails this build instead of a pod. A
-# base without SGLang (CI's CPU base) runs only the smoke stack, which needs neither.
-COPY docker/base-pins.py /tmp/base-pins.py
+# AReaL goes where SGLang is: SGLang, torch and SGLang's own pins are held at the base's versions, its
+# ranges as it declares them, as constraints (docker/base-pins.py), so a conflicting release fails this
+# build instead of a pod; except the pins AReaL's own packaging overrides (docker/areal-overrides.txt:
+# openai, which AReaL's litellm needs newer; pip then warns that sglang wants openai 2.6.1, expected).
+# CI resolves this step with pip against sglang's wheel (tests/test_image_resolves.py). A base without
+# SGLang (CI's CPU base) runs only the smoke stack, which needs neither.
+COPY docker/base-pins.py docker/areal-overrides.txt /tmp/
 RUN if python3 -c "import sglang" 2>/dev/null; then \
-      python3 /tmp/base-pins.py > /tmp/base-pins.txt \
+      python3 /tmp/base-pins.py --overrides /tmp/areal-overrides.txt > /tmp/base-pins.txt \
       && python3 -m pip install "areal==1.0.4" -c /tmp/base-pins.txt \
       && rm /tmp/base-pins.txt; \
     fi
