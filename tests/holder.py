@@ -2,7 +2,8 @@
 
     python holder.py fd FILE...      open each file and keep the fd
     python holder.py mmap FILE...    map each file, then close the fd (held by the mapping only)
-    options: --ignore-term  --children N  --new-group  --orphan (double fork)
+    options: --ignore-term  --handle-term (exits 0 on SIGTERM, as a trainer after its checkpoint)
+             --children N  --new-group  --orphan (double fork)
 Prints `ready (pid: N)` once it holds everything (dumb-init's habit), then sleeps.
 """
 
@@ -33,6 +34,8 @@ if "--orphan" in flags:
     sys.stdout = os.fdopen(w, "w")
 if "--ignore-term" in flags:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if "--handle-term" in flags:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
 kept = []
 for path in files:

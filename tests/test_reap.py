@@ -72,6 +72,18 @@ def test_holder_ignoring_sigterm_gets_sigkill_after_the_grace(procs, devices):
     assert "after SIGKILL" in r.stderr
 
 
+def test_a_stopped_holder_acts_on_its_sigterm_without_waiting_out_the_grace(procs, devices):
+    """A holder stopped (^Z, a debugger, SIGSTOP) that handles SIGTERM itself, as a trainer does to
+    checkpoint: it is continued after the SIGTERM, so it exits by its own handler, not by SIGKILL."""
+    pid, _ = hold(procs, "fd", devices / "nvidia0", flags=["--handle-term"])
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: proc.read_stat(pid).state == "T", 5, what="the holder stopped")
+    r, report = podkit_reap(f"{devices}/nvidia*", "--grace", "10")
+    h = report["holders"][0]
+    assert h["pid"] == pid and h["outcome"] == "killed" and h["signal"] == "SIGTERM", report
+    assert h["seconds"] < 5 and not alive(pid)
+
+
 def test_holder_with_children_takes_its_process_group_along(procs, devices):
     """Children in the holder's own group (nothing else there) are stopped with it."""
     pid, kids = hold(procs, "fd", devices / "nvidia0", flags=["--new-group", "--children", "2"])

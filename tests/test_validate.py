@@ -151,10 +151,16 @@ def test_disk_weight_updates_carry_their_version_in_a_request_sglang_accepts(ver
 
 
 def test_the_images_constraints_hold_sglang_and_what_it_requires():
-    """docker/base-pins.py, run where SGLang is installed (here: the validation environment), pins
-    SGLang, torch and SGLang's own requirements, so AReaL's install in the image cannot move them."""
+    """docker/base-pins.py, run as the Dockerfile runs it where SGLang is installed (here: the AReaL
+    environment), pins SGLang, torch and SGLang's exact requirements at their installed versions, and
+    puts the image's overrides in place of SGLang's openai and soundfile pins."""
     assert PYTHON, "CI must run the validation: `make test` sets AREAL_PYTHON"
-    r = subprocess.run([PYTHON, str(ROOT / "docker/base-pins.py")], capture_output=True, text=True, timeout=60)
-    pins = dict(line.split("==", 1) for line in r.stdout.split())
-    assert r.returncode == 0 and pins["sglang"] == "0.5.10.post1" and pins["transformers"] == "5.3.0"
-    assert pins["openai"] == "2.6.1" and pins["torch"].startswith("2.13.0")  # the CPU torch of this env
+    r = subprocess.run([PYTHON, str(ROOT / "docker/base-pins.py"), "--overrides",
+                        str(ROOT / "docker/areal-overrides.txt")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split()
+    pins = dict(line.split("==", 1) for line in lines if "==" in line and "," not in line)
+    assert pins["sglang"] == "0.5.10.post1" and pins["transformers"] == "5.3.0"
+    assert pins["torch"].startswith("2.13.0")  # the CPU torch of this env
+    assert "openai" not in pins and pins["soundfile"] == "0.13.1", lines
+    assert [ln for ln in lines if ln.startswith("openai>")] == ["openai>=2.8.0,<3"], lines

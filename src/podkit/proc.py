@@ -315,7 +315,7 @@ def _no_children() -> None:
 
 
 def stop(targets: list[Target], grace_s: float, kill_wait_s: float, reap_children=_no_children) -> None:
-    """SIGTERM each, wait up to the grace, SIGKILL what remains, wait until each is really gone.
+    """SIGTERM (and SIGCONT) each, wait up to the grace, SIGKILL what remains, wait until each is really gone.
     `reap_children` collects exited children meanwhile (PID 1 must, or they stay zombies)."""
     keep = protected_pids()
     for t in targets:
@@ -326,6 +326,7 @@ def stop(targets: list[Target], grace_s: float, kill_wait_s: float, reap_childre
     t0 = time.monotonic()
     for h in live:
         h.send(signal.SIGTERM)
+        h.send(signal.SIGCONT)  # a stopped process (^Z, a debugger, SIGSTOP) acts on SIGTERM only once continued
     _wait_gone(live, grace_s, t0, "SIGTERM", reap_children)
     rest = [h for h in live if not h.t.outcome]
     for h in rest:
