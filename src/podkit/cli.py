@@ -60,7 +60,9 @@ def load_tolerant(args) -> config.Config:
     except ConfigError as e:
         print(f"podkit: warning: {e.message}; reading the workspace with the default settings", file=sys.stderr)
         ws = getattr(args, "workspace", None) or os.environ.get("PODKIT_WORKSPACE") or "/workspace"
-        return config.load(None, environ={}, overrides={"workspace": ws})
+        fallback = config.load(None, environ={}, overrides={"workspace": ws})
+        fallback.load_error = (str(e), args.config or os.environ.get("PODKIT_CONFIG"))  # for doctor --bundle
+        return fallback
 
 
 def _dest(option) -> str:
@@ -162,8 +164,15 @@ def _status(cfg, args) -> int:
 
 
 @verb("doctor", "name the cause of a failure, with evidence and the fix (exit 1 if any)",
-      opt("--json", action="store_true"), workspace=True, tolerant=True)
+      opt("--json", action="store_true"),
+      opt("--bundle", metavar="FILE.tar.gz",
+          help="instead, gather a bug report: versions, config, records, logs, stacks, GPU facts; secrets redacted"),
+      workspace=True, tolerant=True)
 def _doctor(cfg, args) -> int:
+    if args.bundle:
+        from podkit import bundle
+
+        return bundle.main(cfg, Path(args.bundle))
     from podkit import doctor
 
     return doctor.main(cfg, cfg.workspace_path, args.json)

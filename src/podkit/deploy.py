@@ -20,6 +20,7 @@ import yaml
 
 from podkit import config, log
 from podkit.errors import ConfigError, PodkitError
+from podkit.redact import literal_secret
 
 try:
     import requests
@@ -43,28 +44,6 @@ def gql(value) -> str:
     """The inside of a GraphQL string literal: quotes, backslashes, newlines and control characters
     escaped (GraphQL strings take JSON's escapes); `$` and braces need none."""
     return json.dumps(str(value), ensure_ascii=False)[1:-1]
-
-
-SECRET_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "hf_", "rpa_", "sk-", "sk_live_",
-                   "xoxb-", "xoxp-", "glpat-", "AKIA", "ASIA")
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)", re.I)
-
-
-def literal_secret(value: str, name: str = "") -> str:
-    """Why `value` looks like a secret written literally ('' when it does not): credentials inside a
-    URL, a known key prefix (also with spaces or quotes around it), or a long opaque value under a
-    name that says it is secret. A RunPod secret reference is never one."""
-    v = value.strip().strip("'\"").strip()
-    if not v or "RUNPOD_SECRET_" in v:
-        return ""
-    if re.search(r"://[^/\s:@]+:[^/\s@]+@", v):
-        return "credentials inside a URL"
-    for prefix in SECRET_PREFIXES:
-        if v.startswith(prefix) and len(v) >= len(prefix) + 8:
-            return f"starts with {prefix}"
-    if name and SECRET_NAME.search(name) and len(v) >= 16 and " " not in v:
-        return f"a long value under {name}"
-    return ""
 
 
 def load_template(path: Path) -> dict:
