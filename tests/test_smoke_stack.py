@@ -8,6 +8,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -155,3 +156,25 @@ def test_status_reports_programs_progress_and_inference_phase(stack_factory):
                            capture_output=True, text=True, env=s.env, timeout=30)
     assert human.returncode == 0 and "trainer" in human.stdout and "inference: ready" in human.stdout
     assert s.stop() == 0
+
+
+def test_a_run_that_reaches_max_steps_ends_exited_even_when_it_finishes_within_startsecs(stack_factory):
+    """12 steps at 0.1 s finish inside the trainer's startsecs (10 s), where supervisord counts any exit,
+    exit 0 included, as a failed start: the trainer must still end EXITED once, not be restarted into
+    BACKOFF and FATAL. Booted again on the finished workspace, it resumes at its last step, trains
+    nothing more and ends EXITED again."""
+    for name in ("first", "again"):
+        s = stack_factory(PODKIT_TRAINER_MAX_STEPS="12")
+        s.workspace = s.workspace.parent / "ws"
+        s.out_path = s.workspace.parent / f"{name}-stdout.log"
+        s.start()
+        st = wait_for(lambda s=s: (st := s.status())["programs"]["trainer"]["state"] in ("EXITED", "FATAL", "BACKOFF")
+                      and st, 60, what="the trainer to end")
+        assert st["programs"]["trainer"]["state"] == "EXITED" and st["programs"]["trainer"]["exitstatus"] == 0, st
+        time.sleep(1)
+        st = s.status()["programs"]["trainer"]
+        assert st["state"] == "EXITED" and st["restarts"] == 0, st
+        p = s.progress()
+        assert p["step"] == 12 and p["stopped"]["by"] == "max_steps", p
+        assert "not expected" not in (s.workspace / "logs" / "supervisord.log").read_text()
+        assert s.stop() == 0

@@ -6,6 +6,7 @@ supervisor's own `states.py`). Depends on nothing else in podkit.
 
 from __future__ import annotations
 
+import time
 import xmlrpc.client
 from pathlib import Path
 
@@ -61,3 +62,16 @@ def process_info(socket_path: str | Path, name: str) -> dict | None:
         return rpc(socket_path).supervisor.getProcessInfo(name)
     except (OSError, xmlrpc.client.Error):
         return None
+
+
+def wait_started(socket_path: str | Path, name: str, timeout_s: float = 30.0) -> None:
+    """Return once supervisord counts `name` as started (no longer STARTING). A program that exits while
+    STARTING (within its startsecs) is a failed start to supervisord, whatever its exit code: a trainer
+    that finishes that soon after its start (resumed at its last step) would be started again and again,
+    then FATAL. No supervisord to ask: at once."""
+    until = time.monotonic() + timeout_s
+    while time.monotonic() < until:
+        info = process_info(socket_path, name)
+        if info is None or info.get("statename") != STARTING:
+            return
+        time.sleep(0.25)

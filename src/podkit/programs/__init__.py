@@ -86,7 +86,14 @@ def run(name: str, cfg) -> int:
         print(f"[podkit:run] starting {name} (pid {os.getpid()})", flush=True)
     log.set_level(cfg.log_level)
     register(cfg, name)
-    return importlib.import_module(module(cfg, name)).main(cfg)
+    code = importlib.import_module(module(cfg, name)).main(cfg)
+    if name == "trainer" and code == 0:
+        from podkit import supervisord  # here: render imports this module on the boot path
+
+        # Finished (or stopped for good) moments after its start: supervisord would count the exit as a
+        # failed start, restart it and end FATAL, so it exits only once it counts as started.
+        supervisord.wait_started(cfg.socket_path, name)
+    return code
 
 
 def register(cfg, name: str) -> None:

@@ -213,6 +213,11 @@ class FakeTrainer:
         try:
             self.wait_for_inference()
             self.ensure_served_weights()
+            if self.max_steps and self.step >= self.max_steps:  # resumed at its end: nothing left to train
+                self.progress.update(step=self.step, checkpoint_step=self.last_ckpt_step)
+                self.progress.stopped("max_steps")
+                _log.info(f"already at step {self.step} of max_steps {self.max_steps}: done")
+                return 0
             while not self.stopping:
                 t0 = time.monotonic()
                 if self.rollout():
