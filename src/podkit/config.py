@@ -19,7 +19,7 @@ from podkit.errors import ConfigError
 
 ENV_PREFIX = "PODKIT_"
 # Env vars with the prefix that are not settings (they select or locate a config).
-NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID"}
+NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID", "PODKIT_NOTIFY_WEBHOOK_URL"}
 
 
 class Field:
@@ -421,6 +421,10 @@ def _apply_file(values: dict, data: dict, source: str, origins: dict) -> None:
                                       f"known keys of {name}: {', '.join(SCHEMA[name])}")
                 values[name][key] = _coerce(SCHEMA[name][key], sub, source, f"{name}.{key}", from_env=False)
                 origins[f"{name}.{key}"] = source
+        elif name == "notify":
+            raise ConfigError(source, "notify.webhook_url", "is a secret (anyone with it posts to the channel), "
+                              "never in a file", hint="set PODKIT_NOTIFY_WEBHOOK_URL in the environment "
+                              "(a RunPod secret: {{ RUNPOD_SECRET_... }}) and remove the notify section")
         else:
             raise ConfigError(source, name, "unknown key",
                               hint=_did_you_mean(name, top_keys) or f"known keys: {', '.join(top_keys)}")

@@ -269,6 +269,16 @@ def check_trainer_config(pod: Pod, now: float) -> Finding | None:
                    "trainer.areal_config, then `podkit ctl start trainer`")
 
 
+def check_notify(pod: Pod, now: float) -> Finding | None:
+    rec = records.NOTIFY.read(pod.state)
+    if not rec.get("failing_since"):
+        return None
+    return Finding("notify_failing", "notifications are not delivered: the webhook refuses or does not answer",
+                   [f"notify.json: failing since {_ago(rec['failing_since'], now)}: {rec.get('error', '?')}"],
+                   "check PODKIT_NOTIFY_WEBHOOK_URL (a revoked Slack or Discord webhook answers 404; the pod "
+                   "must reach it); each event tries again, and the log says when it works")
+
+
 def check_last_stop(pod: Pod, now: float) -> Finding | None:
     if not pod.boots:
         return None
@@ -291,7 +301,7 @@ def examine(cfg, workspace: Path, *, environ=None, cgroup_dir: Path = Path("/sys
              check_restarts(pod, now, "sglang", "inference"), check_restarts(pod, now, "trainer", "trainer"),
              check_safe_mode(pod, now), check_gpu_busy(pod, now), check_startup_phase(pod, now),
              check_nccl_ifname(pod, now, environ, net_dir), check_nan_loss(pod, now), check_trainer_config(pod, now),
-             check_last_stop(pod, now)]
+             check_notify(pod, now), check_last_stop(pod, now)]
     return [f for f in found if f is not None]
 
 

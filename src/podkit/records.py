@@ -191,7 +191,9 @@ LEASE = Record("lease.json", {"host": str, "boot_id": str, "pid": int, "start": 
                               "renewed": NUMBER, "token": str})
 # podkit's own parse of the pod config (config.py): trusted only when owned by this user (read_owned).
 CONFIG_CACHE = Record("config-cache.json", {"key": list, "data": dict})
-STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG)
+# A webhook that does not take notifications (notify.py): logged once, by whichever program saw it first.
+NOTIFY = Record("notify.json", {"failing_since": NUMBER, "error": str})
+STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG, NOTIFY)
 
 
 class Progress:

@@ -75,6 +75,10 @@ def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", trace
     try:
         record(state_dir, stage, message, hint, traceback)
         say(banner(stage, message, hint))
+        from podkit import notify  # here, not at the top: urllib is not on a healthy boot's path
+
+        notify.send("guard" if stage == "guard" else "safe-mode",
+                    f"SAFE MODE ({stage}): {message}" + (f" | fix: {hint}" if hint else ""), state_dir)
     except Exception:  # noqa: BLE001 - explaining must not be what ends PID 1
         pass
     last = checked = time.monotonic()

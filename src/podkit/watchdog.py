@@ -19,7 +19,7 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
-from podkit import health, log, proc, records, supervisord
+from podkit import health, log, notify, proc, records, supervisord
 
 _log = log.get("watchdog")
 STARTUP = ("starting", "loading_weights", "weights_loaded", "capturing_cuda_graphs", "cuda_graphs_captured",
@@ -96,6 +96,7 @@ class Watchdog:
 
     def record(self, action: str, program: str, reason: str, **extra) -> None:
         _log.warn(f"{action} {program}: {reason}")
+        notify.send("watchdog", f"the watchdog {action} {program}: {reason}", self.state_dir)
         actions = records.WATCHDOG.read(self.state_dir)[-49:]
         actions.append({"time": time.time(), "action": action, "program": program, "reason": reason, **extra})
         try:

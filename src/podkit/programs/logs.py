@@ -1,5 +1,6 @@
 """supervisord event listener: every line a program prints reaches the container's stdout prefixed
-with the program's name, and each program state change is recorded for `podkit status`.
+with the program's name, and each program state change is recorded for `podkit status`. It notifies
+(notify.py) of a program gone FATAL, of training finished and of supervisord beginning to stop.
 
 supervisord writes each program's output to its rotated file under <workspace>/logs/ and emits
 PROCESS_LOG events; this listener prints them to its stderr, which supervisord.conf sends to
@@ -16,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from podkit import lease, records, supervisord
+from podkit import lease, log, notify, records, supervisord
 
 READY = b"READY\n"
 OK = b"RESULT 2\nOK"
@@ -42,8 +43,10 @@ def parse_headers(line: bytes) -> dict[str, str]:
 
 
 class Pump:
-    def __init__(self, out, run_dir: Path | None, width: int = 8, state_dir: Path | None = None) -> None:
+    def __init__(self, out, run_dir: Path | None, width: int = 8, state_dir: Path | None = None,
+                 trainer_grace_s: float = 0.0) -> None:
         self.out = out
+        self.trainer_grace_s = trainer_grace_s
         self.state_dir = state_dir
         self.partial: dict[tuple[str, str], str] = {}
         self.run_dir = run_dir
@@ -79,6 +82,10 @@ class Pump:
             rec["starts"] = rec.get("starts", 0) + 1
         if to == supervisord.FATAL:
             rec["fatal_at"] = time.time()
+            notify.send("fatal", f"{name} gave up after {rec.get('starts', 0)} starts (FATAL); the container stays "
+                        "up: `podkit doctor` names the cause", self.state_dir)
+        if to == supervisord.EXITED and name == "trainer" and headers.get("expected") == "1" and self.state_dir:
+            self.finished()
         pid = headers.get("pid", "")
         rec.update(state=to, since=time.time(), pid=int(pid) if pid.isdigit() and int(pid) else rec.get("pid"))
         # A program's unfinished last line is flushed when it stops.
@@ -86,6 +93,14 @@ class Pump:
             self.flush(name)
         if self.run_dir:
             records.PROGRAMS.write(self.run_dir, self.states)
+
+    def finished(self) -> None:
+        """An expected exit after the trainer recorded its end (max_steps for the fake trainer, AReaL's
+        total steps): a stop or a stray SIGTERM also exits 0, but records why."""
+        prog = records.PROGRESS.read(self.state_dir)
+        if (prog.get("stopped") or {}).get("by") in ("max_steps", "done"):
+            notify.send("finished", f"training finished at step {prog.get('step')} (last checkpoint at step "
+                        f"{prog.get('checkpoint_step')})", self.state_dir)
 
     def handle(self, headers: dict[str, str], payload: bytes) -> None:
         event = headers.get("eventname", "")
@@ -95,6 +110,10 @@ class Pump:
             self.log(h.get("processname", "?"), h.get("channel", "stdout"), data.decode(errors="replace"))
         elif event.startswith("PROCESS_STATE"):
             self.state(event, parse_headers(payload.split(b"\n", 1)[0]))
+        elif event == "SUPERVISOR_STATE_CHANGE_STOPPING":
+            notify.send("stopping", "the pod is stopping (supervisord got SIGTERM: docker stop, a RunPod stop, "
+                        f"or podkit up's end); the trainer has {self.trainer_grace_s:g} s to checkpoint",
+                        self.state_dir)
         elif event.startswith("TICK") and self.state_dir is not None:
             try:
                 lease.renew(self.state_dir)
@@ -103,11 +122,13 @@ class Pump:
 
 
 def main(cfg) -> int:
+    log.to_stderr()  # stdout is the event protocol
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    pump = Pump(sys.stderr, Path(cfg.run_path), state_dir=cfg.state_dir)
+    pump = Pump(sys.stderr, Path(cfg.run_path), state_dir=cfg.state_dir, trainer_grace_s=cfg.trainer.stop_grace_s)
 
     def stop(*_):
         pump.flush()
+        notify.drain(3.0)  # the stop's own notification, posted moments ago
         if supervisord.stop_requested(cfg.socket_path, "logs"):
             lease.release(cfg.state_dir)  # the pod is stopping: the workspace is free for the next one
         raise SystemExit(0)

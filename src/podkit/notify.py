@@ -1,0 +1,103 @@
+"""Notifications: a JSON POST to the webhook in PODKIT_NOTIFY_WEBHOOK_URL when the pod needs a person or
+is done: safe mode (a config error too), the crash-loop guard, a program gone FATAL, a watchdog
+restart, a stop beginning, training finished. `text` (Slack) and `content` (Discord) carry the same
+line, shown as is.
+
+The URL is a secret (anyone with it can post to the channel): it comes from the environment only (an
+env file, a RunPod secret), never a config file, so a boot whose config does not load still has it.
+Sending never blocks boot or training: a daemon thread, a few brief attempts. A dead webhook is logged
+once, not per event (`.podkit/notify.json` remembers it across programs), and again when it works.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from podkit import log, records
+
+ENV = "PODKIT_NOTIFY_WEBHOOK_URL"
+ATTEMPTS = 3
+TIMEOUT_S = 5.0
+_log = log.get("notify")
+_pending: list[threading.Thread] = []
+
+
+def pod_name(environ) -> str:
+    return environ.get("RUNPOD_POD_ID") or socket.gethostname()
+
+
+def send(event: str, text: str, state_dir: Path | None, environ=None) -> threading.Thread | None:
+    """Post in the background; returns the thread (None when no webhook is set)."""
+    environ = os.environ if environ is None else environ
+    url = environ.get(ENV, "").strip()
+    if not url:
+        return None
+    pod = pod_name(environ)
+    body = {"text": f"[podkit {pod}] {text}", "content": f"[podkit {pod}] {text}", "event": event, "pod": pod,
+            "time": round(time.time(), 3)}
+    t = threading.Thread(target=_post, args=(url, body, state_dir), name=f"notify-{event}", daemon=True)
+    t.start()
+    _pending.append(t)
+    return t
+
+
+def drain(timeout_s: float) -> None:
+    """Give notifications in flight up to `timeout_s` in all before the process ends."""
+    until = time.monotonic() + timeout_s
+    for t in list(_pending):
+        t.join(max(0.0, until - time.monotonic()))
+
+
+def _post(url: str, body: dict, state_dir: Path | None) -> None:
+    data = json.dumps(body).encode()
+    error = ""
+    for attempt in range(ATTEMPTS):
+        if attempt:
+            time.sleep(attempt)
+        req = urllib.request.Request(url, data=data, method="POST", headers={
+            "Content-Type": "application/json", "User-Agent": "podkit-notify"})
+        try:
+            with urllib.request.urlopen(req, timeout=TIMEOUT_S) as r:
+                r.read(4096)
+            _worked(state_dir)
+            return
+        except urllib.error.HTTPError as e:
+            error = f"HTTP {e.code}"
+            if 400 <= e.code < 500 and e.code != 429:
+                break  # a wrong URL or a refused payload: trying again changes nothing
+        except (OSError, ValueError) as e:  # URLError, timeouts, a malformed URL
+            error = str(getattr(e, "reason", None) or e).replace(url, "<webhook>") or type(e).__name__
+    _failed(state_dir, body["event"], error)
+
+
+_failing_logged = []
+
+
+def _failed(state_dir: Path | None, event: str, error: str) -> None:
+    rec = records.NOTIFY.read(state_dir) if state_dir else {}
+    if rec.get("failing_since") or _failing_logged:
+        return
+    _failing_logged.append(1)
+    _log.warn(f"the webhook ({ENV}) did not take the {event!r} notification: {error}; further failures are "
+              "not logged until it works again")
+    if state_dir:
+        try:
+            records.NOTIFY.write(state_dir, {"failing_since": time.time(), "error": error})
+        except OSError:
+            pass
+
+
+def _worked(state_dir: Path | None) -> None:
+    was = records.NOTIFY.read(state_dir).get("failing_since") if state_dir else None
+    if was or _failing_logged:
+        _failing_logged.clear()
+        _log.info("the webhook takes notifications again")
+        if state_dir:
+            records.NOTIFY.path(state_dir).unlink(missing_ok=True)

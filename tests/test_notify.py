@@ -1,0 +1,174 @@
+"""Notifications to a webhook (a loopback receiver in the test): safe mode under a config error, the
+crash-loop guard, a program gone FATAL, a watchdog restart, a stop beginning, training finished; and a
+webhook that is dead or never answers blocks nothing and is logged once. Real supervisord, the smoke stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from conftest import PODKIT, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+
+class Receiver:
+    """A loopback webhook: records each POST's JSON; `hang` makes it never answer."""
+
+    def __init__(self, hang: bool = False) -> None:
+        self.posts: list[dict] = []
+        self.release = threading.Event()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if hang:
+                    outer.release.wait(60)
+                    return
+                outer.posts.append(body)
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *_):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hooks/T0/B0/not-a-real-secret-abcdef"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def events(self) -> list[str]:
+        return [p["event"] for p in self.posts]
+
+    def one(self, event: str) -> dict:
+        return wait_for(lambda: next((p for p in self.posts if p["event"] == event), None), 30,
+                        what=f"a {event!r} notification")
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def dead_url() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    return f"http://127.0.0.1:{port}/hook-token-0123456789"
+
+
+def test_a_config_error_notifies_from_the_env_var_alone(procs, tmp_path, receiver):
+    """The config does not load, so nothing in it can be read: the webhook comes from its env var, and
+    the notification names the file, the key and the fix."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    bad = tmp_path / "pod.yaml"
+    bad.write_text("trainer:\n  checkpoint_evry: 5\n")
+    env = {"PATH": os.environ["PATH"], "PODKIT_CONFIG": str(bad), "PODKIT_WORKSPACE": str(ws),
+           "PODKIT_NOTIFY_WEBHOOK_URL": receiver.url, "RUNPOD_POD_ID": "pod-abc123"}
+    p = procs.spawn([*PODKIT, "boot"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    post = receiver.one("safe-mode")
+    assert post["text"] == post["content"] and post["text"].startswith("[podkit pod-abc123] SAFE MODE (")
+    assert f"{bad}: trainer.checkpoint_evry: unknown key" in post["text"] and "fix:" in post["text"]
+    assert p.poll() is None, "safe mode waits"
+    p.send_signal(signal.SIGTERM)
+    out = p.communicate(timeout=20)[0].decode()
+    assert receiver.url not in out and p.returncode == 0
+
+
+def test_a_tripped_crash_loop_guard_notifies_as_such(stack_factory, receiver):
+    """max_boots 1: the second boot inside the window waits in safe mode; the post says 'guard'."""
+    first = stack_factory(PODKIT_GUARD_MAX_BOOTS="1").start()
+    assert first.stop() == 0
+    second = stack_factory(PODKIT_GUARD_MAX_BOOTS="1", PODKIT_NOTIFY_WEBHOOK_URL=receiver.url)
+    second.proc = second.procs.spawn([*PODKIT, "boot"], env=second.env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+    assert "crash-loop guard: 2 boots" in receiver.one("guard")["text"]
+    assert receiver.events() == ["guard"] and second.stop() == 0
+
+
+def test_the_webhook_in_a_config_file_is_refused_as_a_secret(tmp_path):
+    cfg = tmp_path / "pod.yaml"
+    cfg.write_text("notify:\n  webhook_url: https://hooks.slack.com/services/T/B/x\n")
+    r = subprocess.run([*PODKIT, "--config", str(cfg), "config"], capture_output=True, text=True, timeout=30,
+                       env={"PATH": os.environ["PATH"], "PODKIT_WORKSPACE": str(tmp_path)})
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"{cfg}: notify.webhook_url: is a secret" in r.stderr and "PODKIT_NOTIFY_WEBHOOK_URL" in r.stderr
+
+
+def test_a_run_to_its_end_notifies_finished_then_the_stop(stack_factory, receiver):
+    """max_steps reached: 'finished' with the step and the last checkpoint; then supervisord's SIGTERM:
+    'stopping' with the trainer's grace. Nothing else on a healthy run."""
+    s = stack_factory(PODKIT_TRAINER_MAX_STEPS="12", PODKIT_NOTIFY_WEBHOOK_URL=receiver.url).start()
+    post = receiver.one("finished")
+    assert "training finished at step 12 (last checkpoint at step 12)" in post["text"]
+    assert s.stop() == 0
+    assert "the trainer has 8 s to checkpoint" in receiver.one("stopping")["text"]
+    assert sorted(receiver.events()) == ["finished", "stopping"]
+    assert receiver.url not in s.stdout()
+
+
+def test_a_program_gone_fatal_and_a_watchdog_restart_notify(stack_factory, receiver):
+    """A leftover server squats on the inference port: sglang goes FATAL, and that is posted. Then, on a
+    second stack, a hung trainer restarted by the watchdog is posted with the watchdog's reason."""
+    s = stack_factory(PODKIT_INFERENCE_STARTUP_DELAY_S="0", PODKIT_NOTIFY_WEBHOOK_URL=receiver.url)
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", s.port))
+    squatter.listen(1)
+    try:
+        s.start()
+        assert "sglang gave up after" in receiver.one("fatal")["text"]
+    finally:
+        squatter.close()
+    assert s.stop() == 0
+    h = stack_factory("ws2", PODKIT_NOTIFY_WEBHOOK_URL=receiver.url, PODKIT_WATCHDOG_INTERVAL_S="0.5",
+                      PODKIT_WATCHDOG_TRAINER_STALL_S="3", PODKIT_TRAINER_STOP_GRACE_S="2").start()
+    h.wait_step(3)
+    os.kill(h.pid("trainer"), signal.SIGUSR1)  # the fake trainer hangs, as on a dead collective
+    text = receiver.one("watchdog")["text"]
+    assert "trainer" in text and "no training step" in text, text
+    assert h.stop() == 0
+
+
+@pytest.mark.parametrize("kind", ["dead", "hanging"])
+def test_a_dead_or_hanging_webhook_blocks_nothing_and_is_logged_once(stack_factory, kind):
+    """Nothing listens on the webhook's port, or it accepts and never answers: the run trains to its end
+    and stops as fast as without one, and the failure is logged once, without the URL."""
+    hang = Receiver(hang=True) if kind == "hanging" else None
+    url = hang.url if hang else dead_url()
+    try:
+        s = stack_factory(PODKIT_TRAINER_MAX_STEPS="12", PODKIT_NOTIFY_WEBHOOK_URL=url).start()
+        wait_for(lambda: s.progress().get("stopped"), 60, what="the run's end")
+        t0 = time.monotonic()
+        assert s.stop() == 0
+        assert time.monotonic() - t0 < 15
+        out = s.stdout()
+        if kind == "dead":  # a hanging one times out after the stop: nothing to log by then
+            wait_for(lambda: "did not take the" in s.stdout(), 20, what="the failure logged")
+            out = s.stdout()
+            assert out.count("did not take the") == 1, out[-3000:]
+            d = subprocess.run([*PODKIT, "doctor", "--workspace", str(s.workspace)], capture_output=True,
+                               text=True, env=s.env, timeout=60)
+            assert d.returncode == 1 and "notifications are not delivered" in d.stdout, d.stdout
+        assert url not in out and "hook-token" not in out and "not-a-real-secret" not in out
+    finally:
+        if hang:
+            hang.close()
