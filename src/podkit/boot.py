@@ -76,7 +76,7 @@ def main(path: str | None = None) -> int:
     """`podkit boot`: supervisord, or safe mode; never a fast exit (that is a restart loop)."""
     # PID 1 has no default action for SIGTERM: without this, a stop during a long clone waits for SIGKILL.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    record, state_dir = None, None
+    record, state_dir, cfg = None, None, None
     try:
         try:
             cfg = config.load(path)
@@ -98,7 +98,7 @@ def main(path: str | None = None) -> int:
             exec_supervisord(cfg, env)
         except PodkitError as e:
             return _safe_mode(record, state_dir, getattr(e, "stage", "boot"), e.message, e.hint,
-                              retry=getattr(e, "retry", None))
+                              retry=getattr(e, "retry", None), cfg=cfg)
         return 0  # not reached: exec_supervisord replaced this process
     except Exception as e:  # noqa: BLE001 - total: a bug in podkit must not restart-loop the container
         import traceback
@@ -107,7 +107,7 @@ def main(path: str | None = None) -> int:
         _log.error(f"unexpected {type(e).__name__} during boot:\n{tb}")
         return _safe_mode(record, state_dir, "boot", f"podkit failed with {type(e).__name__}: {e}",
                           "this is a bug in podkit: the traceback is in the log and `podkit status`; report it "
-                          "with `podkit doctor` output, then `podkit resume` or restart", traceback=tb)
+                          "with `podkit doctor --bundle` output, then `podkit resume` or restart", traceback=tb, cfg=cfg)
 
 
 def _fallback_state_dir() -> Path | None:
@@ -128,15 +128,29 @@ def _start_record(state_dir: Path | None) -> guard.Boot | None:
     return record
 
 
+def _stop_pod_after_s(cfg) -> float:
+    """guard.stop_pod_after_s; under a config error, its env twin if that alone reads as a number, else
+    the default: a pod whose config is broken is the one most likely to wait for nobody."""
+    if cfg is not None:
+        return cfg.guard.stop_pod_after_s
+    default = config.SCHEMA["guard"]["stop_pod_after_s"].default
+    try:
+        value = float(os.environ.get("PODKIT_GUARD_STOP_POD_AFTER_S", default))
+    except ValueError:
+        return default
+    return value if value >= 0 and value == value and value != float("inf") else default
+
+
 def _safe_mode(record: guard.Boot | None, state_dir: Path | None, stage: str, message: str, hint: str,
-               traceback: str = "", retry=None) -> int:
+               traceback: str = "", retry=None, cfg=None) -> int:
     if record:
         record.rec["reason"] = message
         if traceback:
             record.rec["traceback"] = traceback
         record.stage(stage, "failed")
         record.done("safe-mode")
-    return safemode.wait(state_dir, stage, message, hint, traceback=traceback, retry=retry)
+    return safemode.wait(state_dir, stage, message, hint, traceback=traceback, retry=retry,
+                         stop_pod_after_s=_stop_pod_after_s(cfg))
 
 
 def up(cfg, steps: int | None = None) -> int:

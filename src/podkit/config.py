@@ -65,6 +65,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "window_s": Field(float, 600.0, "crash-loop guard: the window boots are counted in", "s", minimum=1),
         "lease_s": Field(float, 300.0, "one workspace, one pod: another pod's hold on the workspace lapses this "
                          "long after its last renewal (a pod on another host that died)", "s", minimum=30),
+        "stop_pod_when_finished": Field(str, "auto", "cost guard: auto stops the RunPod pod (RUNPOD_POD_ID) when "
+                                        "training finishes, after its checkpoint and notification", "",
+                                        choices=("auto", "never")),
+        "stop_pod_after_s": Field(float, 3600.0, "cost guard: a RunPod pod waiting in safe mode this long stops "
+                                  "itself (the volume stays); 0: never", "s", minimum=0),
     },
     "watchdog": {
         "interval_s": Field(float, 10.0, "how often the watchdog looks", "s", minimum=0.1),

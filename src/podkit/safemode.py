@@ -60,13 +60,16 @@ def say(text: str) -> None:
 RETRY_EVERY_S = 5
 
 
+STOP_POD_RETRY_S = 300
+
+
 def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", traceback: str = "",
-         retry=None) -> int:
+         retry=None, stop_pod_after_s: float = 0.0) -> int:
     """Blocks until SIGTERM/SIGINT, then returns 0 (docker stop ends safe mode promptly).
     SIGUSR1 (`podkit resume`) boots again in place: same pid, so PID 1 stays PID 1; so does `retry()`
     turning true (asked every few seconds: the cause went away by itself, such as another pod's hold
-    on the workspace). Nothing in here may end the process otherwise: a failure of its own falls
-    back to waiting."""
+    on the workspace). On RunPod, after `stop_pod_after_s` the pod stops itself (cost guard). Nothing
+    in here may end the process otherwise: a failure of its own falls back to waiting."""
     stopping = []
     resume = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
@@ -81,8 +84,10 @@ def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", trace
                     f"SAFE MODE ({stage}): {message}" + (f" | fix: {hint}" if hint else ""), state_dir)
     except Exception:  # noqa: BLE001 - explaining must not be what ends PID 1
         pass
-    last = checked = time.monotonic()
+    last = checked = since = time.monotonic()
+    pod_stop = PodStop(state_dir, stage, stop_pod_after_s)
     while not stopping:
+        pod_stop.check(time.monotonic() - since)
         if retry and time.monotonic() - checked >= RETRY_EVERY_S:
             checked = time.monotonic()
             try:
@@ -108,3 +113,39 @@ def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", trace
             last = time.monotonic()
     return 0
 
+
+class PodStop:
+    """The safe-mode cost guard: once the wait has lasted `after_s` on RunPod, notify and stop the pod,
+    in a thread (PID 1 keeps answering signals); a refused stop is tried again every few minutes."""
+
+    def __init__(self, state_dir: Path | None, stage: str, after_s: float) -> None:
+        self.state_dir, self.stage, self.after_s = state_dir, stage, after_s
+        self.next_at = after_s
+        self.thread = None
+
+    def check(self, waited_s: float) -> None:
+        if not self.after_s or waited_s < self.next_at or (self.thread and self.thread.is_alive()):
+            return
+        self.next_at = waited_s + STOP_POD_RETRY_S
+        try:
+            from podkit import costguard  # only after a long safe mode: urllib is not on the boot path
+
+            if not costguard.on_runpod():
+                self.after_s = 0  # not a RunPod pod: nothing to stop, never again
+                return
+            import threading
+
+            self.thread = threading.Thread(target=self._stop, args=(waited_s,), daemon=True)
+            self.thread.start()
+        except Exception:  # noqa: BLE001 - the cost guard must not be what ends PID 1
+            pass
+
+    def _stop(self, waited_s: float) -> None:
+        from podkit import costguard, notify
+
+        why = f"in safe mode ({self.stage}) for {waited_s:.0f} s (guard.stop_pod_after_s)"
+        t = notify.send("pod-stop", f"stopping this pod: {why}; the volume stays", self.state_dir)
+        if t:
+            t.join(15)
+        if costguard.stop_pod(why):
+            self.after_s = 0

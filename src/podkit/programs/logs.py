@@ -14,6 +14,7 @@ import codecs
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -44,9 +45,10 @@ def parse_headers(line: bytes) -> dict[str, str]:
 
 class Pump:
     def __init__(self, out, run_dir: Path | None, width: int = 8, state_dir: Path | None = None,
-                 trainer_grace_s: float = 0.0) -> None:
+                 trainer_grace_s: float = 0.0, stop_pod_when_finished: bool = False) -> None:
         self.out = out
         self.trainer_grace_s = trainer_grace_s
+        self.stop_pod_when_finished = stop_pod_when_finished
         self.state_dir = state_dir
         self.partial: dict[tuple[str, str], str] = {}
         self.run_dir = run_dir
@@ -99,8 +101,22 @@ class Pump:
         total steps): a stop or a stray SIGTERM also exits 0, but records why."""
         prog = records.PROGRESS.read(self.state_dir)
         if (prog.get("stopped") or {}).get("by") in ("max_steps", "done"):
-            notify.send("finished", f"training finished at step {prog.get('step')} (last checkpoint at step "
-                        f"{prog.get('checkpoint_step')})", self.state_dir)
+            sent = notify.send("finished", f"training finished at step {prog.get('step')} (last checkpoint at step "
+                               f"{prog.get('checkpoint_step')})", self.state_dir)
+            if self.stop_pod_when_finished:
+                threading.Thread(target=self._stop_pod, args=(sent, prog.get("step")), daemon=True).start()
+
+    def _stop_pod(self, sent, step) -> None:
+        """The cost guard: the trainer has exited after its last checkpoint; the notification goes first."""
+        from podkit import costguard
+
+        if sent:
+            sent.join(15)
+        why = f"training finished at step {step} (guard.stop_pod_when_finished: auto)"
+        t = notify.send("pod-stop", f"stopping this pod: {why}; the volume stays", self.state_dir)
+        if t:
+            t.join(15)
+        costguard.stop_pod(why)
 
     def handle(self, headers: dict[str, str], payload: bytes) -> None:
         event = headers.get("eventname", "")
@@ -124,7 +140,10 @@ class Pump:
 def main(cfg) -> int:
     log.to_stderr()  # stdout is the event protocol
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    pump = Pump(sys.stderr, Path(cfg.run_path), state_dir=cfg.state_dir, trainer_grace_s=cfg.trainer.stop_grace_s)
+    from podkit import costguard
+
+    pump = Pump(sys.stderr, Path(cfg.run_path), state_dir=cfg.state_dir, trainer_grace_s=cfg.trainer.stop_grace_s,
+                stop_pod_when_finished=cfg.guard.stop_pod_when_finished == "auto" and costguard.on_runpod())
 
     def stop(*_):
         pump.flush()

@@ -1,0 +1,90 @@
+"""Cost guards on RunPod: a finished run, and a pod waiting in safe mode past guard.stop_pod_after_s, stop
+the pod through RunPod's podStop. RunPod is the local endpoint of tests/test_deploy.py (every request
+parsed with graphql-core); notifications go to tests/test_notify.py's loopback receiver."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import PODKIT, wait_for
+from test_deploy import KEY, FakeRunPod
+from test_notify import Receiver, dead_url
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+
+@pytest.fixture
+def runpod_api():
+    fake = FakeRunPod()
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def on_runpod(api_url: str, **extra) -> dict[str, str]:
+    return {"RUNPOD_POD_ID": "pod-abc123", "RUNPOD_API_KEY": KEY, "RUNPOD_API_BASE_URL": api_url, **extra}
+
+
+def test_a_finished_run_on_runpod_stops_its_pod_after_its_checkpoint_and_notification(stack_factory, runpod_api,
+                                                                                     receiver):
+    s = stack_factory(PODKIT_TRAINER_MAX_STEPS="12", PODKIT_NOTIFY_WEBHOOK_URL=receiver.url,
+                      **on_runpod(runpod_api.url)).start()
+    wait_for(lambda: "podStop" in runpod_api.fields(), 60, what="podStop")
+    assert runpod_api.sent("podStop") == {"input": {"podId": "pod-abc123"}}
+    assert [r[2] for r in runpod_api.requests] == [f"Bearer {KEY}"]
+    assert receiver.events() == ["finished", "pod-stop"], "both notifications are out before the stop"
+    assert "training finished at step 12" in receiver.posts[1]["text"]
+    assert s.progress()["checkpoint_step"] == 12 and s.status()["programs"]["trainer"]["state"] == "EXITED"
+    assert s.stop() == 0
+    assert KEY not in s.stdout() and "stopping pod pod-abc123: training finished at step 12" in s.stdout()
+
+
+@pytest.mark.parametrize("where", ["off RunPod", "never"])
+def test_off_runpod_or_with_never_a_finished_run_leaves_the_pod_up(stack_factory, runpod_api, where):
+    env = on_runpod(runpod_api.url)
+    if where == "off RunPod":
+        del env["RUNPOD_POD_ID"]
+    else:
+        env["PODKIT_GUARD_STOP_POD_WHEN_FINISHED"] = "never"
+    s = stack_factory(PODKIT_TRAINER_MAX_STEPS="12", **env).start()
+    wait_for(lambda: s.status()["programs"]["trainer"]["state"] == "EXITED", 60, what="the run's end")
+    time.sleep(3)
+    assert runpod_api.requests == [] and s.proc.poll() is None
+    assert s.stop() == 0
+
+
+@pytest.mark.parametrize("runpod", ["answers", "unreachable"])
+def test_a_pod_waiting_in_safe_mode_stops_itself_after_stop_pod_after_s(procs, tmp_path, runpod_api, receiver, runpod):
+    """A config error (so the setting is read from its env twin alone): after 2 s in safe mode, the
+    notification, then podStop. Unreachable RunPod: logged, and safe mode goes on waiting."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    bad = tmp_path / "pod.yaml"
+    bad.write_text("trainer:\n  checkpoint_evry: 5\n")
+    api = runpod_api.url if runpod == "answers" else dead_url().rsplit("/", 1)[0]
+    env = {"PATH": os.environ["PATH"], "PODKIT_CONFIG": str(bad), "PODKIT_WORKSPACE": str(ws),
+           "PODKIT_GUARD_STOP_POD_AFTER_S": "2", "PODKIT_NOTIFY_WEBHOOK_URL": receiver.url, **on_runpod(api)}
+    out = tmp_path / "boot.log"
+    with open(out, "wb") as f:
+        p = procs.spawn([*PODKIT, "boot"], env=env, stdout=f, stderr=subprocess.STDOUT)
+    assert "safe mode (config) for" in receiver.one("pod-stop")["text"]
+    if runpod == "answers":
+        wait_for(lambda: "podStop" in runpod_api.fields(), 30, what="podStop")
+        assert runpod_api.sent("podStop") == {"input": {"podId": "pod-abc123"}}
+    else:
+        wait_for(lambda: "cannot reach RunPod to stop pod pod-abc123" in out.read_text(), 40, what="the failure logged")
+    assert receiver.events() == ["safe-mode", "pod-stop"]
+    assert p.poll() is None, "safe mode goes on until RunPod's own stop"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(20) == 0 and KEY not in out.read_text()
