@@ -36,8 +36,10 @@ RUN if python3 -c "import sglang" 2>/dev/null; then \
     fi
 
 # podkit's own dependencies. py-spy: the watchdog dumps a hung trainer's Python stacks with it (needs
-# CAP_SYS_PTRACE; without it the trainer's own faulthandler answers instead).
-RUN python3 -m pip install "PyYAML>=6,<7" "supervisor>=4.2,<5" "py-spy>=0.3" "hatchling>=1.18"
+# CAP_SYS_PTRACE; without it the trainer's own faulthandler answers instead). prometheus-client: /metrics
+# (SGLang's image has it already: SGLang requires it, so this moves nothing there).
+RUN python3 -m pip install "PyYAML>=6,<7" "supervisor>=4.2,<5" "py-spy>=0.3" "hatchling>=1.18" \
+      "prometheus-client>=0.20,<1"
 
 # Layers from rarely to often changed: the entrypoint and data, then the code in one small last layer.
 COPY entrypoint /entrypoint

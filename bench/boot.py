@@ -75,7 +75,8 @@ def main() -> int:
     # Every run boots the same workspace in quick succession: that is a boot storm to the crash-loop
     # guard, which would hold the sixth boot in safe mode. The bench measures boots, not the guard.
     env.update(PODKIT_CONFIG=str(ROOT / "configs" / "smoke.yaml"), PODKIT_WORKSPACE=str(ws),
-               PODKIT_INFERENCE_PORT=str(free_port()), PODKIT_GUARD_MAX_BOOTS=str(2 * args.runs + 10))
+               PODKIT_INFERENCE_PORT=str(free_port()), PODKIT_METRICS_PORT=str(free_port()),
+               PODKIT_GUARD_MAX_BOOTS=str(2 * args.runs + 10))
     cfg = config.load(environ=env)
     (ws / "logs").mkdir(parents=True, exist_ok=True)
     cfg.run_path.mkdir(parents=True, exist_ok=True)

@@ -104,7 +104,8 @@ class Pod:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
         self.env.update(PODKIT_CONFIG=str(ROOT / "configs" / "cpu-rehearsal.yaml"),
                         PODKIT_WORKSPACE=str(workspace), PODKIT_INFERENCE_HOST="127.0.0.1",
-                        PODKIT_INFERENCE_PORT=str(self.port), PYTHONPATH=str(ROOT / "src"),
+                        PODKIT_INFERENCE_PORT=str(self.port), PODKIT_METRICS_PORT=str(free_port()),
+                        PYTHONPATH=str(ROOT / "src"),
                         PYTHONUNBUFFERED="1")
         self.run_path = config.load(environ=self.env).run_path
         self.proc: subprocess.Popen | None = None

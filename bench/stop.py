@@ -49,7 +49,8 @@ def read(path: Path) -> dict:
 def boot(ws: Path) -> tuple[subprocess.Popen, dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
     env.update(PODKIT_CONFIG=str(ROOT / "configs" / "smoke.yaml"), PODKIT_WORKSPACE=str(ws),
-               PODKIT_INFERENCE_PORT=str(free_port()), PODKIT_TRAINER_CHECKPOINT_EVERY=str(EVERY),
+               PODKIT_INFERENCE_PORT=str(free_port()), PODKIT_METRICS_PORT=str(free_port()),
+               PODKIT_TRAINER_CHECKPOINT_EVERY=str(EVERY),
                PODKIT_INFERENCE_STARTUP_DELAY_S="0.5")
     p = subprocess.Popen([str(Path(sys.executable).with_name("podkit")), "boot"], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

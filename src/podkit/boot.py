@@ -128,17 +128,39 @@ def _start_record(state_dir: Path | None) -> guard.Boot | None:
     return record
 
 
+def _metrics(cfg, state_dir: Path | None) -> dict | None:
+    """Where safe mode serves /metrics: the config's endpoint, or under a config error loopback on
+    PODKIT_METRICS_PORT if that alone reads as a port, else the default one."""
+    from podkit.checks import METRICS_KEY_ENV
+
+    if state_dir is None:
+        return None
+    if cfg is not None:
+        host, port, window = cfg.metrics.host, cfg.metrics.port, cfg.guard.window_s
+    else:
+        host, window = "127.0.0.1", config.SCHEMA["guard"]["window_s"].default
+        port = int(_lenient_env("metrics", "port", lambda v: 0 <= int(v) <= 65535))
+    return {"host": host, "port": port, "workspace": state_dir.parent, "window_s": window,
+            "key": os.environ.get(METRICS_KEY_ENV, "")}
+
+
 def _stop_pod_after_s(cfg) -> float:
     """guard.stop_pod_after_s; under a config error, its env twin if that alone reads as a number, else
     the default: a pod whose config is broken is the one most likely to wait for nobody."""
     if cfg is not None:
         return cfg.guard.stop_pod_after_s
-    default = config.SCHEMA["guard"]["stop_pod_after_s"].default
+    return float(_lenient_env("guard", "stop_pod_after_s", lambda v: 0 <= float(v) < float("inf")))
+
+
+def _lenient_env(section: str, key: str, ok):
+    """Under a config error: one setting's env twin if it passes `ok` on its own, else its default."""
+    raw = os.environ.get(config.env_name(section, key))
     try:
-        value = float(os.environ.get("PODKIT_GUARD_STOP_POD_AFTER_S", default))
+        if raw is not None and ok(raw):
+            return raw
     except ValueError:
-        return default
-    return value if value >= 0 and value == value and value != float("inf") else default
+        pass
+    return config.SCHEMA[section][key].default
 
 
 def _safe_mode(record: guard.Boot | None, state_dir: Path | None, stage: str, message: str, hint: str,
@@ -150,7 +172,7 @@ def _safe_mode(record: guard.Boot | None, state_dir: Path | None, stage: str, me
         record.stage(stage, "failed")
         record.done("safe-mode")
     return safemode.wait(state_dir, stage, message, hint, traceback=traceback, retry=retry,
-                         stop_pod_after_s=_stop_pod_after_s(cfg))
+                         stop_pod_after_s=_stop_pod_after_s(cfg), metrics=_metrics(cfg, state_dir))
 
 
 def up(cfg, steps: int | None = None) -> int:

@@ -151,9 +151,24 @@ def _backends(cfg) -> list[Problem]:
     return out
 
 
+METRICS_KEY_ENV = "PODKIT_METRICS_KEY"  # a secret, like SGLANG_API_KEY
+
+
+def metrics(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
+    """/metrics beyond loopback only with a key; not on inference's port."""
+    environ = os.environ if environ is None else environ
+    m, out = cfg.metrics, []
+    if m.port and not loopback(m.host) and not environ.get(METRICS_KEY_ENV):
+        out.append(("metrics.host", f"{m.host} exposes /metrics beyond this machine without a key",
+                    f"set {METRICS_KEY_ENV} (env file or RunPod secret), or bind 127.0.0.1"))
+    if m.port and m.port == cfg.inference.port:
+        out.append(("metrics.port", f"is inference.port ({m.port}) too", "pick another port (default 9400), or 0: off"))
+    return out
+
+
 def programs(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
     """Everything that would make the configured programs fail at once."""
-    out = []
+    out = metrics(cfg, environ)
     if cfg.inference.kind == "sglang":
         out += sglang(cfg, environ)
     if cfg.inference.kind == "standin-lm":

@@ -19,7 +19,8 @@ from podkit.errors import ConfigError
 
 ENV_PREFIX = "PODKIT_"
 # Env vars with the prefix that are not settings (they select or locate a config).
-NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID", "PODKIT_NOTIFY_WEBHOOK_URL"}
+NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID", "PODKIT_NOTIFY_WEBHOOK_URL",
+                   "PODKIT_METRICS_KEY"}
 
 
 class Field:
@@ -70,6 +71,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                         choices=("auto", "never")),
         "stop_pod_after_s": Field(float, 3600.0, "cost guard: a RunPod pod waiting in safe mode this long stops "
                                   "itself (the volume stays); 0: never", "s", minimum=0),
+    },
+    "metrics": {
+        "port": Field(int, 9400, "the pod's Prometheus endpoint (/metrics); 0: off", "", minimum=0, maximum=65535),
+        "host": Field(str, "127.0.0.1", "address /metrics binds; beyond loopback needs PODKIT_METRICS_KEY"),
     },
     "watchdog": {
         "interval_s": Field(float, 10.0, "how often the watchdog looks", "s", minimum=0.1),

@@ -160,6 +160,7 @@ BOOTS = Record("boots.json", [{"time": NUMBER, "pid": int, "stages": dict, "outc
 # Written by the trainer (both kinds, through Progress below); read by status, health, watchdog, doctor.
 PROGRESS = Record("progress.json", {"kind": str, "step": int, "time": NUMBER, "loss": NUMBER, "reward": NUMBER,
                                     "pid": int, "checkpoint_step": int, "weight_version": str,
+                                    "checkpoint_time": NUMBER, "weight_update_s": NUMBER,
                                     "resumed_from": str, "resumed_at": int, "stopped": STOPPED,
                                     "eval_reward": NUMBER, "eval_step": int,
                                     # AReaL: inference's log-probs against the trainer's (grpo.logp_gap)
@@ -210,6 +211,8 @@ class Progress:
     def update(self, **fields) -> bool:
         if "step" in fields:
             fields.setdefault("time", time.time())
+        if fields.get("checkpoint_step") is not None and fields["checkpoint_step"] != self.data.get("checkpoint_step"):
+            fields.setdefault("checkpoint_time", time.time())  # written, or loaded by this process
         self.data.update(fields)
         try:
             PROGRESS.write(self.state_dir, self.data)

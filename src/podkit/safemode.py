@@ -64,12 +64,13 @@ STOP_POD_RETRY_S = 300
 
 
 def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", traceback: str = "",
-         retry=None, stop_pod_after_s: float = 0.0) -> int:
+         retry=None, stop_pod_after_s: float = 0.0, metrics: dict | None = None) -> int:
     """Blocks until SIGTERM/SIGINT, then returns 0 (docker stop ends safe mode promptly).
     SIGUSR1 (`podkit resume`) boots again in place: same pid, so PID 1 stays PID 1; so does `retry()`
     turning true (asked every few seconds: the cause went away by itself, such as another pod's hold
-    on the workspace). On RunPod, after `stop_pod_after_s` the pod stops itself (cost guard). Nothing
-    in here may end the process otherwise: a failure of its own falls back to waiting."""
+    on the workspace). On RunPod, after `stop_pod_after_s` the pod stops itself (cost guard). With
+    `metrics` (serve_in_background's arguments), /metrics says so meanwhile. Nothing in here may end
+    the process otherwise: a failure of its own falls back to waiting."""
     stopping = []
     resume = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
@@ -84,6 +85,13 @@ def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", trace
                     f"SAFE MODE ({stage}): {message}" + (f" | fix: {hint}" if hint else ""), state_dir)
     except Exception:  # noqa: BLE001 - explaining must not be what ends PID 1
         pass
+    if metrics and metrics.get("port"):
+        try:
+            from podkit import metrics as endpoint  # prometheus_client: not on a healthy boot's path
+
+            endpoint.serve_in_background(**metrics)
+        except Exception as e:  # noqa: BLE001 - nor may serving metrics
+            say(f"[podkit:metrics] cannot serve metrics in safe mode ({type(e).__name__}: {e})")
     last = checked = since = time.monotonic()
     pod_stop = PodStop(state_dir, stage, stop_pod_after_s)
     while not stopping:

@@ -58,7 +58,7 @@ def test_a_code_only_change_rebuilds_only_the_last_small_layer(engine, image, tm
 @pytest.fixture(scope="module")
 def smoke(engine, image):  # noqa: F811
     project = f"podkit-test-{int(time.time())}"
-    env = {"SMOKE_PORT": str(free_port()), "MEMLOCK_BYTES": str(memlock_bytes()), "PODKIT_IMAGE": image["tag"]}
+    env = {"SMOKE_PORT": str(free_port()), "METRICS_PORT": str(free_port()), "MEMLOCK_BYTES": str(memlock_bytes()), "PODKIT_IMAGE": image["tag"]}
     engine.compose(project, "--profile", "smoke", "up", "-d", "--no-build", "smoke", env=env)
     container = engine.compose(project, "--profile", "smoke", "ps", "-q", "smoke", env=env).stdout.strip()
     yield {"project": project, "container": container, "env": env,

@@ -25,6 +25,7 @@ TABLE: dict[tuple[str, str], str] = {
     ("trainer", "fake"): "podkit.programs.fake_trainer",     # a real torch loop on random data (smoke stack)
     ("watchdog", ""): "podkit.watchdog",                     # the hang watchdog
     ("logs", ""): "podkit.programs.logs",                    # supervisord's event listener
+    ("metrics", ""): "podkit.metrics",                       # the pod's Prometheus endpoint
 }
 KIND = {"sglang": ("inference", "kind"), "trainer": ("trainer", "kind")}
 NAMES = tuple(dict.fromkeys(name for name, _ in TABLE))

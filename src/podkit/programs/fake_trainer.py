@@ -185,6 +185,7 @@ class FakeTrainer:
             _log.warn(f"weight update to step {step} took {took:.1f}s of its {self.update_timeout:.0f}s limit")
         if r.get("success"):
             self.pushed = version
+            self.progress.update(weight_update_s=round(took, 4))
             _log.info(f"inference now serves weights of step {step}")
         else:
             _log.warn(f"weight update rejected: {r.get('message')}")

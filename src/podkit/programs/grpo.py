@@ -184,7 +184,7 @@ def main(argv: list[str]) -> int:
                                checkpoint_step=step if saved else progress.data.get("checkpoint_step"),
                                loss=stat(data, "update/loss/avg", "loss/avg"),
                                reward=stat(data, "task_reward/avg", "reward/avg"),
-                               logp_gap=logp_gap(data))
+                               logp_gap=logp_gap(data), weight_update_s=stat(data, "timeperf/update_weights"))
                 evaluated = stat(data, "eval-rollout/reward")  # only on the evaluator's steps
                 if evaluated is not None:
                     progress.write(eval_reward=evaluated, eval_step=step)

@@ -1,0 +1,146 @@
+"""`podkit run metrics`: a Prometheus endpoint for the pod, built with the Prometheus client library.
+Each scrape reads what `podkit status` reads (the records, supervisord's answer), so the healthcheck,
+`podkit status` and `/metrics` never disagree: each program's state, restarts and last exit; the
+trainer's step, seconds since it, loss and reward; the last checkpoint's step and age; the last
+weight update's duration; the boots in the guard's window; safe mode (served by the waiting boot).
+
+Bound to `metrics.host` (loopback by default) on `metrics.port` (0: off). Beyond loopback it needs
+PODKIT_METRICS_KEY, and every scrape then sends `Authorization: Bearer <key>` (Prometheus:
+`authorization: {credentials: ...}`), as SGLang's own endpoint asks for SGLANG_API_KEY.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import signal
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from podkit import log, records, status, supervisord
+
+KEY_ENV = "PODKIT_METRICS_KEY"
+_log = log.get("metrics")
+
+
+class PodCollector:
+    """The pod's figures, read at each scrape. `safe_mode` is the waiting boot's own view (no supervisord)."""
+
+    def __init__(self, workspace: Path, window_s: float) -> None:
+        self.ws, self.window_s = Path(workspace), window_s
+
+    def collect(self):
+        now = time.time()
+        st = status.collect(self.ws)
+        safe = st.get("safe_mode") or {}
+        g = GaugeMetricFamily("podkit_safe_mode", "1 while the pod waits in safe mode, by the stage that failed",
+                              labels=["stage"])
+        g.add_metric([str(safe.get("stage", ""))], 1.0 if safe else 0.0)
+        yield g
+        yield GaugeMetricFamily("podkit_supervisord_up", "1 when supervisord answers",
+                                value=1.0 if st["supervisord"].get("reachable") else 0.0)
+        state = GaugeMetricFamily("podkit_program_state", "1 for each program's current supervisord state",
+                                  labels=["program", "state"])
+        up = GaugeMetricFamily("podkit_program_up", "1 when the program is STARTING or RUNNING", labels=["program"])
+        restarts = CounterMetricFamily("podkit_program_restarts", "starts of the program after its first, "
+                                       "under this supervisord", labels=["program"])
+        exit_status = GaugeMetricFamily("podkit_program_last_exit_status", "the program's last exit status",
+                                        labels=["program"])
+        for name, p in sorted(st["programs"].items()):
+            state.add_metric([name, p["state"]], 1.0)
+            up.add_metric([name], 1.0 if p["state"] in supervisord.UP else 0.0)
+            restarts.add_metric([name], float(p["restarts"]))
+            exit_status.add_metric([name], float(p["exitstatus"] or 0))
+        yield from (state, up, restarts, exit_status)
+        prog = records.PROGRESS.read(self.ws / ".podkit")
+        for metric, doc, value in (
+                ("podkit_trainer_step", "the trainer's last completed step", prog.get("step")),
+                ("podkit_trainer_last_step_timestamp_seconds", "when that step completed", prog.get("time")),
+                ("podkit_trainer_seconds_since_step", "seconds since the last step",
+                 now - prog["time"] if prog.get("time") else None),
+                ("podkit_trainer_loss", "the last step's loss", prog.get("loss")),
+                ("podkit_trainer_reward", "the last step's mean reward (AReaL)", prog.get("reward")),
+                ("podkit_checkpoint_step", "the step of the last checkpoint written", prog.get("checkpoint_step")),
+                ("podkit_checkpoint_age_seconds", "seconds since the last checkpoint was written",
+                 now - prog["checkpoint_time"] if prog.get("checkpoint_time") else None),
+                ("podkit_weight_update_seconds", "how long the last weight update to inference took",
+                 prog.get("weight_update_s"))):
+            if isinstance(value, (int, float)):
+                yield GaugeMetricFamily(metric, doc, value=float(value))
+        boots = records.BOOTS.read(self.ws / ".podkit")
+        yield GaugeMetricFamily("podkit_boots_in_window", "boots within guard.window_s (the crash-loop guard's count)",
+                                value=float(sum(1 for b in boots if now - b.get("time", 0) <= self.window_s)))
+
+
+def registry(workspace: Path, window_s: float) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(PodCollector(workspace, window_s))
+    return reg
+
+
+def server(host: str, port: int, reg: CollectorRegistry, key: str = "") -> ThreadingHTTPServer:
+    """GET /metrics (with `Authorization: Bearer <key>` when a key is set); everything else 404."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path.split("?", 1)[0] != "/metrics":
+                return self._answer(404, b"only /metrics here\n", "text/plain")
+            if key and not hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {key}"):
+                return self._answer(401, b"Authorization: Bearer <PODKIT_METRICS_KEY>\n", "text/plain")
+            try:
+                body = generate_latest(reg)
+            except Exception as e:  # noqa: BLE001 - a scrape that fails must say why, not kill the server
+                return self._answer(500, f"{type(e).__name__}: {e}\n".encode(), "text/plain")
+            self._answer(200, body, CONTENT_TYPE_LATEST)
+
+        def _answer(self, code: int, body: bytes, ctype: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_):
+            pass
+
+    httpd = ThreadingHTTPServer((host, port), Handler)
+    httpd.daemon_threads = True
+    return httpd
+
+
+def serve_in_background(host: str, port: int, workspace: Path, window_s: float, key: str = "") -> bool:
+    """For the boot waiting in safe mode: the same endpoint from a thread; False when it cannot bind."""
+    try:
+        httpd = server(host, port, registry(workspace, window_s), key)
+    except OSError as e:
+        _log.warn(f"cannot serve metrics on {host}:{port} ({e.strerror})")
+        return False
+    threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True).start()
+    return True
+
+
+def _stop(*_):
+    raise SystemExit(0)
+
+
+def main(cfg) -> int:
+    m = cfg.metrics
+    signal.signal(signal.SIGTERM, _stop)
+    if not m.port:
+        _log.info("metrics.port is 0: no metrics endpoint; idle")
+        while True:  # RUNNING like every other program, so health stays one rule
+            signal.pause()
+    try:
+        httpd = server(m.host, m.port, registry(cfg.workspace_path, cfg.guard.window_s), os.environ.get(KEY_ENV, ""))
+    except OSError as e:
+        _log.error(f"cannot listen on {m.host}:{m.port} ({e.strerror}); set metrics.port to a free port (0: off)")
+        return 1
+    _log.info(f"serving /metrics on http://{m.host}:{m.port}/metrics" + (" (bearer key)" if os.environ.get(KEY_ENV)
+                                                                         else ""))
+    httpd.serve_forever()
+    return 0

@@ -1,0 +1,110 @@
+"""The pod's /metrics, scraped and parsed with the Prometheus client library's own parser: from the smoke
+stack under real supervisord, behind a key, in safe mode, and off."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import PODKIT, free_port, wait_for
+from podkit import checks, config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def scrape(port: int, key: str = "") -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value} from a real scrape; raises HTTPError on 401."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                 headers={"Authorization": f"Bearer {key}"} if key else {})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def try_scrape(port: int, key: str = ""):
+    try:
+        return scrape(port, key)
+    except OSError:
+        return None
+
+
+def test_a_smoke_run_serves_what_status_says(stack_factory):
+    """Program states, restarts, the trainer's step and its age, the checkpoint's step and age, the last
+    weight update's duration, the guard's boot count, safe mode off; the step agrees with status."""
+    port = free_port()
+    s = stack_factory(PODKIT_METRICS_PORT=str(port)).start()
+    s.wait_step(12)
+    m = wait_for(lambda: try_scrape(port), 30, what="/metrics")
+    assert m[("podkit_program_up", (("program", "trainer"),))] == 1.0
+    assert m[("podkit_program_up", (("program", "sglang"),))] == 1.0
+    assert m[("podkit_program_state", (("program", "metrics"), ("state", "RUNNING")))] == 1.0
+    assert m[("podkit_program_restarts_total", (("program", "trainer"),))] == 0.0
+    assert m[("podkit_supervisord_up", ())] == 1.0 and m[("podkit_safe_mode", (("stage", ""),))] == 0.0
+    assert m[("podkit_trainer_step", ())] >= 12 and 0 <= m[("podkit_trainer_seconds_since_step", ())] < 30
+    assert m[("podkit_checkpoint_step", ())] >= 10 and 0 <= m[("podkit_checkpoint_age_seconds", ())] < 60
+    assert 0 < m[("podkit_weight_update_seconds", ())] < 10
+    assert m[("podkit_boots_in_window", ())] == 1.0
+    os.kill(s.pid("trainer"), signal.SIGKILL)
+    wait_for(lambda: (try_scrape(port) or {}).get(("podkit_program_restarts_total", (("program", "trainer"),)))
+             == 1.0, 30, what="the restart counted")
+    step = scrape(port)[("podkit_trainer_step", ())]
+    assert abs(s.status()["trainer"]["step"] - step) <= 10
+    assert s.stop() == 0
+
+
+def test_with_a_key_a_scrape_without_it_is_refused(stack_factory):
+    port = free_port()
+    s = stack_factory(PODKIT_METRICS_PORT=str(port), PODKIT_METRICS_KEY="metrics-key-7f3a").start()
+    wait_for(lambda: try_scrape(port, "metrics-key-7f3a"), 30, what="/metrics with the key")
+    for wrong in ("", "metrics-key-7f3b"):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            scrape(port, wrong)
+        assert e.value.code == 401
+    assert "metrics-key-7f3a" not in s.stdout()
+    assert s.stop() == 0
+
+
+def test_beyond_loopback_without_a_key_or_on_inferences_port_is_a_config_error():
+    cfg = config.load(environ={"PODKIT_METRICS_HOST": "0.0.0.0"})
+    assert checks.metrics(cfg, environ={})[0][:2] == ("metrics.host", "0.0.0.0 exposes /metrics beyond this "
+                                                                      "machine without a key")
+    assert checks.metrics(cfg, environ={"PODKIT_METRICS_KEY": "k" * 16}) == []
+    same = config.load(environ={"PODKIT_METRICS_PORT": "30000", "PODKIT_INFERENCE_PORT": "30000"})
+    assert checks.metrics(same, environ={})[0][0] == "metrics.port"
+    assert checks.metrics(config.load(environ={"PODKIT_METRICS_HOST": "0.0.0.0", "PODKIT_METRICS_PORT": "0"}),
+                          environ={}) == []
+
+
+def test_a_pod_in_safe_mode_serves_safe_mode(procs, tmp_path):
+    """A config error: the waiting boot serves /metrics on loopback, PODKIT_METRICS_PORT read on its own."""
+    port = free_port()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    bad = tmp_path / "pod.yaml"
+    bad.write_text("trainer:\n  checkpoint_evry: 5\n")
+    env = {"PATH": os.environ["PATH"], "PODKIT_CONFIG": str(bad), "PODKIT_WORKSPACE": str(ws),
+           "PODKIT_METRICS_PORT": str(port)}
+    p = procs.spawn([*PODKIT, "boot"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    m = wait_for(lambda: try_scrape(port), 30, what="/metrics in safe mode")
+    assert m[("podkit_safe_mode", (("stage", "config"),))] == 1.0 and m[("podkit_supervisord_up", ())] == 0.0
+    assert m[("podkit_boots_in_window", ())] == 1.0
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(20) == 0
+
+
+def test_metrics_off_is_an_idle_running_program_and_a_healthy_pod(stack_factory):
+    s = stack_factory(PODKIT_METRICS_PORT="0").start()
+    s.wait_step(3)
+    wait_for(lambda: s.status()["programs"]["metrics"]["state"] == "RUNNING", 30, what="metrics RUNNING")
+    r = subprocess.run([*PODKIT, "status", "--health", "--workspace", str(s.workspace)], capture_output=True,
+                       text=True, env=s.env, timeout=30)
+    assert r.returncode == 0 and "healthy" in r.stdout, r.stdout
+    assert "metrics.port is 0" in s.log("metrics")
+    assert s.stop() == 0
