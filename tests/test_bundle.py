@@ -53,7 +53,7 @@ def test_a_bundle_of_a_running_smoke_stack_holds_what_a_bug_report_needs(stack_f
     assert out.stat().st_mode & 0o777 == 0o600 and f"wrote {out}" in r.stderr + r.stdout
     v = json.loads(files["versions.json"])
     assert v["podkit"] == md.version("podkit") and v["supervisor"] == md.version("supervisor")
-    assert v["nvidia_driver"] == "550.54.15" and b"Compute Mode" in files["gpu/nvidia-smi-q.txt"]
+    assert files["driver.txt"].strip() == b"550.54.15" and b"Compute Mode" in files["gpu/nvidia-smi-q.txt"]
     assert b"NVIDIA A40" in files["gpu/compute-mode.txt"] and b"GPU0" in files["gpu/topology.txt"]
     assert json.loads(files["records/progress.json"])["step"] >= 3
     assert {"boots.json", "current.json"} <= {n.split("/")[1] for n in files if n.startswith("records/")}
@@ -97,7 +97,7 @@ def test_no_secret_reaches_the_bundle_by_value_or_by_shape(tmp_path):
     assert b"<redacted" in files["logs/stacks-42.txt"] and b"<redacted" in files["records/safe-mode.json"]
     assert b"https://<redacted>@git.example" in files["config-file.yaml"]
     env_txt = files["environment.txt"].decode()
-    assert "GIT_TOKEN=<redacted: env GIT_TOKEN>" in env_txt and "PODKIT_NOTIFY_WEBHOOK_URL=<redacted" in env_txt
+    assert "GIT_TOKEN=<redacted>\n" in env_txt and "PODKIT_NOTIFY_WEBHOOK_URL=<redacted>\n" in env_txt
 
 
 def test_planted_links_fifos_huge_logs_and_a_foreign_run_dir_are_not_followed(tmp_path):
@@ -150,3 +150,55 @@ def test_a_bundle_is_written_under_a_config_that_does_not_load(tmp_path):
     head = files["config.yaml"].decode().split("\n", 3)
     assert head[0].startswith("# config error") and "checkpoint_evry: unknown key" in head[1], head
     assert files["config-file.yaml"] == bad.read_bytes()
+
+
+def test_what_the_review_found_holds(tmp_path):
+    """A review's cases, together: logs/ a symlink to a key's directory, a secret in a file name, a token
+    as the user of repo.url, short secrets and harmless secret-sounding settings, a secret cut at the
+    tail's edge between \\r-separated progress bars, a 256 KiB line with no space (quadratic for a naive
+    pattern), and a hanging nvidia-smi: the bundle is written in seconds and leaks none of them."""
+    import time
+
+    ws = tmp_path / "ws"
+    (ws / ".podkit").mkdir(parents=True)
+    keys = tmp_path / "ssh"
+    keys.mkdir()
+    (keys / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    (ws / "logs").symlink_to(keys)
+    hf = SECRETS["HF_TOKEN"]
+    (ws / ".podkit" / f"trainer-{hf}.json").write_text("{}")
+    bar = "\r".join(f"step {i} [{'#' * 40}]" for i in range(20_000))
+    # The 256 KiB tail of state_dir's big file begins inside the secret.
+    big = "a" * (300 << 10) + "\n" + hf + "\r" + bar
+    cut_at = len(big) - (1 << 20)
+    big = big[:cut_at - len(hf) // 2] + hf + big[cut_at - len(hf) // 2:]
+    (ws / ".podkit" / "huge.log").write_text(big)
+    cfg = tmp_path / "pod.yaml"
+    cfg.write_text(f"repo:\n  url: https://{URL_TOKEN}-abcdefgh@git.example/team/train.git\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 60\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "PODKIT_WORKSPACE": str(ws), "PODKIT_CONFIG": str(cfg),
+           "HF_TOKEN": hf, "PIN_SECRET": "abc", "TOKENIZERS_PARALLELISM": "false"}
+    t0 = time.monotonic()
+    _, files = bundle(env, tmp_path / "b.tar.gz")
+    assert time.monotonic() - t0 < 60
+    for name, data in files.items():
+        for secret in (hf, hf[len(hf) // 2:], hf[:len(hf) // 2 + 1], f"{URL_TOKEN}-abcdefgh", "PRIVATE KEY"):
+            assert secret.encode() not in data and secret not in name, (name, secret)
+    assert not any(n.startswith("logs/") for n in files)
+    env_txt = files["environment.txt"].decode()
+    assert "PIN_SECRET=<redacted>" in env_txt and "TOKENIZERS_PARALLELISM=<redacted>" in env_txt
+    json.loads(files["status.json"])  # "false" elsewhere is left alone
+    assert "versions.json" in files and b"https://<redacted: config repo.user>@git.example" in files["config-file.yaml"]
+    notes = {m["source"]: m["note"] for m in json.loads(files["MANIFEST.json"])}
+    assert notes[str(ws / "logs")] == "a symlink, not followed"
+    assert any("did not answer" in n for n in notes.values()), notes
+
+
+@pytest.mark.parametrize("where", ["no/such/dir/b.tar.gz", "."])
+def test_a_bundle_path_that_cannot_be_written_is_a_clear_error(tmp_path, where):
+    r = subprocess.run([*PODKIT, "doctor", "--bundle", where], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path, env={"PATH": os.environ["PATH"], "PODKIT_WORKSPACE": str(tmp_path)})
+    assert r.returncode == 1 and "cannot write" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -36,47 +36,91 @@ PACKAGES = ("podkit", "torch", "sglang", "areal", "transformers", "supervisor", 
             "sglang-kernel", "ray", "runpod")
 # Environment variables a report needs to make sense of a run (values redacted like everything else).
 ENV_NAMES = re.compile(r"^(PODKIT_|RUNPOD_|CUDA_|NCCL_|NVIDIA_|SGLANG_|AREAL_|TORCH|PYTORCH_|HF_|TRANSFORMERS_)")
-def read_regular(path: Path, limit: int, tail: bool = True) -> tuple[bytes | None, str]:
-    """A regular file's bytes (its last `limit` when `tail`, else its first), opened without following a
-    link and without blocking on a FIFO; (None, why not) for anything else."""
+TOTAL_MAX = 64 << 20  # the whole bundle, before compression: a workspace with thousands of logs stops here
+SMI_TIMEOUT_S = 10.0
+
+
+class Dir:
+    """A directory under the workspace (logs/, .podkit/), opened without following a link to it: a
+    planted `logs -> /root/.ssh` must not pull keys into the bundle. Files are read relative to it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.fd, self.why = path, None, ""
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as e:
+            self.why = "a symlink, not followed" if os.path.islink(path) else f"cannot be opened ({e.strerror})"
+
+    def names(self) -> list[str]:
+        return sorted(e.name for e in os.scandir(self.fd)) if self.fd is not None else []
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+def read_regular(path: Path, limit: int, tail: bool = True, dir_fd: int | None = None,
+                 margin: int = 0) -> tuple[bytes | None, str, bool]:
+    """A regular file's bytes: its last `limit` (+ `margin`) when `tail`, else its first; (None, why not,
+    False) for anything else. The type is checked before the open (a device node is never opened), the
+    open follows no link and does not block on a FIFO. The bool: the file was cut."""
+    name = path.name if dir_fd is not None else path
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            return None, "a symlink, not followed" if os.path.islink(path) else "not a regular file", False
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError as e:
-        return None, "a symlink, not followed" if os.path.islink(path) else f"cannot be opened ({e.strerror})"
+        return None, f"cannot be opened ({e.strerror})", False
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            return None, "not a regular file"
-        if tail and st.st_size > limit:
-            os.lseek(fd, st.st_size - limit, os.SEEK_SET)
-        chunks, left = [], limit
+            return None, "not a regular file", False
+        want = limit + margin
+        if tail and st.st_size > want:
+            os.lseek(fd, st.st_size - want, os.SEEK_SET)
+        chunks, left = [], want
         while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
             chunks.append(chunk)
             left -= len(chunk)
         data = b"".join(chunks)
         if not data:
-            return None, "empty"
-        if st.st_size > len(data):
-            if tail and b"\n" in data:
-                data = data.split(b"\n", 1)[1]  # from the first whole line
-            return data, f"last {len(data)} of {st.st_size} bytes" if tail else f"first {len(data)} of {st.st_size} bytes"
-        return data, f"{len(data)} bytes"
+            return None, "empty", False
+        return data, f"{st.st_size} bytes", st.st_size > len(data)
     except OSError as e:
-        return None, f"cannot be read ({e.strerror})"
+        return None, f"cannot be read ({e.strerror})", False
     finally:
         os.close(fd)
 
 
+def _cut(text: str, limit: int, tail: bool) -> str:
+    """`limit` characters of an already redacted text, from a whole line: a secret cut in half at the
+    edge was read whole (the margin) and redacted before this cut."""
+    if tail:
+        text = text[-limit:]
+        breaks = [i for i in (text.find("\n"), text.find("\r")) if i >= 0]
+        return text[min(breaks) + 1:] if breaks else ""
+    text = text[:limit]
+    return text[:max(text.rfind("\n"), text.rfind("\r")) + 1]
+
+
 class Bundle:
     def __init__(self, redact: Redactor) -> None:
-        self.redact, self.files, self.manifest = redact, {}, []
+        self.redact, self.files, self.manifest, self.total = redact, {}, [], 0
 
-    def add(self, name: str, text: str, source: str = "", note: str = "") -> None:
-        self.files[name] = self.redact(text).encode()
-        self.manifest.append({"file": name, "source": source, "note": note})
+    def add(self, name: str, text: str, source: str = "", note: str = "", redacted: bool = False) -> None:
+        name = self.redact(name).replace("/<", "/_").replace("<", "_").replace(">", "_").replace(" ", "_")
+        while name in self.files:  # two names that redact alike
+            name += "_"
+        data = (text if redacted else self.redact(text)).encode("utf-8", "backslashreplace")
+        if self.total + len(data) > TOTAL_MAX and name != "MANIFEST.json":
+            self.skip(self.redact(source) or name, f"left out: the bundle holds {TOTAL_MAX >> 20} MiB at most")
+            return
+        self.total += len(data)
+        self.files[name] = data
+        self.manifest.append({"file": name, "source": self.redact(source), "note": note})
 
     def skip(self, source: str, why: str) -> None:
-        self.manifest.append({"file": None, "source": source, "note": why})
+        self.manifest.append({"file": None, "source": self.redact(source), "note": why})
 
     def part(self, name: str, fn) -> None:
         """One part of the bundle; its failure is named in the manifest, never the end of the bundle."""
@@ -85,20 +129,27 @@ class Bundle:
         except Exception as e:  # noqa: BLE001 - a bug report must still be written from a broken pod
             self.skip(name, f"failed: {type(e).__name__}: {e}")
 
-    def copy(self, name: str, path: Path, limit: int, tail: bool = True) -> None:
-        data, note = read_regular(path, limit, tail)
+    def copy(self, name: str, path: Path, limit: int, tail: bool = True, directory: Dir | None = None) -> None:
+        margin = 4 * self.redact.longest + 1024
+        data, note, cut = read_regular(path, limit, tail, directory.fd if directory else None, margin)
         if data is None:
             self.skip(str(path), note)
-        else:
-            self.add(name, data.decode("utf-8", errors="replace"), str(path), note)
+            return
+        text = self.redact(data.decode("utf-8", errors="replace"))
+        if cut or len(text) > limit:
+            text = _cut(text, limit, tail)
+            note = f"{'last' if tail else 'first'} {len(text)} characters (whole lines) of {note}"
+        self.add(name, text, str(path), note, redacted=True)
 
     def write(self, out: Path) -> None:
         """Atomically, mode 0600: logs and records are the pod's own, redacted or not."""
+        import tempfile
+
         self.add("MANIFEST.json", json.dumps(self.manifest, indent=2))
         out = out.absolute()
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)  # O_EXCL, 0600
         try:
+            os.fchmod(fd, 0o600)
             with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
                 now = time.time()
                 for name, data in self.files.items():
@@ -107,7 +158,7 @@ class Bundle:
                     tar.addfile(info, io.BytesIO(data))
             os.replace(tmp, out)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            Path(tmp).unlink(missing_ok=True)
             raise
 
 
@@ -120,17 +171,26 @@ def versions() -> dict:
             found[name] = md.version(name)
         except md.PackageNotFoundError:
             found[name] = None
-    found["nvidia_driver"] = (_smi("--query-gpu=driver_version", "--format=csv,noheader") or "").strip() or None
     return found
 
 
+_smi_hung = []
+
+
 def _smi(*args: str) -> str | None:
+    """nvidia-smi's answer; after one call that hangs (a GPU fallen off the bus), no more calls."""
     exe = proc.which("nvidia-smi")
     if not exe:
         return None
+    if _smi_hung:
+        raise TimeoutError("skipped: an earlier nvidia-smi call did not answer")
     import subprocess
 
-    r = subprocess.run([exe, *args], capture_output=True, text=True, timeout=30)
+    try:
+        r = subprocess.run([exe, *args], capture_output=True, text=True, timeout=SMI_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _smi_hung.append(1)
+        raise TimeoutError(f"nvidia-smi did not answer in {SMI_TIMEOUT_S:.0f} s") from None
     return r.stdout + (f"\n[nvidia-smi exited {r.returncode}]\n{r.stderr}" if r.returncode else "")
 
 
@@ -140,24 +200,41 @@ def gather(cfg, environ=None) -> Bundle:
     ws = cfg.workspace_path
     # The records as found, before status and doctor read them (a record that does not fit its shape is
     # moved aside by its reader).
-    for path in sorted(cfg.state_dir.glob("*")) if cfg.state_dir.is_dir() else []:
-        if path.name.startswith(".") or (path.is_dir() and not path.is_symlink()):
-            continue
-        b.part(f"records/{path.name}", lambda p=path: b.copy(f"records/{p.name}", p, RECORD_MAX))
+    _copy_dir(b, cfg.state_dir, "records", RECORD_MAX)
     b.part("versions.json", lambda: b.add("versions.json", json.dumps(versions(), indent=2)))
+    b.part("nvidia_driver", lambda: b.add("driver.txt", (_smi("--query-gpu=driver_version", "--format=csv,noheader")
+                                                         or "no nvidia-smi\n"), "nvidia-smi"))
     b.part("config.yaml", lambda: _config(b, cfg))
+    # A variable whose name says secret shows that it is set, never its value, however short.
     b.part("environment.txt", lambda: b.add("environment.txt", "".join(
-        f"{k}={v}\n" for k, v in sorted(environ.items()) if ENV_NAMES.match(k) or SECRET_NAME.search(k))))
+        f"{k}={'<redacted>' if SECRET_NAME.search(k) and v else v}\n" for k, v in sorted(environ.items())
+        if ENV_NAMES.match(k) or SECRET_NAME.search(k))))
     b.part("status.json", lambda: _status(b, ws))
     b.part("doctor.json", lambda: _doctor(b, cfg, ws))
-    for path in sorted(cfg.log_dir.glob("*")) if cfg.log_dir.is_dir() else []:
-        dump = path.name.startswith(("stacks-", "hang-"))
-        b.part(f"logs/{path.name}", lambda p=path, d=dump: b.copy(f"logs/{p.name}", p, STACKS_MAX if d else LOG_TAIL))
+    _copy_dir(b, cfg.log_dir, "logs", LOG_TAIL, dumps=STACKS_MAX)
     b.part("run/podkit.env", lambda: _run_dir(b, cfg))
     b.part("supervisord.conf", lambda: b.copy("supervisord.conf", _packaged("supervisord.conf"), RECORD_MAX))
     b.part("gpu", lambda: _gpu(b))
     b.part("system.txt", lambda: _system(b, ws))
     return b
+
+
+def _copy_dir(b: Bundle, path: Path, prefix: str, limit: int, dumps: int = 0) -> None:
+    """Each regular file of a workspace directory that is not itself a link (logs/, .podkit/)."""
+    if not path.exists() and not path.is_symlink():
+        return
+    d = Dir(path)
+    try:
+        if d.fd is None:
+            b.skip(str(path), d.why)
+        for name in d.names():
+            dump = dumps and name.startswith(("stacks-", "hang-"))
+            if name.startswith("."):
+                continue
+            b.part(f"{prefix}/{name}", lambda n=name, lim=(dumps if dump else limit):
+                   b.copy(f"{prefix}/{n}", path / n, lim, directory=d))
+    finally:
+        d.close()
 
 
 def _run_dir(b: Bundle, cfg) -> None:
@@ -240,8 +317,18 @@ def _system(b: Bundle, ws: Path) -> None:
 
 
 def main(cfg, out: Path) -> int:
+    from podkit.errors import PodkitError
+
+    if not out.absolute().parent.is_dir():
+        raise PodkitError(f"cannot write {out}: {out.absolute().parent} is not a directory",
+                          "name a file in an existing directory, e.g. /workspace/report.tar.gz")
+    if out.is_dir():
+        raise PodkitError(f"cannot write {out}: it is a directory", "name a file, e.g. report.tar.gz")
     b = gather(cfg)
-    b.write(out)
+    try:
+        b.write(out)
+    except OSError as e:
+        raise PodkitError(f"cannot write {out}: {e.strerror}", "name a file in a writable directory") from None
     skipped = [m for m in b.manifest if m["file"] is None]
     _log.info(f"wrote {out} ({len(b.files)} files, secrets redacted; {len(skipped)} skipped, see MANIFEST.json)")
     return 0

@@ -3,6 +3,7 @@ template, and what `podkit doctor --bundle` removes from everything it gathers."
 
 from __future__ import annotations
 
+import json
 import re
 
 SECRET_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "hf_", "rpa_", "sk-", "sk_live_",
@@ -10,9 +11,17 @@ SECRET_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "hf_",
 SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL|WEBHOOK)",
                          re.I)
 _URL_CREDENTIALS = re.compile(r"(://)[^/\s:@'\"]+:(?:<redacted[^>]*>|[^/\s@'\"]+)@")
+# A long user part alone is a token used as the user (https://TOKEN@github.com/...), as git allows.
+_URL_TOKEN_USER = re.compile(r"(://)[^/\s:@'\"<>]{16,}@")
 _PREFIXED = re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(map(re.escape, SECRET_PREFIXES)) + r")[A-Za-z0-9_\-]{8,}")
-_KEY_VALUE = re.compile(r"""(?i)([A-Za-z0-9_.-]*(?:token|secret|password|passwd|api[_-]?key|access[_-]?key|"""
-                        r"""private[_-]?key|credential|webhook[_-]?url)['"]?\s*[:=]\s*['"]?)(?!<redacted)([^\s'",}]{4,})""")
+# The name part is bounded and anchored, so a long run of name characters costs linear time, not quadratic.
+_KEY_VALUE = re.compile(r"""(?i)((?<![A-Za-z0-9_.-])[A-Za-z0-9_.-]{0,64}?(?:token|secret|password|passwd|"""
+                        r"""api[_-]?key|access[_-]?key|private[_-]?key|credential|webhook[_-]?url|cookie)"""
+                        r"""['"]?\s*[:=]\s*)(?!['"]?<redacted)("[^"\n]{1,512}"|'[^'\n]{1,512}'|[^\s'",}]{4,512})""")
+_AUTHORIZATION = re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?\w+ )[^\s'\",}]+")
+# A value this short or plain (true, 4096) under a secret-sounding name (TOKENIZERS_PARALLELISM, MAX_TOKENS)
+# is a setting, not a secret: replacing it everywhere would break the bundle's JSON and hide nothing.
+_PLAIN = re.compile(r"^(?:true|false|yes|no|on|off|none|null|-?\d+(?:\.\d+)?)$", re.I)
 
 
 def literal_secret(value: str, name: str = "") -> str:
@@ -37,14 +46,26 @@ class Redactor:
     inside URLs, known key prefixes, and the value of `key=value` or `"key": "value"` under a secret name."""
 
     def __init__(self, values: dict[str, str]) -> None:
+        from urllib.parse import quote, quote_plus
+
+        forms = {}
+        for name, v in values.items():
+            if not v or len(v) < 6 or _PLAIN.match(v.strip()):
+                continue
+            # The value as a log, a JSON string or a URL may carry it.
+            for form in (v, json.dumps(v)[1:-1], quote(v, safe=""), quote_plus(v)):
+                forms.setdefault(form, name)
         # Longest first, so a secret that contains another is replaced whole.
-        self.values = sorted(((v, k) for k, v in values.items() if v and len(v) >= 4), key=lambda x: -len(x[0]))
+        self.values = sorted(forms.items(), key=lambda x: -len(x[0]))  # (form, name)
+        self.longest = max((len(v) for v, _ in self.values), default=0)
 
     @classmethod
     def for_pod(cls, cfg, environ) -> Redactor:
         """The config's credentials (a token split out of repo.url) and every variable of `environ` whose
         name says secret."""
-        values = {f"config {k}": str(v) for k, v in getattr(cfg, "secrets", {}).items() if k != "repo.user"}
+        secrets = getattr(cfg, "secrets", {})
+        # A user with no password is the token itself (https://TOKEN@host/...).
+        values = {f"config {k}": str(v) for k, v in secrets.items() if k != "repo.user" or "repo.token" not in secrets}
         values.update({f"env {k}": v for k, v in environ.items() if SECRET_NAME.search(k)})
         return cls(values)
 
@@ -52,5 +73,7 @@ class Redactor:
         for value, name in self.values:
             text = text.replace(value, f"<redacted: {name}>")
         text = _URL_CREDENTIALS.sub(r"\1<redacted>@", text)
+        text = _URL_TOKEN_USER.sub(r"\1<redacted>@", text)
         text = _PREFIXED.sub("<redacted>", text)
+        text = _AUTHORIZATION.sub(lambda m: m.group(1) + "<redacted>", text)
         return _KEY_VALUE.sub(lambda m: m.group(1) + "<redacted>", text)
