@@ -25,7 +25,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from podkit import log, proc
+from podkit import config, log, proc
 from podkit.redact import SECRET_NAME, Redactor
 
 _log = log.get("doctor")
@@ -213,7 +213,7 @@ def gather(cfg, environ=None) -> Bundle:
     b.part("doctor.json", lambda: _doctor(b, cfg, ws))
     _copy_dir(b, cfg.log_dir, "logs", LOG_TAIL, dumps=STACKS_MAX)
     b.part("run/podkit.env", lambda: _run_dir(b, cfg))
-    b.part("supervisord.conf", lambda: b.copy("supervisord.conf", _packaged("supervisord.conf"), RECORD_MAX))
+    b.part("supervisord.conf", lambda: b.copy("supervisord.conf", config.packaged("supervisord.conf"), RECORD_MAX))
     b.part("gpu", lambda: _gpu(b))
     b.part("system.txt", lambda: _system(b, ws))
     return b
@@ -258,12 +258,6 @@ def _run_dir(b: Bundle, cfg) -> None:
         b.copy("run/podkit.env", run_dir / "podkit.env", RECORD_MAX)
     else:
         b.skip(str(run_dir), "no run dir (gone with the last stop, or another machine's)")
-
-
-def _packaged(name: str) -> Path:
-    from podkit import config
-
-    return config.packaged(name)
 
 
 def _config(b: Bundle, cfg) -> None:

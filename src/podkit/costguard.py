@@ -16,6 +16,7 @@ import os
 import re
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from podkit import log
 
@@ -56,3 +57,13 @@ def stop_pod(reason: str, environ=None) -> bool:
         _log.warn(f"RunPod refused to stop pod {pod}: {msg}")
         return False
     return True
+
+
+def stop_pod_notified(reason: str, state_dir: Path | None) -> bool:
+    """The `pod-stop` notification (given a moment to go out), then stop_pod."""
+    from podkit import notify
+
+    t = notify.send("pod-stop", f"stopping this pod: {reason}; the volume stays", state_dir)
+    if t:
+        t.join(15)
+    return stop_pod(reason)

@@ -6,7 +6,7 @@ weight update's duration; the boots in the guard's window; safe mode (served by 
 
 Bound to `metrics.host` (loopback by default) on `metrics.port` (0: off). Beyond loopback it needs
 PODKIT_METRICS_KEY, and every scrape then sends `Authorization: Bearer <key>` (Prometheus:
-`authorization: {credentials: ...}`), as SGLang's own endpoint asks for SGLANG_API_KEY.
+`authorization: {credentials: ...}`). SGLang's own /metrics, by contrast, is open even with its key.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from podkit import log, records, status, supervisord
+from podkit.checks import METRICS_KEY_ENV as KEY_ENV
 
-KEY_ENV = "PODKIT_METRICS_KEY"
 _log = log.get("metrics")
 
 
@@ -58,19 +58,19 @@ class PodCollector:
             restarts.add_metric([name], float(p["restarts"]))
             exit_status.add_metric([name], float(p["exitstatus"] or 0))
         yield from (state, up, restarts, exit_status)
-        prog = records.PROGRESS.read(self.ws / ".podkit")
+        t = st["trainer"]
         for metric, doc, value in (
-                ("podkit_trainer_step", "the trainer's last completed step", prog.get("step")),
-                ("podkit_trainer_last_step_timestamp_seconds", "when that step completed", prog.get("time")),
+                ("podkit_trainer_step", "the trainer's last completed step", t.get("step")),
+                ("podkit_trainer_last_step_timestamp_seconds", "when that step completed", t.get("last_progress")),
                 ("podkit_trainer_seconds_since_step", "seconds since the last step",
-                 now - prog["time"] if prog.get("time") else None),
-                ("podkit_trainer_loss", "the last step's loss", prog.get("loss")),
-                ("podkit_trainer_reward", "the last step's mean reward (AReaL)", prog.get("reward")),
-                ("podkit_checkpoint_step", "the step of the last checkpoint written", prog.get("checkpoint_step")),
+                 now - t["last_progress"] if t.get("last_progress") else None),
+                ("podkit_trainer_loss", "the last step's loss", t.get("loss")),
+                ("podkit_trainer_reward", "the last step's mean reward (AReaL)", t.get("reward")),
+                ("podkit_checkpoint_step", "the step of the last checkpoint written", t.get("checkpoint_step")),
                 ("podkit_checkpoint_age_seconds", "seconds since the last checkpoint was written",
-                 now - prog["checkpoint_time"] if prog.get("checkpoint_time") else None),
+                 now - t["checkpoint_time"] if t.get("checkpoint_time") else None),
                 ("podkit_weight_update_seconds", "how long the last weight update to inference took",
-                 prog.get("weight_update_s"))):
+                 t.get("weight_update_s"))):
             if isinstance(value, (int, float)):
                 yield GaugeMetricFamily(metric, doc, value=float(value))
         boots = records.BOOTS.read(self.ws / ".podkit")

@@ -154,6 +154,7 @@ def write_json(path: Path, data: object, mode: int = 0o644) -> None:
 
 # -- the records ------------------------------------------------------------------------------------------
 STOPPED = {"by": str, "time": NUMBER, "step": int, "message": str}
+FINISHED = ("done", "max_steps")  # stopped.by when the trainer ended its run (AReaL's total steps; max_steps)
 # Written by podkit boot (one item per boot; guard.py).
 BOOTS = Record("boots.json", [{"time": NUMBER, "pid": int, "stages": dict, "outcome": str, "last_stop": str,
                                "reason": str, "traceback": str}])

@@ -31,7 +31,7 @@ def literal_secret(value: str, name: str = "") -> str:
     v = value.strip().strip("'\"").strip()
     if not v or "RUNPOD_SECRET_" in v:
         return ""
-    if re.search(r"://[^/\s:@]+:[^/\s@]+@", v):
+    if _URL_CREDENTIALS.search(v):
         return "credentials inside a URL"
     for prefix in SECRET_PREFIXES:
         if v.startswith(prefix) and len(v) >= len(prefix) + 8:

@@ -149,11 +149,8 @@ class PodStop:
             pass
 
     def _stop(self, waited_s: float) -> None:
-        from podkit import costguard, notify
+        from podkit import costguard
 
-        why = f"in safe mode ({self.stage}) for {waited_s:.0f} s (guard.stop_pod_after_s)"
-        t = notify.send("pod-stop", f"stopping this pod: {why}; the volume stays", self.state_dir)
-        if t:
-            t.join(15)
-        if costguard.stop_pod(why):
+        if costguard.stop_pod_notified(f"in safe mode ({self.stage}) for {waited_s:.0f} s (guard.stop_pod_after_s)",
+                                       self.state_dir):
             self.after_s = 0

@@ -11,8 +11,6 @@ from pathlib import Path
 from podkit import health, programs, records, supervisord
 from podkit.supervisord import EXITED, FATAL, RUNNING, UP
 
-FINISHED = ("done", "max_steps")  # progress.json's stopped.by when the trainer ended its run
-
 
 def collect(workspace: Path) -> dict:
     state_dir = workspace / ".podkit"
@@ -46,6 +44,7 @@ def collect(workspace: Path) -> dict:
                     "resumed_at": records.RESUME.read(state_dir).get("time")}
     prog = records.PROGRESS.read(state_dir)
     out["trainer"] = {"step": prog.get("step"), "last_progress": prog.get("time"), "loss": prog.get("loss"),
+                      "checkpoint_time": prog.get("checkpoint_time"), "weight_update_s": prog.get("weight_update_s"),
                       "checkpoint_step": prog.get("checkpoint_step"), "weight_version": prog.get("weight_version"),
                       "stopped": prog.get("stopped"), "kind": prog.get("kind"), "reward": prog.get("reward"),
                       "resumed_from_step": prog.get("resumed_at"), "logp_gap": prog.get("logp_gap")}
@@ -102,7 +101,7 @@ def health_problem(st: dict, progress_timeout_s: float) -> str | None:
         return f"safe mode: {st['safe_mode'].get('message')}"
     if not st["supervisord"].get("reachable"):
         return "supervisord is not reachable"
-    finished = (st["trainer"].get("stopped") or {}).get("by") in FINISHED
+    finished = (st["trainer"].get("stopped") or {}).get("by") in records.FINISHED
     for name in programs.NAMES:
         p = st["programs"].get(name)
         if name == "trainer" and finished and p and p["state"] == EXITED:

@@ -100,7 +100,7 @@ class Pump:
         """An expected exit after the trainer recorded its end (max_steps for the fake trainer, AReaL's
         total steps): a stop or a stray SIGTERM also exits 0, but records why."""
         prog = records.PROGRESS.read(self.state_dir)
-        if (prog.get("stopped") or {}).get("by") in ("max_steps", "done"):
+        if (prog.get("stopped") or {}).get("by") in records.FINISHED:
             sent = notify.send("finished", f"training finished at step {prog.get('step')} (last checkpoint at step "
                                f"{prog.get('checkpoint_step')})", self.state_dir)
             if self.stop_pod_when_finished:
@@ -112,11 +112,8 @@ class Pump:
 
         if sent:
             sent.join(15)
-        why = f"training finished at step {step} (guard.stop_pod_when_finished: auto)"
-        t = notify.send("pod-stop", f"stopping this pod: {why}; the volume stays", self.state_dir)
-        if t:
-            t.join(15)
-        costguard.stop_pod(why)
+        costguard.stop_pod_notified(f"training finished at step {step} (guard.stop_pod_when_finished: auto)",
+                                    self.state_dir)
 
     def handle(self, headers: dict[str, str], payload: bytes) -> None:
         event = headers.get("eventname", "")
