@@ -133,6 +133,7 @@ def test_the_real_trainer_trains_pushes_each_version_evaluates_and_resumes_after
     assert p["stopped"]["by"] == "SIGTERM" and p["checkpoint_step"] == p["step"], p  # forced at the stop
     assert "SIGTERM: stopping after step" in s.log("trainer") and "with its recover checkpoint" in s.log("trainer")
     assert "Training failed" not in s.log("trainer")
+    assert "inference was restarted" not in s.log("trainer"), "a pod stop is not an inference restart"
     stopped_at = p["step"]
 
     s2 = rehearsal().start()  # the same workspace: a new container on the same volume

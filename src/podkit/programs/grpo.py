@@ -192,7 +192,8 @@ def main(argv: list[str]) -> int:
                     progress.write(on_policy_logp_gap=logp_gap(data))
                 if served_version(addr, api_key) not in (str(step), None):
                     stale.set()  # the push just made is not what is served
-                now_serving = server_identity(cfg)
+                # No answer (supervisord shutting down at a pod stop) says nothing about a restart.
+                now_serving = server_identity(cfg) or serving[0]
                 if serving[0] is not None and now_serving != serving[0]:
                     _log.warn(f"inference was restarted during step {step}: its rollouts came partly from the base "
                               "weights. Stopping after this step; the trainer restarts and resumes.")
