@@ -88,3 +88,36 @@ def test_a_pod_waiting_in_safe_mode_stops_itself_after_stop_pod_after_s(procs, t
     assert p.poll() is None, "safe mode goes on until RunPod's own stop"
     p.send_signal(signal.SIGTERM)
     assert p.wait(20) == 0 and KEY not in out.read_text()
+
+
+def test_the_maximum_run_time_stops_the_trainer_with_its_checkpoint_then_the_pod(stack_factory, runpod_api, receiver):
+    """guard.stop_pod_at (what `podkit deploy --max-runtime` sets) passed: supervisord stops the trainer,
+    which checkpoints on its SIGTERM, and only then is the pod stopped, with a notification first."""
+    s = stack_factory(PODKIT_GUARD_STOP_POD_AT=str(int(time.time()) + 8), PODKIT_NOTIFY_WEBHOOK_URL=receiver.url,
+                      **on_runpod(runpod_api.url)).start()
+    wait_for(lambda: "podStop" in runpod_api.fields(), 60, what="podStop")
+    assert runpod_api.sent("podStop") == {"input": {"podId": "pod-abc123"}}
+    prog = s.progress()
+    assert prog["stopped"]["by"] == "SIGTERM" and prog["checkpoint_step"] == prog["step"] > 0
+    assert s.status()["programs"]["trainer"]["state"] == "STOPPED"
+    assert receiver.events() == ["pod-stop"]
+    assert "maximum run time" in receiver.posts[0]["text"] and f"step {prog['step']}" in receiver.posts[0]["text"]
+    assert s.stop() == 0
+    assert "stopping the trainer with a checkpoint, then the pod" in s.stdout()
+
+
+def test_a_pod_in_safe_mode_past_its_maximum_run_time_stops_at_once(procs, tmp_path, runpod_api, receiver):
+    """A config error and guard.stop_pod_at already passed (its env twin, read alone): the sooner of the
+    two guards wins, and the notification names the maximum run time."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    bad = tmp_path / "pod.yaml"
+    bad.write_text("trainer:\n  checkpoint_evry: 5\n")
+    env = {"PATH": os.environ["PATH"], "PODKIT_CONFIG": str(bad), "PODKIT_WORKSPACE": str(ws),
+           "PODKIT_GUARD_STOP_POD_AT": str(int(time.time()) - 5), "PODKIT_NOTIFY_WEBHOOK_URL": receiver.url,
+           **on_runpod(runpod_api.url)}
+    p = procs.spawn([*PODKIT, "boot"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert "guard.stop_pod_at, the maximum run time" in receiver.one("pod-stop")["text"]
+    wait_for(lambda: "podStop" in runpod_api.fields(), 30, what="podStop")
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(20) == 0

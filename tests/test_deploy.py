@@ -38,6 +38,11 @@ class FakeRunPod:
         self.capacity_failures = 0
         self.pod_polls = 0
         self.polls_until_running = 1
+        self.volumes = [{"id": "vol-ckpt1", "name": "checkpoints", "size": 200, "dataCenterId": "EU-SE-1"}]
+        # A pod's answers in turn (the last one repeats), for pod ids listed here; None: no such pod.
+        self.script: dict[str, list[dict | None]] = {}
+        self.new_pod_ids: list[str] = []  # ids for the pods created, in turn
+        self.outage = 0  # answer this many requests with a bare 502, as a proxy in front of an API that is down
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -47,6 +52,14 @@ class FakeRunPod:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 field, args = parse(body["query"])
+                if fake.outage:
+                    fake.outage -= 1
+                    fake.requests.append(("(outage)", args, self.headers.get("Authorization")))
+                    self.send_response(502)
+                    self.send_header("Content-Length", "11")
+                    self.end_headers()
+                    self.wfile.write(b"Bad Gateway")
+                    return
                 fake.requests.append((field, args, self.headers.get("Authorization")))
                 out = json.dumps(fake.answer(field, args)).encode()
                 self.send_response(200)
@@ -61,7 +74,7 @@ class FakeRunPod:
 
     def answer(self, field: str, args: dict) -> dict:
         if field == "myself":
-            return {"data": {"myself": {"podTemplates": self.templates}}}
+            return {"data": {"myself": {"podTemplates": self.templates, "networkVolumes": self.volumes}}}
         if field == "saveTemplate":
             tpl = dict(args["input"])
             if "id" not in tpl:
@@ -74,8 +87,12 @@ class FakeRunPod:
             if self.capacity_failures:
                 self.capacity_failures -= 1
                 return {"errors": [{"message": NO_CAPACITY}]}
-            return {"data": {"podFindAndDeployOnDemand": {"id": "pod-abc123", "imageName": args["input"]["imageName"],
+            pod_id = self.new_pod_ids.pop(0) if self.new_pod_ids else "pod-abc123"
+            return {"data": {"podFindAndDeployOnDemand": {"id": pod_id, "imageName": args["input"]["imageName"],
                                                           "env": [], "machineId": "m1", "machine": {"podHostId": "h"}}}}
+        if field == "pod" and args["input"]["podId"] in self.script:
+            answers = self.script[args["input"]["podId"]]
+            return {"data": {"pod": answers.pop(0) if len(answers) > 1 else answers[0]}}
         if field == "pod":
             self.pod_polls += 1
             running = self.pod_polls >= self.polls_until_running

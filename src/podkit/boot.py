@@ -144,12 +144,20 @@ def _metrics(cfg, state_dir: Path | None) -> dict | None:
             "key": os.environ.get(METRICS_KEY_ENV, "")}
 
 
-def _stop_pod_after_s(cfg) -> float:
-    """guard.stop_pod_after_s; under a config error, its env twin if that alone reads as a number, else
-    the default: a pod whose config is broken is the one most likely to wait for nobody."""
+def _stop_pod_after_s(cfg) -> tuple[float, str]:
+    """How long safe mode waits before the pod stops itself, and which setting says so: the sooner of
+    guard.stop_pod_after_s and guard.stop_pod_at (deploy's maximum run time). Under a config error each
+    is read from its env twin if that alone reads as a number, else the default: a pod whose config is
+    broken is the one most likely to wait for nobody."""
     if cfg is not None:
-        return cfg.guard.stop_pod_after_s
-    return float(_lenient_env("guard", "stop_pod_after_s", lambda v: 0 <= float(v) < float("inf")))
+        after, at = cfg.guard.stop_pod_after_s, cfg.guard.stop_pod_at
+    else:
+        finite = lambda v: 0 <= float(v) < float("inf")  # noqa: E731
+        after = float(_lenient_env("guard", "stop_pod_after_s", finite))
+        at = float(_lenient_env("guard", "stop_pod_at", finite))
+    if at and (not after or at - time.time() < after):
+        return max(at - time.time(), 0.001), "guard.stop_pod_at, the maximum run time"
+    return after, "guard.stop_pod_after_s"
 
 
 def _lenient_env(section: str, key: str, ok):
@@ -172,7 +180,7 @@ def _safe_mode(record: guard.Boot | None, state_dir: Path | None, stage: str, me
         record.stage(stage, "failed")
         record.done("safe-mode")
     return safemode.wait(state_dir, stage, message, hint, traceback=traceback, retry=retry,
-                         stop_pod_after_s=_stop_pod_after_s(cfg), metrics=_metrics(cfg, state_dir))
+                         stop_pod_after=_stop_pod_after_s(cfg), metrics=_metrics(cfg, state_dir))
 
 
 def up(cfg, steps: int | None = None) -> int:

@@ -208,9 +208,10 @@ def _run(cfg, args) -> int:
 
 
 # -- outside the pod ---------------------------------------------------------------------------------------
-@verb("deploy", "RunPod: create/update the template and start a pod on A40s; or stop | terminate | status POD",
-      opt("action", nargs="?", choices=["create", "stop", "terminate", "status"]),
-      opt("pod", nargs="?", help="pod id (stop, terminate, status)"),
+@verb("deploy", "RunPod: create/update the template and start a pod on A40s; stop | terminate | status POD; "
+      "watch POD: relaunch it on its network volume when it is lost",
+      opt("action", nargs="?", choices=["create", "stop", "terminate", "status", "watch"]),
+      opt("pod", nargs="?", help="pod id (stop, terminate, status, watch)"),
       opt("--template", help="template YAML (default: runpod/template.yaml)"),
       opt("--image", help="image to deploy (overrides the template's imageName)"),
       opt("--gpus", type=int, default=4, help="number of A40s (default 4)"),
@@ -219,6 +220,14 @@ def _run(cfg, args) -> int:
       opt("--dry-run", action="store_true", help="print exactly what would be sent; send nothing"),
       opt("--capacity-timeout", type=float, default=600, help="retry 'no capacity' for this long (s)"),
       opt("--wait-timeout", type=float, default=900, help="wait this long for the pod to run (s)"),
+      opt("--network-volume", help="RunPod network volume id mounted at /workspace: what a replacement pod "
+          "resumes from (create; watch needs it)"),
+      opt("--max-runtime", help="the pod stops itself after this long, the trainer first with its checkpoint: "
+          "90m, 12h, 2d or seconds (create)"),
+      opt("--lost-after", type=float, default=900, help="watch: a pod not running this long is lost (s)"),
+      opt("--poll", type=float, default=30, help="watch: ask RunPod about the pod this often (s)"),
+      opt("--max-relaunches", type=int, default=3, help="watch: give up after this many replacements"),
+      opt("--backoff", type=float, default=60, help="watch: wait before a second replacement, doubling (s)"),
       opt("--json", action="store_true"), load=False)
 def _deploy(_cfg, args) -> int:
     from podkit import deploy

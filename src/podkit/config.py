@@ -71,6 +71,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                         choices=("auto", "never")),
         "stop_pod_after_s": Field(float, 3600.0, "cost guard: a RunPod pod waiting in safe mode this long stops "
                                   "itself (the volume stays); 0: never", "s", minimum=0),
+        "stop_pod_at": Field(float, 0.0, "cost guard: a RunPod pod stops itself at this Unix time, the trainer "
+                             "first with its checkpoint (`podkit deploy --max-runtime` sets it); 0: never", "s",
+                             minimum=0),
     },
     "metrics": {
         "port": Field(int, 9400, "the pod's Prometheus endpoint (/metrics); 0: off", "", minimum=0, maximum=65535),

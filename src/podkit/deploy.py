@@ -110,18 +110,40 @@ def config_for(tpl: dict, gpus: int) -> dict:
     return env
 
 
-def pod_args(tpl: dict, template_id: str | None, gpus: int, cloud: str, name: str) -> dict:
-    """create_pod's arguments, strings pre-encoded (the SDK pastes them into its query as they are)."""
-    return dict(name=gql(name), image_name=gql(tpl["imageName"]), gpu_type_id=GPU_TYPE, cloud_type=cloud,
+STOP_AT_ENV = config.env_name("guard", "stop_pod_at")
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, flag: str) -> float:
+    m = DURATION.match(text.strip().lower())
+    if not m or float(m.group(1)) <= 0:
+        raise ConfigError("command line", flag, f"{text!r} is not a duration", hint="e.g. 90m, 12h, 2d or 3600 (s)")
+    return float(m.group(1)) * UNIT_S[m.group(2)]
+
+
+def pod_args(tpl: dict, template_id: str | None, gpus: int, cloud: str, name: str,
+             volume: dict | None = None, stop_at: float = 0) -> dict:
+    """create_pod's arguments, strings pre-encoded (the SDK pastes them into its query as they are).
+    `volume` (a network volume: id, dataCenterId) replaces the pod volume and pins the data center;
+    `stop_at` is the maximum run time as the pod's guard.stop_pod_at."""
+    env = config_for(tpl, gpus)
+    if stop_at:
+        env[STOP_AT_ENV] = str(int(stop_at))
+    args = dict(name=gql(name), image_name=gql(tpl["imageName"]), gpu_type_id=GPU_TYPE, cloud_type=cloud,
                 gpu_count=gpus, volume_in_gb=int(tpl.get("volumeInGb", 0)),
                 container_disk_in_gb=int(tpl.get("containerDiskInGb", 40)),
                 docker_args=gql(tpl.get("dockerArgs", "")), ports=tpl.get("ports") or None,
                 # The SDK's default is /runpod-volume, which would bypass podkit's workspace.
                 volume_mount_path=gql(tpl["volumeMountPath"]),
-                env={gql(k): gql(v) for k, v in config_for(tpl, gpus).items()}, template_id=template_id)
+                env={gql(k): gql(v) for k, v in env.items()}, template_id=template_id)
+    if volume:
+        args.update(network_volume_id=gql(volume["id"]), data_center_id=gql(volume["dataCenterId"]), volume_in_gb=0)
+    return args
 
 
 FIND_TEMPLATES = "query { myself { podTemplates { id name imageName } } }"
+FIND_VOLUMES = "query { myself { networkVolumes { id name size dataCenterId } } }"
 
 
 class Deployer:
@@ -145,6 +167,16 @@ class Deployer:
         saved = self.query(template_mutation(tpl, existing["id"] if existing else None))["data"]["saveTemplate"]
         _log.info(f"template {saved['name']!r} {'updated' if existing else 'created'} (id {saved['id']})")
         return saved
+
+    def network_volume(self, volume_id: str) -> dict:
+        """The network volume (id, dataCenterId): a pod on it runs in its data center."""
+        found = self.query(FIND_VOLUMES)["data"]["myself"]["networkVolumes"] or []
+        vol = next((v for v in found if v.get("id") == volume_id), None)
+        if not vol or not vol.get("dataCenterId"):
+            raise PodkitError(f"no network volume {volume_id!r} in this RunPod account",
+                              "yours: " + (", ".join(f"{v['id']} ({v.get('name')}, {v.get('dataCenterId')})"
+                                                     for v in found) or "none; create one under Storage"))
+        return vol
 
     # -- pods --------------------------------------------------------------------------------------------
     def create_pod(self, args: dict, capacity_timeout_s: float) -> dict:
@@ -217,6 +249,147 @@ def how_to_reach(pod: dict) -> list[str]:
     return lines
 
 
+# -- watch: relaunch after a lost pod ----------------------------------------------------------------------
+class Watch:
+    """Follows one pod through RunPod's API. A pod that is gone (terminated, or its host removed), that
+    an interruptible rental lost (reclaimed), that runs with zero GPUs (RunPod restarts a pod whose host
+    has no free GPU with none), or that has not run for `lost_after_s` (host down, image never up) is
+    replaced: the old one is stopped first (never terminated) so that two pods never train on one
+    volume, then a new pod starts on the same network volume and resumes from its checkpoints.
+
+    An on-demand pod that is EXITED was stopped on request: by its own cost guard (training finished,
+    the maximum run time) or by a person. That ends the watch. A RunPod API that does not answer is
+    waited out: it says nothing about the pod."""
+
+    def __init__(self, d: Deployer, pod_id: str, launch, *, lost_after_s: float = 900, poll_s: float = 30,
+                 max_relaunches: int = 3, backoff_s: float = 60, clock=time.monotonic, state_dir=None) -> None:
+        self.d, self.pod_id, self.launch = d, pod_id, launch
+        self.lost_after_s, self.poll_s, self.max_relaunches, self.backoff_s = lost_after_s, poll_s, max_relaunches, backoff_s
+        self.clock, self.state_dir = clock, state_dir
+        self.relaunches = 0
+        self.last: dict = {}  # the pod as last seen, for its replacement
+        self.gpus = 0  # its GPU count while it had them (a pod restarted without GPUs shows 0)
+
+    def verdict(self, pod: dict | None, down_since: float | None) -> tuple[str, str]:
+        """(state, why): running | waiting | stopped | lost."""
+        if not pod or pod.get("desiredStatus") == "TERMINATED":
+            return "lost", "the pod is gone (terminated, or its host was removed)"
+        state = pod.get("desiredStatus")
+        if state == "EXITED":
+            if "INTERRUPT" in str(pod.get("podType") or "").upper():
+                return "lost", "the interruptible pod was stopped (reclaimed, or outbid)"
+            return "stopped", ("the pod was stopped on request: by its own cost guard (training finished, or "
+                               "its maximum run time) or by a person")
+        if state == "RUNNING" and pod.get("gpuCount") == 0:
+            return "lost", "the pod runs with zero GPUs (its host had none free when it restarted)"
+        if state == "RUNNING" and (pod.get("runtime") or {}).get("ports"):
+            return "running", "running"
+        down = self.clock() - down_since if down_since is not None else 0.0
+        if down >= self.lost_after_s:
+            return "lost", f"the pod has not been running for {down:.0f} s (state {state}; host down or unreachable)"
+        return "waiting", f"not running yet ({state}, {down:.0f} s)"
+
+    def notify(self, event: str, text: str) -> None:
+        from podkit import notify
+
+        t = notify.send(event, text, self.state_dir)
+        if t:
+            t.join(10)
+
+    def run(self) -> int:
+        down_since, said = None, ""
+        while True:
+            try:
+                pod = self.d.runpod.get_pod(self.pod_id)
+            except (requests.RequestException, error.QueryError) as e:
+                _log.warn(f"RunPod's API does not answer ({type(e).__name__}); asking again in {self.poll_s:g} s")
+                self.d.sleep(self.poll_s)
+                continue
+            if pod:
+                self.last = pod
+                self.gpus = int(pod.get("gpuCount") or 0) or self.gpus
+            running = pod and pod.get("desiredStatus") == "RUNNING" and (pod.get("runtime") or {}).get("ports")
+            down_since = None if running else (down_since if down_since is not None else self.clock())
+            state, why = self.verdict(pod, down_since)
+            if why != said and (state != "waiting" or not said.startswith("not running yet")):
+                _log.info(f"pod {self.pod_id}: {why}")
+                said = why
+            if state == "stopped":
+                _log.info("watch ends: a pod stopped on request is left stopped")
+                return 0
+            if state == "lost":
+                if not self.replace(why, pod):
+                    return 1
+                down_since, said = None, ""
+                continue
+            self.d.sleep(self.poll_s)
+
+    def replace(self, why: str, now: dict | None) -> bool:
+        """Stop the lost pod, then start its replacement, a failed start tried again after a back-off
+        that doubles from the second attempt on; False once `max_relaunches` attempts are spent."""
+        old = self.pod_id
+        if now and now.get("desiredStatus") == "RUNNING":
+            try:  # it may come back: it must not then train beside its replacement
+                self.d.stop(old)
+                _log.info(f"pod {old} stopped (not terminated: `podkit deploy terminate {old}` when done with it)")
+            except Exception as e:  # noqa: BLE001 - an unreachable host may refuse; the workspace lease still guards
+                _log.warn(f"could not stop pod {old} ({type(e).__name__}); if it comes back, its replacement "
+                          "waits for the workspace lease to lapse")
+        while True:
+            if self.relaunches >= self.max_relaunches:
+                msg = (f"pod {old} is lost ({why}); {self.relaunches} replacement attempt(s) spent "
+                       f"(--max-relaunches {self.max_relaunches}): giving up; the network volume keeps the checkpoints")
+                _log.error(msg)
+                self.notify("relaunch-gave-up", msg)
+                return False
+            self.relaunches += 1
+            n = self.relaunches
+            if n > 1:
+                delay = min(BACKOFF_MAX_S, self.backoff_s * 2 ** (n - 2))
+                _log.info(f"waiting {delay:.0f} s before replacement attempt {n} of {self.max_relaunches}")
+                self.d.sleep(delay)
+            try:
+                pod = self.launch(self.last, self.gpus)
+            except PodkitError as e:
+                _log.error(f"replacement attempt {n} of {self.max_relaunches} for pod {old} failed: {e.message}")
+                self.notify("relaunch", f"pod {old} is lost ({why}); replacement attempt {n} of "
+                            f"{self.max_relaunches} failed: {e.message}")
+                continue
+            self.pod_id, self.last = pod["id"], {}
+            msg = (f"pod {old} is lost ({why}); replacement {n} of {self.max_relaunches} is pod {self.pod_id} on "
+                   "the same network volume, resuming from its checkpoints")
+            _log.info(msg)
+            self.notify("relaunch", msg)
+            return True
+
+
+BACKOFF_MAX_S = 900.0
+
+
+def carried_stop_at(pod: dict) -> float:
+    """The lost pod's maximum run time (its guard.stop_pod_at) carries over to its replacement."""
+    env = pod.get("env") or []
+    pairs = (e.split("=", 1) for e in env if isinstance(e, str) and "=" in e) if isinstance(env, list) else ()
+    raw = dict(pairs).get(STOP_AT_ENV, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return 0.0
+    return value if 0 < value < float("inf") else 0.0
+
+
+def relauncher(d: Deployer, tpl: dict, vol: dict, cloud: str, gpus: int, name: str | None,
+               capacity_timeout_s: float):
+    """Watch's `launch`: a replacement like the lost pod (its GPU count while it had GPUs, its name and
+    maximum run time) from the template, on the network volume."""
+    def launch(last: dict, had_gpus: int) -> dict:
+        n = had_gpus or gpus
+        saved = d.save_template(tpl)
+        return d.create_pod(pod_args(tpl, saved["id"], n, cloud, name or last.get("name") or f"{tpl['name']}-{n}xa40",
+                                     vol, carried_stop_at(last)), capacity_timeout_s)
+    return launch
+
+
 def default_template() -> Path:
     return config.packaged("runpod/template.yaml")
 
@@ -257,8 +430,11 @@ def _main(args) -> int:
             for line in how_to_reach(pod):
                 print("  " + line)
         return 0
+    if action == "watch":
+        return _watch(args)
     if action != "create":
-        raise ConfigError("command line", "ACTION", f"unknown action {action!r}", "create | stop | terminate | status")
+        raise ConfigError("command line", "ACTION", f"unknown action {action!r}",
+                          "create | stop | terminate | status | watch")
     tpl = load_template(Path(args.template) if args.template else default_template())
     if args.image:
         tpl["imageName"] = args.image
@@ -267,6 +443,7 @@ def _main(args) -> int:
     if args.gpus < 1:
         raise ConfigError("command line", "--gpus", f"{args.gpus}: at least 1")
     config_for(tpl, args.gpus)  # refuse a GPU count without a pod config before anything is sent
+    stop_at = time.time() + parse_duration(args.max_runtime, "--max-runtime") if args.max_runtime else 0
     name = args.name or f"{tpl['name']}-{args.gpus}xa40"
     if args.dry_run:
         print("# 1. query (finds an existing template of this name):")
@@ -274,18 +451,57 @@ def _main(args) -> int:
         print(f"# 2. mutation (create; with id: \"<existing id>\" when one named {tpl['name']!r} exists):")
         print(template_mutation(tpl))
         print("# 3. mutation (the SDK's create_pod, after its GPU type check):")
-        a = pod_args(tpl, "<template id>", args.gpus, args.cloud, name)
+        vol = {"id": args.network_volume, "dataCenterId": "<its data center>"} if args.network_volume else None
+        a = pod_args(tpl, "<template id>", args.gpus, args.cloud, name, vol, stop_at)
         # create_pod's own defaults for what podkit does not set, so this is exactly what it sends.
         a.update(support_public_ip=True, start_ssh=True, min_vcpu_count=1, min_memory_in_gb=1)
         print(generate_pod_deployment_mutation(**a).strip())
         print("# nothing was sent (--dry-run)")
         return 0
     d = Deployer()
+    vol = d.network_volume(args.network_volume) if args.network_volume else None
     saved = d.save_template(tpl)
-    pod = d.create_pod(pod_args(tpl, saved["id"], args.gpus, args.cloud, name), args.capacity_timeout)
+    pod = d.create_pod(pod_args(tpl, saved["id"], args.gpus, args.cloud, name, vol, stop_at), args.capacity_timeout)
+    if stop_at:
+        _log.info(f"pod {pod['id']} stops itself at {time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(stop_at))} "
+                  "(--max-runtime), the trainer first with its checkpoint")
     pod = d.wait_running(pod["id"], args.wait_timeout)
     print(f"pod {pod['id']} is running. Reach it with:")
     for line in how_to_reach(pod):
         print("  " + line)
     print(f"stop it: podkit deploy stop {pod['id']}   terminate: podkit deploy terminate {pod['id']}")
+    if vol:
+        print(f"relaunch it when it is lost: podkit deploy watch {pod['id']} --network-volume {vol['id']}")
     return 0
+
+
+def _watch(args) -> int:
+    if not args.pod:
+        raise ConfigError("command line", "POD", "`podkit deploy watch` needs a pod id")
+    if not args.network_volume:
+        raise ConfigError("command line", "--network-volume", "a replacement pod resumes from the run's network "
+                          "volume, and none was named: on a new pod volume it would start from nothing",
+                          hint="deploy with `podkit deploy --network-volume ID` and watch with the same ID")
+    for flag, value in (("--lost-after", args.lost_after), ("--poll", args.poll), ("--backoff", args.backoff)):
+        if not 0 < value < float("inf"):
+            raise ConfigError("command line", flag, f"{value}: a positive number of seconds")
+    if args.max_relaunches < 0:
+        raise ConfigError("command line", "--max-relaunches", f"{args.max_relaunches}: 0 or more")
+    if args.cloud not in CLOUDS:
+        raise ConfigError("command line", "--cloud", f"{args.cloud!r} is not one of {', '.join(CLOUDS)}")
+    tpl = load_template(Path(args.template) if args.template else default_template())
+    if args.image:
+        tpl["imageName"] = args.image
+    d = Deployer()
+    vol = d.network_volume(args.network_volume)
+
+    launch = relauncher(d, tpl, vol, args.cloud, args.gpus, args.name, args.capacity_timeout)
+    _log.info(f"watching pod {args.pod} every {args.poll:g} s; lost after {args.lost_after:g} s not running; up to "
+              f"{args.max_relaunches} replacement(s) on network volume {vol['id']} ({vol['dataCenterId']})")
+    w = Watch(d, args.pod, launch, lost_after_s=args.lost_after, poll_s=args.poll,
+              max_relaunches=args.max_relaunches, backoff_s=args.backoff)
+    try:
+        return w.run()
+    except KeyboardInterrupt:
+        _log.info(f"watch interrupted; the pod now followed is {w.pod_id}")
+        return 130

@@ -64,11 +64,12 @@ STOP_POD_RETRY_S = 300
 
 
 def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", traceback: str = "",
-         retry=None, stop_pod_after_s: float = 0.0, metrics: dict | None = None) -> int:
+         retry=None, stop_pod_after: tuple[float, str] = (0.0, ""), metrics: dict | None = None) -> int:
     """Blocks until SIGTERM/SIGINT, then returns 0 (docker stop ends safe mode promptly).
     SIGUSR1 (`podkit resume`) boots again in place: same pid, so PID 1 stays PID 1; so does `retry()`
     turning true (asked every few seconds: the cause went away by itself, such as another pod's hold
-    on the workspace). On RunPod, after `stop_pod_after_s` the pod stops itself (cost guard). With
+    on the workspace). On RunPod, after `stop_pod_after` (seconds, the setting that says so) the pod
+    stops itself (cost guard). With
     `metrics` (serve_in_background's arguments), /metrics says so meanwhile. Nothing in here may end
     the process otherwise: a failure of its own falls back to waiting."""
     stopping = []
@@ -93,7 +94,7 @@ def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", trace
         except Exception as e:  # noqa: BLE001 - nor may serving metrics
             say(f"[podkit:metrics] cannot serve metrics in safe mode ({type(e).__name__}: {e})")
     last = checked = since = time.monotonic()
-    pod_stop = PodStop(state_dir, stage, stop_pod_after_s)
+    pod_stop = PodStop(state_dir, stage, *stop_pod_after)
     while not stopping:
         pod_stop.check(time.monotonic() - since)
         if retry and time.monotonic() - checked >= RETRY_EVERY_S:
@@ -126,8 +127,9 @@ class PodStop:
     """The safe-mode cost guard: once the wait has lasted `after_s` on RunPod, notify and stop the pod,
     in a thread (PID 1 keeps answering signals); a refused stop is tried again every few minutes."""
 
-    def __init__(self, state_dir: Path | None, stage: str, after_s: float) -> None:
-        self.state_dir, self.stage, self.after_s = state_dir, stage, after_s
+    def __init__(self, state_dir: Path | None, stage: str, after_s: float,
+                 why: str = "guard.stop_pod_after_s") -> None:
+        self.state_dir, self.stage, self.after_s, self.why = state_dir, stage, after_s, why
         self.next_at = after_s
         self.thread = None
 
@@ -151,6 +153,6 @@ class PodStop:
     def _stop(self, waited_s: float) -> None:
         from podkit import costguard
 
-        if costguard.stop_pod_notified(f"in safe mode ({self.stage}) for {waited_s:.0f} s (guard.stop_pod_after_s)",
+        if costguard.stop_pod_notified(f"in safe mode ({self.stage}) for {waited_s:.0f} s ({self.why})",
                                        self.state_dir):
             self.after_s = 0

@@ -1,6 +1,8 @@
 """supervisord event listener: every line a program prints reaches the container's stdout prefixed
 with the program's name, and each program state change is recorded for `podkit status`. It notifies
-(notify.py) of a program gone FATAL, of training finished and of supervisord beginning to stop.
+(notify.py) of a program gone FATAL, of training finished and of supervisord beginning to stop. On
+RunPod it is also where the cost guards act: a finished run, and the maximum run time (guard.stop_pod_at:
+the trainer is stopped with its checkpoint first), stop the pod.
 
 supervisord writes each program's output to its rotated file under <workspace>/logs/ and emits
 PROCESS_LOG events; this listener prints them to its stderr, which supervisord.conf sends to
@@ -16,11 +18,13 @@ import signal
 import sys
 import threading
 import time
+import xmlrpc.client
 from pathlib import Path
 
 from podkit import lease, log, notify, records, supervisord
 
 READY = b"READY\n"
+DEADLINE_RETRY_S = 300.0
 OK = b"RESULT 2\nOK"
 
 
@@ -45,8 +49,12 @@ def parse_headers(line: bytes) -> dict[str, str]:
 
 class Pump:
     def __init__(self, out, run_dir: Path | None, width: int = 8, state_dir: Path | None = None,
-                 trainer_grace_s: float = 0.0, stop_pod_when_finished: bool = False) -> None:
+                 trainer_grace_s: float = 0.0, stop_pod_when_finished: bool = False, stop_pod_at: float = 0.0,
+                 socket_path: str | None = None) -> None:
         self.out = out
+        self.stop_pod_at, self.socket_path = stop_pod_at, socket_path
+        self._deadline: threading.Thread | None = None
+        self._deadline_retry_at = 0.0
         self.trainer_grace_s = trainer_grace_s
         self.stop_pod_when_finished = stop_pod_when_finished
         self.state_dir = state_dir
@@ -115,8 +123,39 @@ class Pump:
         costguard.stop_pod_notified(f"training finished at step {step} (guard.stop_pod_when_finished: auto)",
                                     self.state_dir)
 
+    def deadline(self, now: float) -> None:
+        """guard.stop_pod_at passed: once, in a thread (events keep flowing), the trainer is stopped
+        through supervisord, which gives it stop_grace_s to checkpoint, then the pod. A refused podStop
+        is tried again every few minutes."""
+        if not self.stop_pod_at or now < self.stop_pod_at or time.monotonic() < self._deadline_retry_at:
+            return
+        if self._deadline and self._deadline.is_alive():
+            return
+        self._deadline_retry_at = time.monotonic() + DEADLINE_RETRY_S
+        first = self._deadline is None
+        self._deadline = threading.Thread(target=self._deadline_stop, args=(first,), daemon=True)
+        self._deadline.start()
+
+    def _deadline_stop(self, first: bool) -> None:
+        from podkit import costguard
+
+        reason = "the maximum run time was reached (guard.stop_pod_at, set by podkit deploy --max-runtime)"
+        if first:
+            self.out.write(f"{'podkit':<{self.width}} | {reason}: stopping the trainer with a checkpoint, "
+                           "then the pod\n")
+            self.out.flush()
+            try:  # wait=True: returns once the trainer has exited (its checkpoint written) or been killed
+                supervisord.rpc(self.socket_path).supervisor.stopProcess("trainer", True)
+            except (OSError, xmlrpc.client.Error) as e:  # not running (finished, FATAL): nothing to save
+                self.out.write(f"{'podkit':<{self.width}} | the trainer was not stopped ({e}); stopping the pod\n")
+            prog = records.PROGRESS.read(self.state_dir) if self.state_dir else {}
+            reason += f"; last checkpoint at step {prog.get('checkpoint_step')}"
+        if costguard.stop_pod_notified(reason, self.state_dir):
+            self.stop_pod_at = 0.0
+
     def handle(self, headers: dict[str, str], payload: bytes) -> None:
         event = headers.get("eventname", "")
+        self.deadline(time.time())
         if event.startswith("PROCESS_LOG"):
             head, _, data = payload.partition(b"\n")
             h = parse_headers(head)
@@ -140,7 +179,8 @@ def main(cfg) -> int:
     from podkit import costguard
 
     pump = Pump(sys.stderr, Path(cfg.run_path), state_dir=cfg.state_dir, trainer_grace_s=cfg.trainer.stop_grace_s,
-                stop_pod_when_finished=cfg.guard.stop_pod_when_finished == "auto" and costguard.on_runpod())
+                stop_pod_when_finished=cfg.guard.stop_pod_when_finished == "auto" and costguard.on_runpod(),
+                stop_pod_at=cfg.guard.stop_pod_at if costguard.on_runpod() else 0.0, socket_path=cfg.socket_path)
 
     def stop(*_):
         pump.flush()
