@@ -22,9 +22,9 @@ PORTS = {"ports": [{"ip": "203.0.113.7", "isIpPublic": True, "privatePort": 22, 
 
 
 def pod(pod_id: str, status: str = "RUNNING", gpus: int = 4, up: bool = True, pod_type: str = "RESERVED",
-        env: tuple[str, ...] = ()) -> dict:
+        env: tuple[str, ...] = (), image: str = "registry.example/podkit:v2") -> dict:
     return {"id": pod_id, "name": "podkit-run", "desiredStatus": status, "gpuCount": gpus, "podType": pod_type,
-            "env": list(env), "runtime": PORTS if up else None}
+            "env": list(env), "imageName": image, "runtime": PORTS if up else None}
 
 
 class Clock:
@@ -56,7 +56,7 @@ def watch(api: FakeRunPod, pod_id: str = "pod-old", **kw) -> tuple[deploy.Watch,
     d = deploy.Deployer(sleep=clock.sleep)
     tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
     launch = deploy.relauncher(d, tpl, d.network_volume(VOLUME), "SECURE", 4, None, capacity_timeout_s=0)
-    opts = dict(lost_after_s=600, poll_s=30, max_relaunches=3, backoff_s=60) | kw
+    opts = dict(lost_after_s=600, start_grace_s=900, poll_s=30, max_relaunches=3, backoff_s=60) | kw
     return deploy.Watch(d, pod_id, launch, clock=clock, **opts), clock
 
 
@@ -76,6 +76,7 @@ def test_a_pod_gone_is_replaced_on_its_network_volume_and_followed_to_its_finish
     [new] = created(runpod_api)
     assert (new["networkVolumeId"], new["dataCenterId"], new["volumeInGb"]) == (VOLUME, "EU-SE-1", 0)
     assert new["gpuCount"] == 2 and new["volumeMountPath"] == "/workspace" and new["name"] == "podkit-run"
+    assert new["imageName"] == "registry.example/podkit:v2", "the lost pod's image, not the template's default"
     env = {e["key"]: e["value"] for e in new["env"]}
     assert env[deploy.STOP_AT_ENV] == stop_at.split("=")[1] and env["PODKIT_CONFIG"].endswith("a40-2gpu.yaml")
     assert env["HF_TOKEN"] == "{{ RUNPOD_SECRET_HF_TOKEN }}", "secrets come from the template, never the old pod"
@@ -120,15 +121,24 @@ def test_an_exited_pod_is_replaced_only_when_an_interruptible_rental_lost_it(run
 
 
 def test_an_api_outage_is_waited_out_not_taken_for_a_lost_pod(runpod_api):
-    """RunPod's API answering 502 for longer than lost_after_s says nothing about the pod."""
-    runpod_api.script["pod-old"] = [pod("pod-old"), pod("pod-old"), pod("pod-old", "EXITED")]
-    w, clock = watch(runpod_api, lost_after_s=60, poll_s=30)
-    runpod_api.outage = 0
-    w.d.runpod.get_pod("pod-old")  # the first answer
-    runpod_api.outage = 6
+    """RunPod's API answering 502 (then JSON without data) for longer than lost_after_s, and once "no
+    such pod", say nothing about a pod that then answers RUNNING."""
+    runpod_api.script["pod-old"] = [pod("pod-old"), None, pod("pod-old"), pod("pod-old", "EXITED")]
+    w, clock = watch(runpod_api, lost_after_s=60, start_grace_s=0, poll_s=30)
+    real, calls = w.d.runpod.get_pod, []
+
+    def get_pod(pod_id):
+        calls.append(pod_id)
+        if len(calls) == 2:
+            runpod_api.outage = 6  # from the second question on, six 502s
+        if len(calls) == 9:
+            raise KeyError("data")  # then an answer without data (a rate limit's JSON)
+        return real(pod_id)
+
+    w.d.runpod = type("SDK", (), {"get_pod": staticmethod(get_pod), "stop_pod": staticmethod(w.d.runpod.stop_pod)})
     assert w.run() == 0
     assert runpod_api.fields().count("(outage)") == 6 and created(runpod_api) == []
-    assert clock.t >= 180
+    assert "podStop" not in runpod_api.fields() and clock.t >= 200
 
 
 def test_replacements_back_off_and_end_at_the_maximum(runpod_api, monkeypatch):
@@ -137,7 +147,7 @@ def test_replacements_back_off_and_end_at_the_maximum(runpod_api, monkeypatch):
     receiver = Receiver()
     monkeypatch.setenv("PODKIT_NOTIFY_WEBHOOK_URL", receiver.url)
     try:
-        runpod_api.script["pod-old"] = [None]
+        runpod_api.script["pod-old"] = [pod("pod-old", env=(f"{deploy.STOP_AT_ENV}=4102444800",)), None]
         runpod_api.new_pod_ids = ["pod-r1", "pod-r2", "pod-r3"]
         for r in runpod_api.new_pod_ids:
             runpod_api.script[r] = [None]
@@ -148,6 +158,10 @@ def test_replacements_back_off_and_end_at_the_maximum(runpod_api, monkeypatch):
         assert receiver.events() == ["relaunch"] * 3 + ["relaunch-gave-up"]
         assert "replacement 1 of 3 is pod pod-r1" in receiver.posts[0]["text"]
         assert "giving up" in receiver.posts[3]["text"]
+        for new in created(runpod_api):  # the second and third keep what the first pod had, too
+            env = {e["key"]: e["value"] for e in new["env"]}
+            assert new["name"] == "podkit-run" and new["imageName"] == "registry.example/podkit:v2"
+            assert env[deploy.STOP_AT_ENV] == "4102444800"
     finally:
         receiver.close()
 
@@ -209,3 +223,53 @@ def test_deploy_on_a_network_volume_with_a_maximum_run_time(runpod_api):
     runpod_api.requests.clear()
     r = podkit_deploy(runpod_api, "--max-runtime", "soon")
     assert r.returncode == 2 and "--max-runtime: 'soon' is not a duration" in r.stderr and runpod_api.requests == []
+
+
+def test_a_pod_lost_while_not_running_is_stopped_too(runpod_api):
+    """Lost while RunPod still restarts it: it is stopped before its replacement starts."""
+    runpod_api.script["pod-old"] = [pod("pod-old"), pod("pod-old", "RESTARTING", up=False)]
+    runpod_api.new_pod_ids = ["pod-new"]
+    runpod_api.script["pod-new"] = [pod("pod-new", "EXITED")]
+    w, _ = watch(runpod_api)
+    assert w.run() == 0
+    assert runpod_api.sent("podStop")["input"]["podId"] == "pod-old" and len(created(runpod_api)) == 1
+
+
+def test_a_running_pod_without_exposed_ports_is_running(runpod_api):
+    """A template with no ports: RunPod's runtime is there, its port list empty; never lost for it."""
+    idle = dict(pod("pod-old"), runtime={"ports": []})
+    runpod_api.script["pod-old"] = [idle] * 60 + [pod("pod-old", "EXITED")]
+    w, clock = watch(runpod_api, lost_after_s=600, start_grace_s=0)
+    assert w.run() == 0 and created(runpod_api) == [] and "podStop" not in runpod_api.fields()
+    assert clock.t >= 1500
+
+
+def test_no_replacement_once_the_maximum_run_time_has_passed(runpod_api, monkeypatch):
+    receiver = Receiver()
+    monkeypatch.setenv("PODKIT_NOTIFY_WEBHOOK_URL", receiver.url)
+    try:
+        past = f"{deploy.STOP_AT_ENV}={int(time.time()) - 60}"
+        runpod_api.script["pod-old"] = [pod("pod-old", env=(past,)), None]
+        w, _ = watch(runpod_api)
+        assert w.run() == 0 and created(runpod_api) == []
+        assert receiver.events() == ["relaunch-gave-up"] and "maximum run time has passed" in receiver.posts[0]["text"]
+    finally:
+        receiver.close()
+
+
+def test_a_mistyped_pod_id_is_refused_before_anything_is_replaced(runpod_api):
+    runpod_api.script["pod-typo"] = [None]
+    r = podkit_deploy(runpod_api, "watch", "pod-typo", "--network-volume", VOLUME, "--poll", "0.1")
+    assert r.returncode == 1 and "RunPod knows no pod 'pod-typo'" in r.stderr
+    assert "podFindAndDeployOnDemand" not in runpod_api.fields() and "podStop" not in runpod_api.fields()
+    r = podkit_deploy(runpod_api, "watch", 'x" } ) { injected', "--network-volume", VOLUME)
+    assert r.returncode == 2 and "is not a RunPod pod id" in r.stderr
+
+
+def test_a_stop_pod_at_that_reads_as_a_duration_is_a_config_error():
+    from podkit import config
+    from podkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="guard.stop_pod_at: 43200 is a Unix time in 1970-2001"):
+        config.load(None, environ={"PODKIT_GUARD_STOP_POD_AT": "43200"})
+    assert config.load(None, environ={"PODKIT_GUARD_STOP_POD_AT": "4102444800"}).guard.stop_pod_at == 4102444800

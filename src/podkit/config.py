@@ -505,6 +505,11 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
             key = f"{section}.gpus"
             raise ConfigError(origins.get(key, "defaults"), key, str(e),
                               hint="comma-separated GPU indexes, e.g. \"1,2,3\"") from None
+    at = values["guard"]["stop_pod_at"]
+    if 0 < at < 1e9:  # before 2001: a duration, not a time
+        raise ConfigError(origins.get("guard.stop_pod_at", "defaults"), "guard.stop_pod_at", f"{at:g} is a Unix time "
+                          "in 1970-2001, so the pod would stop at once", hint="a Unix time (`date -d +12hours +%s`); "
+                          "`podkit deploy --max-runtime 12h` sets it for you")
     top = values[""]
     top["workspace"] = os.path.abspath(top["workspace"])
     if not top["run_dir"]:

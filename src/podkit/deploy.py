@@ -13,12 +13,14 @@ import json
 import os
 import random
 import re
+import shlex
 import time
 from pathlib import Path
 
 import yaml
 
 from podkit import config, log
+from podkit.costguard import POD_ID
 from podkit.errors import ConfigError, PodkitError
 from podkit.redact import literal_secret
 
@@ -253,41 +255,58 @@ def how_to_reach(pod: dict) -> list[str]:
 class Watch:
     """Follows one pod through RunPod's API. A pod that is gone (terminated, or its host removed), that
     an interruptible rental lost (reclaimed), that runs with zero GPUs (RunPod restarts a pod whose host
-    has no free GPU with none), or that has not run for `lost_after_s` (host down, image never up) is
-    replaced: the old one is stopped first (never terminated) so that two pods never train on one
-    volume, then a new pod starts on the same network volume and resumes from its checkpoints.
+    has no free GPU with none), or that has not run for `lost_after_s` (host down; a pod never seen
+    running gets `start_grace_s` more, for its image pull) is replaced: the old one is stopped first
+    (never terminated) so that two pods never train on one volume, then a new pod starts on the same
+    network volume and resumes from its checkpoints.
 
     An on-demand pod that is EXITED was stopped on request: by its own cost guard (training finished,
-    the maximum run time) or by a person. That ends the watch. A RunPod API that does not answer is
-    waited out: it says nothing about the pod."""
+    the maximum run time, a long safe mode) or by a person. That ends the watch, as does a maximum run
+    time that has passed. A RunPod API that does not answer is waited out: it says nothing about the pod."""
 
-    def __init__(self, d: Deployer, pod_id: str, launch, *, lost_after_s: float = 900, poll_s: float = 30,
-                 max_relaunches: int = 3, backoff_s: float = 60, clock=time.monotonic, state_dir=None) -> None:
+    GONE_AFTER = 3  # answers in a row saying "no such pod": one could be the API's hiccup
+    QUERY_ERRORS_MAX = 10  # GraphQL errors in a row: the API answers, and refuses
+
+    def __init__(self, d: Deployer, pod_id: str, launch, *, lost_after_s: float = 900, start_grace_s: float = 900,
+                 poll_s: float = 30, max_relaunches: int = 3, backoff_s: float = 60, clock=time.monotonic,
+                 wall=time.time, state_dir=None) -> None:
         self.d, self.pod_id, self.launch = d, pod_id, launch
-        self.lost_after_s, self.poll_s, self.max_relaunches, self.backoff_s = lost_after_s, poll_s, max_relaunches, backoff_s
-        self.clock, self.state_dir = clock, state_dir
+        self.lost_after_s, self.start_grace_s, self.poll_s = lost_after_s, start_grace_s, poll_s
+        self.max_relaunches, self.backoff_s = max_relaunches, backoff_s
+        self.clock, self.wall, self.state_dir = clock, wall, state_dir
         self.relaunches = 0
-        self.last: dict = {}  # the pod as last seen, for its replacement
-        self.gpus = 0  # its GPU count while it had them (a pod restarted without GPUs shows 0)
+        # What a replacement keeps from the first pod: its image, name, GPU count, maximum run time.
+        self.carry: dict = {}
+        self.seen_running = False
 
-    def verdict(self, pod: dict | None, down_since: float | None) -> tuple[str, str]:
+    def remember(self, pod: dict) -> None:
+        if not self.carry:
+            self.carry = {"imageName": pod.get("imageName") or "", "name": pod.get("name") or "",
+                          "gpuCount": int(pod.get("gpuCount") or 0), "stop_at": carried_stop_at(pod)}
+        elif not self.carry["gpuCount"]:
+            self.carry["gpuCount"] = int(pod.get("gpuCount") or 0)
+
+    def verdict(self, pod: dict | None, down_since: float | None, nones: int) -> tuple[str, str]:
         """(state, why): running | waiting | stopped | lost."""
+        if pod is None and nones < self.GONE_AFTER:
+            return "waiting", "RunPod does not know the pod (asking again)"
         if not pod or pod.get("desiredStatus") == "TERMINATED":
             return "lost", "the pod is gone (terminated, or its host was removed)"
         state = pod.get("desiredStatus")
         if state == "EXITED":
             if "INTERRUPT" in str(pod.get("podType") or "").upper():
                 return "lost", "the interruptible pod was stopped (reclaimed, or outbid)"
-            return "stopped", ("the pod was stopped on request: by its own cost guard (training finished, or "
-                               "its maximum run time) or by a person")
+            return "stopped", ("the pod was stopped on request: by its own cost guard (training finished, its "
+                               "maximum run time, a long safe mode) or by a person")
         if state == "RUNNING" and pod.get("gpuCount") == 0:
             return "lost", "the pod runs with zero GPUs (its host had none free when it restarted)"
-        if state == "RUNNING" and (pod.get("runtime") or {}).get("ports"):
+        if state == "RUNNING" and pod.get("runtime") is not None:
             return "running", "running"
         down = self.clock() - down_since if down_since is not None else 0.0
-        if down >= self.lost_after_s:
+        limit = self.lost_after_s + (0 if self.seen_running else self.start_grace_s)
+        if down >= limit:
             return "lost", f"the pod has not been running for {down:.0f} s (state {state}; host down or unreachable)"
-        return "waiting", f"not running yet ({state}, {down:.0f} s)"
+        return "waiting", f"not running yet ({state})"
 
     def notify(self, event: str, text: str) -> None:
         from podkit import notify
@@ -296,52 +315,77 @@ class Watch:
         if t:
             t.join(10)
 
+    def ask(self) -> tuple[bool, dict | None]:
+        """(answered, the pod or None)."""
+        try:
+            pod = self.d.runpod.get_pod(self.pod_id)
+            self.query_errors = 0
+            return True, pod if isinstance(pod, dict) else None
+        except error.QueryError as e:
+            self.query_errors = getattr(self, "query_errors", 0) + 1
+            if self.query_errors >= self.QUERY_ERRORS_MAX:
+                raise PodkitError(f"RunPod refused {self.QUERY_ERRORS_MAX} questions in a row about pod "
+                                  f"{self.pod_id}: {self.d._redact(str(e))}", "check the pod id and the API key; "
+                                  f"`podkit deploy status {self.pod_id}`") from None
+            why = "refused the question"
+        except (requests.RequestException, KeyError, TypeError, ValueError) as e:
+            why = f"does not answer ({type(e).__name__})"
+        _log.warn(f"RunPod's API {why}; asking again in {self.poll_s:g} s")
+        return False, None
+
     def run(self) -> int:
-        down_since, said = None, ""
+        down_since, said, nones = None, "", 0
         while True:
-            try:
-                pod = self.d.runpod.get_pod(self.pod_id)
-            except (requests.RequestException, error.QueryError) as e:
-                _log.warn(f"RunPod's API does not answer ({type(e).__name__}); asking again in {self.poll_s:g} s")
+            answered, pod = self.ask()
+            if not answered:
                 self.d.sleep(self.poll_s)
                 continue
+            nones = 0 if pod else nones + 1
             if pod:
-                self.last = pod
-                self.gpus = int(pod.get("gpuCount") or 0) or self.gpus
-            running = pod and pod.get("desiredStatus") == "RUNNING" and (pod.get("runtime") or {}).get("ports")
+                self.remember(pod)
+            running = bool(pod) and pod.get("desiredStatus") == "RUNNING" and pod.get("runtime") is not None
+            self.seen_running = self.seen_running or running
             down_since = None if running else (down_since if down_since is not None else self.clock())
-            state, why = self.verdict(pod, down_since)
-            if why != said and (state != "waiting" or not said.startswith("not running yet")):
+            state, why = self.verdict(pod, down_since, nones)
+            if why != said:
                 _log.info(f"pod {self.pod_id}: {why}")
                 said = why
             if state == "stopped":
                 _log.info("watch ends: a pod stopped on request is left stopped")
                 return 0
             if state == "lost":
-                if not self.replace(why, pod):
-                    return 1
-                down_since, said = None, ""
+                outcome = self.replace(why, pod)
+                if outcome != "replaced":
+                    return 0 if outcome == "deadline" else 1
+                down_since, said, nones, self.seen_running = None, "", 0, False
                 continue
             self.d.sleep(self.poll_s)
 
-    def replace(self, why: str, now: dict | None) -> bool:
+    def replace(self, why: str, now: dict | None) -> str:
         """Stop the lost pod, then start its replacement, a failed start tried again after a back-off
-        that doubles from the second attempt on; False once `max_relaunches` attempts are spent."""
+        that doubles from the second attempt on: replaced | deadline | gave-up."""
         old = self.pod_id
-        if now and now.get("desiredStatus") == "RUNNING":
+        if now and now.get("desiredStatus") not in ("EXITED", "TERMINATED"):
             try:  # it may come back: it must not then train beside its replacement
                 self.d.stop(old)
                 _log.info(f"pod {old} stopped (not terminated: `podkit deploy terminate {old}` when done with it)")
             except Exception as e:  # noqa: BLE001 - an unreachable host may refuse; the workspace lease still guards
                 _log.warn(f"could not stop pod {old} ({type(e).__name__}); if it comes back, its replacement "
                           "waits for the workspace lease to lapse")
+        stop_at = self.carry.get("stop_at") or 0
+        if stop_at and self.wall() >= stop_at:
+            msg = (f"pod {old} is lost ({why}), and the run's maximum run time has passed: no replacement; the "
+                   "network volume keeps the checkpoints")
+            _log.info(msg)
+            self.notify("relaunch-gave-up", msg)
+            return "deadline"
         while True:
             if self.relaunches >= self.max_relaunches:
                 msg = (f"pod {old} is lost ({why}); {self.relaunches} replacement attempt(s) spent "
                        f"(--max-relaunches {self.max_relaunches}): giving up; the network volume keeps the checkpoints")
                 _log.error(msg)
                 self.notify("relaunch-gave-up", msg)
-                return False
+                return "gave-up"
             self.relaunches += 1
             n = self.relaunches
             if n > 1:
@@ -349,25 +393,27 @@ class Watch:
                 _log.info(f"waiting {delay:.0f} s before replacement attempt {n} of {self.max_relaunches}")
                 self.d.sleep(delay)
             try:
-                pod = self.launch(self.last, self.gpus)
-            except PodkitError as e:
-                _log.error(f"replacement attempt {n} of {self.max_relaunches} for pod {old} failed: {e.message}")
+                pod = self.launch(self.carry)
+                new_id = pod["id"]
+            except Exception as e:  # noqa: BLE001 - any failure to start one is a failed attempt, not the watch's end
+                what = e.message if isinstance(e, PodkitError) else f"{type(e).__name__}: {self.d._redact(str(e))}"
+                _log.error(f"replacement attempt {n} of {self.max_relaunches} for pod {old} failed: {what}")
                 self.notify("relaunch", f"pod {old} is lost ({why}); replacement attempt {n} of "
-                            f"{self.max_relaunches} failed: {e.message}")
+                            f"{self.max_relaunches} failed: {what}")
                 continue
-            self.pod_id, self.last = pod["id"], {}
-            msg = (f"pod {old} is lost ({why}); replacement {n} of {self.max_relaunches} is pod {self.pod_id} on "
+            self.pod_id = new_id
+            msg = (f"pod {old} is lost ({why}); replacement {n} of {self.max_relaunches} is pod {new_id} on "
                    "the same network volume, resuming from its checkpoints")
             _log.info(msg)
             self.notify("relaunch", msg)
-            return True
+            return "replaced"
 
 
 BACKOFF_MAX_S = 900.0
 
 
 def carried_stop_at(pod: dict) -> float:
-    """The lost pod's maximum run time (its guard.stop_pod_at) carries over to its replacement."""
+    """The pod's maximum run time (its guard.stop_pod_at, from its env: RunPod lists it as K=V)."""
     env = pod.get("env") or []
     pairs = (e.split("=", 1) for e in env if isinstance(e, str) and "=" in e) if isinstance(env, list) else ()
     raw = dict(pairs).get(STOP_AT_ENV, "")
@@ -375,18 +421,20 @@ def carried_stop_at(pod: dict) -> float:
         value = float(raw)
     except ValueError:
         return 0.0
-    return value if 0 < value < float("inf") else 0.0
+    return value if 1e9 <= value < float("inf") else 0.0
 
 
 def relauncher(d: Deployer, tpl: dict, vol: dict, cloud: str, gpus: int, name: str | None,
-               capacity_timeout_s: float):
-    """Watch's `launch`: a replacement like the lost pod (its GPU count while it had GPUs, its name and
-    maximum run time) from the template, on the network volume."""
-    def launch(last: dict, had_gpus: int) -> dict:
-        n = had_gpus or gpus
-        saved = d.save_template(tpl)
-        return d.create_pod(pod_args(tpl, saved["id"], n, cloud, name or last.get("name") or f"{tpl['name']}-{n}xa40",
-                                     vol, carried_stop_at(last)), capacity_timeout_s)
+               capacity_timeout_s: float, image: str | None = None):
+    """Watch's `launch`: a replacement like the first pod watched (its image unless --image names one,
+    its GPU count while it had GPUs, its name and maximum run time), with the template's env and secrets,
+    on the network volume. Replacements are on-demand pods."""
+    def launch(carry: dict) -> dict:
+        n = carry.get("gpuCount") or gpus
+        t = dict(tpl, imageName=image or carry.get("imageName") or tpl["imageName"])
+        saved = d.save_template(t)
+        return d.create_pod(pod_args(t, saved["id"], n, cloud, name or carry.get("name") or f"{t['name']}-{n}xa40",
+                                     vol, carry.get("stop_at") or 0), capacity_timeout_s)
     return launch
 
 
@@ -415,6 +463,8 @@ def _main(args) -> int:
     if action in ("stop", "terminate", "status"):
         if not args.pod:
             raise ConfigError("command line", "POD", f"`podkit deploy {action}` needs a pod id")
+        if not POD_ID.match(args.pod):  # the SDK pastes it into its GraphQL as it is
+            raise ConfigError("command line", "POD", f"{args.pod!r} is not a RunPod pod id")
         d = Deployer()
         if action == "stop":
             d.stop(args.pod)
@@ -443,6 +493,9 @@ def _main(args) -> int:
     if args.gpus < 1:
         raise ConfigError("command line", "--gpus", f"{args.gpus}: at least 1")
     config_for(tpl, args.gpus)  # refuse a GPU count without a pod config before anything is sent
+    if args.network_volume and args.cloud == "COMMUNITY":
+        raise ConfigError("command line", "--cloud", "network volumes are in Secure Cloud only",
+                          hint="--cloud SECURE (the default)")
     stop_at = time.time() + parse_duration(args.max_runtime, "--max-runtime") if args.max_runtime else 0
     name = args.name or f"{tpl['name']}-{args.gpus}xa40"
     if args.dry_run:
@@ -471,7 +524,9 @@ def _main(args) -> int:
         print("  " + line)
     print(f"stop it: podkit deploy stop {pod['id']}   terminate: podkit deploy terminate {pod['id']}")
     if vol:
-        print(f"relaunch it when it is lost: podkit deploy watch {pod['id']} --network-volume {vol['id']}")
+        same = "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in (("--template", args.template),
+                       ("--cloud", args.cloud if args.cloud != "SECURE" else None)) if v)
+        print(f"relaunch it when it is lost: podkit deploy watch {pod['id']} --network-volume {vol['id']}{same}")
     return 0
 
 
@@ -490,15 +545,20 @@ def _watch(args) -> int:
     if args.cloud not in CLOUDS:
         raise ConfigError("command line", "--cloud", f"{args.cloud!r} is not one of {', '.join(CLOUDS)}")
     tpl = load_template(Path(args.template) if args.template else default_template())
-    if args.image:
-        tpl["imageName"] = args.image
+    if args.cloud == "COMMUNITY":
+        raise ConfigError("command line", "--cloud", "network volumes are in Secure Cloud only",
+                          hint="--cloud SECURE (the default)")
+    if not POD_ID.match(args.pod):
+        raise ConfigError("command line", "POD", f"{args.pod!r} is not a RunPod pod id")
     d = Deployer()
     vol = d.network_volume(args.network_volume)
-
-    launch = relauncher(d, tpl, vol, args.cloud, args.gpus, args.name, args.capacity_timeout)
+    if not d.runpod.get_pod(args.pod):
+        raise PodkitError(f"RunPod knows no pod {args.pod!r}", "check the id: `podkit deploy status <pod-id>`; "
+                          "the watch replaces pods it has seen, never one it could not find")
+    launch = relauncher(d, tpl, vol, args.cloud, args.gpus, args.name, args.capacity_timeout, args.image)
     _log.info(f"watching pod {args.pod} every {args.poll:g} s; lost after {args.lost_after:g} s not running; up to "
               f"{args.max_relaunches} replacement(s) on network volume {vol['id']} ({vol['dataCenterId']})")
-    w = Watch(d, args.pod, launch, lost_after_s=args.lost_after, poll_s=args.poll,
+    w = Watch(d, args.pod, launch, lost_after_s=args.lost_after, start_grace_s=args.wait_timeout, poll_s=args.poll,
               max_relaunches=args.max_relaunches, backoff_s=args.backoff)
     try:
         return w.run()

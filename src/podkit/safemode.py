@@ -130,6 +130,7 @@ class PodStop:
     def __init__(self, state_dir: Path | None, stage: str, after_s: float,
                  why: str = "guard.stop_pod_after_s") -> None:
         self.state_dir, self.stage, self.after_s, self.why = state_dir, stage, after_s, why
+        self.notified = False
         self.next_at = after_s
         self.thread = None
 
@@ -153,6 +154,8 @@ class PodStop:
     def _stop(self, waited_s: float) -> None:
         from podkit import costguard
 
-        if costguard.stop_pod_notified(f"in safe mode ({self.stage}) for {waited_s:.0f} s ({self.why})",
-                                       self.state_dir):
+        reason = f"in safe mode ({self.stage}) for {waited_s:.0f} s ({self.why})"
+        # The notification once; a refused stop is tried again without another.
+        first, self.notified = not self.notified, True
+        if costguard.stop_pod_notified(reason, self.state_dir) if first else costguard.stop_pod(reason):
             self.after_s = 0

@@ -55,6 +55,7 @@ class Pump:
         self.stop_pod_at, self.socket_path = stop_pod_at, socket_path
         self._deadline: threading.Thread | None = None
         self._deadline_retry_at = 0.0
+        self._deadline_reason = ""
         self.trainer_grace_s = trainer_grace_s
         self.stop_pod_when_finished = stop_pod_when_finished
         self.state_dir = state_dir
@@ -144,13 +145,21 @@ class Pump:
             self.out.write(f"{'podkit':<{self.width}} | {reason}: stopping the trainer with a checkpoint, "
                            "then the pod\n")
             self.out.flush()
-            try:  # wait=True: returns once the trainer has exited (its checkpoint written) or been killed
-                supervisord.rpc(self.socket_path).supervisor.stopProcess("trainer", True)
-            except (OSError, xmlrpc.client.Error) as e:  # not running (finished, FATAL): nothing to save
-                self.out.write(f"{'podkit':<{self.width}} | the trainer was not stopped ({e}); stopping the pod\n")
+            rpc = supervisord.rpc(self.socket_path).supervisor
+            # The watchdog first, so that it cannot start the trainer again; then the trainer, wait=True:
+            # the call returns once it has exited (its checkpoint written) or been killed.
+            for name in ("watchdog", "trainer"):
+                try:
+                    rpc.stopProcess(name, True)
+                except (OSError, xmlrpc.client.Error) as e:  # not running (finished, FATAL): nothing to save
+                    self.out.write(f"{'podkit':<{self.width}} | {name} was not stopped ({e})\n")
             prog = records.PROGRESS.read(self.state_dir) if self.state_dir else {}
             reason += f"; last checkpoint at step {prog.get('checkpoint_step')}"
-        if costguard.stop_pod_notified(reason, self.state_dir):
+            self._deadline_reason = reason
+        # The notification once; a refused stop is tried again without another.
+        stopped = (costguard.stop_pod_notified(reason, self.state_dir) if first
+                   else costguard.stop_pod(self._deadline_reason))
+        if stopped:
             self.stop_pod_at = 0.0
 
     def handle(self, headers: dict[str, str], payload: bytes) -> None:
