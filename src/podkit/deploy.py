@@ -278,6 +278,7 @@ class Watch:
         # What a replacement keeps from the first pod: its image, name, GPU count, maximum run time.
         self.carry: dict = {}
         self.seen_running = False
+        self.query_errors = 0
 
     def remember(self, pod: dict) -> None:
         if not self.carry:
@@ -322,7 +323,7 @@ class Watch:
             self.query_errors = 0
             return True, pod if isinstance(pod, dict) else None
         except error.QueryError as e:
-            self.query_errors = getattr(self, "query_errors", 0) + 1
+            self.query_errors += 1
             if self.query_errors >= self.QUERY_ERRORS_MAX:
                 raise PodkitError(f"RunPod refused {self.QUERY_ERRORS_MAX} questions in a row about pod "
                                   f"{self.pod_id}: {self.d._redact(str(e))}", "check the pod id and the API key; "
