@@ -39,7 +39,8 @@ class FakeRunPod:
         self.pod_polls = 0
         self.polls_until_running = 1
         self.volumes = [{"id": "vol-ckpt1", "name": "checkpoints", "size": 200, "dataCenterId": "EU-SE-1"}]
-        # A pod's answers in turn (the last one repeats), for pod ids listed here; None: no such pod.
+        # A pod's answers in turn (the last one repeats), for pod ids listed here; None: no such pod;
+        # a string: a GraphQL error with that message.
         self.script: dict[str, list[dict | None]] = {}
         self.new_pod_ids: list[str] = []  # ids for the pods created, in turn
         self.outage = 0  # answer this many requests with a bare 502, as a proxy in front of an API that is down
@@ -92,7 +93,10 @@ class FakeRunPod:
                                                           "env": [], "machineId": "m1", "machine": {"podHostId": "h"}}}}
         if field == "pod" and args["input"]["podId"] in self.script:
             answers = self.script[args["input"]["podId"]]
-            return {"data": {"pod": answers.pop(0) if len(answers) > 1 else answers[0]}}
+            answer = answers.pop(0) if len(answers) > 1 else answers[0]
+            if isinstance(answer, str):  # a GraphQL error RunPod answers with
+                return {"errors": [{"message": answer}]}
+            return {"data": {"pod": answer}}
         if field == "pod":
             self.pod_polls += 1
             running = self.pod_polls >= self.polls_until_running

@@ -273,3 +273,16 @@ def test_a_stop_pod_at_that_reads_as_a_duration_is_a_config_error():
     with pytest.raises(ConfigError, match="guard.stop_pod_at: 43200 is a Unix time in 1970-2001"):
         config.load(None, environ={"PODKIT_GUARD_STOP_POD_AT": "43200"})
     assert config.load(None, environ={"PODKIT_GUARD_STOP_POD_AT": "4102444800"}).guard.stop_pod_at == 4102444800
+
+
+def test_graphql_errors_a_few_times_are_waited_out_and_for_good_end_the_watch(runpod_api):
+    """RunPod refusing the question now and then is not a lost pod; refusing it ten times in a row
+    ends the watch with the error (exit 1 from the command), nothing replaced."""
+    runpod_api.script["pod-old"] = [pod("pod-old"), "Something went wrong", "Something went wrong",
+                                    pod("pod-old"), pod("pod-old", "EXITED")]
+    w, _ = watch(runpod_api)
+    assert w.run() == 0 and created(runpod_api) == []
+    runpod_api.script["pod-old"] = [pod("pod-old"), "Something went wrong"]
+    r = podkit_deploy(runpod_api, "watch", "pod-old", "--network-volume", VOLUME, "--poll", "0.05")
+    assert r.returncode == 1 and "RunPod refused 10 questions in a row about pod pod-old" in r.stderr
+    assert "Traceback" not in r.stderr and "podFindAndDeployOnDemand" not in runpod_api.fields()
