@@ -36,8 +36,8 @@ class PodCollector:
         self.ws, self.window_s = Path(workspace), window_s
 
     def collect(self):
-        now = time.time()
         st = status.collect(self.ws)
+        now = time.time()  # after the read: a step recorded while status read is not in the future
         safe = st.get("safe_mode") or {}
         g = GaugeMetricFamily("podkit_safe_mode", "1 while the pod waits in safe mode, by the stage that failed",
                               labels=["stage"])
@@ -63,12 +63,12 @@ class PodCollector:
                 ("podkit_trainer_step", "the trainer's last completed step", t.get("step")),
                 ("podkit_trainer_last_step_timestamp_seconds", "when that step completed", t.get("last_progress")),
                 ("podkit_trainer_seconds_since_step", "seconds since the last step",
-                 now - t["last_progress"] if t.get("last_progress") else None),
+                 max(0.0, now - t["last_progress"]) if t.get("last_progress") else None),
                 ("podkit_trainer_loss", "the last step's loss", t.get("loss")),
                 ("podkit_trainer_reward", "the last step's mean reward (AReaL)", t.get("reward")),
                 ("podkit_checkpoint_step", "the step of the last checkpoint written", t.get("checkpoint_step")),
                 ("podkit_checkpoint_age_seconds", "seconds since the last checkpoint was written",
-                 now - t["checkpoint_time"] if t.get("checkpoint_time") else None),
+                 max(0.0, now - t["checkpoint_time"]) if t.get("checkpoint_time") else None),
                 ("podkit_weight_update_seconds", "how long the last weight update to inference took",
                  t.get("weight_update_s"))):
             if isinstance(value, (int, float)):
