@@ -154,7 +154,7 @@ def _stop_pod_after_s(cfg) -> tuple[float, str]:
     else:
         finite = lambda v: 0 <= float(v) < float("inf")  # noqa: E731
         after = float(_lenient_env("guard", "stop_pod_after_s", finite))
-        at = float(_lenient_env("guard", "stop_pod_at", lambda v: float(v) == 0 or 1e9 <= float(v) < float("inf")))
+        at = float(_lenient_env("guard", "stop_pod_at", lambda v: float(v) == 0 or config.is_stop_time(float(v))))
     if at and (not after or at - time.time() < after):
         return max(at - time.time(), 0.001), "guard.stop_pod_at, the maximum run time"
     return after, "guard.stop_pod_after_s"

@@ -155,6 +155,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
 }
 
 
+def is_stop_time(at: float) -> bool:
+    """A guard.stop_pod_at that is a time: from 2001 on (smaller is a duration by mistake), finite."""
+    return 1e9 <= at < float("inf")
+
+
 def env_name(section: str, key: str) -> str:
     return ENV_PREFIX + (f"{section}_{key}" if section else key).upper()
 
@@ -506,7 +511,7 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
             raise ConfigError(origins.get(key, "defaults"), key, str(e),
                               hint="comma-separated GPU indexes, e.g. \"1,2,3\"") from None
     at = values["guard"]["stop_pod_at"]
-    if 0 < at < 1e9:  # before 2001: a duration, not a time
+    if at and not is_stop_time(at):
         raise ConfigError(origins.get("guard.stop_pod_at", "defaults"), "guard.stop_pod_at", f"{at:g} is a Unix time "
                           "in 1970-2001, so the pod would stop at once", hint="a Unix time (`date -d +12hours +%s`); "
                           "`podkit deploy --max-runtime 12h` sets it for you")

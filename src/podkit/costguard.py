@@ -59,11 +59,13 @@ def stop_pod(reason: str, environ=None) -> bool:
     return True
 
 
-def stop_pod_notified(reason: str, state_dir: Path | None) -> bool:
-    """The `pod-stop` notification (given a moment to go out), then stop_pod."""
-    from podkit import notify
+def stop_pod_notified(reason: str, state_dir: Path | None, notify: bool = True) -> bool:
+    """The `pod-stop` notification (given a moment to go out), then stop_pod. A retry of a refused stop
+    passes notify=False: one notification per stop, not per attempt."""
+    if notify:
+        from podkit import notify as webhook
 
-    t = notify.send("pod-stop", f"stopping this pod: {reason}; the volume stays", state_dir)
-    if t:
-        t.join(15)
+        t = webhook.send("pod-stop", f"stopping this pod: {reason}; the volume stays", state_dir)
+        if t:
+            t.join(15)
     return stop_pod(reason)

@@ -422,7 +422,7 @@ def carried_stop_at(pod: dict) -> float:
         value = float(raw)
     except ValueError:
         return 0.0
-    return value if 1e9 <= value < float("inf") else 0.0
+    return value if config.is_stop_time(value) else 0.0
 
 
 def relauncher(d: Deployer, tpl: dict, vol: dict, cloud: str, gpus: int, name: str | None,
@@ -464,8 +464,7 @@ def _main(args) -> int:
     if action in ("stop", "terminate", "status"):
         if not args.pod:
             raise ConfigError("command line", "POD", f"`podkit deploy {action}` needs a pod id")
-        if not POD_ID.match(args.pod):  # the SDK pastes it into its GraphQL as it is
-            raise ConfigError("command line", "POD", f"{args.pod!r} is not a RunPod pod id")
+        check_pod_id(args.pod)
         d = Deployer()
         if action == "stop":
             d.stop(args.pod)
@@ -489,14 +488,10 @@ def _main(args) -> int:
     tpl = load_template(Path(args.template) if args.template else default_template())
     if args.image:
         tpl["imageName"] = args.image
-    if args.cloud not in CLOUDS:
-        raise ConfigError("command line", "--cloud", f"{args.cloud!r} is not one of {', '.join(CLOUDS)}")
+    check_cloud(args)
     if args.gpus < 1:
         raise ConfigError("command line", "--gpus", f"{args.gpus}: at least 1")
     config_for(tpl, args.gpus)  # refuse a GPU count without a pod config before anything is sent
-    if args.network_volume and args.cloud == "COMMUNITY":
-        raise ConfigError("command line", "--cloud", "network volumes are in Secure Cloud only",
-                          hint="--cloud SECURE (the default)")
     stop_at = time.time() + parse_duration(args.max_runtime, "--max-runtime") if args.max_runtime else 0
     name = args.name or f"{tpl['name']}-{args.gpus}xa40"
     if args.dry_run:
@@ -531,6 +526,19 @@ def _main(args) -> int:
     return 0
 
 
+def check_cloud(args) -> None:
+    if args.cloud not in CLOUDS:
+        raise ConfigError("command line", "--cloud", f"{args.cloud!r} is not one of {', '.join(CLOUDS)}")
+    if args.network_volume and args.cloud == "COMMUNITY":
+        raise ConfigError("command line", "--cloud", "network volumes are in Secure Cloud only",
+                          hint="--cloud SECURE (the default)")
+
+
+def check_pod_id(pod: str) -> None:
+    if not POD_ID.match(pod):  # the SDK pastes it into its GraphQL as it is
+        raise ConfigError("command line", "POD", f"{pod!r} is not a RunPod pod id")
+
+
 def _watch(args) -> int:
     if not args.pod:
         raise ConfigError("command line", "POD", "`podkit deploy watch` needs a pod id")
@@ -543,14 +551,9 @@ def _watch(args) -> int:
             raise ConfigError("command line", flag, f"{value}: a positive number of seconds")
     if args.max_relaunches < 0:
         raise ConfigError("command line", "--max-relaunches", f"{args.max_relaunches}: 0 or more")
-    if args.cloud not in CLOUDS:
-        raise ConfigError("command line", "--cloud", f"{args.cloud!r} is not one of {', '.join(CLOUDS)}")
+    check_cloud(args)
     tpl = load_template(Path(args.template) if args.template else default_template())
-    if args.cloud == "COMMUNITY":
-        raise ConfigError("command line", "--cloud", "network volumes are in Secure Cloud only",
-                          hint="--cloud SECURE (the default)")
-    if not POD_ID.match(args.pod):
-        raise ConfigError("command line", "POD", f"{args.pod!r} is not a RunPod pod id")
+    check_pod_id(args.pod)
     d = Deployer()
     vol = d.network_volume(args.network_volume)
     if not d.runpod.get_pod(args.pod):

@@ -154,8 +154,7 @@ class PodStop:
     def _stop(self, waited_s: float) -> None:
         from podkit import costguard
 
-        reason = f"in safe mode ({self.stage}) for {waited_s:.0f} s ({self.why})"
-        # The notification once; a refused stop is tried again without another.
         first, self.notified = not self.notified, True
-        if costguard.stop_pod_notified(reason, self.state_dir) if first else costguard.stop_pod(reason):
+        if costguard.stop_pod_notified(f"in safe mode ({self.stage}) for {waited_s:.0f} s ({self.why})",
+                                       self.state_dir, notify=first):
             self.after_s = 0

@@ -22,9 +22,9 @@ import xmlrpc.client
 from pathlib import Path
 
 from podkit import lease, log, notify, records, supervisord
+from podkit.safemode import STOP_POD_RETRY_S
 
 READY = b"READY\n"
-DEADLINE_RETRY_S = 300.0
 OK = b"RESULT 2\nOK"
 
 
@@ -55,7 +55,7 @@ class Pump:
         self.stop_pod_at, self.socket_path = stop_pod_at, socket_path
         self._deadline: threading.Thread | None = None
         self._deadline_retry_at = 0.0
-        self._deadline_reason = ""
+        self._deadline_reason = "the maximum run time was reached (guard.stop_pod_at, set by podkit deploy --max-runtime)"
         self.trainer_grace_s = trainer_grace_s
         self.stop_pod_when_finished = stop_pod_when_finished
         self.state_dir = state_dir
@@ -132,7 +132,7 @@ class Pump:
             return
         if self._deadline and self._deadline.is_alive():
             return
-        self._deadline_retry_at = time.monotonic() + DEADLINE_RETRY_S
+        self._deadline_retry_at = time.monotonic() + STOP_POD_RETRY_S
         first = self._deadline is None
         self._deadline = threading.Thread(target=self._deadline_stop, args=(first,), daemon=True)
         self._deadline.start()
@@ -140,9 +140,8 @@ class Pump:
     def _deadline_stop(self, first: bool) -> None:
         from podkit import costguard
 
-        reason = "the maximum run time was reached (guard.stop_pod_at, set by podkit deploy --max-runtime)"
         if first:
-            self.out.write(f"{'podkit':<{self.width}} | {reason}: stopping the trainer with a checkpoint, "
+            self.out.write(f"{'podkit':<{self.width}} | {self._deadline_reason}: stopping the trainer with a checkpoint, "
                            "then the pod\n")
             self.out.flush()
             rpc = supervisord.rpc(self.socket_path).supervisor
@@ -154,12 +153,8 @@ class Pump:
                 except (OSError, xmlrpc.client.Error) as e:  # not running (finished, FATAL): nothing to save
                     self.out.write(f"{'podkit':<{self.width}} | {name} was not stopped ({e})\n")
             prog = records.PROGRESS.read(self.state_dir) if self.state_dir else {}
-            reason += f"; last checkpoint at step {prog.get('checkpoint_step')}"
-            self._deadline_reason = reason
-        # The notification once; a refused stop is tried again without another.
-        stopped = (costguard.stop_pod_notified(reason, self.state_dir) if first
-                   else costguard.stop_pod(self._deadline_reason))
-        if stopped:
+            self._deadline_reason += f"; last checkpoint at step {prog.get('checkpoint_step')}"
+        if costguard.stop_pod_notified(self._deadline_reason, self.state_dir, notify=first):
             self.stop_pod_at = 0.0
 
     def handle(self, headers: dict[str, str], payload: bytes) -> None:
