@@ -125,3 +125,33 @@ def test_an_edited_config_file_is_read_again_not_served_from_the_parse_cache(tmp
     p.write_text("trainer:\n  checkpoint_evry: 5\n")
     with pytest.raises(ConfigError, match="unknown key"):
         config.load(p, environ={})
+
+
+def test_a_cluster_node_reads_its_rank_and_addresses_from_runpods_env_and_keeps_its_records_apart(tmp_path):
+    from podkit import programs
+
+    env = {"PODKIT_WORKSPACE": str(tmp_path), "NODE_RANK": "1", "PRIMARY_ADDR": "10.65.0.2", "NODE_ADDR": "10.65.0.3"}
+    cfg = config.load(ROOT / "configs" / "cluster-2x8.yaml", environ=env)
+    c = cfg.cluster
+    assert (c.rank, c.head, c.node_addr, c.ifname) == (1, "10.65.0.2", "10.65.0.3", "ens1")
+    # Beside rank 0's on the shared volume, never in them: boots, lease, safe mode, logs; a run dir of its own.
+    assert cfg.state_dir == tmp_path / ".podkit" / "node-1" and cfg.log_dir == tmp_path / "logs" / "node-1"
+    assert cfg.run_path.name.endswith("-n1")
+    assert programs.idle_because(cfg, "trainer") and programs.idle_because(cfg, "sglang")
+    assert not programs.idle_because(cfg, "ray")
+    head = config.load(ROOT / "configs" / "cluster-2x8.yaml", environ={**env, "NODE_RANK": "0", "NODE_ADDR": ""})
+    assert head.state_dir == tmp_path / ".podkit" and head.cluster.node_addr == "10.65.0.2"
+    assert not programs.idle_because(head, "trainer") and programs.idle_because(head, "sglang")
+    single = config.load(environ={"PODKIT_WORKSPACE": str(tmp_path)})
+    assert single.cluster.rank == 0 and programs.idle_because(single, "ray") and not single.multi_node
+
+
+@pytest.mark.parametrize("env, key, words", [
+    ({}, "cluster.rank", "NODE_RANK"),                                              # a node that does not know its rank
+    ({"NODE_RANK": "2", "PRIMARY_ADDR": "10.65.0.2", "NODE_ADDR": "x"}, "cluster.rank", "rank 2 of a 2-node"),
+    ({"NODE_RANK": "1", "NODE_ADDR": "10.65.0.3"}, "cluster.head", "empty on a multi-node run"),
+])
+def test_a_cluster_node_that_cannot_tell_who_it_is_gets_a_config_error(tmp_path, env, key, words):
+    with pytest.raises(ConfigError) as e:
+        config.load(ROOT / "configs" / "cluster-2x8.yaml", environ={"PODKIT_WORKSPACE": str(tmp_path), **env})
+    assert e.value.key == key and words in e.value.message + e.value.hint, (e.value.key, e.value.message)

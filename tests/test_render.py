@@ -26,11 +26,12 @@ def test_shipped_supervisord_conf_parses_with_supervisors_own_parser(cfg_name, t
     """Both programs in their own process group, trainer stopping before inference, graces from the config."""
     cfg, opts = parsed(ROOT / "configs" / cfg_name, tmp_path)
     progs = {g.name: g.process_configs[0] for g in opts.process_group_configs}
-    assert set(progs) == {"logs", "metrics", "sglang", "trainer", "watchdog"}
-    for name in ("sglang", "trainer", "metrics"):
+    assert set(progs) == {"logs", "metrics", "sglang", "ray", "trainer", "watchdog"}
+    for name in ("sglang", "ray", "trainer", "metrics"):
         assert progs[name].stopasgroup and progs[name].killasgroup
         assert progs[name].stdout_events_enabled and progs[name].redirect_stderr
     assert progs["sglang"].priority < progs["trainer"].priority, "trainer must stop first"
+    assert progs["ray"].priority < progs["trainer"].priority, "the launcher's ranks run in Ray: it stops after them"
     assert progs["trainer"].stopwaitsecs == cfg.trainer.stop_grace_s
     assert progs["sglang"].stopwaitsecs == cfg.inference.stop_grace_s
     from supervisor.datatypes import RestartUnconditionally, RestartWhenExitUnexpected

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from podkit import config, discovery
-from podkit.programs import areal_launch, sglang
+from podkit import checks, config, discovery
+from podkit.programs import areal_cluster, areal_launch, sglang
 
 PYTHON = os.environ.get("AREAL_PYTHON")
 pytestmark = [pytest.mark.validate, pytest.mark.timeout(300),
@@ -22,6 +22,9 @@ pytestmark = [pytest.mark.validate, pytest.mark.timeout(300),
                                  reason="no AReaL environment: run `make test` (or set AREAL_PYTHON="
                                         "$(rehearse/env.sh))")]
 POD_CONFIGS = ["a40-1gpu.yaml", "a40-2gpu.yaml", "a40-4gpu.yaml"]
+# Multi-node: as rank 0 of each sees itself (RunPod's env on an Instant Cluster; the test cluster's).
+CLUSTER_CONFIGS = {"cluster-2x8.yaml": {"NODE_RANK": "0", "PRIMARY_ADDR": "10.65.0.2", "NODE_ADDR": "10.65.0.2"},
+                   "cpu-cluster.yaml": {"PODKIT_CLUSTER_RANK": "0", "PODKIT_CLUSTER_NODE_ADDR": "127.0.0.2"}}
 WS = "/workspace"
 
 
@@ -65,12 +68,16 @@ def verdicts(tmp_path_factory):
         tmp, four, lambda d: d["actor"].update(weight_update="disk"))}
     cases["areal"]["bad-override"] = {"config": str(ROOT / "configs/areal" / four),
                                       "overrides": ["actor.weight_update_mode=nccl"]}
+    for name, env in CLUSTER_CONFIGS.items():
+        cfg = pod(name, **env)
+        cases["areal"][name] = {"config": cfg.trainer.areal_config, "overrides": areal_cluster.overrides(cfg)}
     names = {k: list(v) for k, v in cases.items()}
     request = {k: list(v.values()) for k, v in cases.items()}
     request["podkit_src"] = str(ROOT / "src")
     answer = tmp / "answer.json"
     r = subprocess.run([PYTHON, str(ROOT / "tests/validate/check.py"), str(answer)], input=json.dumps(request),
-                       capture_output=True, text=True, timeout=240)
+                       capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "PODKIT_WORKSPACE": WS})  # what podkit exports (the CPU configs read it)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(answer.read_text())
     return {**{k: dict(zip(names[k], out[k], strict=True)) for k in names}, "weight_update": out["weight_update"]}
@@ -164,3 +171,30 @@ def test_the_images_constraints_hold_sglang_and_what_it_requires():
     assert pins["torch"].startswith("2.13.0")  # the CPU torch of this env
     assert "openai" not in pins and pins["soundfile"] == "0.13.1", lines
     assert [ln for ln in lines if ln.startswith("openai>")] == ["openai>=2.8.0,<3"], lines
+
+
+@pytest.mark.parametrize("name", list(CLUSTER_CONFIGS))
+def test_areal_loads_the_cluster_configs_and_the_ray_launcher_places_what_the_trainer_reads(verdicts, name):
+    v = verdicts["areal"][name]
+    assert v["ok"], v["error"]
+    cfg = pod(name, **CLUSTER_CONFIGS[name])
+    assert checks.cluster(cfg) == []
+    # The launcher places by allocation_mode, the trainer by the backends: the same GPUs, on whole nodes.
+    assert (v["alloc_gen_gpus"], v["alloc_train_gpus"]) == (v["rollout_gpus"], v["actor_gpus"])
+    assert v["alloc_gen_gpus"] + v["alloc_train_gpus"] == v["n_nodes"] * v["n_gpus_per_node"]
+    assert v["n_nodes"] == cfg.cluster.nodes >= 2 and v["alloc_gen_gpus"] % v["n_gpus_per_node"] == 0
+    # What crosses nodes is on the shared volume: weight updates and name_resolve.
+    assert v["fileroot"].startswith(f"{WS}/") and v["name_resolve_root"].startswith(f"{WS}/")
+    assert v["weight_update_mode"] == "disk" and v["recover_mode"] == "auto"
+
+
+@pytest.mark.parametrize("change, key, words", [
+    ("allocation_mode=sglang:d8+fsdp:d4", "trainer.areal_config", "allocation_mode"),
+    ("cluster.n_nodes=3", "cluster.nodes", "n_nodes 3"),
+    ("allocation_mode=sglang:d4+fsdp:d12 rollout.backend=sglang:d4 actor.backend=fsdp:d12",
+     "trainer.areal_config", "whole nodes"),
+])
+def test_a_cluster_config_the_ray_launcher_would_misplace_is_refused(change, key, words):
+    cfg = pod("cluster-2x8.yaml", NODE_RANK="0", PRIMARY_ADDR="10.65.0.2", PODKIT_TRAINER_OVERRIDES=change)
+    problems = checks.cluster(cfg)
+    assert any(k == key and words in what + hint for k, what, hint in problems), problems

@@ -166,9 +166,85 @@ def metrics(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
     return out
 
 
+SHAPE_KEYS = ("allocation_mode", "rollout.backend", "actor.backend", "cluster.n_nodes", "cluster.n_gpus_per_node")
+POD_GPU_KEYS = ("trainer.gpus", "trainer.cpu_ranks", "inference.gpus")  # a cluster's GPUs are Ray's
+
+
+def cluster_shape(cfg) -> dict:
+    """What AReaL's Ray launcher places by: SHAPE_KEYS from the AReaL YAML, with trainer.overrides on top."""
+    import yaml
+
+    try:
+        with open(cfg.trainer.areal_config) as f:
+            data = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError):
+        data = {}
+    data = data if isinstance(data, dict) else {}
+    out = {}
+    for key in SHAPE_KEYS:
+        node = data
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        out[key] = node
+    try:
+        words = shlex.split(cfg.trainer.overrides)
+    except ValueError:
+        words = []
+    for word in words:
+        key, eq, value = word.partition("=")
+        if eq and key in SHAPE_KEYS:
+            out[key] = value
+    for key in ("cluster.n_nodes", "cluster.n_gpus_per_node"):
+        try:
+            out[key] = int(out[key])
+        except (TypeError, ValueError):
+            out[key] = None
+    out["n_gpus_per_node"] = out["cluster.n_gpus_per_node"] or 0
+    return out
+
+
+def cluster(cfg) -> list[Problem]:
+    """A multi-node setup AReaL's Ray launcher would refuse, or place other than the pod config says.
+    The launcher reads only the deprecated allocation_mode; the trainer reads the backends."""
+    out = [p for p in areal(cfg) if p[0] not in POD_GPU_KEYS]
+    if cfg.trainer.kind != "areal":
+        out.append(("trainer.kind", f"is {cfg.trainer.kind}; a multi-node run is AReaL's (its Ray launcher)",
+                    "trainer.kind areal, or cluster.nodes 1"))
+    if out:
+        return out
+    shape, c, src = cluster_shape(cfg), cfg.cluster, cfg.trainer.areal_config
+    mode, gen, train = (str(shape[k] or "") for k in ("allocation_mode", "rollout.backend", "actor.backend"))
+    nodes, per_node = shape["cluster.n_nodes"], shape["cluster.n_gpus_per_node"]
+    if mode != f"{gen}+{train}":
+        out.append(("trainer.areal_config", f"{src}: allocation_mode is {mode or 'unset'!r} but rollout.backend + "
+                    f"actor.backend say {gen}+{train!s}", "AReaL's Ray launcher places by allocation_mode and the "
+                    f"trainer by the backends: set allocation_mode: {gen}+{train}"))
+    if nodes != c.nodes:
+        out.append(("cluster.nodes", f"is {c.nodes} but {src} has cluster.n_nodes {nodes}",
+                    "make them agree (trainer.overrides can set cluster.n_nodes=N)"))
+    if c.gpus and per_node and c.gpus != per_node:
+        out.append(("cluster.gpus", f"is {c.gpus} but {src} has cluster.n_gpus_per_node {per_node}",
+                    "each node gives Ray the GPUs AReaL places on it: make them agree"))
+    g, t = backend_gpus(gen), backend_gpus(train)
+    if out or g is None or t is None or not per_node or not nodes:
+        return out
+    if g + t != nodes * per_node:
+        out.append(("trainer.areal_config", f"{src}: {gen} and {train} take {g + t} GPUs, the cluster has "
+                    f"{nodes} x {per_node}", "AReaL's Ray launcher uses whole nodes: generation + training GPUs must "
+                    "equal n_nodes x n_gpus_per_node"))
+    elif g % per_node or g >= nodes * per_node:
+        out.append(("trainer.areal_config", f"{src}: {gen} takes {g} GPUs; SGLang gets whole nodes of {per_node} "
+                    "and the trainer at least one", f"e.g. sglang:d{per_node}+fsdp:d{(nodes - 1) * per_node}"))
+    return out
+
+
 def programs(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
     """Everything that would make the configured programs fail at once."""
     out = metrics(cfg, environ)
+    if cfg.multi_node:  # AReaL's Ray launcher starts SGLang; rank 0 runs it
+        if cfg.inference.kind == "standin-lm":
+            out += standin_lm(cfg)
+        return out + (cluster(cfg) if cfg.cluster.rank == 0 else [])
     if cfg.inference.kind == "sglang":
         out += sglang(cfg, environ)
     if cfg.inference.kind == "standin-lm":

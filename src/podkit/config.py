@@ -19,8 +19,8 @@ from podkit.errors import ConfigError
 
 ENV_PREFIX = "PODKIT_"
 # Env vars with the prefix that are not settings (they select or locate a config).
-NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID", "PODKIT_NOTIFY_WEBHOOK_URL",
-                   "PODKIT_METRICS_KEY"}
+NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID", "PODKIT_LOG_DIR", "PODKIT_NOTIFY_WEBHOOK_URL",
+                   "PODKIT_METRICS_KEY", "PODKIT_CLUSTER_RUN", "PODKIT_RAY_ADDRESS", "PODKIT_RAY_STANDIN_LM"}
 
 
 class Field:
@@ -74,6 +74,27 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "stop_pod_at": Field(float, 0.0, "cost guard: a RunPod pod stops itself at this Unix time, the trainer "
                              "first with its checkpoint (`podkit deploy --max-runtime` sets it); 0: never", "s",
                              minimum=0),
+    },
+    "cluster": {
+        "nodes": Field(int, 1, "nodes of the run; more than 1: a Ray cluster running AReaL's own Ray launcher "
+                       "(docs: README, Beyond one pod)", "", minimum=1, maximum=64),
+        "rank": Field(int, -1, "this node's rank; 0 runs the Ray head and the launcher; -1: $NODE_RANK (RunPod "
+                      "Instant Clusters; 0 on a single pod)", "", minimum=-1, maximum=63),
+        "head": Field(str, "", "the head node's address (rank 0's node_addr); empty: $PRIMARY_ADDR or $MASTER_ADDR "
+                      "(RunPod Instant Clusters)"),
+        "node_addr": Field(str, "", "this node's address on the cluster network; empty: $NODE_ADDR, else the head's "
+                           "on rank 0"),
+        "ray_port": Field(int, 6379, "the Ray head's GCS port", "", minimum=1, maximum=65535),
+        "ifname": Field(str, "", "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for every rank, set before Ray starts "
+                        "(RunPod Instant Clusters: ens1, never eth0); empty: leave them"),
+        "gpus": Field(int, 0, "GPUs each node gives Ray; 0: Ray counts them (a CPU test cluster declares 1)", "",
+                      minimum=0),
+        "join_timeout_s": Field(float, 900.0, "rank 0 waits this long for every node and its GPUs before it "
+                                "explains which is missing; a worker node waits as long for the head", "s", minimum=1),
+        "rank_timeout_s": Field(float, 120.0, "a trainer rank that has not said it is alive for this long is dead: "
+                                "the run is restarted from its checkpoint", "s", minimum=5),
+        "node_lost_s": Field(float, 60.0, "a node gone from Ray this long: the run is stopped and waits for it, "
+                             "naming it", "s", minimum=1),
     },
     "metrics": {
         "port": Field(int, 9400, "the pod's Prometheus endpoint (/metrics); 0: off", "", minimum=0, maximum=65535),
@@ -214,13 +235,24 @@ class Config:
         return Path(self.values[""]["run_dir"])
 
     @property
+    def node(self) -> str:
+        """"" on a single pod and a cluster's rank 0; "node-<rank>" on the others, whose records and logs
+        live beside rank 0's on the shared volume."""
+        rank = self.values.get("cluster", {}).get("rank", 0)
+        return f"node-{rank}" if rank > 0 else ""
+
+    @property
     def state_dir(self) -> Path:
         """Podkit's records on the volume: boots, progress, program states."""
-        return self.workspace_path / ".podkit"
+        return self.workspace_path / ".podkit" / self.node if self.node else self.workspace_path / ".podkit"
 
     @property
     def log_dir(self) -> Path:
-        return self.workspace_path / "logs"
+        return self.workspace_path / "logs" / self.node if self.node else self.workspace_path / "logs"
+
+    @property
+    def multi_node(self) -> bool:
+        return self.values.get("cluster", {}).get("nodes", 1) > 1
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -478,12 +510,37 @@ def _check_paths(top: dict, origins: dict) -> None:
                           hint="set PODKIT_RUN_DIR to a short local directory, e.g. /tmp/podkit")
 
 
-def default_run_dir(workspace: str) -> str:
-    # Short and per workspace: a unix socket path must stay under 108 bytes.
+def default_run_dir(workspace: str, rank: int = 0) -> str:
+    # Short and per workspace (and node: a test cluster's nodes share one machine): a unix socket path
+    # must stay under 108 bytes.
     import hashlib  # only when run_dir is not set
 
     digest = hashlib.sha1(os.path.abspath(workspace).encode()).hexdigest()[:8]
-    return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"podkit-{os.getuid()}-{digest}")
+    return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"podkit-{os.getuid()}-{digest}" + (f"-n{rank}" if rank else ""))
+
+
+def _resolve_cluster(c: dict, environ, origins: dict) -> None:
+    """RunPod Instant Clusters say who is who in NODE_RANK, PRIMARY_ADDR (MASTER_ADDR) and NODE_ADDR."""
+    def origin(key):
+        return origins.get(f"cluster.{key}", "defaults")
+
+    if c["rank"] < 0:
+        raw = environ.get("NODE_RANK", "0" if c["nodes"] == 1 else "")
+        if not raw.isdigit():
+            raise ConfigError(origin("rank"), "cluster.rank", f"-1 takes the rank from $NODE_RANK, which is {raw!r}",
+                              hint="set PODKIT_CLUSTER_RANK (0 on the head node) or run on a RunPod Instant Cluster")
+        c["rank"] = int(raw)
+    if c["rank"] >= c["nodes"]:
+        raise ConfigError(origin("rank"), "cluster.rank", f"rank {c['rank']} of a {c['nodes']}-node cluster",
+                          hint="ranks run from 0 to cluster.nodes - 1")
+    c["head"] = c["head"] or environ.get("PRIMARY_ADDR") or environ.get("MASTER_ADDR") or ""
+    c["node_addr"] = c["node_addr"] or environ.get("NODE_ADDR") or (c["head"] if c["rank"] == 0 else "")
+    if c["nodes"] > 1:
+        for key in ("head", "node_addr"):
+            if not c[key]:
+                raise ConfigError(origin(key), f"cluster.{key}", "empty on a multi-node run",
+                                  hint="set PODKIT_CLUSTER_HEAD and PODKIT_CLUSTER_NODE_ADDR, or run on a RunPod "
+                                  "Instant Cluster (PRIMARY_ADDR, NODE_ADDR)")
 
 
 def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None = None,
@@ -517,8 +574,9 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
                           "`podkit deploy --max-runtime 12h` sets it for you")
     top = values[""]
     top["workspace"] = os.path.abspath(top["workspace"])
+    _resolve_cluster(values["cluster"], environ, origins)
     if not top["run_dir"]:
-        top["run_dir"] = default_run_dir(top["workspace"])
+        top["run_dir"] = default_run_dir(top["workspace"], values["cluster"]["rank"])
     if not values["repo"]["dest"]:
         values["repo"]["dest"] = os.path.join(top["workspace"], "repo")
     if not values["trainer"]["name_resolve_root"]:

@@ -290,6 +290,23 @@ def check_last_stop(pod: Pod, now: float) -> Finding | None:
                    "checkpoint it wrote", "info")
 
 
+def check_cluster(pod: Pod, now: float) -> Finding | None:
+    """A multi-node run that waits for a node, or whose nodes do not share the workspace."""
+    rec = records.CLUSTER.read(pod.state)
+    state = rec.get("state")
+    if state not in ("waiting-for-nodes", "volume-not-shared"):
+        return None
+    missing = [m for m in rec.get("missing") or [] if isinstance(m, dict)]
+    evidence = [f"node rank {m.get('rank')} ({m.get('addr')}): {m.get('why')}" for m in missing] or [rec.get("why", "")]
+    evidence.append(f"since {_ago(rec.get('since'), now)}; trainer's last step: {pod.progress.get('step')}")
+    if state == "volume-not-shared":
+        return Finding("cluster_volume", "the cluster's nodes do not share the workspace", evidence,
+                       "mount one network volume at the workspace on every node; then `podkit ctl start trainer`")
+    return Finding("cluster_node_missing", f"the run waits for {len(missing) or 'a'} node(s) of the cluster",
+                   evidence, "start the node again (its `ray` program joins the head at cluster.head); the run resumes "
+                   "from its checkpoint when it is back. `podkit ctl stop trainer` ends the wait")
+
+
 def examine(cfg, workspace: Path, *, environ=None, cgroup_dir: Path = Path("/sys/fs/cgroup"),
             net_dir: Path = Path("/sys/class/net"), min_free_bytes: int = 5 << 30, min_mb_s: float = 20.0,
             now: float | None = None) -> list[Finding]:
@@ -301,7 +318,7 @@ def examine(cfg, workspace: Path, *, environ=None, cgroup_dir: Path = Path("/sys
              check_restarts(pod, now, "sglang", "inference"), check_restarts(pod, now, "trainer", "trainer"),
              check_safe_mode(pod, now), check_gpu_busy(pod, now), check_startup_phase(pod, now),
              check_nccl_ifname(pod, now, environ, net_dir), check_nan_loss(pod, now), check_trainer_config(pod, now),
-             check_notify(pod, now), check_last_stop(pod, now)]
+             check_notify(pod, now), check_last_stop(pod, now), check_cluster(pod, now)]
     return [f for f in found if f is not None]
 
 

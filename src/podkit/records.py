@@ -182,6 +182,7 @@ TORCHRUN = Record("torchrun.json", {"groups": list})  # [[pgid, start time], ...
 # Who belongs to this run, for the next boot to stop what a killed supervisord left running: the
 # supervisord (boot writes it before the exec, which keeps pid and start time) and each program's
 # process group (supervisord gives every program its own). Read with read_owned: they steer kills.
+RAY_NODE = Record("ray-node.json", {"groups": list})  # this node's Ray workers' groups; read with read_owned
 RUN = Record("run.json", {"supervisord": [int], "started": NUMBER})
 GROUP_SHAPE = {"program": str, "pgid": int, "start": int}
 
@@ -195,7 +196,12 @@ LEASE = Record("lease.json", {"host": str, "boot_id": str, "pid": int, "start": 
 CONFIG_CACHE = Record("config-cache.json", {"key": list, "data": dict})
 # A webhook that does not take notifications (notify.py): logged once, by whichever program saw it first.
 NOTIFY = Record("notify.json", {"failing_since": NUMBER, "error": str})
-STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG, NOTIFY)
+# A multi-node run, as rank 0's launcher sees it: state, the nodes missing (rank, addr, since), restarts.
+CLUSTER = Record("cluster.json", {"state": str, "since": NUMBER, "time": NUMBER, "why": str, "missing": list,
+                                  "nodes": list, "run": str, "restarts": int})
+CLUSTER_STOP = Record("cluster-stop.json", {"run": str, "time": NUMBER})  # every rank stops after its step
+RANK_SHAPE = {"rank": int, "pid": int, "start": int, "host": str, "node": str, "run": str, "time": NUMBER}
+STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG, NOTIFY, CLUSTER)
 
 
 class Progress:

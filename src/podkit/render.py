@@ -22,6 +22,7 @@ def environment(cfg, base: dict | None = None) -> dict[str, str]:
     env.update(cfg.as_env())
     env["PODKIT_PYTHON"] = sys.executable
     env["PODKIT_UID"] = str(os.getuid())
+    env["PODKIT_LOG_DIR"] = str(cfg.log_dir)  # <workspace>/logs, or logs/node-<rank> on a cluster's other nodes
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 

@@ -157,7 +157,8 @@ class Watchdog:
             time.sleep(self.w.interval_s)
             now = time.time()
             try:
-                if self.check_inference(now):
+                # A cluster's SGLang is AReaL's (in Ray): the trainer's steps are what is left to watch.
+                if self.cfg.multi_node or self.check_inference(now):
                     self.check_trainer(now)
             except (OSError, xmlrpc.client.Error) as e:
                 _log.warn(f"supervisord did not answer ({e}); trying again")

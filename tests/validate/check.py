@@ -142,7 +142,19 @@ def areal_check(path: str, overrides: list[str]) -> dict:
             "total_train_steps": cfg.total_train_steps,
             "request_timeout": cfg.rollout.request_timeout, "request_retries": cfg.rollout.request_retries,
             "setup_timeout": cfg.rollout.setup_timeout, "max_concurrent_rollouts": cfg.rollout.max_concurrent_rollouts,
-            "attn_impl": cfg.actor.attn_impl}
+            "attn_impl": cfg.actor.attn_impl, "n_nodes": cfg.cluster.n_nodes,
+            "n_gpus_per_node": cfg.cluster.n_gpus_per_node, **allocation(cfg)}
+
+
+def allocation(cfg) -> dict:
+    """The deprecated allocation_mode AReaL's Ray launcher reads, as its parser reads it."""
+    from areal.api.alloc_mode import _AllocationMode
+
+    if not cfg.allocation_mode:
+        return {"allocation_mode": None}
+    mode = _AllocationMode.from_str(cfg.allocation_mode)
+    return {"allocation_mode": cfg.allocation_mode, "alloc_gen_gpus": mode.gen.world_size,
+            "alloc_train_gpus": mode.train.world_size}
 
 
 def sglang_request_fields(name: str) -> set[str]:

@@ -23,6 +23,7 @@ TABLE: dict[tuple[str, str], str] = {
     ("sglang", "standin-lm"): "podkit.programs.standin_lm",  # generating stand-in, tiny model on CPU (rehearsal)
     ("trainer", "areal"): "podkit.programs.areal_launch",    # AReaL GRPO under torchrun
     ("trainer", "fake"): "podkit.programs.fake_trainer",     # a real torch loop on random data (smoke stack)
+    ("ray", ""): "podkit.programs.ray_node",                 # a node of a multi-node run's Ray cluster
     ("watchdog", ""): "podkit.watchdog",                     # the hang watchdog
     ("logs", ""): "podkit.programs.logs",                    # supervisord's event listener
     ("metrics", ""): "podkit.metrics",                       # the pod's Prometheus endpoint
@@ -87,6 +88,9 @@ def run(name: str, cfg) -> int:
         print(f"[podkit:run] starting {name} (pid {os.getpid()})", flush=True)
     log.set_level(cfg.log_level)
     register(cfg, name)
+    why = idle_because(cfg, name)
+    if why:
+        return idle(name, why)
     code = importlib.import_module(module(cfg, name)).main(cfg)
     if name == "trainer" and code == 0:
         from podkit import supervisord  # here: render imports this module on the boot path
@@ -95,6 +99,30 @@ def run(name: str, cfg) -> int:
         # failed start, restart it and end FATAL, so it exits only once it counts as started.
         supervisord.wait_started(cfg.socket_path, name)
     return code
+
+
+def idle_because(cfg, name: str) -> str:
+    """Why this program has nothing to do on this node ("" when it has): a cluster's SGLang servers
+    are AReaL's Ray launcher's to start, and only rank 0 runs the launcher."""
+    c = cfg.cluster
+    if name == "ray" and not cfg.multi_node:
+        return "a single pod (cluster.nodes 1): no Ray cluster"
+    if name == "sglang" and cfg.multi_node:
+        return f"a {c.nodes}-node run: AReaL's Ray launcher starts the SGLang servers on the cluster's nodes"
+    if name == "watchdog" and cfg.multi_node and c.rank > 0:
+        return f"node rank {c.rank} of {c.nodes}: rank 0's watchdog watches the run"
+    if name == "trainer" and cfg.multi_node and c.rank > 0:
+        return (f"node rank {c.rank} of {c.nodes}: the launcher runs on rank 0 ({c.head}); this node's Ray worker "
+                "runs the ranks it places here")
+    return ""
+
+
+def idle(name: str, why: str) -> int:
+    """RUNNING and doing nothing, like metrics with port 0, so health and status keep one rule."""
+    log.get(name).info(f"{why}; idle")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        signal.pause()
 
 
 def register(cfg, name: str) -> None:

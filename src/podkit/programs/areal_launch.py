@@ -111,6 +111,10 @@ def sglang_state(cfg):
 
 
 def main(cfg) -> int:
+    if cfg.multi_node:  # rank 0 of a cluster (the others idle): AReaL's own Ray launcher
+        from podkit.programs import areal_cluster
+
+        return areal_cluster.main(cfg)
     if refused(cfg, checks.areal(cfg), _log):
         return 2
     # First: a rank left by a killed launcher trains on (and writes progress) until it is stopped.

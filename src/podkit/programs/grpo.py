@@ -94,6 +94,8 @@ def server_identity(cfg) -> tuple | None:
     step's rollouts came from the base weights, whatever the label says once this step's push landed."""
     from podkit import supervisord
 
+    if cfg.multi_node:  # AReaL's Ray launcher runs SGLang, not supervisord; the served version still tells
+        return None
     info = supervisord.process_info(cfg.socket_path, "sglang")
     if info is None:
         return None
@@ -122,6 +124,10 @@ def main(argv: list[str]) -> int:
     stacks_on_sigusr2(cfg)
     sigterm, stale = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: sigterm.set())
+    if cfg.multi_node:  # a rank placed by AReaL's Ray launcher: rank 0's launcher watches it, and asks it to stop
+        from podkit.programs import areal_cluster
+
+        areal_cluster.start_heartbeat(cfg, sigterm.set)
 
     import torch
     import torch.distributed as dist
@@ -133,7 +139,8 @@ def main(argv: list[str]) -> int:
     from podkit.programs import areal_patches
 
     api_key = os.environ.get(API_KEY_ENV, "")
-    areal_patches.apply(api_key=api_key, ride_out_s=cfg.inference.ready_timeout_s)
+    # A cluster's server comes back elsewhere (AReaL's recover run starts it on a new port): fail fast into it.
+    areal_patches.apply(api_key=api_key, ride_out_s=0.0 if cfg.multi_node else cfg.inference.ready_timeout_s)
     try:
         config_, _ = load_expr_config(argv, GRPOConfig)
     except Exception as e:  # noqa: BLE001 - hydra, omegaconf and AReaL's own checks raise their own types

@@ -1,0 +1,416 @@
+"""`podkit run trainer` on rank 0 of a multi-node run: AReaL's Ray launcher, watched.
+
+1. Wait for every node (`podkit-node-<rank>`, each with its GPUs) in Ray; a node that has not joined
+   within cluster.join_timeout_s is named (log, notification, cluster.json) and still waited for.
+2. Check that every node sees the shared volume: a nonce written here is read by a task on each node.
+3. Run the driver (areal_ray.py: AReaL's `ray_main`) in a session of its own, and watch it:
+   - a dead trainer rank (its heartbeat, <state_dir>/ranks/<rank>.json, older than cluster.rank_timeout_s):
+     AReaL's launcher would wait for ever (a forked child keeps the dead worker's connection open), so
+     the driver is stopped and started again, and AReaL resumes from its recover checkpoint;
+   - a node gone from Ray for cluster.node_lost_s: its bundle cannot be placed again, so the driver
+     would hang; it is stopped, and the run waits, naming the node, until the node is back;
+   - SIGTERM (supervisord stopping the trainer): every rank is asked to stop after its step
+     (cluster-stop.json on the shared volume, read by each rank's heartbeat thread) and writes its
+     recover checkpoint; the driver ends with the trainer job.
+   A stopped driver gets SIGINT first: AReaL's launcher then cancels its SGLang task gracefully (which
+   kills the server's process tree) and its trainer tasks, as it does for Ctrl-C.
+4. The exit code is the run's: 0 when rank 0's progress says it finished, SIGTERM's as for one pod.
+
+Imports Ray: the AReaL environment only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from podkit import checks, log, notify, proc, records, supervisord
+from podkit.programs import areal_launch, compile_caches, refused
+from podkit.programs.ray_node import node_resource
+
+_log = log.get("trainer")
+RUN_ENV = "PODKIT_CLUSTER_RUN"  # the driver's run id, in every rank's env: heartbeats of older runs are ignored
+POLL_S = 2.0
+DRIVER_STOP_S = 30.0  # SIGINT to SIGKILL for a driver being stopped
+QUICK_RESTARTS = 3  # restarts in a row without a new step before the program exits and supervisord decides
+
+
+def heartbeat_dir(state_dir: Path) -> Path:
+    return Path(state_dir) / "ranks"
+
+
+# --- in every trainer rank (grpo.py) ----------------------------------------------------------------
+
+
+def node_ip() -> str:
+    """The Ray node this rank runs on (the job's PODKIT_ env is rank 0's, whichever node this is)."""
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - outside Ray (a test, a bare run): the heartbeat still names the host
+        return ""
+
+
+def start_heartbeat(cfg, on_stop) -> threading.Thread | None:
+    """A rank of a cluster's run says it is alive every few seconds, and stops when asked."""
+    run = os.environ.get(RUN_ENV)
+    if not run:
+        return None
+    rank = int(os.environ.get("RANK", "0"))
+    period = max(1.0, min(5.0, cfg.cluster.rank_timeout_s / 6))
+    path = heartbeat_dir(cfg.state_dir) / f"{rank}.json"
+    me = {"rank": rank, "pid": os.getpid(), "start": proc.starttime(os.getpid()) or 0, "host": socket.gethostname(),
+          "node": node_ip(), "run": run}
+
+    def beat() -> None:
+        asked = False
+        while True:
+            try:
+                records.write_json(path, {**me, "time": time.time()})
+            except OSError as e:
+                _log.warn(f"cannot write the heartbeat {path} ({e.strerror})")
+            stop = records.CLUSTER_STOP.read(cfg.state_dir)
+            if not asked and stop.get("run") == run:
+                asked = True
+                on_stop()
+            time.sleep(period)
+
+    t = threading.Thread(target=beat, name="podkit-heartbeat", daemon=True)
+    t.start()
+    return t
+
+
+# --- on each node, for the volume check ------------------------------------------------------------
+
+
+def read_nonce(path: str) -> tuple[str, str]:
+    """A Ray task on one node: what this node reads at the shared volume's path."""
+    try:
+        return socket.gethostname(), Path(path).read_text()
+    except OSError as e:
+        return socket.gethostname(), f"unreadable: {e.strerror}"
+
+
+# --- rank 0 ---------------------------------------------------------------------------------------
+
+
+class Cluster:
+    def __init__(self, cfg) -> None:
+        self.cfg, self.c = cfg, cfg.cluster
+        self.state_dir = cfg.state_dir
+        self.stopping = threading.Event()
+        self.record = records.CLUSTER.read(self.state_dir) or {}
+        self.lost_since: dict[int, float] = {}
+        self.addr_of: dict[int, str] = {}
+        self.told: set[tuple] = set()
+
+    def note(self, state: str, why: str = "", **fields) -> None:
+        if self.record.get("state") != state:
+            self.record["since"] = time.time()
+        self.record.update(state=state, why=why, time=time.time(), **fields)
+        try:
+            records.CLUSTER.write(self.state_dir, self.record)
+        except OSError as e:
+            _log.warn(f"cannot write {records.CLUSTER.name} ({e.strerror})")
+
+    def tell_once(self, key: tuple, event: str, text: str, level: str = "warn") -> None:
+        if key in self.told:
+            return
+        self.told.add(key)
+        getattr(_log, level)(text)
+        notify.send(event, text, self.state_dir)
+
+    # Ray's view -----------------------------------------------------------------------------------
+
+    def alive(self) -> dict[int, dict]:
+        """rank -> the live Ray node that announced it (its address and GPUs)."""
+        import ray
+
+        out = {}
+        for n in ray.nodes():
+            if not n.get("Alive"):
+                continue
+            for r in range(self.c.nodes):
+                if n.get("Resources", {}).get(node_resource(r)):
+                    out[r] = {"addr": n.get("NodeManagerAddress", "?"), "gpus": n["Resources"].get("GPU", 0)}
+                    self.addr_of[r] = out[r]["addr"]
+        return out
+
+    def missing(self) -> list[dict]:
+        alive, want = self.alive(), self.gpus_per_node()
+        out = []
+        for r in range(self.c.nodes):
+            if r not in alive:
+                out.append({"rank": r, "addr": self.addr_of.get(r, "never joined"), "why": "not in the Ray cluster"})
+            elif want and alive[r]["gpus"] < want:
+                out.append({"rank": r, "addr": alive[r]["addr"],
+                            "why": f"has {alive[r]['gpus']:g} GPU(s) in Ray, the run needs {want}"})
+        return out
+
+    def gpus_per_node(self) -> int:
+        return self.c.gpus or checks.cluster_shape(self.cfg).get("n_gpus_per_node", 0)
+
+    @staticmethod
+    def describe(missing: list[dict]) -> str:
+        return "; ".join(f"node rank {m['rank']} ({m['addr']}) {m['why']}" for m in missing)
+
+    def wait_for_nodes(self, after: str) -> bool:
+        """Until every node is in; False when stopping. Past join_timeout_s the missing nodes are named."""
+        t0, told = time.monotonic(), 0.0
+        while not self.stopping.is_set():
+            missing = self.missing()
+            if not missing:
+                return True
+            waited = time.monotonic() - t0
+            self.note("waiting-for-nodes", f"{after}: {self.describe(missing)}", missing=missing)
+            if waited >= self.c.join_timeout_s:
+                self.tell_once(("missing", after, tuple(m["rank"] for m in missing)), "cluster",
+                               f"{after}, still missing after {waited:.0f}s: {self.describe(missing)}. The run waits "
+                               "for it and resumes from its checkpoint when it joins (its `ray` program connects to "
+                               f"{self.c.head}:{self.c.ray_port}); `podkit ctl stop trainer` ends the wait", "error")
+            elif waited - told >= 30 or told == 0:
+                _log.info(f"{after}: waiting for {self.describe(missing)} ({waited:.0f}s)")
+                told = waited or 0.001
+            self.stopping.wait(POLL_S)
+        return False
+
+    def check_volume(self) -> list[str]:
+        """Problems with the shared volume, one per node that does not see what rank 0 wrote."""
+        import ray
+
+        nonce = uuid.uuid4().hex
+        path = self.state_dir / f".volume-check-{nonce}"
+        path.write_text(nonce)
+        task = ray.remote(num_cpus=0)(read_nonce)
+        try:
+            futures = {r: task.options(resources={node_resource(r): 0.001}).remote(str(path))
+                       for r in range(self.c.nodes)}
+            problems = []
+            for r, f in futures.items():
+                try:
+                    host, seen = ray.get(f, timeout=120)
+                except Exception as e:  # noqa: BLE001 - Ray's task and timeout errors alike name the node
+                    problems.append(f"node rank {r}: the check did not run ({type(e).__name__}: {e})")
+                    continue
+                if seen != nonce:
+                    problems.append(f"node rank {r} ({host}) does not see the workspace {self.cfg.workspace_path} "
+                                    f"rank 0 writes to: {path} reads {seen[:60]!r}")
+            return problems
+        finally:
+            path.unlink(missing_ok=True)
+
+    # the driver -----------------------------------------------------------------------------------
+
+    def dead_ranks(self, run: str, started: float) -> list[str]:
+        out, now = [], time.time()
+        for p in sorted(heartbeat_dir(self.state_dir).glob("*.json")):
+            hb = records.Record(p.name, records.RANK_SHAPE).read(p.parent)  # a planted or torn file reads as {}
+            if not hb or hb.get("run") != run or not isinstance(hb.get("time"), (int, float)):
+                continue
+            # Only silence counts, even for a rank seen dead here: AReaL's own recover run (a failed task)
+            # kills the ranks and starts new ones, whose heartbeats replace these within the timeout.
+            age = now - hb["time"]
+            if age > self.c.rank_timeout_s:
+                gone = "" if proc.same_process(hb.get("pid") or 0, hb.get("start") or 0) else ", its process gone"
+                out.append(f"rank {hb.get('rank')} (pid {hb.get('pid')} on {hb.get('node') or hb.get('host')}) has not "
+                           f"said it is alive for {age:.0f}s (cluster.rank_timeout_s {self.c.rank_timeout_s:.0f}){gone}")
+        return out
+
+    def lost_nodes(self) -> list[dict]:
+        now, alive = time.time(), self.alive()
+        lost = []
+        for r in range(self.c.nodes):
+            if r in alive:
+                self.lost_since.pop(r, None)
+                continue
+            since = self.lost_since.setdefault(r, now)
+            if now - since >= self.c.node_lost_s:
+                lost.append({"rank": r, "addr": self.addr_of.get(r, "?"), "why": f"gone from Ray for {now - since:.0f}s",
+                             "since": since})
+        return lost
+
+    def stop_driver(self, driver: subprocess.Popen, why: str) -> int:
+        _log.warn(f"stopping AReaL's launcher: {why}")
+        if driver.poll() is None:
+            try:
+                os.kill(driver.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+            try:
+                driver.wait(DRIVER_STOP_S)
+            except subprocess.TimeoutExpired:
+                _log.warn(f"the launcher did not end within {DRIVER_STOP_S:.0f}s of SIGINT: killing it")
+        proc.kill_groups([[driver.pid, self.driver_start]])
+        return driver.wait()
+
+    def run_driver(self, run: str) -> tuple[int, str]:
+        """One run of AReaL's launcher; (exit code, why podkit stopped it or "")."""
+        cfg = self.cfg
+        argv = [sys.executable, "-m", "podkit.programs.areal_ray", areal_launch.entry_script(), "--config",
+                cfg.trainer.areal_config, *overrides(cfg)]
+        env = environment(cfg, run)
+        _log.info(f"starting AReaL's Ray launcher (run {run}): {' '.join(argv[2:])}")
+        # Its own session (supervisord's group stop must not SIGTERM it: SIGINT is its clean stop), and
+        # dead with this launcher (PDEATHSIG); recorded, so a start after a SIGKILLed launcher clears it.
+        driver = subprocess.Popen(argv, env=env, start_new_session=True,  # noqa: PLW1509
+                                  preexec_fn=areal_launch._set_pdeathsig)
+        self.driver_start = proc.starttime(driver.pid) or 0
+        records.TORCHRUN.write(self.cfg.run_path, {"groups": [[driver.pid, self.driver_start]]}, mode=0o600)
+        started = time.time()
+        asked_stop = False
+        while driver.poll() is None:
+            if self.stopping.is_set() and not asked_stop:
+                asked_stop = True
+                records.CLUSTER_STOP.write(self.state_dir, {"run": run, "time": time.time()})
+                _log.info("SIGTERM: every rank stops after its step, with a recover checkpoint")
+                grace = max(5.0, float(os.environ.get("PODKIT_TRAINER_STOP_GRACE_S", cfg.trainer.stop_grace_s)) - 10)
+                timer = threading.Timer(grace, lambda: driver.poll() is None and os.kill(driver.pid, signal.SIGINT))
+                timer.daemon = True  # the launcher's exit must not wait for it
+                timer.start()
+            if not asked_stop:
+                dead = self.dead_ranks(run, started)
+                if dead:
+                    return self.stop_driver(driver, "; ".join(dead)), "dead-rank: " + "; ".join(dead)
+                lost = self.lost_nodes()
+                if lost:
+                    return self.stop_driver(driver, self.describe(lost)), "node-lost"
+            time.sleep(POLL_S)
+        return driver.wait(), ""
+
+    def free(self, timeout: float = 60.0) -> None:
+        """Until the stopped run's tasks have given their GPUs back (AReaL's placement waits only 30 s)."""
+        import ray
+
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout and not self.stopping.is_set():
+            total, avail = ray.cluster_resources().get("GPU", 0), ray.available_resources().get("GPU", 0)
+            if avail >= total:
+                return
+            time.sleep(1)
+
+    def main(self) -> int:
+        import ray
+
+        if not self.wait_for_head():
+            return 1
+        ray.init(address=f"{self.c.head}:{self.c.ray_port}", logging_level="ERROR", log_to_driver=False)
+        # After ray.init: its core worker installs a SIGTERM handler that ends the process at once.
+        signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
+        signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
+        if not self.wait_for_nodes("the cluster is forming"):
+            return 0
+        problems = self.check_volume()
+        if problems:
+            for p in problems:
+                _log.error(p)
+            self.note("volume-not-shared", "; ".join(problems))
+            _log.error("every node must see the same workspace (a RunPod network volume at /workspace on each "
+                       "node): the trainer stays stopped until it does, then `podkit ctl start trainer`")
+            return 0
+        restarts, last_step = 0, records.PROGRESS.read(self.state_dir).get("step")
+        while True:
+            run = uuid.uuid4().hex[:12]
+            self.note("running", f"AReaL's Ray launcher on {self.c.nodes} nodes", run=run, missing=[],
+                      restarts=restarts)
+            started = time.time()
+            rc, why = self.run_driver(run)
+            if not why:
+                return self.outcome(rc, started)
+            step = records.PROGRESS.read(self.state_dir).get("step")
+            restarts = 1 if step != last_step else restarts + 1
+            last_step = step
+            if restarts > QUICK_RESTARTS:
+                _log.error(f"{restarts - 1} restarts without a new step: leaving it to supervisord")
+                return 1
+            if why == "node-lost":
+                self.tell_once(("lost", run), "cluster", f"the run stopped at step {step}: "
+                               f"{self.describe(self.lost_nodes() or [{'rank': '?', 'addr': '?', 'why': 'lost'}])}; "
+                               "it resumes from its checkpoint when the node is back")
+                if not self.wait_for_nodes(f"a node was lost at step {step}"):
+                    return self.outcome(rc, started)
+            else:
+                _log.warn(f"{why}: AReaL's launcher would wait for ever; restarting it from the recover checkpoint")
+                self.note("restarting", why, restarts=restarts)
+            self.free()
+            if self.stopping.is_set():
+                return self.outcome(rc, started)
+
+    def wait_for_head(self) -> bool:
+        from podkit.programs.ray_node import reachable
+
+        t0 = time.monotonic()
+        while not reachable(self.c.head, self.c.ray_port):
+            if self.stopping.is_set():
+                return False
+            if time.monotonic() - t0 > self.c.join_timeout_s:
+                _log.error(f"the Ray head at {self.c.head}:{self.c.ray_port} (this node's `ray` program) did not "
+                           "start: see logs/ray.log")
+                return False
+            time.sleep(1)
+        return True
+
+    def outcome(self, rc: int, started: float) -> int:
+        heartbeat = heartbeat_dir(self.state_dir)
+        for p in heartbeat.glob("*.json"):
+            p.unlink(missing_ok=True)
+        records.CLUSTER_STOP.path(self.state_dir).unlink(missing_ok=True)
+        stopped = records.PROGRESS.read(self.state_dir).get("stopped")
+        fresh = isinstance(stopped, dict) and isinstance(stopped.get("time"), (int, float)) and stopped["time"] >= started
+        by = stopped.get("by") if fresh else None
+        if by in records.FINISHED:
+            self.note("finished", f"training finished at step {stopped.get('step')}")
+            return 0
+        if by == "config-error":
+            self.note("stopped", "AReaL refused its config")
+            return 0
+        if by == "SIGTERM" or self.stopping.is_set():
+            self.note("stopped", "stopped by SIGTERM")
+            return supervisord.exit_after_sigterm(self.cfg.socket_path)
+        self.note("failed", f"AReaL's launcher exited {rc}")
+        return rc or 1
+
+
+def overrides(cfg) -> list[str]:
+    """One pod's overrides, with what a cluster needs shared: the disk weight updates go from a trainer
+    node to an SGLang node, and name_resolve is how the nodes find each other."""
+    root = cfg.workspace_path / "areal"
+    shared = [f"cluster.fileroot={root / 'updates'}", "cluster.name_resolve.type=nfs",
+              f"cluster.name_resolve.nfs_record_root={cfg.state_dir / 'name_resolve'}"]
+    own = [o for o in areal_launch.overrides(cfg) if not o.startswith(("cluster.fileroot=", "cluster.name_resolve."))]
+    return [*shared, *own]
+
+
+def environment(cfg, run: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({RUN_ENV: run, "PODKIT_RAY_ADDRESS": f"{cfg.cluster.head}:{cfg.cluster.ray_port}",
+                "NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"})
+    if cfg.inference.kind == "standin-lm":
+        from podkit.programs.areal_ray import STANDIN_ENV
+
+        env[STANDIN_ENV] = "1"
+    if cfg.trainer.cpu_ranks:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    env.setdefault("HF_HOME", str(cfg.workspace_path / "hf"))
+    env.setdefault("WANDB_MODE", "disabled")
+    return compile_caches(cfg, env)
+
+
+def main(cfg) -> int:
+    if refused(cfg, checks.cluster(cfg), _log):
+        return 2
+    for d in (cfg.workspace_path / "areal" / "updates", cfg.state_dir / "name_resolve", heartbeat_dir(cfg.state_dir)):
+        d.mkdir(parents=True, exist_ok=True)
+    for pid in areal_launch.clear_leftovers(cfg.run_path):
+        _log.warn(f"killed pid {pid}, left by a previous launcher that was killed")
+    c = Cluster(cfg)
+    signal.signal(signal.SIGTERM, lambda *_: c.stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: c.stopping.set())
+    return c.main()

@@ -1,0 +1,159 @@
+"""`podkit run ray`: this node of a multi-node run's Ray cluster, as `ray start --block`.
+
+Rank 0 is the head (GCS on cluster.head:cluster.ray_port); the others wait for the head to accept
+connections and join it. Each node announces itself with the resource `podkit-node-<rank>`, which is
+how the launcher on rank 0 names a missing node.
+
+Ray starts each worker in a session of its own, so supervisord's group stop reaches the raylet but
+not the workers, nor what they forked (DataLoader workers, SGLang's processes). This program stays
+Ray's parent: it records every worker's process group as it appears (ray-node.json in the run dir)
+and kills what is left of them when Ray has stopped, or at its next start after it was killed.
+
+Ray's tasks inherit this environment, which is why what they need is set here, before Ray starts:
+NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME (cluster.ifname) and SIGINT at its default. A process started
+with SIGINT ignored passes that on through exec, and then `ray.cancel` (which AReaL's launcher uses
+to stop its SGLang task) does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from podkit import log, proc, records
+
+_log = log.get("ray")
+
+
+def ray_bin() -> str | None:
+    beside = Path(sys.executable).with_name("ray")  # the environment AReaL and Ray are installed in
+    return str(beside) if beside.exists() else shutil.which("ray")
+
+
+def temp_dir(cfg) -> Path:
+    """Ray's sessions and sockets: local disk, per node (never the shared volume). Ray puts unix sockets
+    ~60 bytes deep in it (sun_path holds 107): a long run dir gets a short directory named by its hash."""
+    own = cfg.run_path / "ray"
+    if len(os.fsencode(str(own))) <= 40:
+        return own
+    import hashlib
+
+    digest = hashlib.sha1(os.fsencode(str(cfg.run_path))).hexdigest()[:10]
+    return Path(os.environ.get("TMPDIR") or "/tmp") / f"podkit-ray-{digest}"
+
+
+def node_resource(rank: int) -> str:
+    return f"podkit-node-{rank}"
+
+
+def argv(cfg, ray: str) -> list[str]:
+    c = cfg.cluster
+    args = [ray, "start", "--block", "--node-ip-address", c.node_addr, "--temp-dir", str(temp_dir(cfg)),
+            "--disable-usage-stats", "--resources", json.dumps({node_resource(c.rank): 1})]
+    if c.gpus:
+        args += ["--num-gpus", str(c.gpus)]
+    if c.rank == 0:
+        return [*args, "--head", "--port", str(c.ray_port), "--include-dashboard=false"]
+    return [*args, "--address", f"{c.head}:{c.ray_port}"]
+
+
+def environment(cfg, environ: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if environ is None else environ)
+    if cfg.cluster.ifname:
+        env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = cfg.cluster.ifname
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    return env
+
+
+def reachable(host: str, port: int, timeout: float = 2.0) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def wait_for_head(cfg, interval: float = 2.0) -> str | None:
+    c = cfg.cluster
+    t0, told = time.monotonic(), 0.0
+    while not reachable(c.head, c.ray_port):
+        waited = time.monotonic() - t0
+        if waited > c.join_timeout_s:
+            return (f"the Ray head at {c.head}:{c.ray_port} did not answer for {waited:.0f}s (cluster.join_timeout_s); "
+                    "is rank 0 up, and is the port open between the nodes?")
+        if waited - told >= 30:
+            _log.info(f"waiting for the Ray head at {c.head}:{c.ray_port} ({waited:.0f}s)")
+            told = waited
+        time.sleep(interval)
+    return None
+
+
+def main(cfg) -> int:
+    ray = ray_bin()
+    if not ray:
+        _log.error("Ray is not installed in this environment (the AReaL environment has it: rehearse/deps.txt); a "
+                   "multi-node run needs it on every node")
+        return 2
+    c = cfg.cluster
+    if c.rank > 0:
+        why = wait_for_head(cfg)
+        if why:
+            _log.error(why)
+            return 1
+    temp_dir(cfg).mkdir(parents=True, exist_ok=True)
+    for pid in clear_leftovers(cfg.run_path):
+        _log.warn(f"killed pid {pid}, left by this node's previous Ray")
+    args = argv(cfg, ray)
+    _log.info(f"node rank {c.rank} of {c.nodes} at {c.node_addr}: {' '.join(args[1:])}")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # inherited by Ray: see the module's docstring
+    child = subprocess.Popen(args, env=environment(cfg))
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    groups: dict[int, int] = {}
+    while child.poll() is None and not stop.wait(2.0):
+        track(child.pid, groups, cfg.run_path)
+    if child.poll() is None:  # supervisord's SIGTERM reached Ray too: it drains, then stops its processes
+        try:
+            child.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+    rc = child.wait()
+    killed = proc.kill_groups(list(groups.items()))
+    records.RAY_NODE.path(cfg.run_path).unlink(missing_ok=True)
+    if killed:
+        _log.info(f"killed {len(killed)} process(es) Ray's workers left")
+    _log.info(f"ray exited with {rc}")
+    return 0 if stop.is_set() else (rc or 1)
+
+
+STOP_WAIT_S = 33.0  # Ray drains for up to 30 s; under supervisord's stopwaitsecs for this program (45)
+
+
+def track(root: int, groups: dict[int, int], run_dir: Path) -> None:
+    """Record each process group led by a descendant of Ray (a worker's session) as it appears."""
+    procs = proc.processes()
+    fresh = {p.pid: p.starttime for p in procs if p.pid in set(proc.descendants(root, procs))
+             and p.pgid == p.pid and p.pid not in groups}
+    if fresh:
+        groups.update(fresh)
+        alive = {g: t for g, t in groups.items() if proc.same_process(g, t)}
+        groups.clear()
+        groups.update(alive)
+        records.RAY_NODE.write(run_dir, {"groups": [[g, t] for g, t in groups.items()]}, mode=0o600)
+
+
+def clear_leftovers(run_dir: Path) -> list[int]:
+    groups = [g for g in records.RAY_NODE.read_owned(run_dir).get("groups") or []
+              if isinstance(g, list) and len(g) == 2 and all(isinstance(x, int) for x in g)]
+    killed = proc.kill_groups(groups)
+    records.RAY_NODE.path(run_dir).unlink(missing_ok=True)
+    return killed

@@ -1,0 +1,184 @@
+"""A multi-node run on a simulated cluster: two nodes on this machine (127.0.0.2 and 127.0.0.3: Ray
+rewrites 127.0.0.1), each a `podkit up` of configs/cpu-cluster.yaml with its own run dir and Ray node,
+sharing one workspace as a RunPod network volume would. AReaL 1.0.4's own Ray launcher places the
+server task and the FSDP rank; the server task runs podkit's generating STAND-IN for SGLang (a tiny
+causal LM; not SGLang). Everything else is real: supervisord, Ray, AReaL's launcher and GRPO trainer.
+Each failure ends trained or explained, never hung."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PODKIT, ROOT, alive, free_port, wait_for
+from test_rehearsal import PYTHON, assets  # noqa: F401 - the session's tiny model and data
+
+pytestmark = [pytest.mark.rehearsal, pytest.mark.timeout(480),
+              pytest.mark.skipif(not PYTHON and not os.environ.get("CI"),
+                                 reason="no AReaL environment: run `make test` (or set AREAL_PYTHON="
+                                        "$(sh rehearse/env.sh))")]
+ADDRS = ("127.0.0.2", "127.0.0.3")
+
+
+class Cluster:
+    def __init__(self, procs, root: Path, assets: Path, **env: str) -> None:  # noqa: F811
+        self.procs, self.root = procs, root
+        self.ws = root / "ws"
+        self.ws.mkdir(parents=True)
+        import shutil
+
+        shutil.copytree(assets, self.ws / "rehearsal")
+        procs.workspaces.add(str(self.ws))  # cleanup finds every process of this cluster by it, Ray's too
+        port = free_port()
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+        self.env.update({"PYTHONPATH": str(ROOT / "src"), "PODKIT_CONFIG": str(ROOT / "configs" / "cpu-cluster.yaml"),
+                         "PODKIT_WORKSPACE": str(self.ws), "PODKIT_CLUSTER_RAY_PORT": str(port), **env})
+        self.nodes: dict[int, subprocess.Popen] = {}
+
+    def start(self, rank: int) -> subprocess.Popen:
+        out = open(self.root / f"node{rank}.log", "ab")  # noqa: SIM115 - closed with the test's tmp dir
+        env = {**self.env, "PODKIT_CLUSTER_RANK": str(rank), "PODKIT_CLUSTER_NODE_ADDR": ADDRS[rank],
+               "PODKIT_RUN_DIR": str(self.root / f"run{rank}")}
+        self.nodes[rank] = self.procs.spawn([PYTHON, "-m", "podkit", "up"], env=env, stdout=out,
+                                            stderr=subprocess.STDOUT)
+        return self.nodes[rank]
+
+    def stop(self, rank: int, timeout: float = 120) -> int:
+        p = self.nodes[rank]
+        p.send_signal(signal.SIGTERM)
+        return p.wait(timeout)
+
+    def record(self, name: str) -> dict:
+        try:
+            return json.loads((self.ws / ".podkit" / name).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def progress(self) -> dict:
+        return self.record("progress.json")
+
+    def log(self) -> str:
+        return (self.ws / "logs" / "trainer.log").read_text(errors="replace")
+
+    def finished(self, timeout: float = 300) -> dict:
+        return wait_for(lambda: (self.record("cluster.json").get("state") == "finished") and self.progress(),
+                        timeout, interval=1, what="the cluster's run to finish")
+
+    def ours(self, needle: str) -> list[int]:
+        """Processes of this cluster (by its workspace in their environment) whose command has `needle`."""
+        mark = f"PODKIT_WORKSPACE={self.ws}".encode()
+        out = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                env = open(f"/proc/{name}/environ", "rb").read().split(b"\0")
+                cmd = open(f"/proc/{name}/cmdline", "rb").read().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if mark in env and needle.encode() in cmd:
+                out.append(int(name))
+        return out
+
+
+@pytest.fixture
+def cluster(procs, tmp_path, assets):  # noqa: F811
+    made: list[Cluster] = []
+
+    def make(**env: str) -> Cluster:
+        c = Cluster(procs, tmp_path / f"c{len(made)}", assets, **env)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        for p in c.nodes.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in c.nodes.values():
+            try:
+                p.wait(90)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _sigign(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def test_a_two_node_cluster_trains_to_completion_through_areals_ray_launcher(cluster):
+    c = cluster(PODKIT_TRAINER_OVERRIDES="total_train_steps=3")
+    c.start(1)  # a worker before its head: it waits for it
+    time.sleep(2)
+    c.start(0)
+    p = c.finished()
+    assert p["stopped"]["by"] == "done" and p["step"] == 3, p
+    assert p["on_policy_logp_gap"]["max_abs"] < 1e-3, p  # the trainer's log-probs agree with the server's
+    log = c.log()
+    assert "AReaL's trainer job completed" in log and "Job trainer:0 completed" in log
+    # The server task ran the stand-in on its node's cluster address, not the machine's outbound one.
+    assert "Found 1 rollout servers: 127.0.0." in log, log[-3000:]
+    raylets = c.ours("raylet/raylet")
+    assert len(raylets) == 2
+    for pid in raylets:
+        assert not _sigign(pid) & (1 << (signal.SIGINT - 1)), "Ray inherited SIGINT ignored: ray.cancel would not work"
+    # The launcher exited 0 and supervisord left it stopped; node 1 stops cleanly, Ray's workers with it.
+    assert c.stop(0) == 0 and c.stop(1) == 0
+    assert wait_for(lambda: not c.ours("ray::") and not c.ours("standin_lm"), 30, what="Ray's workers gone")
+
+
+def test_a_sigkilled_trainer_rank_is_found_dead_and_the_run_resumes_from_its_checkpoint(cluster):
+    c = cluster(PODKIT_TRAINER_OVERRIDES="total_train_steps=6")
+    c.start(0), c.start(1)
+    wait_for(lambda: (c.progress().get("checkpoint_step") or 0) >= 2, 300, interval=1, what="step 2's checkpoint")
+    hb = json.loads((c.ws / ".podkit" / "ranks" / "0.json").read_text())
+    assert hb["pid"] in c.ours("ray::"), hb  # the rank is a Ray worker of this cluster
+    os.kill(hb["pid"], signal.SIGKILL)  # AReaL's launcher alone would wait for ever
+    p = c.finished()
+    assert p["stopped"]["by"] == "done" and p["step"] == 6, p
+    assert p["resumed_at"] and p["resumed_at"] >= 2, p
+    assert "dead-rank" in c.log() and c.record("cluster.json")["restarts"] >= 1
+
+
+def test_a_killed_sglang_server_is_recovered_by_areal_and_the_run_finishes(cluster):
+    c = cluster(PODKIT_TRAINER_OVERRIDES="total_train_steps=6")
+    c.start(0), c.start(1)
+    wait_for(lambda: (c.progress().get("checkpoint_step") or 0) >= 2, 300, interval=1, what="step 2's checkpoint")
+    servers = c.ours("podkit.programs.standin_lm")
+    assert len(servers) == 1
+    os.kill(servers[0], signal.SIGKILL)
+    p = c.finished()
+    assert p["stopped"]["by"] == "done" and p["step"] == 6, p
+    assert p["resumed_at"] and p["resumed_at"] >= 2, p  # AReaL's recover run (recover.mode auto) resumed it
+    assert not alive(servers[0])
+
+
+def test_a_node_that_leaves_is_named_while_the_run_waits_and_the_run_resumes_when_it_returns(cluster):
+    c = cluster(PODKIT_TRAINER_OVERRIDES="total_train_steps=8", PODKIT_CLUSTER_JOIN_TIMEOUT_S="10",
+                PODKIT_CLUSTER_NODE_LOST_S="5")
+    c.start(0), c.start(1)
+    wait_for(lambda: (c.progress().get("checkpoint_step") or 0) >= 2, 300, interval=1, what="step 2's checkpoint")
+    assert c.stop(1) == 0  # the node goes: whatever AReaL placed on it is gone
+    rec = wait_for(lambda: (r := c.record("cluster.json")).get("state") == "waiting-for-nodes" and
+                   "still missing" in c.log() and r, 180, interval=1, what="the run to wait, naming the node")
+    assert rec["missing"][0]["rank"] == 1 and rec["missing"][0]["addr"] == ADDRS[1], rec
+    assert "node rank 1 (127.0.0.3)" in rec["why"]
+    d = subprocess.run([*PODKIT, "doctor", "--json", "--workspace", str(c.ws)], capture_output=True, text=True,
+                       timeout=60, env={**c.env, "PODKIT_CLUSTER_RANK": "0", "PODKIT_CLUSTER_NODE_ADDR": ADDRS[0]})
+    found = {f["id"]: f for f in json.loads(d.stdout)["findings"]}
+    assert d.returncode == 1 and "127.0.0.3" in " ".join(found["cluster_node_missing"]["evidence"]), d.stdout
+    step = c.progress().get("step")
+    time.sleep(10)  # a node gone for good: the run waits, explained, and does not step
+    assert c.record("cluster.json")["state"] == "waiting-for-nodes" and c.progress().get("step") == step
+    c.start(1)  # it comes back
+    p = c.finished()
+    assert p["stopped"]["by"] == "done" and p["step"] == 8 and p["resumed_at"], p
