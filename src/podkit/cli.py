@@ -209,9 +209,12 @@ def _run(cfg, args) -> int:
 
 # -- outside the pod ---------------------------------------------------------------------------------------
 @verb("deploy", "RunPod: create/update the template and start a pod on A40s; stop | terminate | status POD; "
-      "watch POD: relaunch it on its network volume when it is lost",
-      opt("action", nargs="?", choices=["create", "stop", "terminate", "status", "watch"]),
-      opt("pod", nargs="?", help="pod id (stop, terminate, status, watch)"),
+      "watch POD: relaunch it on its network volume when it is lost; cluster: an Instant Cluster "
+      "(--nodes x --gpus-per-node --gpu-type, on --network-volume); cluster-status | cluster-delete CLUSTER",
+      opt("action", nargs="?", choices=["create", "stop", "terminate", "status", "watch", "cluster",
+                                        "cluster-status", "cluster-delete"]),
+      opt("pod", nargs="?", help="pod id (stop, terminate, status, watch); cluster id (cluster-status, "
+          "cluster-delete)"),
       opt("--template", help="template YAML (default: runpod/template.yaml)"),
       opt("--image", help="image to deploy (overrides the template's imageName)"),
       opt("--gpus", type=int, default=4, help="number of A40s (default 4)"),
@@ -224,6 +227,9 @@ def _run(cfg, args) -> int:
           "resumes from (create; watch needs it)"),
       opt("--max-runtime", help="the pod stops itself after this long, the trainer first with its checkpoint: "
           "90m, 12h, 2d or seconds (create)"),
+      opt("--nodes", type=int, default=2, help="cluster: nodes, 2 or more (default 2)"),
+      opt("--gpus-per-node", type=int, default=8, help="cluster: GPUs on each node (default 8)"),
+      opt("--gpu-type", help='cluster: RunPod GPU type id, e.g. "NVIDIA H100 80GB HBM3" (required)'),
       opt("--lost-after", type=float, default=900, help="watch: a pod not running this long is lost (s)"),
       opt("--poll", type=float, default=30, help="watch: ask RunPod about the pod this often (s)"),
       opt("--max-relaunches", type=int, default=3, help="watch: give up after this many replacements"),

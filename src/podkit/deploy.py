@@ -5,6 +5,9 @@ Uses the official runpod SDK: its transport (`run_graphql_query`), `create_pod`,
 every string podkit hands it is pre-encoded as the inside of a GraphQL string literal. The SDK has
 no template update, so the template is saved with `saveTemplate` (create, or update by id when one
 of that name exists) through the SDK's own transport. The API key is never printed.
+
+`podkit deploy cluster`: a RunPod Instant Cluster, which the SDK has no call for, through RunPod's REST
+API v2 (`POST /v2/clusters`) with requests, on the host the SDK's GraphQL is on (RUNPOD_API_BASE_URL).
 """
 
 from __future__ import annotations
@@ -94,15 +97,21 @@ def template_mutation(tpl: dict, template_id: str | None = None) -> str:
 
 SHIPPED_CONFIG = "/opt/podkit/configs/a40-{}gpu.yaml"
 SHIPPED_GPUS = (1, 2, 4)
+SHIPPED_CLUSTER_CONFIG = "/opt/podkit/configs/cluster-2x8.yaml"  # the Dockerfile copies configs/ there
+SHIPPED_CLUSTER = (2, 8)  # nodes, GPUs per node: what cluster-2x8.yaml's AReaL allocation is for
+
+
+def own_config(env: dict) -> bool:
+    """The template names a config of the user's own in PODKIT_CONFIG (not one podkit ships)."""
+    current = env.get("PODKIT_CONFIG", "")
+    return bool(current) and current not in {SHIPPED_CONFIG.format(n) for n in SHIPPED_GPUS} | {SHIPPED_CLUSTER_CONFIG}
 
 
 def config_for(tpl: dict, gpus: int) -> dict:
     """The template's env with PODKIT_CONFIG naming the shipped A40 config for `gpus`; a config of the
     user's own (not a shipped one) is kept as it is."""
     env = dict(tpl["env"])
-    current = env.get("PODKIT_CONFIG", "")
-    shipped = {SHIPPED_CONFIG.format(n) for n in SHIPPED_GPUS}
-    if current and current not in shipped:
+    if own_config(env):
         return env
     if gpus not in SHIPPED_GPUS:
         raise ConfigError("command line", "--gpus", f"no shipped A40 pod config for {gpus} GPUs",
@@ -129,9 +138,7 @@ def pod_args(tpl: dict, template_id: str | None, gpus: int, cloud: str, name: st
     """create_pod's arguments, strings pre-encoded (the SDK pastes them into its query as they are).
     `volume` (a network volume: id, dataCenterId) replaces the pod volume and pins the data center;
     `stop_at` is the maximum run time as the pod's guard.stop_pod_at."""
-    env = config_for(tpl, gpus)
-    if stop_at:
-        env[STOP_AT_ENV] = str(int(stop_at))
+    env = with_stop_at(config_for(tpl, gpus), stop_at)
     args = dict(name=gql(name), image_name=gql(tpl["imageName"]), gpu_type_id=GPU_TYPE, cloud_type=cloud,
                 gpu_count=gpus, volume_in_gb=int(tpl.get("volumeInGb", 0)),
                 container_disk_in_gb=int(tpl.get("containerDiskInGb", 40)),
@@ -142,6 +149,93 @@ def pod_args(tpl: dict, template_id: str | None, gpus: int, cloud: str, name: st
     if volume:
         args.update(network_volume_id=gql(volume["id"]), data_center_id=gql(volume["dataCenterId"]), volume_in_gb=0)
     return args
+
+
+# -- clusters: RunPod Instant Clusters through the REST API v2 ----------------------------------------------
+# RunPod's OpenAPI spec (runpod/docs, api-reference-v2/openapi.json, "Runpod REST API" 2.0.0, server
+# https://api.runpod.io, bearerAuth): `POST /v2/clusters` (createCluster) takes a CreateClusterRequest:
+# BaseContainerConfig (image, env {str: str}, args, disk, ports ["22/tcp"]) plus name, type (ClusterType:
+# TRAINING | APPLICATION | SLURM | RAY), compute (ClusterCompute: gpuTypeId, gpuCountPerPod >= 1,
+# podCount 2..250), dataCenterIds, mounts (Mounts: network [{volumeId, path}], at most one), startSsh;
+# no other field (unevaluatedProperties: false). 201 answers a Cluster (id, name, type, compute, pods
+# {total, byStatus}, createdAt; dataCenterId and primary {podId, status, sshEndpoint} once placed).
+# `GET /v2/clusters/{id}` answers the Cluster; `DELETE /v2/clusters/{id}` (204) terminates every member
+# pod; there is no stop. Errors are application/problem+json ErrorResponse: title, status, detail, errors.
+CLUSTER_TYPE = "TRAINING"  # the generic distributed-training cluster: podkit starts Ray itself
+CLUSTER_NODES_ENV = config.env_name("cluster", "nodes")
+MAX_CLUSTER_NODES = 250
+
+
+def api_base() -> str:
+    """RunPod's API host: the SDK's GraphQL is at <base>/graphql, the REST API v2 at <base>/v2/..."""
+    return os.environ.get("RUNPOD_API_BASE_URL", "https://api.runpod.io").rstrip("/")
+
+
+def with_stop_at(env: dict, stop_at: float) -> dict:
+    """`stop_at` (the maximum run time) as guard.stop_pod_at in the env, when there is one."""
+    if stop_at:
+        env[STOP_AT_ENV] = str(int(stop_at))
+    return env
+
+
+def check_cluster_shape(nodes: int, gpus_per_node: int, gpu_type: str | None) -> None:
+    if nodes < 2:
+        raise ConfigError("command line", "--nodes", f"{nodes}: a cluster has 2 nodes or more",
+                          hint="one node is a pod: `podkit deploy --gpus N`")
+    if nodes > MAX_CLUSTER_NODES:
+        raise ConfigError("command line", "--nodes", f"{nodes}: RunPod's clusters have at most {MAX_CLUSTER_NODES}")
+    if gpus_per_node < 1:
+        raise ConfigError("command line", "--gpus-per-node", f"{gpus_per_node}: at least 1")
+    if not (gpu_type or "").strip():
+        raise ConfigError("command line", "--gpu-type", "required: Instant Clusters offer no A40s",
+                          hint='e.g. --gpu-type "NVIDIA H100 80GB HBM3" (ids: RunPod\'s GET /v2/catalog/gpus)')
+
+
+def cluster_env(tpl: dict, nodes: int, gpus_per_node: int, stop_at: float = 0) -> dict:
+    """The template's env (its secrets as RunPod secret references) for every node: PODKIT_CONFIG naming
+    the shipped cluster config, or a config of the user's own kept; the node count; the maximum run time."""
+    env = dict(tpl["env"])
+    if not own_config(env):
+        if (nodes, gpus_per_node) != SHIPPED_CLUSTER:
+            raise ConfigError("command line", "--nodes/--gpus-per-node",
+                              f"no shipped cluster config for {nodes} nodes x {gpus_per_node} GPUs",
+                              hint=f"use --nodes {SHIPPED_CLUSTER[0]} --gpus-per-node {SHIPPED_CLUSTER[1]}, or set "
+                              "PODKIT_CONFIG in the template's env to a cluster config of your own in the image")
+        env["PODKIT_CONFIG"] = SHIPPED_CLUSTER_CONFIG
+    env[CLUSTER_NODES_ENV] = str(nodes)
+    return with_stop_at(env, stop_at)
+
+
+def cluster_body(tpl: dict, name: str, nodes: int, gpus_per_node: int, gpu_type: str, volume: dict,
+                 stop_at: float = 0) -> dict:
+    """createCluster's body (CreateClusterRequest): every node runs the template's image, env and start
+    command, with the network volume at /workspace, in the volume's data center."""
+    body = {"name": name, "type": CLUSTER_TYPE,
+            "compute": {"gpuTypeId": gpu_type.strip(), "gpuCountPerPod": gpus_per_node, "podCount": nodes},
+            "image": tpl["imageName"], "env": cluster_env(tpl, nodes, gpus_per_node, stop_at),
+            "disk": int(tpl.get("containerDiskInGb", 40)),
+            "ports": [p for p in (tpl.get("ports") or "").replace(" ", "").split(",") if p],
+            "dataCenterIds": [volume["dataCenterId"]],
+            "mounts": {"network": [{"volumeId": volume["id"], "path": tpl["volumeMountPath"]}]},
+            "startSsh": True}
+    if tpl.get("dockerArgs"):
+        body["args"] = tpl["dockerArgs"]
+    return body
+
+
+def cluster_summary(c: dict) -> str:
+    comp = c.get("compute") or {}
+    pods = c.get("pods") or {}
+    states = ", ".join(f"{n} {s}" for s, n in sorted((pods.get("byStatus") or {}).items())) or "none placed yet"
+    line = (f"{c.get('id')} {c.get('name')}: {comp.get('podCount')} x {comp.get('gpuCountPerPod')} "
+            f"{comp.get('gpuTypeId')}, nodes: {states}")
+    if c.get("dataCenterId"):
+        line += f", in {c['dataCenterId']}"
+    primary = c.get("primary") or {}
+    if primary.get("sshEndpoint"):
+        host, _, port = primary["sshEndpoint"].rpartition(":")
+        line += f"\n  rank 0 (pod {primary.get('podId')}): ssh root@{host} -p {port}"
+    return line
 
 
 FIND_TEMPLATES = "query { myself { podTemplates { id name imageName } } }"
@@ -179,6 +273,54 @@ class Deployer:
                               "yours: " + (", ".join(f"{v['id']} ({v.get('name')}, {v.get('dataCenterId')})"
                                                      for v in found) or "none; create one under Storage"))
         return vol
+
+    # -- clusters (REST API v2) ------------------------------------------------------------------------------
+    def rest(self, method: str, path: str, body: dict | None = None, timeout_s: float = 30) -> dict | None:
+        """One REST API v2 request; its JSON answer (None for 204). Any failure is a PodkitError naming the
+        HTTP status and RunPod's own message (its problem+json title, detail and errors), the key redacted."""
+        url = f"{api_base()}{path}"
+        try:
+            r = requests.request(method, url, json=body, timeout=timeout_s,
+                                 headers={"Authorization": f"Bearer {self._key}", "Accept": "application/json"})
+        except requests.RequestException as e:
+            raise PodkitError(f"RunPod's API did not answer {method} {url}: {type(e).__name__}",
+                              "check the network; a create may still have been made: "
+                              "look in the console under Instant Clusters") from None
+        if r.status_code == 204:
+            return None
+        try:
+            answer = r.json()
+        except ValueError:
+            answer = None
+        if not 200 <= r.status_code < 300:
+            if isinstance(answer, dict) and (answer.get("detail") or answer.get("title")):
+                msg = ": ".join(str(answer[k]) for k in ("title", "detail") if answer.get(k))
+                if isinstance(answer.get("errors"), list) and answer["errors"]:
+                    msg += " (" + "; ".join(map(str, answer["errors"])) + ")"
+            else:
+                msg = " ".join(r.text.split())[:300] or r.reason or "no message"
+            raise PodkitError(f"RunPod answered {method} {path} with HTTP {r.status_code}: {self._redact(msg)}",
+                              "401: the API key is invalid; 403: the key may not create clusters"
+                              if r.status_code in (401, 403) else "") from None
+        if not isinstance(answer, dict):
+            raise PodkitError(f"RunPod answered {method} {path} with HTTP {r.status_code} and no JSON object: "
+                              f"{self._redact(' '.join(r.text.split())[:300])!r}")
+        return answer
+
+    def create_cluster(self, body: dict) -> dict:
+        c = self.rest("POST", "/v2/clusters", body)
+        if not c or not isinstance(c.get("id"), str) or not POD_ID.match(c["id"]):
+            raise PodkitError(f"RunPod's answer to the cluster create has no cluster id: {self._redact(str(c))[:300]}",
+                              "look in the console under Instant Clusters before creating another")
+        comp = body["compute"]
+        _log.info(f"cluster {c['id']} created ({comp['podCount']} nodes x {comp['gpuCountPerPod']} {comp['gpuTypeId']})")
+        return c
+
+    def cluster(self, cluster_id: str) -> dict:
+        return self.rest("GET", f"/v2/clusters/{cluster_id}") or {}
+
+    def delete_cluster(self, cluster_id: str) -> None:
+        self.rest("DELETE", f"/v2/clusters/{cluster_id}")
 
     # -- pods --------------------------------------------------------------------------------------------
     def create_pod(self, args: dict, capacity_timeout_s: float) -> dict:
@@ -450,8 +592,7 @@ def main(args) -> int:
     try:
         return _main(args)
     except requests.RequestException as e:
-        api = os.environ.get("RUNPOD_API_BASE_URL", "https://api.runpod.io")
-        raise PodkitError(f"cannot reach the RunPod API at {api}: {type(e).__name__}",
+        raise PodkitError(f"cannot reach the RunPod API at {api_base()}: {type(e).__name__}",
                           "check the network; nothing may have been created, `podkit deploy status` tells") from None
     except (error.QueryError, error.AuthenticationError) as e:
         key = os.environ.get("RUNPOD_API_KEY") or ""
@@ -461,6 +602,8 @@ def main(args) -> int:
 
 def _main(args) -> int:
     action = args.action or "create"
+    if action.startswith("cluster"):
+        return _cluster(args, action)
     if action in ("stop", "terminate", "status"):
         if not args.pod:
             raise ConfigError("command line", "POD", f"`podkit deploy {action}` needs a pod id")
@@ -484,7 +627,7 @@ def _main(args) -> int:
         return _watch(args)
     if action != "create":
         raise ConfigError("command line", "ACTION", f"unknown action {action!r}",
-                          "create | stop | terminate | status | watch")
+                          "create | stop | terminate | status | watch | cluster | cluster-status | cluster-delete")
     tpl = load_template(Path(args.template) if args.template else default_template())
     if args.image:
         tpl["imageName"] = args.image
@@ -492,7 +635,7 @@ def _main(args) -> int:
     if args.gpus < 1:
         raise ConfigError("command line", "--gpus", f"{args.gpus}: at least 1")
     config_for(tpl, args.gpus)  # refuse a GPU count without a pod config before anything is sent
-    stop_at = time.time() + parse_duration(args.max_runtime, "--max-runtime") if args.max_runtime else 0
+    stop_at = max_runtime_until(args)
     name = args.name or f"{tpl['name']}-{args.gpus}xa40"
     if args.dry_run:
         print("# 1. query (finds an existing template of this name):")
@@ -534,9 +677,67 @@ def check_cloud(args) -> None:
                           hint="--cloud SECURE (the default)")
 
 
-def check_pod_id(pod: str) -> None:
-    if not POD_ID.match(pod):  # the SDK pastes it into its GraphQL as it is
-        raise ConfigError("command line", "POD", f"{pod!r} is not a RunPod pod id")
+def check_pod_id(pod: str, what: str = "pod") -> None:
+    if not POD_ID.match(pod):  # the SDK pastes it into its GraphQL as it is; a cluster's goes into a URL
+        raise ConfigError("command line", what.upper(), f"{pod!r} is not a RunPod {what} id")
+
+
+def max_runtime_until(args) -> float:
+    """--max-runtime as the Unix time to stop at; 0 without one."""
+    return time.time() + parse_duration(args.max_runtime, "--max-runtime") if args.max_runtime else 0
+
+
+def _cluster(args, action: str) -> int:
+    """cluster: create an Instant Cluster; cluster-status | cluster-delete CLUSTER."""
+    if action in ("cluster-status", "cluster-delete"):
+        if not args.pod:
+            raise ConfigError("command line", "CLUSTER", f"`podkit deploy {action}` needs a cluster id")
+        check_pod_id(args.pod, "cluster")
+        d = Deployer()
+        if action == "cluster-delete":
+            d.delete_cluster(args.pod)
+            _log.info(f"cluster {args.pod} deleted: every node terminated (the network volume is kept)")
+            return 0
+        c = d.cluster(args.pod)
+        print(json.dumps(c, indent=2) if args.json else cluster_summary(c))
+        return 0
+    if args.pod:
+        raise ConfigError("command line", "CLUSTER", f"`podkit deploy cluster` creates one and takes no id ({args.pod!r})",
+                          hint="podkit deploy cluster-status CLUSTER | cluster-delete CLUSTER")
+    if not args.network_volume:
+        raise ConfigError("command line", "--network-volume", "a cluster needs a network volume: every node "
+                          "mounts it at /workspace, where the run's checkpoints, logs and records are shared",
+                          hint="create one under Storage in the cluster's data center; --network-volume ID")
+    check_cluster_shape(args.nodes, args.gpus_per_node, args.gpu_type)
+    tpl = load_template(Path(args.template) if args.template else default_template())
+    if args.image:
+        tpl["imageName"] = args.image
+    cluster_env(tpl, args.nodes, args.gpus_per_node)  # refuse a shape without a cluster config before anything is sent
+    stop_at = max_runtime_until(args)
+    name = args.name or f"{tpl['name']}-{args.nodes}x{args.gpus_per_node}"
+    if args.dry_run:
+        vol = {"id": args.network_volume, "dataCenterId": "<the network volume's data center>"}
+        body = cluster_body(tpl, name, args.nodes, args.gpus_per_node, args.gpu_type, vol, stop_at)
+        print("# 1. query (finds the network volume's data center):")
+        print(FIND_VOLUMES)
+        print(f"# 2. POST {api_base()}/v2/clusters  (Authorization: Bearer $RUNPOD_API_KEY)")
+        print(json.dumps(body, indent=2, ensure_ascii=False))
+        print("# nothing was sent (--dry-run)")
+        return 0
+    d = Deployer()
+    vol = d.network_volume(args.network_volume)
+    c = d.create_cluster(cluster_body(tpl, name, args.nodes, args.gpus_per_node, args.gpu_type, vol, stop_at))
+    cid = c["id"]
+    print(f"cluster {cid} created: {args.nodes} nodes x {args.gpus_per_node} {args.gpu_type.strip()}, network "
+          f"volume {vol['id']} at /workspace ({vol['dataCenterId']})")
+    print(f"  watch it:  podkit deploy cluster-status {cid}   (rank 0's SSH once it runs; logs: "
+          "/workspace/logs/trainer.log, other nodes' under /workspace/logs/node-<rank>)")
+    print(f"  end it:    podkit deploy cluster-delete {cid}   (terminates every node; RunPod has no cluster stop; "
+          "the network volume keeps the checkpoints)")
+    if stop_at:
+        print(f"  --max-runtime: the trainer stops with its checkpoint at "
+              f"{time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(stop_at))}; delete the cluster to end its billing")
+    return 0
 
 
 def _watch(args) -> int:
