@@ -49,7 +49,7 @@ class Cluster:
                                             stderr=subprocess.STDOUT)
         return self.nodes[rank]
 
-    def stop(self, rank: int, timeout: float = 120) -> int:
+    def stop(self, rank: int, timeout: float = 180) -> int:
         p = self.nodes[rank]
         p.send_signal(signal.SIGTERM)
         return p.wait(timeout)

@@ -160,7 +160,7 @@ def _render(cfg, args) -> int:
 def _status(cfg, args) -> int:
     from podkit import status
 
-    return status.main(cfg.workspace_path, args.json, args.health, cfg.health.progress_timeout_s)
+    return status.main(cfg.workspace_path, args.json, args.health, cfg.health.progress_timeout_s, cfg.multi_node)
 
 
 @verb("doctor", "name the cause of a failure, with evidence and the fix (exit 1 if any)",

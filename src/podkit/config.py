@@ -19,7 +19,7 @@ from podkit.errors import ConfigError
 
 ENV_PREFIX = "PODKIT_"
 # Env vars with the prefix that are not settings (they select or locate a config).
-NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID", "PODKIT_LOG_DIR", "PODKIT_NOTIFY_WEBHOOK_URL",
+NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID", "PODKIT_LOG_DIR", "PODKIT_RAY_STOP_WAIT_S", "PODKIT_NOTIFY_WEBHOOK_URL",
                    "PODKIT_METRICS_KEY", "PODKIT_CLUSTER_RUN", "PODKIT_RAY_ADDRESS", "PODKIT_RAY_STANDIN_LM"}
 
 
@@ -91,8 +91,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                       minimum=0),
         "join_timeout_s": Field(float, 900.0, "rank 0 waits this long for every node and its GPUs before it "
                                 "explains which is missing; a worker node waits as long for the head", "s", minimum=1),
-        "rank_timeout_s": Field(float, 120.0, "a trainer rank that has not said it is alive for this long is dead: "
-                                "the run is restarted from its checkpoint", "s", minimum=5),
+        "rank_timeout_s": Field(float, 600.0, "a trainer rank that has not said it is alive for this long is dead: "
+                                "the run is restarted from its checkpoint (longer than AReaL's own recover run takes "
+                                "to start new ranks: its SGLang servers first)", "s", minimum=5),
         "node_lost_s": Field(float, 60.0, "a node gone from Ray this long: the run is stopped and waits for it, "
                              "naming it", "s", minimum=1),
     },
@@ -524,8 +525,10 @@ def _resolve_cluster(c: dict, environ, origins: dict) -> None:
     def origin(key):
         return origins.get(f"cluster.{key}", "defaults")
 
+    if c["rank"] < 0 and c["nodes"] == 1:
+        c["rank"] = 0  # a single pod: a NODE_RANK set for other reasons says nothing about it
     if c["rank"] < 0:
-        raw = environ.get("NODE_RANK", "0" if c["nodes"] == 1 else "")
+        raw = environ.get("NODE_RANK", "")
         if not raw.isdigit():
             raise ConfigError(origin("rank"), "cluster.rank", f"-1 takes the rank from $NODE_RANK, which is {raw!r}",
                               hint="set PODKIT_CLUSTER_RANK (0 on the head node) or run on a RunPod Instant Cluster")

@@ -294,11 +294,14 @@ def check_cluster(pod: Pod, now: float) -> Finding | None:
     """A multi-node run that waits for a node, or whose nodes do not share the workspace."""
     rec = records.CLUSTER.read(pod.state)
     state = rec.get("state")
-    if state not in ("waiting-for-nodes", "volume-not-shared"):
+    if state not in ("waiting-for-nodes", "volume-not-shared", "gave-up"):
         return None
     missing = [m for m in rec.get("missing") or [] if isinstance(m, dict)]
     evidence = [f"node rank {m.get('rank')} ({m.get('addr')}): {m.get('why')}" for m in missing] or [rec.get("why", "")]
     evidence.append(f"since {_ago(rec.get('since'), now)}; trainer's last step: {pod.progress.get('step')}")
+    if state == "gave-up":
+        return Finding("cluster_gave_up", "the cluster's run stopped restarting: no step between restarts", evidence,
+                       "read logs/trainer.log around the restarts; fix, then `podkit ctl start trainer`")
     if state == "volume-not-shared":
         return Finding("cluster_volume", "the cluster's nodes do not share the workspace", evidence,
                        "mount one network volume at the workspace on every node; then `podkit ctl start trainer`")

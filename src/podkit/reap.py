@@ -148,10 +148,11 @@ def previous_run(run_dir: Path, stop_live: bool, grace_s: float, kill_wait_s: fl
             targets += [proc.Target.of(p, reason=f"left running by the previous run's {g.get('program', '?')}")
                         for p in proc.group_members(g["pgid"], g["start"]) if p.pid not in keep]
         rec_path.unlink(missing_ok=True)
-    for pgid, start in _pairs(records.TORCHRUN.read_owned(run_dir).get("groups")):
-        targets += [proc.Target.of(p, reason="a torchrun rank left by the previous run")
-                    for p in proc.group_members(pgid, start) if p.pid not in keep]
-    records.TORCHRUN.path(run_dir).unlink(missing_ok=True)
+    for rec, what in ((records.TORCHRUN, "a torchrun rank"), (records.RAY_NODE, "a Ray worker")):
+        for pgid, start in _pairs(rec.read_owned(run_dir).get("groups")):
+            targets += [proc.Target.of(p, reason=f"{what} left by the previous run")
+                        for p in proc.group_members(pgid, start) if p.pid not in keep]
+        rec.path(run_dir).unlink(missing_ok=True)
     unique = list({t.pid: t for t in targets}.values())
     if unique:
         proc.stop(unique, grace_s, kill_wait_s, reap_children=pid1.collect_children)

@@ -94,7 +94,7 @@ def human(st: dict) -> str:
     return "\n".join(ln for ln in lines if ln is not None)
 
 
-def health_problem(st: dict, progress_timeout_s: float) -> str | None:
+def health_problem(st: dict, progress_timeout_s: float, multi_node: bool = False) -> str | None:
     """None when healthy: supervisord answers, both programs run, inference is ready, and the
     trainer stepped recently (before its first step, Docker's start period covers start-up)."""
     if st.get("safe_mode"):
@@ -108,7 +108,7 @@ def health_problem(st: dict, progress_timeout_s: float) -> str | None:
             continue  # training is over: nothing is wrong with the pod
         if not p or p["state"] not in UP:
             return f"{name} is {p['state'] if p else 'missing'}"
-    if st["inference"]["phase"] != "ready":
+    if not multi_node and st["inference"]["phase"] != "ready":  # a cluster's SGLang is AReaL's, in Ray
         return f"inference is {st['inference']['phase']}"
     last = st["trainer"].get("last_progress")
     started = max((p.get("uptime_s") or 0) for p in st["programs"].values())
@@ -117,10 +117,11 @@ def health_problem(st: dict, progress_timeout_s: float) -> str | None:
     return None
 
 
-def main(workspace: Path, as_json: bool, health_check: bool = False, progress_timeout_s: float = 1800) -> int:
+def main(workspace: Path, as_json: bool, health_check: bool = False, progress_timeout_s: float = 1800,
+         multi_node: bool = False) -> int:
     st = collect(workspace)
     if health_check:
-        problem = health_problem(st, progress_timeout_s)
+        problem = health_problem(st, progress_timeout_s, multi_node)
         print(f"unhealthy: {problem}" if problem else "healthy")
         return 1 if problem else 0
     print(json.dumps(st, indent=2) if as_json else human(st))

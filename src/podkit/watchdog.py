@@ -141,7 +141,13 @@ class Watchdog:
         if info["statename"] != supervisord.RUNNING:
             return
         last = records.PROGRESS.read(self.state_dir).get("time") or 0
-        since = now - max(last, info["start"])  # a fresh trainer gets the full window
+        floor = info["start"]  # a fresh trainer gets the full window
+        if self.cfg.multi_node:  # waiting for a node is explained, not a hang; each (re)start gets the full window
+            rec = records.CLUSTER.read(self.state_dir)
+            if rec.get("state") != "running":
+                return
+            floor = max(floor, rec.get("since") or 0)
+        since = now - max(last, floor)
         if since < self.w.trainer_stall_s:
             return
         dump = self.cfg.log_dir / f"hang-{time.strftime('%Y%m%d-%H%M%S')}.txt"

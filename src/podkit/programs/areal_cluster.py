@@ -109,7 +109,9 @@ class Cluster:
         self.stopping = threading.Event()
         self.record = records.CLUSTER.read(self.state_dir) or {}
         self.lost_since: dict[int, float] = {}
-        self.addr_of: dict[int, str] = {}
+        self.addr_of: dict[int, str] = {n["rank"]: n["addr"] for n in self.record.get("nodes") or []
+                                        if isinstance(n, dict) and isinstance(n.get("rank"), int)
+                                        and isinstance(n.get("addr"), str)}
         self.told: set[tuple] = set()
 
     def note(self, state: str, why: str = "", **fields) -> None:
@@ -142,6 +144,7 @@ class Cluster:
                 if n.get("Resources", {}).get(node_resource(r)):
                     out[r] = {"addr": n.get("NodeManagerAddress", "?"), "gpus": n["Resources"].get("GPU", 0)}
                     self.addr_of[r] = out[r]["addr"]
+        self.record["nodes"] = [{"rank": r, "addr": a} for r, a in sorted(self.addr_of.items())]
         return out
 
     def missing(self) -> list[dict]:
@@ -328,8 +331,11 @@ class Cluster:
             restarts = 1 if step != last_step else restarts + 1
             last_step = step
             if restarts > QUICK_RESTARTS:
-                _log.error(f"{restarts - 1} restarts without a new step: leaving it to supervisord")
-                return 1
+                why = (f"{restarts - 1} restarts of AReaL's launcher without a new step (the last: {why}); the "
+                       "trainer stays stopped: `podkit doctor`, then `podkit ctl start trainer`")
+                self.note("gave-up", why)
+                self.tell_once(("gave-up", run), "cluster", why, "error")
+                return 0  # supervisord would start it again into the same failure
             if why == "node-lost":
                 self.tell_once(("lost", run), "cluster", f"the run stopped at step {step}: "
                                f"{self.describe(self.lost_nodes() or [{'rank': '?', 'addr': '?', 'why': 'lost'}])}; "

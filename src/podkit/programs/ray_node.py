@@ -116,12 +116,23 @@ def main(cfg) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # inherited by Ray: see the module's docstring
-    child = subprocess.Popen(args, env=environment(cfg))
+    # Its own group: supervisord's group stop must not reach the raylet (and this node's trainer ranks
+    # with it) before they have finished their step; this program stops Ray itself.
+    from podkit.programs.areal_launch import _set_pdeathsig
+
+    # Dead with this program even when it is SIGKILLed (Ray's own processes share its fate), so a
+    # restarted program does not find the port taken.
+    child = subprocess.Popen(args, env=environment(cfg), start_new_session=True,  # noqa: PLW1509
+                             preexec_fn=_set_pdeathsig)
+    groups: dict[int, int] = {child.pid: proc.starttime(child.pid) or 0}
+    records.RAY_NODE.write(cfg.run_path, {"groups": [[g, t] for g, t in groups.items()]}, mode=0o600)
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    groups: dict[int, int] = {}
     while child.poll() is None and not stop.wait(2.0):
         track(child.pid, groups, cfg.run_path)
-    if child.poll() is None:  # supervisord's SIGTERM reached Ray too: it drains, then stops its processes
+    if child.poll() is None and c.rank > 0:
+        let_ranks_checkpoint(cfg)
+    if child.poll() is None:
+        child.terminate()  # Ray drains, then stops its processes
         try:
             child.wait(STOP_WAIT_S)
         except subprocess.TimeoutExpired:
@@ -135,7 +146,7 @@ def main(cfg) -> int:
     return 0 if stop.is_set() else (rc or 1)
 
 
-STOP_WAIT_S = 33.0  # Ray drains for up to 30 s; under supervisord's stopwaitsecs for this program (45)
+STOP_WAIT_S = 15.0  # for Ray to drain (it would take up to 30 s); the ranks have checkpointed by then
 
 
 def track(root: int, groups: dict[int, int], run_dir: Path) -> None:
@@ -145,10 +156,46 @@ def track(root: int, groups: dict[int, int], run_dir: Path) -> None:
              and p.pgid == p.pid and p.pid not in groups}
     if fresh:
         groups.update(fresh)
-        alive = {g: t for g, t in groups.items() if proc.same_process(g, t)}
+        # A group outlives its leader: a SIGKILLed worker's SGLang server is still in it, holding its GPU.
+        alive = {g: t for g, t in groups.items() if proc.group_members(g, t)}
         groups.clear()
         groups.update(alive)
         records.RAY_NODE.write(run_dir, {"groups": [[g, t] for g, t in groups.items()]}, mode=0o600)
+
+
+def let_ranks_checkpoint(cfg) -> None:
+    """A node leaving mid-run (its container stopping): its trainer ranks would die with Ray, mid-step,
+    and the run would lose the step. Ask every rank of the run to stop after its step (the request rank
+    0's SIGTERM makes, on the shared volume), and wait, up to trainer.stop_grace_s, for this node's."""
+    from podkit.programs.areal_cluster import heartbeat_dir  # imports this module
+
+    shared = cfg.workspace_path / ".podkit"  # rank 0's records
+    run = records.CLUSTER.read(shared).get("run")
+    if records.CLUSTER.read(shared).get("state") != "running" or not run:
+        return
+
+    def here() -> list[dict]:
+        out = []
+        for p in heartbeat_dir(shared).glob("*.json"):
+            hb = records.Record(p.name, records.RANK_SHAPE).read(p.parent)
+            if hb.get("run") == run and hb.get("node") == cfg.cluster.node_addr and \
+                    proc.same_process(hb.get("pid") or 0, hb.get("start") or 0):
+                out.append(hb)
+        return out
+
+    ranks = here()
+    if not ranks:
+        return
+    _log.info(f"stopping: asking the run's ranks to stop after their step (rank(s) "
+              f"{', '.join(str(hb['rank']) for hb in ranks)} run here) before Ray stops")
+    try:
+        records.CLUSTER_STOP.write(shared, {"run": run, "time": time.time()})
+    except OSError as e:
+        _log.warn(f"cannot ask the ranks to stop ({e.strerror}): they stop with Ray, mid-step")
+        return
+    deadline = time.monotonic() + cfg.trainer.stop_grace_s
+    while here() and time.monotonic() < deadline:
+        time.sleep(1)
 
 
 def clear_leftovers(run_dir: Path) -> list[int]:
