@@ -30,19 +30,24 @@ def test_a_rank_stops_only_when_asked_for_its_own_run(tmp_path, monkeypatch):
     stop_file = records.CLUSTER_STOP.path(cfg.state_dir)
     stop_file.parent.mkdir(parents=True)
     stop_file.write_text(json.dumps({"run": "run-a", "time": time.time()}))  # an older run's request
-    asked = threading.Event()
-    areal_cluster.start_heartbeat(cfg, asked.set)
-    beat = areal_cluster.heartbeat_dir(cfg.state_dir) / "3.json"
-    deadline = time.time() + 10
-    while not beat.exists() and time.time() < deadline:
-        time.sleep(0.1)
-    hb = json.loads(beat.read_text())
-    assert hb["rank"] == 3 and hb["pid"] == os.getpid() and hb["run"] == "run-b"
-    assert not asked.wait(2.5), "a stop request for another run stopped this one"
-    stop_file.write_text("{torn")
-    assert not asked.wait(2.5)
-    records.CLUSTER_STOP.write(cfg.state_dir, {"run": "run-b", "time": time.time()})
-    assert asked.wait(5), "the run's own stop request was not seen"
+    asked, done = threading.Event(), threading.Event()
+    beating = areal_cluster.start_heartbeat(cfg, asked.set, done)
+    try:
+        beat = areal_cluster.heartbeat_dir(cfg.state_dir) / "3.json"
+        deadline = time.time() + 10
+        while not beat.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        hb = json.loads(beat.read_text())
+        assert hb["rank"] == 3 and hb["pid"] == os.getpid() and hb["run"] == "run-b"
+        assert not asked.wait(2.5), "a stop request for another run stopped this one"
+        stop_file.write_text("{torn")
+        assert not asked.wait(2.5)
+        records.CLUSTER_STOP.write(cfg.state_dir, {"run": "run-b", "time": time.time()})
+        assert asked.wait(5), "the run's own stop request was not seen"
+    finally:
+        done.set()
+        beating.join(5)
+    assert not beating.is_alive()
 
 
 def test_only_a_fresh_runs_silent_rank_is_dead_and_planted_heartbeats_are_ignored(tmp_path):

@@ -59,8 +59,9 @@ def node_ip() -> str:
         return ""
 
 
-def start_heartbeat(cfg, on_stop) -> threading.Thread | None:
-    """A rank of a cluster's run says it is alive every few seconds, and stops when asked."""
+def start_heartbeat(cfg, on_stop, done: threading.Event | None = None) -> threading.Thread | None:
+    """A rank of a cluster's run says it is alive every few seconds, and stops when asked; until `done`
+    (a rank's beats end with its process)."""
     run = os.environ.get(RUN_ENV)
     if not run:
         return None
@@ -70,9 +71,11 @@ def start_heartbeat(cfg, on_stop) -> threading.Thread | None:
     me = {"rank": rank, "pid": os.getpid(), "start": proc.starttime(os.getpid()) or 0, "host": socket.gethostname(),
           "node": node_ip(), "run": run}
 
+    done = done or threading.Event()
+
     def beat() -> None:
         asked = False
-        while True:
+        while not done.is_set():
             try:
                 records.write_json(path, {**me, "time": time.time()})
             except OSError as e:
@@ -81,7 +84,7 @@ def start_heartbeat(cfg, on_stop) -> threading.Thread | None:
             if not asked and stop.get("run") == run:
                 asked = True
                 on_stop()
-            time.sleep(period)
+            done.wait(period)
 
     t = threading.Thread(target=beat, name="podkit-heartbeat", daemon=True)
     t.start()
