@@ -114,14 +114,21 @@ def areal(cfg) -> list[Problem]:
     return out
 
 
-def _backends(cfg) -> list[Problem]:
+def _areal_yaml(cfg):
+    """The AReaL YAML as data, or the error that kept it from being read."""
     import yaml  # the AReaL YAML is read only where an AReaL trainer is configured
 
     try:
         with open(cfg.trainer.areal_config) as f:
-            data = yaml.safe_load(f) or {}
+            return yaml.safe_load(f) or {}
     except (OSError, yaml.YAMLError) as e:
-        return [("trainer.areal_config", f"cannot read {cfg.trainer.areal_config}: {e}", "fix the YAML")]
+        return e
+
+
+def _backends(cfg) -> list[Problem]:
+    data = _areal_yaml(cfg)
+    if isinstance(data, Exception):
+        return [("trainer.areal_config", f"cannot read {cfg.trainer.areal_config}: {data}", "fix the YAML")]
     if not isinstance(data, dict):
         return [("trainer.areal_config", f"{cfg.trainer.areal_config} is not a mapping of AReaL settings",
                  "an AReaL experiment config is a YAML mapping (configs/areal/ has examples)")]
@@ -172,13 +179,7 @@ POD_GPU_KEYS = ("trainer.gpus", "trainer.cpu_ranks", "inference.gpus")  # a clus
 
 def cluster_shape(cfg) -> dict:
     """What AReaL's Ray launcher places by: SHAPE_KEYS from the AReaL YAML, with trainer.overrides on top."""
-    import yaml
-
-    try:
-        with open(cfg.trainer.areal_config) as f:
-            data = yaml.safe_load(f) or {}
-    except (OSError, yaml.YAMLError):
-        data = {}
+    data = _areal_yaml(cfg)
     data = data if isinstance(data, dict) else {}
     out = {}
     for key in SHAPE_KEYS:
@@ -199,7 +200,6 @@ def cluster_shape(cfg) -> dict:
             out[key] = int(out[key])
         except (TypeError, ValueError):
             out[key] = None
-    out["n_gpus_per_node"] = out["cluster.n_gpus_per_node"] or 0
     return out
 
 

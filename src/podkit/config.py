@@ -19,8 +19,11 @@ from podkit.errors import ConfigError
 
 ENV_PREFIX = "PODKIT_"
 # Env vars with the prefix that are not settings (they select or locate a config).
-NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID", "PODKIT_LOG_DIR", "PODKIT_RAY_STOP_WAIT_S", "PODKIT_NOTIFY_WEBHOOK_URL",
-                   "PODKIT_METRICS_KEY", "PODKIT_CLUSTER_RUN", "PODKIT_RAY_ADDRESS", "PODKIT_RAY_STANDIN_LM"}
+NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID", "PODKIT_NOTIFY_WEBHOOK_URL",
+                   "PODKIT_METRICS_KEY",
+                   # rendered beside the settings (render.environment) and set for a cluster's driver and ranks
+                   "PODKIT_LOG_DIR", "PODKIT_RAY_STOP_WAIT_S", "PODKIT_CLUSTER_RUN", "PODKIT_RAY_ADDRESS",
+                   "PODKIT_RAY_STANDIN_LM"}
 
 
 class Field:
@@ -245,11 +248,11 @@ class Config:
     @property
     def state_dir(self) -> Path:
         """Podkit's records on the volume: boots, progress, program states."""
-        return self.workspace_path / ".podkit" / self.node if self.node else self.workspace_path / ".podkit"
+        return self.workspace_path / ".podkit" / self.node
 
     @property
     def log_dir(self) -> Path:
-        return self.workspace_path / "logs" / self.node if self.node else self.workspace_path / "logs"
+        return self.workspace_path / "logs" / self.node
 
     @property
     def multi_node(self) -> bool:

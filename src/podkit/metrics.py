@@ -132,9 +132,9 @@ def main(cfg) -> int:
     m = cfg.metrics
     signal.signal(signal.SIGTERM, _stop)
     if not m.port:
-        _log.info("metrics.port is 0: no metrics endpoint; idle")
-        while True:  # RUNNING like every other program, so health stays one rule
-            signal.pause()
+        from podkit.programs import idle
+
+        return idle("metrics", "metrics.port is 0: no metrics endpoint")
     try:
         httpd = server(m.host, m.port, registry(cfg.workspace_path, cfg.guard.window_s), os.environ.get(KEY_ENV, ""))
     except OSError as e:

@@ -22,9 +22,9 @@ def environment(cfg, base: dict | None = None) -> dict[str, str]:
     env.update(cfg.as_env())
     env["PODKIT_PYTHON"] = sys.executable
     env["PODKIT_UID"] = str(os.getuid())
-    env["PODKIT_LOG_DIR"] = str(cfg.log_dir)
+    env["PODKIT_LOG_DIR"] = str(cfg.log_dir)  # <workspace>/logs, or logs/node-<rank> on a cluster's other nodes
     # The ray program first lets this node's trainer ranks finish their step (trainer.stop_grace_s), then Ray drains.
-    env["PODKIT_RAY_STOP_WAIT_S"] = str(cfg.trainer.stop_grace_s + 45)  # <workspace>/logs, or logs/node-<rank> on a cluster's other nodes
+    env["PODKIT_RAY_STOP_WAIT_S"] = str(cfg.trainer.stop_grace_s + 45)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 

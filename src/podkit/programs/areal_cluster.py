@@ -32,8 +32,7 @@ import uuid
 from pathlib import Path
 
 from podkit import checks, log, notify, proc, records, supervisord
-from podkit.programs import areal_launch, compile_caches, refused
-from podkit.programs.ray_node import node_resource
+from podkit.programs import areal_launch, ray_node, refused
 
 _log = log.get("trainer")
 RUN_ENV = "PODKIT_CLUSTER_RUN"  # the driver's run id, in every rank's env: heartbeats of older runs are ignored
@@ -91,6 +90,16 @@ def start_heartbeat(cfg, on_stop, done: threading.Event | None = None) -> thread
     return t
 
 
+def heartbeats(state_dir: Path, run: str) -> list[dict]:
+    """The run's ranks' heartbeats; a planted, torn or older run's file is left out."""
+    out = []
+    for p in sorted(heartbeat_dir(state_dir).glob("*.json")):
+        hb = records.Record(p.name, records.RANK_SHAPE).read(p.parent)
+        if hb.get("run") == run and isinstance(hb.get("time"), (int, float)):
+            out.append(hb)
+    return out
+
+
 # --- on each node, for the volume check ------------------------------------------------------------
 
 
@@ -144,7 +153,7 @@ class Cluster:
             if not n.get("Alive"):
                 continue
             for r in range(self.c.nodes):
-                if n.get("Resources", {}).get(node_resource(r)):
+                if n.get("Resources", {}).get(ray_node.node_resource(r)):
                     out[r] = {"addr": n.get("NodeManagerAddress", "?"), "gpus": n["Resources"].get("GPU", 0)}
                     self.addr_of[r] = out[r]["addr"]
         self.record["nodes"] = [{"rank": r, "addr": a} for r, a in sorted(self.addr_of.items())]
@@ -162,7 +171,7 @@ class Cluster:
         return out
 
     def gpus_per_node(self) -> int:
-        return self.c.gpus or checks.cluster_shape(self.cfg).get("n_gpus_per_node", 0)
+        return self.c.gpus or checks.cluster_shape(self.cfg)["cluster.n_gpus_per_node"] or 0
 
     @staticmethod
     def describe(missing: list[dict]) -> str:
@@ -197,7 +206,7 @@ class Cluster:
         path.write_text(nonce)
         task = ray.remote(num_cpus=0)(read_nonce)
         try:
-            futures = {r: task.options(resources={node_resource(r): 0.001}).remote(str(path))
+            futures = {r: task.options(resources={ray_node.node_resource(r): 0.001}).remote(str(path))
                        for r in range(self.c.nodes)}
             problems = []
             for r, f in futures.items():
@@ -215,12 +224,9 @@ class Cluster:
 
     # the driver -----------------------------------------------------------------------------------
 
-    def dead_ranks(self, run: str, started: float) -> list[str]:
+    def dead_ranks(self, run: str) -> list[str]:
         out, now = [], time.time()
-        for p in sorted(heartbeat_dir(self.state_dir).glob("*.json")):
-            hb = records.Record(p.name, records.RANK_SHAPE).read(p.parent)  # a planted or torn file reads as {}
-            if not hb or hb.get("run") != run or not isinstance(hb.get("time"), (int, float)):
-                continue
+        for hb in heartbeats(self.state_dir, run):
             # Only silence counts, even for a rank seen dead here: AReaL's own recover run (a failed task)
             # kills the ranks and starts new ones, whose heartbeats replace these within the timeout.
             age = now - hb["time"]
@@ -270,7 +276,6 @@ class Cluster:
                                   preexec_fn=areal_launch._set_pdeathsig)
         self.driver_start = proc.starttime(driver.pid) or 0
         records.TORCHRUN.write(self.cfg.run_path, {"groups": [[driver.pid, self.driver_start]]}, mode=0o600)
-        started = time.time()
         asked_stop = False
         while driver.poll() is None:
             if self.stopping.is_set() and not asked_stop:
@@ -282,7 +287,7 @@ class Cluster:
                 timer.daemon = True  # the launcher's exit must not wait for it
                 timer.start()
             if not asked_stop:
-                dead = self.dead_ranks(run, started)
+                dead = self.dead_ranks(run)
                 if dead:
                     return self.stop_driver(driver, "; ".join(dead)), "dead-rank: " + "; ".join(dead)
                 lost = self.lost_nodes()
@@ -353,18 +358,10 @@ class Cluster:
                 return self.outcome(rc, started)
 
     def wait_for_head(self) -> bool:
-        from podkit.programs.ray_node import reachable
-
-        t0 = time.monotonic()
-        while not reachable(self.c.head, self.c.ray_port):
-            if self.stopping.is_set():
-                return False
-            if time.monotonic() - t0 > self.c.join_timeout_s:
-                _log.error(f"the Ray head at {self.c.head}:{self.c.ray_port} (this node's `ray` program) did not "
-                           "start: see logs/ray.log")
-                return False
-            time.sleep(1)
-        return True
+        why = ray_node.wait_for_head(self.cfg, self.stopping)
+        if why and not self.stopping.is_set():
+            _log.error(f"{why} (on rank 0 that is this node's `ray` program: see logs/ray.log)")
+        return not why
 
     def outcome(self, rc: int, started: float) -> int:
         heartbeat = heartbeat_dir(self.state_dir)
@@ -398,18 +395,16 @@ def overrides(cfg) -> list[str]:
 
 
 def environment(cfg, run: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({RUN_ENV: run, "PODKIT_RAY_ADDRESS": f"{cfg.cluster.head}:{cfg.cluster.ray_port}",
-                "NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"})
+    """One pod's trainer env, less the SPMD server address (AReaL's launcher gives each task its own)."""
+    env = areal_launch.environment(cfg)
+    for var in ("AREAL_SPMD_MODE", "AREAL_LLM_SERVER_ADDRS"):
+        env.pop(var)
+    env.update({RUN_ENV: run, "PODKIT_RAY_ADDRESS": f"{cfg.cluster.head}:{cfg.cluster.ray_port}"})
     if cfg.inference.kind == "standin-lm":
         from podkit.programs.areal_ray import STANDIN_ENV
 
         env[STANDIN_ENV] = "1"
-    if cfg.trainer.cpu_ranks:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    env.setdefault("HF_HOME", str(cfg.workspace_path / "hf"))
-    env.setdefault("WANDB_MODE", "disabled")
-    return compile_caches(cfg, env)
+    return env
 
 
 def main(cfg) -> int:

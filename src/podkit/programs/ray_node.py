@@ -81,10 +81,13 @@ def reachable(host: str, port: int, timeout: float = 2.0) -> bool:
         return False
 
 
-def wait_for_head(cfg, interval: float = 2.0) -> str | None:
+def wait_for_head(cfg, stopping: threading.Event | None = None, interval: float = 2.0) -> str | None:
+    """None once the head accepts connections; else why not (a timeout, or `stopping` set)."""
     c = cfg.cluster
     t0, told = time.monotonic(), 0.0
     while not reachable(c.head, c.ray_port):
+        if stopping is not None and stopping.is_set():
+            return "stopping"
         waited = time.monotonic() - t0
         if waited > c.join_timeout_s:
             return (f"the Ray head at {c.head}:{c.ray_port} did not answer for {waited:.0f}s (cluster.join_timeout_s); "
@@ -167,21 +170,17 @@ def let_ranks_checkpoint(cfg) -> None:
     """A node leaving mid-run (its container stopping): its trainer ranks would die with Ray, mid-step,
     and the run would lose the step. Ask every rank of the run to stop after its step (the request rank
     0's SIGTERM makes, on the shared volume), and wait, up to trainer.stop_grace_s, for this node's."""
-    from podkit.programs.areal_cluster import heartbeat_dir  # imports this module
+    from podkit.programs.areal_cluster import heartbeats  # imports this module
 
     shared = cfg.workspace_path / ".podkit"  # rank 0's records
-    run = records.CLUSTER.read(shared).get("run")
-    if records.CLUSTER.read(shared).get("state") != "running" or not run:
+    rec = records.CLUSTER.read(shared)
+    run = rec.get("run")
+    if rec.get("state") != "running" or not run:
         return
 
     def here() -> list[dict]:
-        out = []
-        for p in heartbeat_dir(shared).glob("*.json"):
-            hb = records.Record(p.name, records.RANK_SHAPE).read(p.parent)
-            if hb.get("run") == run and hb.get("node") == cfg.cluster.node_addr and \
-                    proc.same_process(hb.get("pid") or 0, hb.get("start") or 0):
-                out.append(hb)
-        return out
+        return [hb for hb in heartbeats(shared, run) if hb.get("node") == cfg.cluster.node_addr
+                and proc.same_process(hb.get("pid") or 0, hb.get("start") or 0)]
 
     ranks = here()
     if not ranks:
