@@ -65,3 +65,26 @@ def test_up_with_steps_trains_to_the_step_and_exits_0(tmp_path):
     progress = json.loads((ws / ".podkit" / "progress.json").read_text())
     assert progress["step"] >= 6 and progress["checkpoint_step"] == progress["step"]
     assert "trainer reached step" in r.stdout
+    # What a newcomer runs next: a clean stop reads as one, not as a failure.
+    st = subprocess.run([*PODKIT, "status", "--workspace", str(ws)], env=e, capture_output=True, text=True,
+                        timeout=30)
+    assert "pod: not running (supervisord has exited)" in st.stdout, st.stdout
+    assert f"stopped by SIGTERM at step {progress['step']}" in st.stdout, st.stdout
+    assert f"checkpoint at step {progress['step']}" in st.stdout and "inference: stopped" in st.stdout, st.stdout
+    assert "unhealthy" not in st.stdout
+
+
+def test_up_whose_trainer_cannot_import_its_code_exits_1_with_doctors_finding(tmp_path):
+    """A trainer that goes FATAL (here: its `import torch` fails) ends `podkit up --steps N` with exit 1
+    and doctor's finding, instead of waiting for steps that never come."""
+    ws, broken = tmp_path / "ws", tmp_path / "broken"
+    broken.mkdir()
+    (broken / "torch.py").write_text("raise ImportError('torch is broken in this test')\n")
+    e = smoke_env(ws, free_port(), PYTHONPATH=str(broken))
+    e.pop("PODKIT_CONFIG")
+    r = subprocess.run([*PODKIT, "up", "--smoke", "--workspace", str(ws), "--steps", "6"], env=e,
+                       capture_output=True, text=True, timeout=100, cwd=ROOT)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    assert "trainer is FATAL: supervisord gave up restarting it" in out, out[-3000:]
+    assert "[podkit:doctor] PROBLEM: " in out and "torch is broken in this test" in out, out[-3000:]

@@ -185,32 +185,87 @@ def _safe_mode(record: guard.Boot | None, state_dir: Path | None, stage: str, me
 
 def up(cfg, steps: int | None = None) -> int:
     """`podkit up`: the same stages, then supervisord as a child in the foreground; with `steps`,
-    stop everything cleanly once the trainer has reached that step."""
+    stop everything cleanly once the trainer has reached that step. A run that can no longer train (a
+    program FATAL, the trainer stopped by a config error) or that finished ends too: a local run is
+    never left waiting for steps that will not come. Exit 0 at the step or when finished, 1 with
+    doctor's findings when it failed."""
     import subprocess  # `up` only: the entrypoint's `boot` execs supervisord and never pays for it
 
     env = run_stages(cfg)
     proc = subprocess.Popen(supervisord_argv(env), env=env)
     _record_current(cfg, proc.pid)
     stopping: list[int] = []
+    failed: list[str] = []
 
     def forward(signum, _frame):
         stopping.append(signum)
+        proc.send_signal(signal.SIGTERM)
+
+    def stop(why: str) -> None:
+        _log.info(f"{why}: stopping everything")
+        stopping.append(0)
         proc.send_signal(signal.SIGTERM)
 
     # A closed terminal (SIGHUP) stops the stack too: it must not leave supervisord without its owner.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
     started = time.time()
+    asked = 0.0
     while proc.poll() is None:
         time.sleep(0.2)
+        if stopping:
+            continue
         rec = records.PROGRESS.read(cfg.state_dir)
         # Only progress made since this start counts: a workspace may already be past the step.
-        if steps and not stopping and (rec.get("time") or 0) > started and (rec.get("step") or 0) >= steps:
-            _log.info(f"trainer reached step {rec['step']} (--steps {steps}): stopping everything")
-            stopping.append(0)
-            proc.send_signal(signal.SIGTERM)
+        if steps and (rec.get("time") or 0) > started and (rec.get("step") or 0) >= steps:
+            stop(f"trainer reached step {rec['step']} (--steps {steps})")
+        elif time.monotonic() - asked >= 1:
+            asked = time.monotonic()
+            ended = _run_ended(cfg, started)
+            if ended and ended[0] == "finished":
+                stop(ended[1])
+            elif ended:
+                failed.append(ended[1])
+                _log.error(f"{ended[1]}: the run cannot go on")
+                _print_findings(cfg)
+                stop("the run failed")
     code = proc.wait()
     final = records.PROGRESS.read(cfg.state_dir)
     _log.info(f"supervisord exited {code}; trainer at step {final.get('step', 0)}, "
               f"last checkpoint at step {final.get('checkpoint_step', 0)}")
+    if failed:
+        _log.error(f"{failed[0]}; `podkit doctor --workspace {cfg.workspace_path}` says the same after the fact")
+        return 1
     return code
+
+
+def _run_ended(cfg, started: float) -> tuple[str, str] | None:
+    """("finished" | "failed", what happened) once supervisord will not start the trainer again by
+    itself; None while the run goes on. Only what happened since this start counts."""
+    from podkit import supervisord
+
+    for name in ("sglang", "trainer"):
+        info = supervisord.process_info(cfg.socket_path, name) or {}
+        if info.get("statename") == supervisord.FATAL:
+            return "failed", f"{name} is FATAL: supervisord gave up restarting it"
+    info = supervisord.process_info(cfg.socket_path, "trainer") or {}
+    if info.get("statename") != supervisord.EXITED or info.get("exitstatus") != 0:
+        return None  # any other exit code is restarted (exitcodes=0)
+    stopped = records.PROGRESS.read(cfg.state_dir).get("stopped") or {}
+    if (stopped.get("time") or 0) < started:
+        return None
+    if stopped.get("by") in records.FINISHED:
+        return "finished", f"training finished ({stopped['by']}) at step {stopped.get('step')}"
+    return "failed", f"the trainer stopped for good ({stopped.get('by')}) at step {stopped.get('step')}"
+
+
+def _print_findings(cfg) -> None:
+    """doctor's findings, while supervisord still answers: what a pod's safe mode would explain."""
+    from podkit import doctor
+
+    for f in doctor.examine(cfg, cfg.workspace_path):
+        if f.severity == "problem":
+            print(f"[podkit:doctor] PROBLEM: {f.title}", flush=True)
+            for e in f.evidence:
+                print(f"[podkit:doctor]   - {e}", flush=True)
+            print(f"[podkit:doctor]   fix: {f.fix}", flush=True)

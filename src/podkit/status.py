@@ -49,15 +49,30 @@ def collect(workspace: Path) -> dict:
                       "stopped": prog.get("stopped"), "kind": prog.get("kind"), "reward": prog.get("reward"),
                       "resumed_from_step": prog.get("resumed_at"), "logp_gap": prog.get("logp_gap")}
     inf = current.get("inference") or {}
+    host, port = inf.get("host", "127.0.0.1"), inf.get("port", 30000)
     sglang = out["programs"].get("sglang")
-    out["inference"] = {"phase": health.inference_phase(
-        inf.get("host", "127.0.0.1"), inf.get("port", 30000), workspace / "logs" / "sglang.log",
-        running=None if sglang is None else sglang["state"] in UP)}
+    if current and not out["supervisord"]["reachable"]:
+        # The pod is not running: its log's last phase is history, not a server gone unhealthy.
+        out["inference"] = {"phase": "ready" if health.probe(host, port) else "stopped"}
+    else:
+        out["inference"] = {"phase": health.inference_phase(host, port, workspace / "logs" / "sglang.log",
+                                                            running=None if sglang is None else sglang["state"] in UP)}
     return out
 
 
 def _ago(ts) -> str:
     return f"{time.time() - ts:.0f}s ago" if ts else "never"
+
+
+def _last_stop(t: dict) -> str:
+    """How the trainer's last run ended, in words, from its own record."""
+    stopped = t.get("stopped") or {}
+    ckpt = f"checkpoint at step {t.get('checkpoint_step')}" if t.get("checkpoint_step") else "no checkpoint"
+    if not stopped.get("by"):
+        return f"the trainer left no stop record: last step {t.get('step')} {_ago(t.get('last_progress'))}, {ckpt}"
+    what = {"done": "finished its run", "max_steps": "finished (trainer.max_steps)",
+            "config-error": "stopped by a config error (`podkit doctor`)"}.get(stopped["by"], f"stopped by {stopped['by']}")
+    return f"the trainer {what} at step {stopped.get('step')} {_ago(stopped.get('time'))}, {ckpt}"
 
 
 def human(st: dict) -> str:
@@ -70,8 +85,11 @@ def human(st: dict) -> str:
             lines += ["  traceback (last lines):", *("    " + ln for ln in sm["traceback"].rstrip().splitlines()[-8:])]
         lines.append("")
     sv = st["supervisord"]
-    lines.append(f"supervisord: {'pid ' + str(sv.get('pid')) if sv.get('reachable') else 'not reachable'}"
-                 + (f" ({sv.get('error')})" if sv.get("error") else ""))
+    if sv.get("reachable") or st.get("safe_mode") or not sv.get("socket"):
+        lines.append(f"supervisord: {'pid ' + str(sv.get('pid')) if sv.get('reachable') else 'not reachable'}"
+                     + (f" ({sv.get('error')})" if sv.get("error") else ""))
+    else:
+        lines.append("pod: not running (supervisord has exited); " + _last_stop(st["trainer"]))
     for name, p in st["programs"].items():
         if name == "logs":
             continue
