@@ -255,6 +255,8 @@ def _run_ended(cfg, started: float) -> tuple[str, str] | None:
     if (stopped.get("time") or 0) < started:
         return None
     if stopped.get("by") in records.FINISHED:
+        if cfg.multi_node:
+            return None  # a cluster's nodes share the run's end: their operator stops each one
         return "finished", f"training finished ({stopped['by']}) at step {stopped.get('step')}"
     return "failed", f"the trainer stopped for good ({stopped.get('by')}) at step {stopped.get('step')}"
 
