@@ -14,7 +14,8 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.timeout(60)
 
-# The modules the boot sequence is made of (README: Layout). A new one here is a decision, not an accident.
+# The modules the boot sequence is made of (docs/architecture.md: Layout). A new one here is a decision,
+# not an accident.
 BOOT_MODULES = {"podkit", "podkit.boot", "podkit.checks", "podkit.cli", "podkit.config", "podkit.discovery",
                 "podkit.errors", "podkit.gpu", "podkit.guard", "podkit.lease", "podkit.log", "podkit.pid1",
                 "podkit.preflight",

@@ -1,5 +1,6 @@
 """supervisord.conf and the docs are checked against the code: the real supervisor parser reads the
-shipped file with the rendered settings, and the README's table lists every setting."""
+shipped file with the rendered settings, docs/configuration.md holds the settings table the schema
+generates, and every relative link in the README and docs/ leads to a file."""
 
 from __future__ import annotations
 
@@ -67,13 +68,51 @@ def test_readme_starts_with_the_two_commands():
     assert commands[:2] == ["make run", "make test"]
 
 
-def test_readme_settings_table_lists_every_setting_with_its_default():
-    """Every setting's env twin and default appear in one row of the README table."""
-    rows = [ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("| `")]
-    for section, keys in config.SCHEMA.items():
-        for key, spec in keys.items():
-            env = config.env_name(section, key)
-            row = next((r for r in rows if f"`{env}`" in r), None)
-            assert row, f"{env} missing from the README settings table"
-            default = config._format(spec.default) or '""'
-            assert f"`{default}`" in row, f"{env}: README default differs from {default!r}"
+SETTINGS_BEGIN, SETTINGS_END = "<!-- settings:begin -->\n", "\n<!-- settings:end -->"
+REGENERATE = ("regenerate it: paste the output of `PYTHONPATH=src python -c 'from podkit import config; "
+              "print(config.settings_table())'` between the markers in docs/configuration.md")
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+REFERENCE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", re.M)
+
+
+def test_settings_table_generated_from_the_schema_lists_every_setting_with_its_default():
+    """Each setting has one row with its env twin and its default, in the schema's order."""
+    rows = config.settings_table().splitlines()
+    assert rows[:2] == ["| setting | env var | default | unit | meaning |", "|---|---|---|---|---|"]
+    expected = [(config.env_name(s, k), config._format(spec.default) or '""')
+                for s, keys in config.SCHEMA.items() for k, spec in keys.items()]
+    assert len(rows) == 2 + len(expected)
+    for row, (env, default) in zip(rows[2:], expected, strict=True):
+        assert f"| `{env}` | `{default}` |" in row, f"{env}: row {row!r}"
+
+
+def test_configuration_page_holds_exactly_the_generated_settings_table():
+    """A setting added or changed in the schema fails here until docs/configuration.md is regenerated."""
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    assert text.count(SETTINGS_BEGIN) == 1 and text.count(SETTINGS_END) == 1, \
+        f"docs/configuration.md needs one {SETTINGS_BEGIN.strip()} ... {SETTINGS_END.strip()} pair; {REGENERATE}"
+    between = text.split(SETTINGS_BEGIN, 1)[1].split(SETTINGS_END, 1)[0]
+    assert between == config.settings_table(), f"docs/configuration.md's settings table is stale; {REGENERATE}"
+
+
+def links(text: str) -> list[str]:
+    """The targets of a markdown text's links, outside fenced code blocks and inline code."""
+    prose = re.sub(r"^(```|~~~).*?^\1", "", text, flags=re.S | re.M)
+    prose = re.sub(r"(`+).+?\1", "", prose, flags=re.S)
+    return LINK.findall(prose) + REFERENCE.findall(prose)
+
+
+def test_every_relative_link_in_the_readme_and_docs_leads_to_a_file_without_an_anchor():
+    """A page moved or renamed breaks no link, and no link relies on a heading's anchor staying put."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    assert len(pages) > 1
+    broken = []
+    for page in pages:
+        for target in links(page.read_text()):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # https:, mailto: ...
+                continue
+            if "#" in target:
+                broken.append(f"{page.relative_to(ROOT)}: {target} (an anchor)")
+            elif not (page.parent / target).is_file():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+    assert not broken, "\n".join(broken)

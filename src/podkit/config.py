@@ -80,7 +80,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
     },
     "cluster": {
         "nodes": Field(int, 1, "nodes of the run; more than 1: a Ray cluster running AReaL's own Ray launcher "
-                       "(docs: README, Beyond one pod)", "", minimum=1, maximum=64),
+                       "(docs/runpod.md: Beyond one pod)", "", minimum=1, maximum=64),
         "rank": Field(int, -1, "this node's rank; 0 runs the Ray head and the launcher; -1: $NODE_RANK (RunPod "
                       "Instant Clusters; 0 on a single pod)", "", minimum=-1, maximum=63),
         "head": Field(str, "", "the head node's address (rank 0's node_addr); empty: $PRIMARY_ADDR or $MASTER_ADDR "
@@ -627,3 +627,19 @@ def render_default_yaml() -> str:
             unit = f" [{spec.unit}]" if spec.unit else ""
             lines.append(f"{indent}{key}: {value}  # {spec.doc}{unit} ({env_name(section, key)})")
     return "\n".join(lines) + "\n"
+
+
+def settings_table() -> str:
+    """The settings reference in docs/configuration.md, generated from the schema (a test checks the page
+    holds exactly this): one markdown row per setting, in SCHEMA order. A setting with choices its meaning
+    does not already name gets them appended."""
+    rows = ["| setting | env var | default | unit | meaning |", "|---|---|---|---|---|"]
+    for section, keys in SCHEMA.items():
+        for key, spec in keys.items():
+            meaning, default = spec.doc, _format(spec.default) or '""'
+            if spec.choices and not all(c in spec.doc for c in spec.choices):
+                meaning += f" (one of {', '.join(spec.choices)})"
+            cells = (f"`{dotted(section, key)}`", f"`{env_name(section, key)}`",
+                     f"`{default}`", spec.unit, meaning.replace("|", "\\|"))
+            rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
