@@ -41,6 +41,14 @@ RUN if python3 -c "import sglang" 2>/dev/null; then \
 RUN python3 -m pip install "PyYAML>=6,<7" "supervisor>=4.2,<5" "py-spy>=0.3" "hatchling>=1.18" \
       "prometheus-client>=0.20,<1"
 
+# The image's metadata before the files: a step after a changed layer is rebuilt with it, and each
+# rebuilt step is a copy of the whole file system on some storage drivers (vfs).
+WORKDIR /workspace
+ENTRYPOINT ["/entrypoint"]
+# Healthy when both programs run, inference is ready and the trainer progresses (not merely
+# "supervisord is alive"); the output names what is wrong.
+HEALTHCHECK --interval=30s --timeout=10s --start-period=600s --retries=3 CMD ["podkit", "status", "--health"]
+
 # Layers from rarely to often changed: the entrypoint and data, then the code in one small last layer.
 COPY entrypoint /entrypoint
 COPY pyproject.toml README.md supervisord.conf /opt/podkit/
@@ -48,9 +56,3 @@ COPY configs /opt/podkit/configs
 COPY runpod/template.yaml /opt/podkit/runpod/template.yaml
 COPY src /opt/podkit/src
 RUN python3 -m pip install --no-deps --no-build-isolation /opt/podkit
-
-WORKDIR /workspace
-ENTRYPOINT ["/entrypoint"]
-# Healthy when both programs run, inference is ready and the trainer progresses (not merely
-# "supervisord is alive"); the output names what is wrong.
-HEALTHCHECK --interval=30s --timeout=10s --start-period=600s --retries=3 CMD ["podkit", "status", "--health"]

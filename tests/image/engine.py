@@ -1,9 +1,11 @@
 """A Docker engine of the test run's own, and the project's image built on a local CPU base.
 
-The engine: Debian's dockerd with its own exec root and socket in a temp dir, vfs storage, no bridge
-and no iptables (`--bridge=none --iptables=false`): containers and builds use the host's network, so
-all traffic stays on loopback or goes to the package indexes. Its data root is kept under
-~/.cache/podkit/docker so the debootstrap base and the unchanged layers are reused by the next run.
+The engine: Debian's dockerd with its own exec root and socket in a temp dir, no bridge and no
+iptables (`--bridge=none --iptables=false`): containers and builds use the host's network, so all
+traffic stays on loopback or goes to the package indexes. Storage: overlay2 where the kernel mounts an
+overlay on the data root's file system (a layer is a diff), else vfs (every layer a full copy of the
+image: minutes per build step). Each driver's data root is kept under ~/.cache/podkit/docker-<driver>
+so the debootstrap base and the unchanged layers are reused by the next run.
 The daemon is stopped by its pid and its temp dirs removed at the end. Where no engine can be
 installed or started, the image tests skip and say why.
 """
@@ -32,6 +34,26 @@ def cache_dir() -> Path:
                                                            Path.home() / ".cache") / "podkit")
 
 
+def overlay_mounts(where: Path) -> bool:
+    """Can this kernel mount an overlay whose layers live on `where`'s file system (overlay2's need)?"""
+    where.mkdir(parents=True, exist_ok=True)
+    d = Path(tempfile.mkdtemp(prefix="overlay-probe-", dir=where))
+    try:
+        for sub in ("lower", "upper", "work", "merged"):
+            (d / sub).mkdir()
+        opts = f"lowerdir={d / 'lower'},upperdir={d / 'upper'},workdir={d / 'work'}"
+        r = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(d / "merged")],
+                           capture_output=True, timeout=30)
+        if r.returncode:
+            return False
+        subprocess.run(["umount", str(d / "merged")], capture_output=True, timeout=30)
+        return True
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 class Engine:
     def __init__(self) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="podkit-docker-"))
@@ -40,6 +62,7 @@ class Engine:
         self.proc: subprocess.Popen | None = None
         self.timings: dict[str, float] = {}
         self.compose_bin = str(Path(sys.executable).parent / "docker-compose")
+        self.driver = ""
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def install(self) -> str | None:
@@ -61,13 +84,23 @@ class Engine:
     def start(self) -> str | None:
         if os.getuid() != 0:
             return "no Docker engine: dockerd needs root here"
-        data_root = cache_dir() / "docker"
+        why = None
+        for driver in ("overlay2", "vfs") if overlay_mounts(cache_dir()) else ("vfs",):
+            why = self._start(driver)
+            if why is None:
+                self.driver = driver
+                return None
+            self._kill()
+        return why
+
+    def _start(self, driver: str) -> str | None:
+        data_root = cache_dir() / f"docker-{driver}"
         data_root.mkdir(parents=True, exist_ok=True)
-        log = open(self.tmp / "dockerd.log", "wb")  # noqa: SIM115 - the daemon's for its lifetime
+        log = open(self.tmp / "dockerd.log", "ab")  # noqa: SIM115 - the daemon's for its lifetime
         self.proc = subprocess.Popen(
             ["dockerd", "--data-root", str(data_root), "--exec-root", str(self.tmp / "exec"),
              "-H", f"unix://{self.sock}", "--pidfile", str(self.tmp / "docker.pid"),
-             "--storage-driver", "vfs", "--bridge=none", "--iptables=false", "--ip6tables=false",
+             "--storage-driver", driver, "--bridge=none", "--iptables=false", "--ip6tables=false",
              "--ip-masq=false", "--userland-proxy=false"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         until = time.monotonic() + 60
@@ -81,21 +114,26 @@ class Engine:
                 return None
             time.sleep(0.5)
         tail = (self.tmp / "dockerd.log").read_text(errors="replace")[-800:]
-        return f"no Docker engine: dockerd did not start: {tail}"
+        return f"no Docker engine: dockerd ({driver}) did not start: {tail}"
 
-    def stop(self) -> None:
+    def _kill(self) -> None:
         if self.proc and self.proc.poll() is None:
-            ids = self.docker("ps", "-aq", "--filter", f"label={LABEL}", check=False).stdout.split()
-            if ids:
-                self.docker("rm", "-f", *ids, check=False, timeout=120)
-            # vfs stores every layer as a full copy: drop the layers a rebuild left behind, keep the rest.
-            self.docker("image", "prune", "-f", check=False, timeout=300)
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            ids = self.docker("ps", "-aq", "--filter", f"label={LABEL}", check=False).stdout.split()
+            if ids:
+                self.docker("rm", "-f", *ids, check=False, timeout=120)
+            # Drop the layers a rebuild left behind (under vfs each is a full copy), keep the rest.
+            self.docker("image", "prune", "-f", check=False, timeout=300)
+        self._kill()
         # containerd-shims outlive a killed daemon only in its own session; ours is gone with it.
         shutil.rmtree(self.tmp, ignore_errors=True)
 
@@ -142,7 +180,7 @@ def engine():
     yield e
     e.stop()
     if e.timings:
-        print("\n[image timings] " + ", ".join(f"{k} {v:.0f}s" for k, v in e.timings.items()))
+        print(f"\n[image timings] storage {e.driver}: " + ", ".join(f"{k} {v:.0f}s" for k, v in e.timings.items()))
 
 
 def base_tag() -> str:
