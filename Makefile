@@ -46,9 +46,16 @@ rehearse: sysdeps
 	PYTHONPATH=$(CURDIR)/src $$py -m podkit --config configs/cpu-rehearsal.yaml up --workspace $(WORKSPACE) \
 	  $(if $(filter-out 0,$(STEPS)),--steps $(STEPS))
 
-test: $(VENV)/.ready sysdeps
+# The suite on JOBS pytest-xdist workers (most tests wait on real timers and processes, not the CPU);
+# the container tests and the real-trainer tests each keep to one worker (tests/conftest.py). It ends
+# with its ten slowest tests; docs/testing.md records the suite's time on a fresh machine.
+# On a fresh machine podkit's venv and the AReaL environment are built side by side (-j2).
+JOBS ?= 5
+test: sysdeps
+	@$(MAKE) --no-print-directory -j2 $(VENV)/.ready areal-env
 	$(BIN)/ruff check src tests bench docker rehearse
-	py=$$(PYTHON=$(PYTHON) sh rehearse/env.sh) && AREAL_PYTHON=$$py $(BIN)/pytest
+	py=$$(PYTHON=$(PYTHON) sh rehearse/env.sh) && AREAL_PYTHON=$$py $(BIN)/pytest -n $(JOBS) --dist loadgroup \
+	  --durations=10
 
 # Every benchmark with the arguments bench/RESULTS.md records (tests/test_bench.py runs each briefly).
 bench: $(VENV)/.ready sysdeps

@@ -18,6 +18,21 @@ ROOT = Path(__file__).resolve().parent.parent
 PODKIT = [sys.executable, "-m", "podkit"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`make test` runs `--dist loadgroup`): the container tests share one Docker engine
+    and one image, and the real-trainer tests each load both cores, so the container tests, the
+    simulated clusters and the single-pod rehearsals each run in order on one worker (at most two
+    trainers at a time) while the rest of the suite spreads over the others. Without xdist the marks
+    do nothing."""
+    for item in items:
+        if item.get_closest_marker("image"):
+            item.add_marker(pytest.mark.xdist_group("image"))
+        elif item.get_closest_marker("rehearsal"):
+            group = "cluster" if item.path.name == "test_cluster.py" else "rehearsal"
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 def wait_for(cond, timeout: float, interval: float = 0.1, what: str = "condition"):
     """Poll `cond` until it returns a truthy value; fail with `what` after `timeout` seconds."""
     until = time.monotonic() + timeout

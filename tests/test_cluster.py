@@ -19,7 +19,7 @@ import pytest
 from conftest import PODKIT, ROOT, alive, free_port, wait_for
 from test_rehearsal import PYTHON, assets  # noqa: F401 - the session's tiny model and data
 
-pytestmark = [pytest.mark.rehearsal, pytest.mark.timeout(480),
+pytestmark = [pytest.mark.rehearsal, pytest.mark.timeout(720),
               pytest.mark.skipif(not PYTHON and not os.environ.get("CI"),
                                  reason="no AReaL environment: run `make test` (or set AREAL_PYTHON="
                                         "$(sh rehearse/env.sh))")]
@@ -115,13 +115,32 @@ def _sigign(pid: int) -> int:
     return 0
 
 
-def test_a_two_node_cluster_trains_to_completion_through_areals_ray_launcher(cluster):
-    c = cluster(PODKIT_TRAINER_OVERRIDES="total_train_steps=3")
+def test_a_two_node_cluster_trains_through_areals_ray_launcher_recovering_a_killed_rank_and_server(cluster):
+    """One cluster run, three scenarios in turn (one cluster start instead of three): a worker started
+    before its head waits for it, and the run trains through AReaL's Ray launcher; a SIGKILLed trainer
+    rank is found dead and the run resumes from its checkpoint (AReaL's launcher alone would wait for
+    ever); a killed SGLang server (the stand-in) is recovered by AReaL's recover run; the run finishes."""
+    c = cluster(PODKIT_TRAINER_OVERRIDES="total_train_steps=7")
     c.start(1)  # a worker before its head: it waits for it
     time.sleep(2)
     c.start(0)
+    # A trainer rank SIGKILLed.
+    wait_for(lambda: (c.progress().get("checkpoint_step") or 0) >= 2, 300, interval=1, what="step 2's checkpoint")
+    hb = json.loads((c.ws / ".podkit" / "ranks" / "0.json").read_text())
+    assert hb["pid"] in c.ours("ray::"), hb  # the rank is a Ray worker of this cluster
+    os.kill(hb["pid"], signal.SIGKILL)
+    p = wait_for(lambda: (p := c.progress()).get("resumed_at") and (p.get("checkpoint_step") or 0) >= 4 and p, 300,
+                 interval=1, what="the run resumed after the dead rank, and step 4's checkpoint")
+    assert p["resumed_at"] >= 2, p
+    assert "dead-rank" in c.log() and c.record("cluster.json")["restarts"] >= 1
+    # The SGLang server killed.
+    servers = wait_for(lambda: len(s := c.ours("podkit.programs.standin_lm")) == 1 and s, 60,
+                       what="the one server of the resumed run")
+    os.kill(servers[0], signal.SIGKILL)
     p = c.finished()
-    assert p["stopped"]["by"] == "done" and p["step"] == 3, p
+    assert p["stopped"]["by"] == "done" and p["step"] == 7, p
+    assert p["resumed_at"] >= 4, p  # AReaL's recover run (recover.mode auto) resumed it after the server died
+    assert not alive(servers[0])
     assert p["on_policy_logp_gap"]["max_abs"] < 1e-3, p  # the trainer's log-probs agree with the server's
     log = c.log()
     assert "AReaL's trainer job completed" in log and "Job trainer:0 completed" in log
@@ -134,32 +153,6 @@ def test_a_two_node_cluster_trains_to_completion_through_areals_ray_launcher(clu
     # The launcher exited 0 and supervisord left it stopped; node 1 stops cleanly, Ray's workers with it.
     assert c.stop(0) == 0 and c.stop(1) == 0
     assert wait_for(lambda: not c.ours("ray::") and not c.ours("standin_lm"), 30, what="Ray's workers gone")
-
-
-def test_a_sigkilled_trainer_rank_is_found_dead_and_the_run_resumes_from_its_checkpoint(cluster):
-    c = cluster(PODKIT_TRAINER_OVERRIDES="total_train_steps=6")
-    c.start(0), c.start(1)
-    wait_for(lambda: (c.progress().get("checkpoint_step") or 0) >= 2, 300, interval=1, what="step 2's checkpoint")
-    hb = json.loads((c.ws / ".podkit" / "ranks" / "0.json").read_text())
-    assert hb["pid"] in c.ours("ray::"), hb  # the rank is a Ray worker of this cluster
-    os.kill(hb["pid"], signal.SIGKILL)  # AReaL's launcher alone would wait for ever
-    p = c.finished()
-    assert p["stopped"]["by"] == "done" and p["step"] == 6, p
-    assert p["resumed_at"] and p["resumed_at"] >= 2, p
-    assert "dead-rank" in c.log() and c.record("cluster.json")["restarts"] >= 1
-
-
-def test_a_killed_sglang_server_is_recovered_by_areal_and_the_run_finishes(cluster):
-    c = cluster(PODKIT_TRAINER_OVERRIDES="total_train_steps=6")
-    c.start(0), c.start(1)
-    wait_for(lambda: (c.progress().get("checkpoint_step") or 0) >= 2, 300, interval=1, what="step 2's checkpoint")
-    servers = c.ours("podkit.programs.standin_lm")
-    assert len(servers) == 1
-    os.kill(servers[0], signal.SIGKILL)
-    p = c.finished()
-    assert p["stopped"]["by"] == "done" and p["step"] == 6, p
-    assert p["resumed_at"] and p["resumed_at"] >= 2, p  # AReaL's recover run (recover.mode auto) resumed it
-    assert not alive(servers[0])
 
 
 def test_a_node_that_leaves_is_named_while_the_run_waits_and_the_run_resumes_when_it_returns(cluster):
