@@ -18,19 +18,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PODKIT = [sys.executable, "-m", "podkit"]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test` runs `--dist loadgroup`): the container tests share one Docker engine
-    and one image, and the real-trainer tests each load both cores, so the container tests, the
-    simulated clusters and the single-pod rehearsals each run in order on one worker (at most two
-    trainers at a time) while the rest of the suite spreads over the others. Without xdist the marks
-    do nothing."""
-    for item in items:
-        if item.get_closest_marker("image"):
-            item.add_marker(pytest.mark.xdist_group("image"))
-        elif item.get_closest_marker("rehearsal"):
-            group = "cluster" if item.path.name == "test_cluster.py" else "rehearsal"
-            item.add_marker(pytest.mark.xdist_group(group))
+# Long single tests that wait on the network more than the CPU: started first, beside the grouped families
+# (under pytest-xdist's loadgroup the container tests, the clusters and the rehearsals each keep to one
+# worker: their modules' xdist_group marks), so that none of them is left to run alone at the end.
+START_FIRST = ("test_image_resolves.py",)
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.path.name not in START_FIRST)  # stable: the rest keep their order
 
 
 def wait_for(cond, timeout: float, interval: float = 0.1, what: str = "condition"):
@@ -208,7 +203,7 @@ class Stack:
         except (OSError, ValueError):
             return {}
 
-    def wait_step(self, step: int, timeout: float = 60) -> dict:
+    def wait_step(self, step: int, timeout: float = 120) -> dict:
         return wait_for(lambda: (p := self.progress()).get("step", 0) >= step and p, timeout,
                         what=f"trainer step {step}")
 

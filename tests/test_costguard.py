@@ -93,9 +93,13 @@ def test_a_pod_waiting_in_safe_mode_stops_itself_after_stop_pod_after_s(procs, t
 def test_the_maximum_run_time_stops_the_trainer_with_its_checkpoint_then_the_pod(stack_factory, runpod_api, receiver):
     """guard.stop_pod_at (what `podkit deploy --max-runtime` sets) passed: supervisord stops the trainer,
     which checkpoints on its SIGTERM, and only then is the pod stopped, with a notification first."""
-    s = stack_factory(PODKIT_GUARD_STOP_POD_AT=str(int(time.time()) + 8), PODKIT_NOTIFY_WEBHOOK_URL=receiver.url,
+    # Far enough ahead that the trainer has stepped (and can checkpoint) on a loaded machine.
+    at = int(time.time()) + 25
+    s = stack_factory(PODKIT_GUARD_STOP_POD_AT=str(at), PODKIT_NOTIFY_WEBHOOK_URL=receiver.url,
                       **on_runpod(runpod_api.url)).start()
-    wait_for(lambda: "podStop" in runpod_api.fields(), 60, what="podStop")
+    s.wait_step(1)
+    assert time.time() < at, "the trainer took longer than the test allows to make its first step"
+    wait_for(lambda: "podStop" in runpod_api.fields(), 90, what="podStop")
     assert runpod_api.sent("podStop") == {"input": {"podId": "pod-abc123"}}
     prog = s.progress()
     assert prog["stopped"]["by"] == "SIGTERM" and prog["checkpoint_step"] == prog["step"] > 0

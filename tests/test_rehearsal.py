@@ -6,6 +6,7 @@ rehearse/assets.py. What runs is configs/cpu-rehearsal.yaml, as `make rehearse` 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -21,7 +22,7 @@ import pytest
 from conftest import PODKIT, ROOT, Stack, alive, free_port, wait_for
 
 PYTHON = os.environ.get("AREAL_PYTHON")
-pytestmark = [pytest.mark.rehearsal, pytest.mark.timeout(420),
+pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("rehearsal"), pytest.mark.timeout(420),
               pytest.mark.skipif(not PYTHON and not os.environ.get("CI"),
                                  reason="no AReaL environment: run `make test` (or set AREAL_PYTHON="
                                         "$(sh rehearse/env.sh))")]
@@ -35,9 +36,19 @@ def areal_run(*argv, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="session")
 def assets(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("rehearsal-assets") / "rehearsal"
-    r = areal_run(str(ROOT / "rehearse" / "assets.py"), str(out))
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    """The tiny model and data, built once per test run: under pytest-xdist the workers share the run's
+    base temp dir, and the first to take the lock builds them. Tests copy them, never change them."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "rehearsal-assets"
+    root.mkdir(exist_ok=True)
+    out = root / "rehearsal"
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / ".ready").exists():
+            shutil.rmtree(out, ignore_errors=True)  # a worker that died halfway
+            r = areal_run(str(ROOT / "rehearse" / "assets.py"), str(out))
+            assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+            (root / ".ready").touch()
     return out
 
 

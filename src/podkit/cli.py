@@ -200,7 +200,7 @@ def _ctl(cfg, args) -> int:
     return 127  # not reached
 
 
-@verb("run", "what supervisord runs: sglang | trainer | watchdog | logs", opt("program"))
+@verb("run", "what supervisord runs: sglang | trainer | watchdog | logs | metrics | ray", opt("program"))
 def _run(cfg, args) -> int:
     from podkit import programs
 

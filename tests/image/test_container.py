@@ -17,7 +17,7 @@ from engine import LABEL, ROOT, engine, image  # noqa: F401 - fixtures
 
 from conftest import free_port, wait_for
 
-pytestmark = [pytest.mark.image, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.image, pytest.mark.xdist_group("image"), pytest.mark.timeout(2400)]
 
 
 def memlock_bytes() -> int:
