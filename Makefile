@@ -50,7 +50,7 @@ rehearse: sysdeps
 # the container tests, the clusters and the rehearsals each keep to one worker (their xdist_group
 # marks). It ends with its ten slowest tests; docs/testing.md records the suite's time on a fresh machine.
 # On a fresh machine podkit's venv and the AReaL environment are built side by side (-j2).
-JOBS ?= 4
+JOBS ?= 5
 test: sysdeps
 	@$(MAKE) --no-print-directory -j2 $(VENV)/.ready areal-env
 	$(BIN)/ruff check src tests bench docker rehearse

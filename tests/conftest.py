@@ -18,16 +18,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PODKIT = [sys.executable, "-m", "podkit"]
 
 
-# Long single tests that wait on the network more than the CPU: started first, beside the grouped families
-# (under pytest-xdist's loadgroup the container tests, the clusters and the rehearsals each keep to one
-# worker: their modules' xdist_group marks), so that none of them is left to run alone at the end.
-START_FIRST = ("test_image_resolves.py",)
-
-
-def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.path.name not in START_FIRST)  # stable: the rest keep their order
-
-
 def wait_for(cond, timeout: float, interval: float = 0.1, what: str = "condition"):
     """Poll `cond` until it returns a truthy value; fail with `what` after `timeout` seconds."""
     until = time.monotonic() + timeout

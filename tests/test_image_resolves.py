@@ -57,6 +57,7 @@ def test_check_reads_the_dockerfiles_areal_step_and_the_step_uses_the_overrides(
 
 
 @pytest.mark.timeout(660)
+@pytest.mark.xdist_group("image")  # network-bound, like the container tests: one worker waits on both
 def test_dockerfiles_areal_step_resolves_on_sglangs_pins_with_only_the_overrides_moving(tmp_path):
     """pip resolves areal==1.0.4 under SGLang's pins with AReaL's overrides: every pin it does not
     override holds, and every overridden name moves off SGLang's pin (else the override is not needed)."""

@@ -52,6 +52,19 @@ def assets(tmp_path_factory) -> Path:
     return out
 
 
+def compile_cache(tmp_path_factory) -> Path:
+    """One torch inductor and Triton cache for every real-trainer stack of a test run, as a pod keeps its
+    own on the volume: AReaL's torch.compile'd log-prob gather is then compiled once, not per test."""
+    base = tmp_path_factory.getbasetemp()
+    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "compile-cache"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def compile_env(cache: Path) -> dict[str, str]:
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
+
+
 class Rehearsal(Stack):
     """configs/cpu-rehearsal.yaml booted by `podkit boot` in the AReaL environment."""
 
@@ -100,11 +113,12 @@ class Rehearsal(Stack):
 
 
 @pytest.fixture
-def rehearsal(procs, tmp_path, assets):
+def rehearsal(procs, tmp_path, assets, tmp_path_factory):
     made: list[Rehearsal] = []
+    shared = compile_env(compile_cache(tmp_path_factory))
 
     def make(name: str = "ws", **env: str) -> Rehearsal:
-        s = Rehearsal(procs, tmp_path / name, assets, **env)
+        s = Rehearsal(procs, tmp_path / name, assets, **{**shared, **env})
         made.append(s)
         return s
 

