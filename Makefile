@@ -47,10 +47,10 @@ rehearse: sysdeps
 	  $(if $(filter-out 0,$(STEPS)),--steps $(STEPS))
 
 # The suite on JOBS pytest-xdist workers (most tests wait on real timers and processes, not the CPU);
-# the container tests, the clusters and the rehearsals each keep to one worker (their xdist_group
+# the container tests keep to one worker and the real-trainer tests to another (their xdist_group
 # marks). It ends with its ten slowest tests; docs/testing.md records the suite's time on a fresh machine.
 # On a fresh machine podkit's venv and the AReaL environment are built side by side (-j2).
-JOBS ?= 5
+JOBS ?= 4
 test: sysdeps
 	@$(MAKE) --no-print-directory -j2 $(VENV)/.ready areal-env
 	$(BIN)/ruff check src tests bench docker rehearse

@@ -20,7 +20,7 @@ QUICK = {"boot.py": ["--runs", "2"], "reap.py": ["--idle", "20", "--runs", "1"],
 # rehearse.py runs the real trainer in the AReaL environment, as tests/test_rehearsal.py does: a cold
 # launch, two steps, a kill -9 and an inference restart, each waited out (~2.5 min here, ~4 min seen in CI).
 LIMIT = {"rehearse.py": 480}
-AREAL = [pytest.mark.rehearsal, pytest.mark.xdist_group("rehearsal"),
+AREAL = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"),
          pytest.mark.skipif(not os.environ.get("AREAL_PYTHON") and not os.environ.get("CI"),
                             reason="no AReaL environment: run `make test` (or set AREAL_PYTHON="
                                    "$(sh rehearse/env.sh))")]

@@ -19,7 +19,7 @@ import pytest
 from conftest import PODKIT, ROOT, alive, free_port, wait_for
 from test_rehearsal import PYTHON, assets, compile_cache, compile_env  # noqa: F401 - the session's tiny model and data
 
-pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("cluster"), pytest.mark.timeout(900),
+pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"), pytest.mark.timeout(900),
               pytest.mark.skipif(not PYTHON and not os.environ.get("CI"),
                                  reason="no AReaL environment: run `make test` (or set AREAL_PYTHON="
                                         "$(sh rehearse/env.sh))")]

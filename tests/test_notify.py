@@ -140,7 +140,7 @@ def test_a_program_gone_fatal_and_a_watchdog_restart_notify(stack_factory, recei
         squatter.close()
     assert s.stop() == 0
     h = stack_factory("ws2", PODKIT_NOTIFY_WEBHOOK_URL=receiver.url, PODKIT_WATCHDOG_INTERVAL_S="0.5",
-                      PODKIT_WATCHDOG_TRAINER_STALL_S="3", PODKIT_TRAINER_STOP_GRACE_S="2").start()
+                      PODKIT_WATCHDOG_TRAINER_STALL_S="10", PODKIT_TRAINER_STOP_GRACE_S="2").start()
     h.wait_step(3)
     os.kill(h.pid("trainer"), signal.SIGUSR1)  # the fake trainer hangs, as on a dead collective
     text = receiver.one("watchdog")["text"]

@@ -22,7 +22,7 @@ import pytest
 from conftest import PODKIT, ROOT, Stack, alive, free_port, wait_for
 
 PYTHON = os.environ.get("AREAL_PYTHON")
-pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("rehearsal"), pytest.mark.timeout(420),
+pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"), pytest.mark.timeout(420),
               pytest.mark.skipif(not PYTHON and not os.environ.get("CI"),
                                  reason="no AReaL environment: run `make test` (or set AREAL_PYTHON="
                                         "$(sh rehearse/env.sh))")]

@@ -12,7 +12,7 @@ import pytest
 from conftest import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
-FAST = {"PODKIT_WATCHDOG_INTERVAL_S": "0.5", "PODKIT_WATCHDOG_TRAINER_STALL_S": "4",
+FAST = {"PODKIT_WATCHDOG_INTERVAL_S": "0.5", "PODKIT_WATCHDOG_TRAINER_STALL_S": "10",
         "PODKIT_WATCHDOG_INFERENCE_UNHEALTHY_S": "3"}
 
 
@@ -32,7 +32,7 @@ def test_a_hung_trainer_is_dumped_and_restarted_and_resumes(stack_factory):
     trainer = s.pid("trainer")
     os.kill(trainer, signal.SIGUSR1)
     wait_for(lambda: s.pid("trainer") not in (0, trainer), 60, what="trainer restarted by the watchdog")
-    # The first restart is the hang's (on a loaded machine a 4 s stall limit may restart a slow start too).
+    # The first restart is the hang's (on a loaded machine a short stall limit may restart a slow start too).
     act = [a for a in actions(s.workspace) if a["program"] == "trainer"][0]
     dump = open(act["dump"]).read()
     assert f"pid {trainer}" in dump and "_injected_hang" in dump and "fake_trainer.py" in dump, dump[:3000]
