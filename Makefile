@@ -46,11 +46,12 @@ rehearse: sysdeps
 	PYTHONPATH=$(CURDIR)/src $$py -m podkit --config configs/cpu-rehearsal.yaml up --workspace $(WORKSPACE) \
 	  $(if $(filter-out 0,$(STEPS)),--steps $(STEPS))
 
-# The suite on JOBS pytest-xdist workers (most tests wait on real timers and processes, not the CPU);
-# the container tests keep to one worker and the real-trainer tests to another (their xdist_group
-# marks). It ends with its ten slowest tests; docs/testing.md records the suite's time on a fresh machine.
+# The suite on JOBS pytest-xdist workers; the container tests keep to one worker and the real-trainer
+# tests to another (their xdist_group marks). One by default: on 2 cores, tests run side by side slow
+# each other's real timers past their limits. JOBS=4 where there are more cores. It ends with its ten
+# slowest tests; docs/testing.md records the suite's time on a fresh machine.
 # On a fresh machine podkit's venv and the AReaL environment are built side by side (-j2).
-JOBS ?= 4
+JOBS ?= 1
 test: sysdeps
 	@$(MAKE) --no-print-directory -j2 $(VENV)/.ready areal-env
 	$(BIN)/ruff check src tests bench docker rehearse
