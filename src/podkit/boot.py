@@ -211,24 +211,28 @@ def up(cfg, steps: int | None = None) -> int:
         signal.signal(sig, forward)
     started = time.time()
     asked = 0.0
-    while proc.poll() is None:
-        time.sleep(0.2)
-        if stopping:
-            continue
-        rec = records.PROGRESS.read(cfg.state_dir)
-        # Only progress made since this start counts: a workspace may already be past the step.
-        if steps and (rec.get("time") or 0) > started and (rec.get("step") or 0) >= steps:
-            stop(f"trainer reached step {rec['step']} (--steps {steps})")
-        elif time.monotonic() - asked >= 1:
-            asked = time.monotonic()
-            ended = _run_ended(cfg, started)
-            if ended and ended[0] == "finished":
-                stop(ended[1])
-            elif ended:
-                failed.append(ended[1])
-                _log.error(f"{ended[1]}: the run cannot go on")
-                _print_findings(cfg)
-                stop("the run failed")
+    try:
+        while proc.poll() is None:
+            time.sleep(0.2)
+            if stopping:
+                continue
+            rec = records.PROGRESS.read(cfg.state_dir)
+            # Only progress made since this start counts: a workspace may already be past the step.
+            if steps and (rec.get("time") or 0) > started and (rec.get("step") or 0) >= steps:
+                stop(f"trainer reached step {rec['step']} (--steps {steps})")
+            elif time.monotonic() - asked >= 1:
+                asked = time.monotonic()
+                ended = _run_ended(cfg, started)
+                if ended and ended[0] == "finished":
+                    stop(ended[1])
+                elif ended:
+                    failed.append(ended[1])
+                    _log.error(f"{ended[1]}: the run cannot go on")
+                    _print_findings(cfg)
+                    stop("the run failed")
+    finally:
+        if proc.poll() is None and not stopping:  # anything raised above: never leave supervisord behind
+            stop("podkit up failed")
     code = proc.wait()
     final = records.PROGRESS.read(cfg.state_dir)
     _log.info(f"supervisord exited {code}; trainer at step {final.get('step', 0)}, "
@@ -265,7 +269,12 @@ def _print_findings(cfg) -> None:
     """doctor's findings, while supervisord still answers: what a pod's safe mode would explain."""
     from podkit import doctor
 
-    for f in doctor.examine(cfg, cfg.workspace_path):
+    try:
+        findings = doctor.examine(cfg, cfg.workspace_path)
+    except Exception as e:  # noqa: BLE001 - the stop that follows matters more than the diagnosis
+        _log.warn(f"doctor could not examine the pod ({type(e).__name__}: {e}); run `podkit doctor` later")
+        return
+    for f in findings:
         if f.severity == "problem":
             print(f"[podkit:doctor] PROBLEM: {f.title}", flush=True)
             for e in f.evidence:

@@ -54,7 +54,7 @@ def _ago(ts: float | None, now: float) -> str:
 def check_rollouts_starved(pod: Pod, now: float) -> Finding | None:
     phase = pod.st["inference"]["phase"]
     waiting = [ln for ln in pod.log_tail("trainer", 200) if re.search(r"waiting for (rollouts|training batch)", ln, re.I)]
-    if phase in ("ready",) + STARTUP or not waiting:
+    if phase in ("ready", "stopped") + STARTUP or not waiting:  # stopped: the pod is not running
         return None
     return Finding("rollouts_starved", "the trainer waits for rollouts because inference is " + phase,
                    [f"inference phase: {phase}", f"trainer's last step: {pod.progress.get('step')} "

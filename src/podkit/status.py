@@ -4,6 +4,7 @@ inference phase, from supervisord (over its unix socket) and the records on the 
 from __future__ import annotations
 
 import json
+import os
 import time
 import xmlrpc.client
 from pathlib import Path
@@ -25,7 +26,9 @@ def collect(workspace: Path) -> dict:
             infos = server.supervisor.getAllProcessInfo()
             out["supervisord"] = {"reachable": True, "pid": server.supervisor.getPID(), "socket": sock}
         except (OSError, xmlrpc.client.Error) as e:
-            out["supervisord"] = {"reachable": False, "socket": sock, "error": str(e)}
+            out["supervisord"] = {"reachable": False, "socket": sock, "error": str(e),
+                                  "exited": not _alive(current.get("supervisord_pid")),
+                                  "started": current.get("started")}
     programs = records.PROGRAMS.read(Path(current["run_dir"])) if current.get("run_dir") else {}
     for info in infos:
         name = info["name"]
@@ -60,14 +63,32 @@ def collect(workspace: Path) -> dict:
     return out
 
 
+def _alive(pid) -> bool:
+    """Is the recorded pid a live process? Unknown or not ours to signal counts as alive: only a pid
+    that is certainly gone lets status say the pod exited."""
+    if not isinstance(pid, int) or pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def _ago(ts) -> str:
     return f"{time.time() - ts:.0f}s ago" if ts else "never"
 
 
-def _last_stop(t: dict) -> str:
-    """How the trainer's last run ended, in words, from its own record."""
+def _last_stop(t: dict, started=None) -> str:
+    """How the trainer's last run ended, in words, from its own record; a record older than the pod's
+    start is an earlier run's."""
     stopped = t.get("stopped") or {}
     ckpt = f"checkpoint at step {t.get('checkpoint_step')}" if t.get("checkpoint_step") else "no checkpoint"
+    if stopped.get("by") and isinstance(started, (int, float)) and (stopped.get("time") or 0) < started:
+        return (f"the trainer recorded no stop since the pod started {_ago(started)} (killed, out of memory or "
+                f"crashed: `podkit doctor`); last step {t.get('step')}, {ckpt}")
     if not stopped.get("by"):
         return f"the trainer left no stop record: last step {t.get('step')} {_ago(t.get('last_progress'))}, {ckpt}"
     what = {"done": "finished its run", "max_steps": "finished (trainer.max_steps)",
@@ -85,11 +106,11 @@ def human(st: dict) -> str:
             lines += ["  traceback (last lines):", *("    " + ln for ln in sm["traceback"].rstrip().splitlines()[-8:])]
         lines.append("")
     sv = st["supervisord"]
-    if sv.get("reachable") or st.get("safe_mode") or not sv.get("socket"):
+    if sv.get("reachable") or st.get("safe_mode") or not sv.get("exited"):
         lines.append(f"supervisord: {'pid ' + str(sv.get('pid')) if sv.get('reachable') else 'not reachable'}"
                      + (f" ({sv.get('error')})" if sv.get("error") else ""))
     else:
-        lines.append("pod: not running (supervisord has exited); " + _last_stop(st["trainer"]))
+        lines.append("pod: not running (supervisord has exited); " + _last_stop(st["trainer"], sv.get("started")))
     for name, p in st["programs"].items():
         if name == "logs":
             continue
