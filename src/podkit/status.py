@@ -4,12 +4,11 @@ inference phase, from supervisord (over its unix socket) and the records on the 
 from __future__ import annotations
 
 import json
-import os
 import time
 import xmlrpc.client
 from pathlib import Path
 
-from podkit import health, programs, records, supervisord
+from podkit import health, proc, programs, records, supervisord
 from podkit.supervisord import EXITED, FATAL, RUNNING, UP
 
 
@@ -27,7 +26,7 @@ def collect(workspace: Path) -> dict:
             out["supervisord"] = {"reachable": True, "pid": server.supervisor.getPID(), "socket": sock}
         except (OSError, xmlrpc.client.Error) as e:
             out["supervisord"] = {"reachable": False, "socket": sock, "error": str(e),
-                                  "exited": not _alive(current.get("supervisord_pid")),
+                                  "exited": _gone(current.get("supervisord_pid")),
                                   "started": current.get("started")}
     programs = records.PROGRAMS.read(Path(current["run_dir"])) if current.get("run_dir") else {}
     for info in infos:
@@ -54,7 +53,7 @@ def collect(workspace: Path) -> dict:
     inf = current.get("inference") or {}
     host, port = inf.get("host", "127.0.0.1"), inf.get("port", 30000)
     sglang = out["programs"].get("sglang")
-    if current and not out["supervisord"]["reachable"]:
+    if out["supervisord"].get("exited"):
         # The pod is not running: its log's last phase is history, not a server gone unhealthy.
         out["inference"] = {"phase": "ready" if health.probe(host, port) else "stopped"}
     else:
@@ -63,18 +62,9 @@ def collect(workspace: Path) -> dict:
     return out
 
 
-def _alive(pid) -> bool:
-    """Is the recorded pid a live process? Unknown or not ours to signal counts as alive: only a pid
-    that is certainly gone lets status say the pod exited."""
-    if not isinstance(pid, int) or pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
+def _gone(pid) -> bool:
+    """The recorded supervisord is certainly gone (a pid not recorded as an int is not known to be)."""
+    return isinstance(pid, int) and pid > 0 and proc.read_stat(pid) is None
 
 
 def _ago(ts) -> str:
