@@ -223,3 +223,33 @@ def stack_factory(procs, tmp_path):
         return s
 
     yield make
+
+
+# --- the real trainer (tests/areal_stack.py) --------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def assets(tmp_path_factory) -> Path:
+    """The tiny model and data of rehearse/assets.py, built once per test run; tests copy them."""
+    from areal_stack import build_assets
+
+    return build_assets(tmp_path_factory)
+
+
+@pytest.fixture
+def rehearsal(procs, tmp_path, assets, tmp_path_factory):
+    """Makes real-trainer stacks (areal_stack.Rehearsal) that share one compile cache per run."""
+    from areal_stack import Rehearsal, compile_cache, compile_env
+
+    made = []
+    shared = compile_env(compile_cache(tmp_path_factory))
+
+    def make(name: str = "ws", **env: str):
+        s = Rehearsal(procs, tmp_path / name, assets, **{**shared, **env})
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        if s.proc and s.proc.poll() is None:
+            s.stop()

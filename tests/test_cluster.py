@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from areal_stack import PYTHON, compile_cache, compile_env
 from conftest import PODKIT, ROOT, alive, free_port, wait_for
-from test_rehearsal import PYTHON, assets, compile_cache, compile_env  # noqa: F401 - the session's tiny model and data
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"), pytest.mark.timeout(900),
               pytest.mark.skipif(not PYTHON and not os.environ.get("CI"),

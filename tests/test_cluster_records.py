@@ -12,7 +12,8 @@ import pytest
 
 from conftest import ROOT
 from podkit import config, records
-from podkit.programs import areal_cluster
+from podkit.areal import cluster as areal_cluster
+from podkit.areal import heartbeat
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,15 +26,15 @@ def cluster_cfg(tmp_path, **env):
 
 def test_a_rank_stops_only_when_asked_for_its_own_run(tmp_path, monkeypatch):
     cfg = cluster_cfg(tmp_path)
-    monkeypatch.setenv(areal_cluster.RUN_ENV, "run-b")
+    monkeypatch.setenv(heartbeat.RUN_ENV, "run-b")
     monkeypatch.setenv("RANK", "3")
     stop_file = records.CLUSTER_STOP.path(cfg.state_dir)
     stop_file.parent.mkdir(parents=True)
     stop_file.write_text(json.dumps({"run": "run-a", "time": time.time()}))  # an older run's request
     asked, done = threading.Event(), threading.Event()
-    beating = areal_cluster.start_heartbeat(cfg, asked.set, done)
+    beating = heartbeat.start_heartbeat(cfg, asked.set, done)
     try:
-        beat = areal_cluster.heartbeat_dir(cfg.state_dir) / "3.json"
+        beat = heartbeat.heartbeat_dir(cfg.state_dir) / "3.json"
         deadline = time.time() + 10
         while not beat.exists() and time.time() < deadline:
             time.sleep(0.1)
@@ -52,7 +53,7 @@ def test_a_rank_stops_only_when_asked_for_its_own_run(tmp_path, monkeypatch):
 
 def test_only_a_fresh_runs_silent_rank_is_dead_and_planted_heartbeats_are_ignored(tmp_path):
     cfg = cluster_cfg(tmp_path)
-    d = areal_cluster.heartbeat_dir(cfg.state_dir)
+    d = heartbeat.heartbeat_dir(cfg.state_dir)
     d.mkdir(parents=True)
     now = time.time()
     beat = {"pid": 1, "start": 0, "host": "elsewhere", "node": "10.0.0.9"}

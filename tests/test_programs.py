@@ -15,8 +15,9 @@ import pytest
 
 from conftest import ROOT, free_port, hold, smoke_env
 from podkit import checks, config, discovery, preflight
+from podkit.areal import command, launch
 from podkit.errors import ConfigError
-from podkit.programs import areal_launch, sglang
+from podkit.programs import sglang
 
 pytestmark = pytest.mark.timeout(60)
 POD_CONFIGS = ["a40-1gpu.yaml", "a40-2gpu.yaml", "a40-4gpu.yaml"]
@@ -110,19 +111,19 @@ def test_backend_gpu_counts():
 
 def test_trainer_runs_under_torchrun_in_spmd_mode_pointed_at_sglang(tmp_path):
     cfg = load("a40-4gpu.yaml", tmp_path, PODKIT_TRAINER_OVERRIDES="total_train_epochs=3")
-    argv = areal_launch.command(cfg)
+    argv = command.command(cfg)
     assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nnodes"]
     assert argv[argv.index("--nproc-per-node") + 1] == "3"
     script = argv[argv.index("--nproc-per-node") + 2]
-    assert Path(script).name == "grpo.py" and Path(script).is_file()
+    assert Path(script).name == "bootstrap.py" and Path(script).is_file()
     assert argv[argv.index("--config") + 1] == cfg.trainer.areal_config
     over = argv[argv.index("--config") + 2:]
     # Weight updates on local disk (the run dir); what must outlive the container on the volume.
-    assert f"cluster.fileroot={cfg.run_path}/areal" in over and "experiment_name=podkit" in over
-    assert all(f"{k}.fileroot={tmp_path}/areal" in over for k in ("saver", "recover", "stats_logger", "evaluator"))
-    assert f"cluster.name_resolve.nfs_record_root={cfg.trainer.name_resolve_root}" in over
+    assert f"++cluster.fileroot={cfg.run_path}/areal" in over and "++experiment_name=podkit" in over
+    assert all(f"++{k}.fileroot={tmp_path}/areal" in over for k in ("saver", "recover", "stats_logger", "evaluator"))
+    assert f"++cluster.name_resolve.nfs_record_root={cfg.trainer.name_resolve_root}" in over
     assert over[-1] == "total_train_epochs=3"
-    env = areal_launch.environment(cfg, environ={})
+    env = command.environment(cfg, environ={})
     assert env["AREAL_SPMD_MODE"] == "1" and env["AREAL_LLM_SERVER_ADDRS"] == "127.0.0.1:30000"
     assert env["CUDA_VISIBLE_DEVICES"] == "1,2,3"
     assert env["NCCL_CUMEM_ENABLE"] == env["NCCL_NVLS_ENABLE"] == "0"
@@ -138,7 +139,7 @@ def test_trainer_waits_for_inference_then_clears_stale_discovery_and_starts_torc
     cfg = load("a40-4gpu.yaml", tmp_path, PODKIT_INFERENCE_PORT=str(port),
                PODKIT_TRAINER_NAME_RESOLVE_ROOT=str(root), PODKIT_INFERENCE_READY_TIMEOUT_S="30")
     execs = []
-    monkeypatch.setattr(areal_launch, "supervise", lambda argv, env, run_dir: execs.append((argv, env)) or 0)
+    monkeypatch.setattr(launch, "supervise", lambda argv, env, run_dir: execs.append((argv, env)) or 0)
 
     def start_standin_later():
         time.sleep(1.5)  # the trainer starts first and must wait
@@ -148,7 +149,7 @@ def test_trainer_waits_for_inference_then_clears_stale_discovery_and_starts_torc
 
     threading.Thread(target=start_standin_later).start()
     t0 = time.monotonic()
-    areal_launch.main(cfg)
+    launch.main(cfg)
     assert time.monotonic() - t0 >= 1.5 and not stale.exists()
     (argv, env), = execs
     assert "--standalone" in argv and env["AREAL_LLM_SERVER_ADDRS"] == f"127.0.0.1:{port}"
@@ -157,7 +158,7 @@ def test_trainer_waits_for_inference_then_clears_stale_discovery_and_starts_torc
 def test_trainer_stops_waiting_when_supervisord_reports_inference_dead(tmp_path):
     cfg = load("a40-4gpu.yaml", tmp_path, PODKIT_INFERENCE_PORT=str(free_port()))
     t0 = time.monotonic()
-    why = areal_launch.wait_for_inference(cfg, is_dead=lambda: "FATAL", interval=0.1)
+    why = launch.wait_for_inference(cfg, is_dead=lambda: "FATAL", interval=0.1)
     assert "FATAL" in why and time.monotonic() - t0 < 5
 
 
@@ -220,7 +221,7 @@ open(os.path.join(out, "ready-" + os.environ["RANK"]), "w").close()
 while True:
     time.sleep(0.1)
 """
-LAUNCH = ("import json, os, sys; from pathlib import Path; from podkit.programs.areal_launch import supervise; "
+LAUNCH = ("import json, os, sys; from pathlib import Path; from podkit.areal.launch import supervise; "
           "sys.exit(supervise(json.loads(sys.argv[1]), dict(os.environ), Path(sys.argv[2])))")
 
 
@@ -278,7 +279,7 @@ def test_ranks_left_by_a_killed_launcher_are_killed_before_the_next_torchrun(pro
     wait_for(lambda: not alive(torchrun), 10, what="torchrun to die with its launcher")
     time.sleep(1)
     assert all(alive(r) for r in ranks), "torchrun's ranks outlive it (their own sessions)"
-    assert sorted(areal_launch.clear_leftovers(tmp_path)) == sorted(ranks) and not record.exists()
+    assert sorted(command.clear_leftovers(tmp_path)) == sorted(ranks) and not record.exists()
     wait_for(lambda: not any(alive(r) for r in ranks), 10, what="the left ranks to be gone")
 
 
@@ -291,7 +292,7 @@ def test_a_pid_reused_by_a_younger_process_is_not_killed(procs, tmp_path):
     other = procs.spawn([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     record = tmp_path / "torchrun.json"
     record.write_text(json.dumps({"groups": [[other.pid, read_stat(other.pid).starttime + 10**9]]}))
-    assert areal_launch.clear_leftovers(tmp_path) == [] and alive(other.pid)
+    assert command.clear_leftovers(tmp_path) == [] and alive(other.pid)
 
 
 @pytest.mark.timeout(60)
@@ -305,8 +306,8 @@ def test_trainer_rank0_flags_stale_weights_when_a_restarted_server_serves_base_w
 
     from conftest import wait_for
     from podkit import config
+    from podkit.areal.hooks import Progress, watch_served_weights
     from podkit.health import probe
-    from podkit.programs.grpo import Progress, watch_served_weights
 
     port = free_port()
     env = smoke_env(tmp_path / "ws", port, PODKIT_INFERENCE_STARTUP_DELAY_S="0")
@@ -333,3 +334,37 @@ def test_trainer_rank0_flags_stale_weights_when_a_restarted_server_serves_base_w
     procs.spawn([sys.executable, "-m", "podkit", "run", "sglang"], env=env, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL)  # restarted: nothing pushed yet, weight_version "default"
     wait_for(stale.is_set, 20, what="the watcher to flag the base weights")
+
+
+def test_trainer_entry_reads_its_areal_yaml_from_the_checkout_and_is_looked_for_only_after_the_sync(tmp_path):
+    """Before the sync (preflight) the checkout is not there: its files are looked for after it (the sync
+    stage), where a missing entry or YAML is a config error naming the key."""
+    cfg = load(PODKIT_REPO_URL="https://example.invalid/me/repo", PODKIT_REPO_DEST=str(tmp_path / "repo"),
+               PODKIT_TRAINER_ENTRY="train.py", PODKIT_TRAINER_AREAL_CONFIG="conf/grpo.yaml")
+    assert cfg.trainer.areal_config == str(tmp_path / "repo" / "conf" / "grpo.yaml")
+    before = [k for k, _, _ in checks.programs(cfg) if k.startswith("trainer.")]
+    assert "trainer.entry" not in before and "trainer.areal_config" not in before, before
+    after = {k: what for k, what, _ in checks.programs(cfg, synced=True)}
+    assert "train.py does not exist in the checkout" in after["trainer.entry"], after
+    assert "does not exist" in after["trainer.areal_config"], after
+    (tmp_path / "repo" / "conf").mkdir(parents=True)
+    (tmp_path / "repo" / "train.py").write_text("")
+    (tmp_path / "repo" / "conf" / "grpo.yaml").write_text((ROOT / "configs/areal/grpo-a40-4gpu.yaml").read_text())
+    assert not [p for p in checks.programs(cfg, synced=True) if p[0] in ("trainer.entry", "trainer.areal_config")]
+
+
+@pytest.mark.parametrize("entry, words", [
+    ("/abs/train.py", "not a path inside the checkout"),
+    ("../elsewhere.py", "not a path inside the checkout"),
+    ("pkg.mod:", "not package.module:function"),
+    ("pkg-x.mod:main", "not package.module:function"),
+])
+def test_an_entry_outside_the_checkout_or_not_a_module_function_is_refused(entry, words, tmp_path):
+    cfg = load(PODKIT_REPO_URL="https://example.invalid/me/repo", PODKIT_REPO_DEST=str(tmp_path),
+               PODKIT_TRAINER_ENTRY=entry)
+    assert any(k == "trainer.entry" and words in what for k, what, _ in checks.entry(cfg)), checks.entry(cfg)
+
+
+def test_an_entry_without_a_repo_is_refused_at_preflight(tmp_path):
+    cfg = load(PODKIT_REPO_DEST=str(tmp_path / "none"), PODKIT_TRAINER_ENTRY="train.py")
+    assert any(k == "trainer.entry" and "no training repo" in what for k, what, _ in checks.programs(cfg))

@@ -1,4 +1,4 @@
-"""The real trainer in CI: AReaL 1.0.4's GRPO (podkit's launcher, torchrun, grpo.py, PPOTrainer) on CPU,
+"""The real trainer in CI: AReaL 1.0.4's GRPO (podkit's launcher, torchrun, its bootstrap and GSM8K example, PPOTrainer) on CPU,
 under the real supervisord booted by `podkit boot`, against podkit's generating STAND-IN for SGLang (a
 tiny causal LM; not SGLang). The AReaL environment (rehearse/env.sh, built and cached by `make test`)
 runs the stack, found through $AREAL_PYTHON; the tiny model and data are built once per session by
@@ -6,11 +6,9 @@ rehearse/assets.py. What runs is configs/cpu-rehearsal.yaml, as `make rehearse` 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -19,113 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PODKIT, ROOT, Stack, alive, free_port, wait_for
+from areal_stack import PYTHON, areal_run
+from conftest import ROOT, alive, free_port, wait_for
 
-PYTHON = os.environ.get("AREAL_PYTHON")
 pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"), pytest.mark.timeout(420),
               pytest.mark.skipif(not PYTHON and not os.environ.get("CI"),
                                  reason="no AReaL environment: run `make test` (or set AREAL_PYTHON="
                                         "$(sh rehearse/env.sh))")]
-
-
-def areal_run(*argv, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-    assert PYTHON, "CI must run the real trainer: `make test` sets AREAL_PYTHON"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **kw.pop("env", {})}
-    return subprocess.run([PYTHON, *argv], capture_output=True, text=True, timeout=timeout, env=env, **kw)
-
-
-@pytest.fixture(scope="session")
-def assets(tmp_path_factory) -> Path:
-    """The tiny model and data, built once per test run: under pytest-xdist the workers share the run's
-    base temp dir, and the first to take the lock builds them. Tests copy them, never change them."""
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "rehearsal-assets"
-    root.mkdir(exist_ok=True)
-    out = root / "rehearsal"
-    with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / ".ready").exists():
-            shutil.rmtree(out, ignore_errors=True)  # a worker that died halfway
-            r = areal_run(str(ROOT / "rehearse" / "assets.py"), str(out))
-            assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-            (root / ".ready").touch()
-    return out
-
-
-def compile_cache(tmp_path_factory) -> Path:
-    """One torch inductor and Triton cache for every real-trainer stack of a test run, as a pod keeps its
-    own on the volume: AReaL's torch.compile'd log-prob gather is then compiled once, not per test."""
-    base = tmp_path_factory.getbasetemp()
-    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "compile-cache"
-    d.mkdir(exist_ok=True)
-    return d
-
-
-def compile_env(cache: Path) -> dict[str, str]:
-    return {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
-
-
-class Rehearsal(Stack):
-    """configs/cpu-rehearsal.yaml booted by `podkit boot` in the AReaL environment."""
-
-    def __init__(self, procs, workspace: Path, assets: Path, **env: str) -> None:
-        super().__init__(procs, workspace, **env)
-        self.env.update({"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"),
-                         "PYTHONPATH": str(ROOT / "src"), "PODKIT_TRAINER_STALE_WEIGHTS_CHECK_S": "2",
-                         **env})
-        for k in ("PODKIT_INFERENCE_STARTUP_DELAY_S", "PODKIT_TRAINER_STEP_INTERVAL_S",
-                  "PODKIT_TRAINER_CHECKPOINT_EVERY"):
-            self.env.pop(k, None)
-        workspace.mkdir(parents=True, exist_ok=True)
-        if not (workspace / "rehearsal").exists():
-            shutil.copytree(assets, workspace / "rehearsal")
-
-    def start(self) -> Rehearsal:
-        self.workspace.mkdir(parents=True, exist_ok=True)
-        self.procs.workspaces.add(str(self.workspace))
-        self.out = open(self.out_path, "ab")  # noqa: SIM115 - closed with the test's tmp dir
-        self.proc = self.procs.spawn([PYTHON, "-m", "podkit", "boot"], env=self.env, stdout=self.out,
-                                     stderr=subprocess.STDOUT)
-        wait_for(lambda: self.current().get("supervisord_pid") == self.proc.pid and self._rpc_ok(), 60,
-                 what="supervisord to accept commands")
-        return self
-
-    def served(self) -> str | None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/model_info", timeout=5) as r:
-                return json.loads(r.read())["weight_version"]
-        except (OSError, ValueError, KeyError):
-            return None
-
-    def wait_fresh_step(self, step: int, after: float, timeout: float = 240) -> dict:
-        """A step at least `step` completed by a trainer process started after `after`."""
-        return wait_for(lambda: (p := self.progress()).get("step", 0) >= step and (p.get("time") or 0) > after
-                        and p, timeout, interval=0.5, what=f"trainer step {step}")
-
-    def podkit(self, *args: str) -> subprocess.CompletedProcess:
-        """podkit's own CLI from its own venv (no torch, no AReaL): what a user runs in the pod."""
-        return subprocess.run([*PODKIT, *args, "--workspace", str(self.workspace)], capture_output=True, text=True,
-                              env=self.env, timeout=60)
-
-    def stop(self, timeout: float = 120) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
-
-
-@pytest.fixture
-def rehearsal(procs, tmp_path, assets, tmp_path_factory):
-    made: list[Rehearsal] = []
-    shared = compile_env(compile_cache(tmp_path_factory))
-
-    def make(name: str = "ws", **env: str) -> Rehearsal:
-        s = Rehearsal(procs, tmp_path / name, assets, **{**shared, **env})
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        if s.proc and s.proc.poll() is None:
-            s.stop()
 
 
 def test_the_real_trainer_trains_pushes_each_version_evaluates_and_resumes_after_sigterm(rehearsal):
@@ -221,7 +119,7 @@ def test_a_stalled_real_trainer_is_dumped_and_restarted_by_the_watchdog(rehearsa
     dumps = [Path(e["dump"]).read_text() for e in events if e.get("dump") and Path(e["dump"]).exists()]
     # The hung rank's own Python stack (py-spy reads a stopped process without suspending it).
     sections = [d.split(f"## pid {rank0}\n", 1)[1].split("\n## pid ", 1)[0] for d in dumps if f"## pid {rank0}\n" in d]
-    assert any(re.search(r"\(\S*grpo\.py:\d+\)", sec) for sec in sections), sections
+    assert any(re.search(r"\(\S*(gsm8k_grpo|bootstrap|hooks)\.py:\d+\)", sec) for sec in sections), sections
     resumed = time.time()
     p = s.wait_fresh_step(1, resumed)
     assert p["resumed_at"], p
@@ -243,7 +141,7 @@ def _descendants(pid: int) -> list[int]:
 
 
 def test_patches_still_match_the_areal_they_were_written_for():
-    r = areal_run("-c", "import json; from podkit.programs import areal_patches as p; "
+    r = areal_run("-c", "import json; from podkit.areal import patches as p; "
                   "print(json.dumps({'version': p.areal_version(), 'hashes': p.check(), 'pinned': p.PINNED}))")
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])

@@ -14,7 +14,9 @@ import yaml
 
 from conftest import ROOT
 from podkit import checks, config, discovery
-from podkit.programs import areal_cluster, areal_launch, sglang
+from podkit.areal import cluster as areal_cluster
+from podkit.areal import command
+from podkit.programs import sglang
 
 PYTHON = os.environ.get("AREAL_PYTHON")
 pytestmark = [pytest.mark.validate, pytest.mark.timeout(300),
@@ -52,7 +54,7 @@ def verdicts(tmp_path_factory):
         secrets.write_text(sglang.secrets_yaml({"SGLANG_API_KEY": "k"}))
         cases["sglang"][name + "+key"] = sglang.command(pod(name, PODKIT_INFERENCE_HOST="0.0.0.0"),
                                                         environ={"SGLANG_API_KEY": "k"}, secrets_file=str(secrets))
-        cases["areal"][name] = {"config": cfg.trainer.areal_config, "overrides": areal_launch.overrides(cfg)}
+        cases["areal"][name] = {"config": cfg.trainer.areal_config, "overrides": command.overrides(cfg)}
     default = config.load(ROOT / "configs/default.yaml", environ={})
     cases["sglang"]["default.yaml"] = sglang.command(default, environ={})
     cases["sglang"]["typo"] = sglang.command(pod("a40-4gpu.yaml", PODKIT_INFERENCE_EXTRA_ARGS="--mem-fraction-statik 0.5"),
@@ -126,7 +128,7 @@ def test_areal_loads_the_shipped_grpo_config_with_podkits_overrides(verdicts, na
         cfg.trainer.name_resolve_root)
     # Weight updates (cluster.fileroot) on local disk in the run dir; what must outlive the container on
     # the volume.
-    assert v["fileroot"] == areal_launch.update_root(cfg) == f"{cfg.run_path}/areal" and not v["fileroot"].startswith(WS)
+    assert v["fileroot"] == command.update_root(cfg) == f"{cfg.run_path}/areal" and not v["fileroot"].startswith(WS)
     assert v["recover_fileroot"] == v["saver_fileroot"] == v["stats_fileroot"] == f"{WS}/areal"
     assert v["actor_path"] == v["tokenizer_path"] == cfg.inference.model
     # The A40 facts and the seeds' timeouts.

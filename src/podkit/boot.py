@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from podkit import config, guard, log, preflight, proc, reap, records, render, safemode
+from podkit import checks, config, guard, log, preflight, proc, reap, records, render, safemode
 from podkit.errors import ConfigError, PodkitError, StageError
 
 _log = log.get("boot")
@@ -48,6 +48,10 @@ def sync_stage(cfg) -> None:
     from podkit import sync  # git plumbing (subprocess, tempfile, dataclasses) only when there is a repo
 
     sync.run(cfg)
+    # What preflight could not look for before the checkout was there: trainer.entry and a YAML in it.
+    if cfg.trainer.kind == "areal" and cfg.trainer.entry:
+        for key, what, hint in checks.programs(cfg, synced=True):
+            raise ConfigError(cfg.origin(key), key, what, hint=hint)
 
 
 def _record_current(cfg, pid: int) -> None:

@@ -11,6 +11,7 @@ import ipaddress
 import os
 import re
 import shlex
+from pathlib import Path
 
 API_KEY_ENV = "SGLANG_API_KEY"  # a secret: from the env file / RunPod secret, never the YAML
 SHARED_MEM_FRACTION = 0.5  # most SGLang may take of a GPU the trainer also uses
@@ -84,15 +85,46 @@ def _owned_flags(extra_args: str) -> list[Problem]:
     return out
 
 
-def areal(cfg) -> list[Problem]:
-    """A setup the AReaL trainer cannot train with."""
-    t, out = cfg.trainer, []
+def in_checkout(cfg, path: str) -> bool:
+    """A path the sync stage brings: it cannot be checked before the sync (preflight)."""
+    return bool(cfg.repo.url) and os.path.realpath(path).startswith(os.path.realpath(cfg.repo.dest) + os.sep)
+
+
+def entry(cfg, synced: bool = True) -> list[Problem]:
+    """trainer.entry: a script in the checkout (or package.module:function)."""
+    e = cfg.trainer.entry
+    if not e:
+        return []
+    hint = "a path in the training repo (train.py), or package.module:function"
+    if not cfg.repo.url and not os.path.isdir(cfg.repo.dest):
+        return [("trainer.entry", f"is {e!r} but there is no training repo (repo.url is empty and {cfg.repo.dest} "
+                 "does not exist)", "set repo.url to your training repo")]
+    if ":" in e and not e.endswith(".py"):
+        module, _, function = e.partition(":")
+        if not module or not function or not all(p.isidentifier() for p in (*module.split("."), function)):
+            return [("trainer.entry", f"{e!r} is not package.module:function", hint)]
+        return []
+    if os.path.isabs(e) or ".." in Path(e).parts:
+        return [("trainer.entry", f"{e!r} is not a path inside the checkout", hint)]
+    script = os.path.join(cfg.repo.dest, e)
+    if synced and not os.path.isfile(script):
+        return [("trainer.entry", f"{script} does not exist in the checkout of {cfg.repo.url or cfg.repo.dest} "
+                 f"at {cfg.repo.ref}", hint)]
+    return []
+
+
+def areal(cfg, synced: bool = True) -> list[Problem]:
+    """A setup the AReaL trainer cannot train with. Before the sync (`synced` False), files that the
+    checkout brings are not looked for: the render stage checks again after it."""
+    t, out = cfg.trainer, entry(cfg, synced)
+    later = not synced and t.areal_config and in_checkout(cfg, t.areal_config)
     if not t.areal_config:
         out.append(("trainer.areal_config", "empty: the AReaL trainer needs an experiment config",
                     "use a shipped pod config (configs/a40-4gpu.yaml) or set it to your AReaL YAML"))
-    elif not os.path.isfile(t.areal_config):
+    elif not later and not os.path.isfile(t.areal_config):
         out.append(("trainer.areal_config", f"{t.areal_config} does not exist",
-                    "a relative path is read from the pod config's directory"))
+                    "a relative path is read from the checkout with trainer.entry, else from the pod "
+                    "config's directory"))
     if t.cpu_ranks and cfg.gpus["trainer"]:
         out.append(("trainer.cpu_ranks", f"is {t.cpu_ranks} (train on CPU) but trainer.gpus is {t.gpus!r}",
                     "CPU ranks are for the rehearsal without a GPU: set one of the two, not both"))
@@ -109,7 +141,7 @@ def areal(cfg) -> list[Problem]:
         out.append(("trainer.kind", "areal needs a server that generates, not inference.kind standin",
                     "inference.kind sglang on a pod, standin-lm for the CPU rehearsal (configs/cpu-rehearsal.yaml)"))
     out += _shell_words("trainer.overrides", t.overrides)
-    if t.areal_config and os.path.isfile(t.areal_config):
+    if t.areal_config and not later and os.path.isfile(t.areal_config):
         out += _backends(cfg)
     return out
 
@@ -203,10 +235,10 @@ def cluster_shape(cfg) -> dict:
     return out
 
 
-def cluster(cfg) -> list[Problem]:
+def cluster(cfg, synced: bool = True) -> list[Problem]:
     """A multi-node setup AReaL's Ray launcher would refuse, or place other than the pod config says.
     The launcher reads only the deprecated allocation_mode; the trainer reads the backends."""
-    out = [p for p in areal(cfg) if p[0] not in POD_GPU_KEYS]
+    out = [p for p in areal(cfg, synced) if p[0] not in POD_GPU_KEYS]
     if cfg.trainer.kind != "areal":
         out.append(("trainer.kind", f"is {cfg.trainer.kind}; a multi-node run is AReaL's (its Ray launcher)",
                     "trainer.kind areal, or cluster.nodes 1"))
@@ -238,19 +270,20 @@ def cluster(cfg) -> list[Problem]:
     return out
 
 
-def programs(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
-    """Everything that would make the configured programs fail at once."""
+def programs(cfg, environ: dict[str, str] | None = None, synced: bool = False) -> list[Problem]:
+    """Everything that would make the configured programs fail at once (`synced`: after the sync stage,
+    when the checkout's files can be looked for)."""
     out = metrics(cfg, environ)
     if cfg.multi_node:  # AReaL's Ray launcher starts SGLang; rank 0 runs it
         if cfg.inference.kind == "standin-lm":
             out += standin_lm(cfg)
-        return out + (cluster(cfg) if cfg.cluster.rank == 0 else [])
+        return out + (cluster(cfg, synced) if cfg.cluster.rank == 0 else [])
     if cfg.inference.kind == "sglang":
         out += sglang(cfg, environ)
     if cfg.inference.kind == "standin-lm":
         out += standin_lm(cfg)
     if cfg.trainer.kind == "areal":
-        out += areal(cfg)
+        out += areal(cfg, synced)
     elif cfg.inference.kind in ("sglang", "standin-lm"):
         out.append(("trainer.kind", f"fake pushes torch checkpoints, which {cfg.inference.kind} cannot load",
                     "use trainer.kind areal with it, or inference.kind standin (configs/smoke.yaml)"))

@@ -152,8 +152,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "gpus": Field(str, "", "CUDA_VISIBLE_DEVICES for training"),
         "cpu_ranks": Field(int, 0, "AReaL trainer on CPU (the rehearsal): this many torchrun ranks and no GPU; "
                            "0: one rank per trainer.gpus", "", minimum=0, maximum=64),
-        "areal_config": Field(str, "", "AReaL experiment config (relative: to the pod config's directory); "
-                              "empty: fake trainer only", "path"),
+        "entry": Field(str, "", "your AReaL training script in the synced checkout (train.py, or "
+                       "package.module:function called with argv); empty: podkit's GSM8K example", "path"),
+        "areal_config": Field(str, "", "AReaL experiment config (relative: to the checkout with trainer.entry, "
+                              "else to the pod config's directory); empty: fake trainer only", "path"),
         "overrides": Field(str, "", "more AReaL config overrides, shell-quoted key=value pairs"),
         "checkpoint_every": Field(int, 10, "fake trainer: steps between checkpoints (and weight pushes)", "steps",
                                   minimum=1),
@@ -596,8 +598,10 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
     secrets = {k: v for k, v in (("repo.user", user), ("repo.token", token)) if v}
     areal = values["trainer"]["areal_config"]
     if areal and not os.path.isabs(areal):
-        # Beside the pod config that names it, so configs/a40-4gpu.yaml can say areal/grpo-a40-4gpu.yaml.
-        values["trainer"]["areal_config"] = os.path.abspath(os.path.join(os.path.dirname(path) if path else "", areal))
+        # The user's YAML is in their repo; podkit's beside the pod config that names it, so
+        # configs/a40-4gpu.yaml can say areal/grpo-a40-4gpu.yaml.
+        base = values["repo"]["dest"] if values["trainer"]["entry"] else (os.path.dirname(path) if path else "")
+        values["trainer"]["areal_config"] = os.path.abspath(os.path.join(base, areal))
     return Config(values, source, warnings, origins, secrets)
 
 

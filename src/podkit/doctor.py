@@ -263,10 +263,11 @@ def check_trainer_config(pod: Pod, now: float) -> Finding | None:
     if stopped.get("by") != "config-error":
         return None
     lines = [ln for ln in str(stopped.get("message") or "").splitlines() if ln.strip()]
-    return Finding("trainer_config_error", "AReaL refused the trainer's config: the trainer is stopped, not looping",
-                   lines[:6] or ["(no message recorded)"],
-                   "fix trainer.overrides (a key missing from the YAML needs hydra's +key=value) or "
-                   "trainer.areal_config, then `podkit ctl start trainer`")
+    # The trainer records its own hint (a script's import error, an agent workflow); older records have none.
+    hint = stopped.get("hint") or ("fix trainer.overrides (a key missing from the YAML needs hydra's +key=value) or "
+                                   "trainer.areal_config, then `podkit ctl start trainer`")
+    return Finding("trainer_config_error", "the trainer's config or code cannot train: the trainer is stopped, "
+                   "not looping", lines[:6] or ["(no message recorded)"], hint)
 
 
 def check_notify(pod: Pod, now: float) -> Finding | None:

@@ -73,6 +73,14 @@ class PodCollector:
                  t.get("weight_update_s"))):
             if isinstance(value, (int, float)):
                 yield GaugeMetricFamily(metric, doc, value=float(value))
+        code = t.get("code") or {}
+        if code.get("entry"):  # what trains: a run is traceable to its code
+            info = GaugeMetricFamily("podkit_trainer_code_info", "1, labelled with the trainer's entry, the synced "
+                                     "commit and whether the checkout had uncommitted changes",
+                                     labels=["entry", "commit", "dirty"])
+            info.add_metric([str(code["entry"]), str(code.get("commit") or ""), str(bool(code.get("dirty"))).lower()],
+                            1.0)
+            yield info
         boots = records.BOOTS.read(self.ws / ".podkit")
         yield GaugeMetricFamily("podkit_boots_in_window", "boots within guard.window_s (the crash-loop guard's count)",
                                 value=float(sum(1 for b in boots if now - b.get("time", 0) <= self.window_s)))

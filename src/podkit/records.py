@@ -153,7 +153,7 @@ def write_json(path: Path, data: object, mode: int = 0o644) -> None:
 
 
 # -- the records ------------------------------------------------------------------------------------------
-STOPPED = {"by": str, "time": NUMBER, "step": int, "message": str}
+STOPPED = {"by": str, "time": NUMBER, "step": int, "message": str, "hint": str}
 FINISHED = ("done", "max_steps")  # stopped.by when the trainer ended its run (AReaL's total steps; max_steps)
 # Written by podkit boot (one item per boot; guard.py).
 BOOTS = Record("boots.json", [{"time": NUMBER, "pid": int, "stages": dict, "outcome": str, "last_stop": str,
@@ -164,9 +164,11 @@ PROGRESS = Record("progress.json", {"kind": str, "step": int, "time": NUMBER, "l
                                     "checkpoint_time": NUMBER, "weight_update_s": NUMBER,
                                     "resumed_from": str, "resumed_at": int, "stopped": STOPPED,
                                     "eval_reward": NUMBER, "eval_step": int,
-                                    # AReaL: inference's log-probs against the trainer's (grpo.logp_gap)
+                                    # AReaL: inference's log-probs against the trainer's (hooks.logp_gap)
                                     "logp_gap": {"max_abs": NUMBER, "avg": NUMBER},
-                                    "on_policy_logp_gap": {"max_abs": NUMBER, "avg": NUMBER}})
+                                    "on_policy_logp_gap": {"max_abs": NUMBER, "avg": NUMBER},
+                                    # what trains: trainer.entry, the synced commit and whether the tree was dirty
+                                    "code": {"entry": str, "commit": str, "dirty": bool}})
 # Written by boot just before supervisord starts: where this pod's supervisord listens.
 CURRENT = Record("current.json", {"run_dir": str, "socket": str, "supervisord_pid": int, "started": NUMBER,
                                   "inference": {"host": str, "port": int}})

@@ -49,7 +49,8 @@ def collect(workspace: Path) -> dict:
                       "checkpoint_time": prog.get("checkpoint_time"), "weight_update_s": prog.get("weight_update_s"),
                       "checkpoint_step": prog.get("checkpoint_step"), "weight_version": prog.get("weight_version"),
                       "stopped": prog.get("stopped"), "kind": prog.get("kind"), "reward": prog.get("reward"),
-                      "resumed_from_step": prog.get("resumed_at"), "logp_gap": prog.get("logp_gap")}
+                      "resumed_from_step": prog.get("resumed_at"), "logp_gap": prog.get("logp_gap"),
+                      "code": prog.get("code")}
     inf = current.get("inference") or {}
     host, port = inf.get("host", "127.0.0.1"), inf.get("port", 30000)
     sglang = out["programs"].get("sglang")
@@ -110,6 +111,10 @@ def human(st: dict) -> str:
     lines.append(f"trainer: step {t.get('step')}, last progress {_ago(t.get('last_progress'))}, "
                  f"checkpoint at step {t.get('checkpoint_step')}, weights v{t.get('weight_version')}"
                  + (f", resumed at step {t['resumed_from_step']}" if t.get("resumed_from_step") else ""))
+    code = t.get("code") or {}
+    if code.get("entry"):
+        lines.append(f"code: {code['entry']}" + (f" at {code['commit'][:12]}" if code.get("commit") else "")
+                     + (" (with uncommitted changes)" if code.get("dirty") else ""))
     lines.append(f"inference: {st['inference']['phase']}")
     for act in st.get("watchdog") or []:
         lines.append(f"watchdog {_ago(act.get('time'))}: {act.get('action')} {act.get('program')}: {act.get('reason')}")

@@ -21,7 +21,7 @@ dist.init_process_group("gloo", rank=0, world_size=1)
 from areal.api.cli_args import MicroBatchSpec, TrainEngineConfig  # noqa: E402
 from areal.engine.fsdp_engine import FSDPEngine  # noqa: E402
 
-from podkit.programs import areal_patches  # noqa: E402
+from podkit.areal import patches as areal_patches  # noqa: E402
 
 
 def make_engine(impl: str, d: str) -> FSDPEngine:

@@ -117,7 +117,7 @@ async def areal_call():
                 return str(e)
 
     before = await once()
-    from podkit.programs import areal_patches
+    from podkit.areal import patches as areal_patches
 
     areal_patches.send_api_key(key)
     return before, await once()

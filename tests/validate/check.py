@@ -177,7 +177,7 @@ def weight_update_check(src: str) -> dict:
     from areal.api.io_struct import WeightUpdateMeta
     from areal.engine.sglang_remote import SGLangBackend
 
-    from podkit.programs.areal_patches import version_weight_updates
+    from podkit.areal.patches import version_weight_updates
 
     version_weight_updates()
     meta = WeightUpdateMeta.from_disk("podkit", "run", "/workspace/areal").with_version(7)

@@ -44,9 +44,12 @@ PINNED = {
     "areal.trainer.rl_trainer:PPOTrainer._export_and_commit_stats": "7e4e8cad3f836983",
     # freq_ctl.check called by keyword, last_step_info set after the save (force_recover_checkpoint)
     "areal.utils.recover:RecoverHandler.dump": "501e4695bd6b985f",
-    # the disk update waits for SGLang's answer (fut.result()) before the step goes on: what grpo.py's
+    # the disk update waits for SGLang's answer (fut.result()) before the step goes on: what hooks.py's
     # check of the served version at commit time relies on
     "areal.engine.fsdp_engine:FSDPEngine._update_weights_from_disk": "42638912b2b392fa",
+    # hooks.py: a config AReaL refuses is a config error; SPMD mode refuses what needs proxy workers
+    "areal.api.cli_args:load_expr_config": "ace860e7e20c7390",
+    "areal.trainer.rl_trainer:PPOTrainer._requires_proxy_workflow": "c9a08061c679c941",
 }
 
 
@@ -91,7 +94,7 @@ def apply(api_key: str = "", ride_out_s: float = 0.0) -> None:
     have = areal_version()
     if have != AREAL_VERSION:
         raise PatchError(f"podkit's AReaL patches are for areal {AREAL_VERSION}, this is {have}: read "
-                         "src/podkit/programs/areal_patches.py against the new version before training")
+                         "src/podkit/areal/patches.py against the new version before training")
     packed_mask()
     version_weight_updates()
     if ride_out_s > 0:

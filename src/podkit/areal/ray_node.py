@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 
 from podkit import log, proc, records
+from podkit.areal.command import set_pdeathsig
+from podkit.areal.heartbeat import heartbeats
 
 _log = log.get("ray")
 
@@ -121,12 +123,10 @@ def main(cfg) -> int:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # inherited by Ray: see the module's docstring
     # Its own group: supervisord's group stop must not reach the raylet (and this node's trainer ranks
     # with it) before they have finished their step; this program stops Ray itself.
-    from podkit.programs.areal_launch import _set_pdeathsig
-
     # Dead with this program even when it is SIGKILLed (Ray's own processes share its fate), so a
     # restarted program does not find the port taken.
     child = subprocess.Popen(args, env=environment(cfg), start_new_session=True,  # noqa: PLW1509
-                             preexec_fn=_set_pdeathsig)
+                             preexec_fn=set_pdeathsig)
     groups: dict[int, int] = {child.pid: proc.starttime(child.pid) or 0}
     records.RAY_NODE.write(cfg.run_path, {"groups": [[g, t] for g, t in groups.items()]}, mode=0o600)
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -170,8 +170,6 @@ def let_ranks_checkpoint(cfg) -> None:
     """A node leaving mid-run (its container stopping): its trainer ranks would die with Ray, mid-step,
     and the run would lose the step. Ask every rank of the run to stop after its step (the request rank
     0's SIGTERM makes, on the shared volume), and wait, up to trainer.stop_grace_s, for this node's."""
-    from podkit.programs.areal_cluster import heartbeats  # imports this module
-
     shared = cfg.workspace_path / ".podkit"  # rank 0's records
     rec = records.CLUSTER.read(shared)
     run = rec.get("run")

@@ -1,6 +1,6 @@
 """AReaL's own Ray launcher (areal.infra.launcher.ray, 1.0.4) as the driver of a cluster's run.
 
-`python -m podkit.programs.areal_ray <entry> --config <areal yaml> key=value ...` is what the trainer
+`python -m podkit.areal.ray_driver <entry> --config <areal yaml> key=value ...` is what the trainer
 program on node rank 0 runs (cluster.py supervises it). It connects to the cluster's Ray head and calls
 AReaL's `ray_main`, which places the SGLang servers and the FSDP trainer ranks on the nodes. What this
 adds around it, each for a fact of areal 1.0.4's launcher (launcher/ray.py):
@@ -23,7 +23,7 @@ import os
 import sys
 
 STANDIN_ENV = "PODKIT_RAY_STANDIN_LM"
-SETUP_HOOK = "podkit.programs.areal_ray.setup_worker"
+SETUP_HOOK = "podkit.areal.ray_driver.setup_worker"
 EXIT_FAILED = 1
 
 

@@ -3,82 +3,29 @@
 The launcher stays torchrun's parent (see `supervise`) instead of exec'ing it: stops and leftovers
 need someone between supervisord and torchrun's ranks.
 
-SPMD mode is AReaL's way to use inference servers it did not start: torchrun runs the entry script
-(podkit/programs/grpo.py) with AREAL_SPMD_MODE=1 and AREAL_LLM_SERVER_ADDRS. AReaL asks its
+SPMD mode is AReaL's way to use inference servers it did not start: torchrun runs the bootstrap
+(bootstrap.py, which runs trainer.entry or podkit's GSM8K example) with AREAL_SPMD_MODE=1 and AREAL_LLM_SERVER_ADDRS. AReaL asks its
 name_resolve store first and the env var only after, so a record left by a previous run would send it
 to a dead server; this clears the trial's records before it starts, as the reap stage does at boot.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
 from podkit import checks, discovery, health, log, proc, records, supervisord
-from podkit.programs import compile_caches, refused
+from podkit.areal import cluster
+from podkit.areal.command import clear_leftovers, command, environment, set_pdeathsig
+from podkit.programs import refused
 
 _log = log.get("trainer")
-
-
-def entry_script() -> str:
-    return str(Path(__file__).with_name("grpo.py"))
-
-
-def fileroot(cfg) -> str:
-    """AReaL's logs, HF saves and recover checkpoints: on the volume, so a new container resumes."""
-    return str(cfg.workspace_path / "areal")
-
-
-def update_root(cfg) -> str:
-    """AReaL's cluster.fileroot, which only its disk weight updates read: a full HF save every step
-    (~1 GB for 0.5B in bf16) that must be written within AReaL's fixed 120 s wait, then read by SGLang.
-    Local disk in the private run dir, not the network volume."""
-    return str(cfg.run_path / "areal")
-
-
-def overrides(cfg) -> list[str]:
-    """Hydra overrides that make the pod config the one source of truth for what podkit also reads."""
-    t, model, root = cfg.trainer, cfg.inference.model, fileroot(cfg)
-    return [f"experiment_name={t.experiment}", f"trial_name={t.trial}",
-            f"cluster.fileroot={update_root(cfg)}", f"saver.fileroot={root}", f"recover.fileroot={root}",
-            f"stats_logger.fileroot={root}", f"evaluator.fileroot={root}",
-            "cluster.name_resolve.type=nfs", f"cluster.name_resolve.nfs_record_root={t.name_resolve_root}",
-            f"actor.path={model}", f"tokenizer_path={model}", f"sglang.model_path={model}",
-            *shlex.split(t.overrides)]
-
-
-def ranks(cfg) -> int:
-    return cfg.trainer.cpu_ranks or len(cfg.gpus["trainer"])
-
-
-def command(cfg, python: str | None = None) -> list[str]:
-    n = ranks(cfg)
-    # --standalone: a local rendezvous on a free port, so a dying previous run's port cannot collide.
-    return [python or sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-            "--nproc-per-node", str(n), entry_script(), "--config", cfg.trainer.areal_config, *overrides(cfg)]
-
-
-def environment(cfg, environ: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ if environ is None else environ)
-    inf = cfg.inference
-    host = "127.0.0.1" if inf.host in ("0.0.0.0", "::") else inf.host
-    env.update(AREAL_SPMD_MODE="1", AREAL_LLM_SERVER_ADDRS=f"{host}:{inf.port}",
-               # CPU ranks see no GPU: AReaL then picks its CPU platform (gloo).
-               CUDA_VISIBLE_DEVICES="" if cfg.trainer.cpu_ranks else cfg.trainer.gpus,
-               # What AReaL's own launcher sets for an SGLang rollout backend.
-               NCCL_CUMEM_ENABLE="0", NCCL_NVLS_ENABLE="0")
-    env.setdefault("HF_HOME", str(cfg.workspace_path / "hf"))
-    env.setdefault("WANDB_MODE", "disabled")  # opt in with stats_logger.wandb.mode=online in trainer.overrides
-    return compile_caches(cfg, env)
-
 
 
 def wait_for_inference(cfg, is_dead=None, interval: float = 1.0) -> str | None:
@@ -112,9 +59,7 @@ def sglang_state(cfg):
 
 def main(cfg) -> int:
     if cfg.multi_node:  # rank 0 of a cluster (the others idle): AReaL's own Ray launcher
-        from podkit.programs import areal_cluster
-
-        return areal_cluster.main(cfg)
+        return cluster.main(cfg)
     if refused(cfg, checks.areal(cfg), _log):
         return 2
     # First: a rank left by a killed launcher trains on (and writes progress) until it is stopped.
@@ -172,21 +117,6 @@ def outcome(cfg, rc: int, started: float) -> int:
     return rc
 
 
-def _set_pdeathsig() -> None:
-    # torchrun dies with this launcher, even when supervisord has to SIGKILL it.
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def clear_leftovers(run_dir: Path) -> list[int]:
-    """What a previous torchrun left when its launcher was SIGKILLed: torchrun starts each rank in a
-    session of its own, so neither PDEATHSIG nor supervisord's killasgroup reaches them, and a left
-    rank keeps its GPU. Returns the pids killed."""
-    groups = [g for g in records.TORCHRUN.read_owned(run_dir).get("groups") or []
-              if isinstance(g, list) and len(g) == 2 and all(isinstance(x, int) for x in g)]
-    killed = proc.kill_groups(groups)
-    records.TORCHRUN.path(run_dir).unlink(missing_ok=True)
-    return killed
-
 
 def supervise(argv: list[str], env: dict[str, str], run_dir: Path) -> int:
     """Run torchrun in a process group of its own and stand between it and supervisord's signals.
@@ -197,7 +127,7 @@ def supervise(argv: list[str], env: dict[str, str], run_dir: Path) -> int:
     step, checkpoint and exit 0, and torchrun with them. SIGUSR2 (the watchdog's stack dump) is passed
     on too. torchrun's group and each rank's own group are recorded as they appear, and whatever is
     left of them when torchrun ends, or after this launcher was killed, is killed."""
-    child = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_set_pdeathsig)  # noqa: PLW1509
+    child = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=set_pdeathsig)  # noqa: PLW1509
     groups = {child.pid: proc.starttime(child.pid) or 0}
     done = threading.Event()
 

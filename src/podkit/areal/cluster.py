@@ -3,7 +3,7 @@
 1. Wait for every node (`podkit-node-<rank>`, each with its GPUs) in Ray; a node that has not joined
    within cluster.join_timeout_s is named (log, notification, cluster.json) and still waited for.
 2. Check that every node sees the shared volume: a nonce written here is read by a task on each node.
-3. Run the driver (areal_ray.py: AReaL's `ray_main`) in a session of its own, and watch it:
+3. Run the driver (ray_driver.py: AReaL's `ray_main`) in a session of its own, and watch it:
    - a dead trainer rank (its heartbeat, <state_dir>/ranks/<rank>.json, older than cluster.rank_timeout_s):
      AReaL's launcher would wait for ever (a forked child keeps the dead worker's connection open), so
      the driver is stopped and started again, and AReaL resumes from its recover checkpoint;
@@ -32,72 +32,14 @@ import uuid
 from pathlib import Path
 
 from podkit import checks, log, notify, proc, records, supervisord
-from podkit.programs import areal_launch, ray_node, refused
+from podkit.areal import command, ray_node
+from podkit.areal.heartbeat import RUN_ENV, heartbeat_dir, heartbeats
+from podkit.programs import refused
 
 _log = log.get("trainer")
-RUN_ENV = "PODKIT_CLUSTER_RUN"  # the driver's run id, in every rank's env: heartbeats of older runs are ignored
 POLL_S = 2.0
 DRIVER_STOP_S = 30.0  # SIGINT to SIGKILL for a driver being stopped
 QUICK_RESTARTS = 3  # restarts in a row without a new step before the program exits and supervisord decides
-
-
-def heartbeat_dir(state_dir: Path) -> Path:
-    return Path(state_dir) / "ranks"
-
-
-# --- in every trainer rank (grpo.py) ----------------------------------------------------------------
-
-
-def node_ip() -> str:
-    """The Ray node this rank runs on (the job's PODKIT_ env is rank 0's, whichever node this is)."""
-    try:
-        import ray
-
-        return ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - outside Ray (a test, a bare run): the heartbeat still names the host
-        return ""
-
-
-def start_heartbeat(cfg, on_stop, done: threading.Event | None = None) -> threading.Thread | None:
-    """A rank of a cluster's run says it is alive every few seconds, and stops when asked; until `done`
-    (a rank's beats end with its process)."""
-    run = os.environ.get(RUN_ENV)
-    if not run:
-        return None
-    rank = int(os.environ.get("RANK", "0"))
-    period = max(1.0, min(5.0, cfg.cluster.rank_timeout_s / 6))
-    path = heartbeat_dir(cfg.state_dir) / f"{rank}.json"
-    me = {"rank": rank, "pid": os.getpid(), "start": proc.starttime(os.getpid()) or 0, "host": socket.gethostname(),
-          "node": node_ip(), "run": run}
-
-    done = done or threading.Event()
-
-    def beat() -> None:
-        asked = False
-        while not done.is_set():
-            try:
-                records.write_json(path, {**me, "time": time.time()})
-            except OSError as e:
-                _log.warn(f"cannot write the heartbeat {path} ({e.strerror})")
-            stop = records.CLUSTER_STOP.read(cfg.state_dir)
-            if not asked and stop.get("run") == run:
-                asked = True
-                on_stop()
-            done.wait(period)
-
-    t = threading.Thread(target=beat, name="podkit-heartbeat", daemon=True)
-    t.start()
-    return t
-
-
-def heartbeats(state_dir: Path, run: str) -> list[dict]:
-    """The run's ranks' heartbeats; a planted, torn or older run's file is left out."""
-    out = []
-    for p in sorted(heartbeat_dir(state_dir).glob("*.json")):
-        hb = records.Record(p.name, records.RANK_SHAPE).read(p.parent)
-        if hb.get("run") == run and isinstance(hb.get("time"), (int, float)):
-            out.append(hb)
-    return out
 
 
 # --- on each node, for the volume check ------------------------------------------------------------
@@ -266,14 +208,14 @@ class Cluster:
     def run_driver(self, run: str) -> tuple[int, str]:
         """One run of AReaL's launcher; (exit code, why podkit stopped it or "")."""
         cfg = self.cfg
-        argv = [sys.executable, "-m", "podkit.programs.areal_ray", areal_launch.entry_script(), "--config",
+        argv = [sys.executable, "-m", "podkit.areal.ray_driver", command.bootstrap_script(), "--config",
                 cfg.trainer.areal_config, *overrides(cfg)]
         env = environment(cfg, run)
         _log.info(f"starting AReaL's Ray launcher (run {run}): {' '.join(argv[2:])}")
         # Its own session (supervisord's group stop must not SIGTERM it: SIGINT is its clean stop), and
         # dead with this launcher (PDEATHSIG); recorded, so a start after a SIGKILLed launcher clears it.
         driver = subprocess.Popen(argv, env=env, start_new_session=True,  # noqa: PLW1509
-                                  preexec_fn=areal_launch._set_pdeathsig)
+                                  preexec_fn=command.set_pdeathsig)
         self.driver_start = proc.starttime(driver.pid) or 0
         records.TORCHRUN.write(self.cfg.run_path, {"groups": [[driver.pid, self.driver_start]]}, mode=0o600)
         asked_stop = False
@@ -388,20 +330,20 @@ def overrides(cfg) -> list[str]:
     """One pod's overrides, with what a cluster needs shared: the disk weight updates go from a trainer
     node to an SGLang node, and name_resolve is how the nodes find each other."""
     root = cfg.workspace_path / "areal"
-    shared = [f"cluster.fileroot={root / 'updates'}", "cluster.name_resolve.type=nfs",
-              f"cluster.name_resolve.nfs_record_root={cfg.state_dir / 'name_resolve'}"]
-    own = [o for o in areal_launch.overrides(cfg) if not o.startswith(("cluster.fileroot=", "cluster.name_resolve."))]
+    shared = [f"++cluster.fileroot={root / 'updates'}", "++cluster.name_resolve.type=nfs",
+              f"++cluster.name_resolve.nfs_record_root={cfg.state_dir / 'name_resolve'}"]
+    own = [o for o in command.overrides(cfg) if not o.startswith(("++cluster.fileroot=", "++cluster.name_resolve."))]
     return [*shared, *own]
 
 
 def environment(cfg, run: str) -> dict[str, str]:
     """One pod's trainer env, less the SPMD server address (AReaL's launcher gives each task its own)."""
-    env = areal_launch.environment(cfg)
+    env = command.environment(cfg)
     for var in ("AREAL_SPMD_MODE", "AREAL_LLM_SERVER_ADDRS"):
         env.pop(var)
     env.update({RUN_ENV: run, "PODKIT_RAY_ADDRESS": f"{cfg.cluster.head}:{cfg.cluster.ray_port}"})
     if cfg.inference.kind == "standin-lm":
-        from podkit.programs.areal_ray import STANDIN_ENV
+        from podkit.areal.ray_driver import STANDIN_ENV
 
         env[STANDIN_ENV] = "1"
     return env
@@ -412,7 +354,7 @@ def main(cfg) -> int:
         return 2
     for d in (cfg.workspace_path / "areal" / "updates", cfg.state_dir / "name_resolve", heartbeat_dir(cfg.state_dir)):
         d.mkdir(parents=True, exist_ok=True)
-    for pid in areal_launch.clear_leftovers(cfg.run_path):
+    for pid in command.clear_leftovers(cfg.run_path):
         _log.warn(f"killed pid {pid}, left by a previous launcher that was killed")
     c = Cluster(cfg)
     signal.signal(signal.SIGTERM, lambda *_: c.stopping.set())

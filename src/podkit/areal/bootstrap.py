@@ -1,0 +1,138 @@
+"""The trainer's entry point: torchrun runs this file in each rank (and AReaL's Ray launcher loads it
+by path and calls `main(argv)` on every node), and it runs the training script under podkit's hooks.
+
+    torchrun ... bootstrap.py --config <areal yaml> key=value ...
+
+The script is trainer.entry in the synced checkout (`train.py`, or `package.module:function`), or
+podkit's GSM8K example (example/gsm8k_grpo.py) when none is named. It runs unchanged, as `__main__`,
+with `sys.argv` = [script, *argv], cwd = the checkout and `sys.path` = [its directory, the checkout,
+...]. Before it runs:
+
+- AReaL is imported and patched (hooks.install): a checkout that is an AReaL tree or vendors `areal/`
+  would otherwise shadow the installed, patched AReaL; its copy is ignored, with a warning;
+- this file's own directory is taken off `sys.path` first, so none of podkit's modules (launch.py,
+  cluster.py, ...) shadows a module of the script's.
+
+A script that fails before training starts because of its code or data (an import that fails, a syntax
+error, a missing file) is a config error: the trainer stops once, naming the file and line, and does
+not restart into the same error.
+"""
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.realpath(__file__))
+if sys.path and sys.path[0] and os.path.realpath(sys.path[0]) == _HERE:
+    del sys.path[0]
+
+import runpy  # noqa: E402 - after the path is cleared
+import subprocess  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+EXAMPLE = os.path.join(_HERE, "example", "gsm8k_grpo.py")
+# Raised before training starts, these are the script's code or data, the same on every restart.
+SETUP_ERRORS = (ImportError, SyntaxError, FileNotFoundError, NotADirectoryError)
+
+
+def entry_of(cfg) -> tuple[str, str | None, str | None]:
+    """(script path or module, function or None, checkout or None) for trainer.entry."""
+    entry = cfg.trainer.entry
+    if not entry:
+        return EXAMPLE, None, None
+    checkout = cfg.repo.dest
+    if ":" in entry and not entry.endswith(".py"):
+        module, _, function = entry.partition(":")
+        return module, function, checkout
+    return os.path.join(checkout, entry), None, checkout
+
+
+def code_of(cfg) -> dict:
+    """What trains: the entry, and the checkout's commit and whether its tree differs from it."""
+    from podkit import records
+
+    out = {"entry": cfg.trainer.entry or "podkit:gsm8k_grpo"}
+    if not cfg.trainer.entry:
+        return out
+    commit = records.SYNC.read(cfg.state_dir).get("new")
+    try:
+        head = subprocess.run(["git", "-C", cfg.repo.dest, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", cfg.repo.dest, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30)
+        out["commit"] = head or commit or ""
+        out["dirty"] = bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        out["commit"] = commit or ""
+    return out
+
+
+def shadowed_areal(paths: list[str]) -> list[str]:
+    import areal
+
+    installed = os.path.realpath(os.path.dirname(areal.__file__))
+    found = [p for d in dict.fromkeys(paths) if d and os.path.isdir(p := os.path.join(d, "areal"))]
+    return [p for p in found if os.path.realpath(p) != installed]
+
+
+def where(exc: BaseException, roots: list[str]) -> str:
+    """file:line of the deepest frame in the script's tree (the user's code), else of the deepest one."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if any(os.path.realpath(f.filename).startswith(r + os.sep) for r in roots)]
+    frame = (mine or frames or [None])[-1]
+    return f"{frame.filename}:{frame.lineno}" if frame else "?"
+
+
+def main(argv: list[str]) -> int:
+    from podkit import config, log
+    from podkit.areal import hooks
+
+    _log = log.get("trainer")
+    cfg = config.load()
+    script, function, checkout = entry_of(cfg)
+    st = hooks.install(cfg, code_of(cfg) if int(os.environ.get("RANK", "0")) == 0 else None)
+    script_dir = checkout if function else os.path.dirname(script)
+    roots = [os.path.realpath(p) for p in (script_dir, checkout) if p]
+    for p in shadowed_areal([script_dir, checkout]):
+        _log.warn(f"{p} is not used: the script imports the installed AReaL that podkit patches and pins "
+                  f"(areal {hooks_version()})")
+    if st.rank == 0:
+        _log.info(f"running {script}{':' + function if function else ''} under podkit's hooks; progress is recorded "
+                  "from AReaL's PPOTrainer.train (a script that trains otherwise records no steps)")
+    if checkout:
+        os.chdir(checkout)
+    sys.path[:0] = list(dict.fromkeys(p for p in (script_dir, checkout) if p))
+    try:
+        if function:
+            import importlib
+
+            target = getattr(importlib.import_module(script), function)
+            target(argv)
+        else:
+            sys.argv = [script, *argv]
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except SETUP_ERRORS as e:
+        if st.training:
+            raise
+        at = where(e, roots)
+        st.refuse(f"the training script failed before training started, at {at}", f"{type(e).__name__}: {e}",
+                  "fix it in the repo and push: the next boot syncs it (or fix the checkout, then "
+                  "`podkit ctl start trainer`)")
+        return 2
+    if not st.training:
+        _log.warn(f"{Path(script).name} ended without calling PPOTrainer.train: no steps were recorded")
+    return 0
+
+
+def hooks_version() -> str:
+    from podkit.areal import patches
+
+    return patches.AREAL_VERSION
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

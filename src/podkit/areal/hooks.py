@@ -1,0 +1,350 @@
+"""podkit's supervision around AReaL 1.0.4's PPOTrainer, installed at class level before the training
+script runs (bootstrap.py), so that a user's script runs unchanged under it:
+
+- config errors: `load_expr_config` raising (hydra, omegaconf, AReaL's own checks) stops the trainer
+  once, `stopped.by: config-error` with AReaL's words in progress.json (doctor shows them), never a
+  restart loop. So does an agent workflow or online mode at `train()`: SPMD mode has no proxy workers;
+- progress: rank 0 writes <workspace>/.podkit/progress.json after each step (status, health, watchdog):
+  step, weight_version, checkpoint_step, reward, loss, the trainer-vs-inference log-prob gap (and, from
+  a fresh run's first step, where every rollout came from the weights the trainer holds, the gap that
+  must be float error: on_policy_logp_gap), resumed_from/resumed_at, and the code that trains;
+- stale weights: a restarted SGLang serves the base weights ("default"), and rollouts it generates
+  carry this trainer's version. Rank 0 asks /model_info every trainer.stale_weights_check_s; after the
+  step in flight (its recover checkpoint written) every rank stops, and the launcher exits 75 so
+  supervisord restarts the trainer, which resumes from that checkpoint and pushes its weights;
+- SIGTERM: the step in flight finishes, with a recover checkpoint if it had none, and train() returns.
+  `train()` takes SIGTERM back from a handler the script installed, which would cut that step;
+- SIGUSR2: every thread's stack, to logs/stacks-<pid>.txt (the watchdog's dump).
+
+Every stop happens between steps and on all ranks at once (an all-reduce of the flags), through
+AReaL's own step limit, so no checkpoint is cut and AReaL logs no failure. Each wrapped method is
+pinned by hash in patches.PINNED.
+
+Imports AReaL and torch: this runs only in the AReaL environment, never on podkit's boot path.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from podkit import log, records
+from podkit.checks import API_KEY_ENV
+
+_log = log.get("trainer")
+CONFIG_ERROR = "config-error"  # progress.json stopped.by: the trainer stays stopped (the launcher exits 0)
+
+
+class Refused(SystemExit):
+    """The script's setup cannot train (recorded as a config error); exits the rank with 2."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+
+
+class Progress(records.Progress):
+    """Rank 0's record for podkit (the same contract as the fake trainer's)."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg.state_dir, "areal")
+        self.data["checkpoint_step"] = records.PROGRESS.read(cfg.state_dir).get("checkpoint_step")
+
+    def write(self, **fields) -> None:
+        self.update(**fields, time=time.time())
+
+
+class State:
+    """One rank's supervision: set by install(), read by the hooks."""
+
+    def __init__(self, cfg, code: dict | None) -> None:
+        self.cfg, self.code = cfg, code
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.api_key = os.environ.get(API_KEY_ENV, "")
+        self.addr = os.environ.get("AREAL_LLM_SERVER_ADDRS", "").split(",")[0]
+        self.sigterm, self.stale = threading.Event(), threading.Event()
+        self.stopped_by: str | None = None
+        self.training = False  # train() was entered: an error from here on is a training failure
+
+    def on_sigterm(self, *_) -> None:
+        self.sigterm.set()
+
+    def refuse(self, what: str, message: str, hint: str) -> Refused:
+        """Record a setup that cannot train (rank 0) and say so; the caller raises what this returns."""
+        _log.error(f"{what}: {message.splitlines()[0] if message else ''} (hint: {hint})")
+        if self.rank == 0:
+            Progress(self.cfg).update(stopped={"by": CONFIG_ERROR, "time": time.time(),
+                                               "message": f"{what}: {message}"[:2000], "hint": hint})
+        return Refused()
+
+
+_state: State | None = None
+
+
+def state() -> State | None:
+    return _state
+
+
+def install(cfg, code: dict | None = None) -> State:
+    """Before the script runs, in every rank: signals, AReaL's patches, and the class-level hooks."""
+    global _state
+    from podkit.areal import patches
+    from podkit.programs import stacks_on_sigusr2
+
+    _state = st = State(cfg, code)
+    stacks_on_sigusr2(cfg)
+    signal.signal(signal.SIGTERM, st.on_sigterm)
+    if cfg.multi_node:  # a rank placed by AReaL's Ray launcher: rank 0's launcher watches it, and asks it to stop
+        from podkit.areal import heartbeat
+
+        heartbeat.start_heartbeat(cfg, st.sigterm.set)
+    # A cluster's server comes back elsewhere (AReaL's recover run starts it on a new port): fail fast into it.
+    patches.apply(api_key=st.api_key, ride_out_s=0.0 if cfg.multi_node else cfg.inference.ready_timeout_s)
+    hook_config_loader(st)
+    hook_trainer(st)
+    return st
+
+
+# --- the config ------------------------------------------------------------------------------------
+
+
+def hook_config_loader(st: State) -> None:
+    """areal.api.cli_args.load_expr_config, and every module that imported the name before this ran."""
+    import sys
+
+    from areal.api import cli_args
+
+    original = cli_args.load_expr_config
+    if getattr(original, "_podkit", False):
+        return
+
+    def load_expr_config(argv, config_cls):
+        try:
+            return original(argv, config_cls)
+        except Exception as e:  # noqa: BLE001 - hydra, omegaconf and AReaL's own checks raise their own types
+            # The same on every restart: a restart loop re-importing torch every 20 s fixes nothing.
+            raise st.refuse("AReaL rejected its config", f"{type(e).__name__}: {e}".strip(),
+                            "fix trainer.areal_config or trainer.overrides, then `podkit ctl start trainer`") from e
+
+    load_expr_config._podkit = True
+    load_expr_config.__wrapped__ = original
+    for mod in list(sys.modules.values()):
+        if mod is not None and mod.__name__.startswith("areal") and getattr(mod, "load_expr_config", None) is original:
+            mod.load_expr_config = load_expr_config
+
+
+# --- the trainer -----------------------------------------------------------------------------------
+
+
+def hook_trainer(st: State) -> None:
+    from areal.trainer.rl_trainer import PPOTrainer
+
+    original = PPOTrainer.train
+    if getattr(original, "_podkit", False):
+        return
+    signature = inspect.signature(original)
+
+    def train(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        refuse_what_spmd_cannot_run(st, self, bound.arguments)
+        signal.signal(signal.SIGTERM, st.on_sigterm)  # taken back from the script's own handler
+        st.training = True
+        progress = supervise(st, self)
+        result = original(*bound.args, **bound.kwargs)
+        if progress is not None:
+            progress.stopped(st.stopped_by or "done")
+        return result
+
+    train._podkit = True
+    train.__wrapped__ = original
+    PPOTrainer.train = train
+
+
+def _import_error(target: str) -> str | None:
+    from areal.utils.dynamic_import import import_from_string
+
+    try:
+        import_from_string(target)
+    except Exception as e:  # noqa: BLE001 - whatever importing the user's module raises
+        return f"{target!r} cannot be imported: {type(e).__name__}: {e}"
+    return None
+
+
+def refuse_what_spmd_cannot_run(st: State, trainer, arguments: dict) -> None:
+    """AReaL checks only `workflow` when train() starts; an agent eval_workflow would fail at the first
+    evaluation, an epoch in. A reward or workflow string that does not import fails at the first step."""
+    hint_agent = ("podkit runs AReaL in SPMD mode, which has no proxy workers for agent workflows or online mode: "
+                  "pass a RolloutWorkflow (e.g. areal.workflow.rlvr.RLVRWorkflow or a subclass)")
+    for name in ("workflow", "eval_workflow"):
+        workflow = arguments.get(name)
+        if workflow is None:
+            if name == "workflow":
+                raise st.refuse("the script's train() has no workflow", "online mode (rollout.agent.mode online)",
+                                hint_agent)
+            continue
+        if isinstance(workflow, str):
+            why = _import_error(workflow)
+            if why:
+                raise st.refuse(f"train({name}=...)", why, "fix the import path in the training script")
+        if trainer._requires_proxy_workflow(workflow):
+            raise st.refuse(f"train({name}=...)", f"{workflow!r} is an agent workflow, not a RolloutWorkflow",
+                            hint_agent)
+        kwargs = arguments.get(f"{name}_kwargs") or {}
+        reward = kwargs.get("reward_fn")
+        if isinstance(reward, str):
+            why = _import_error(reward)
+            if why:
+                raise st.refuse(f"train({name}_kwargs reward_fn)", why, "fix the import path in the training script")
+
+
+def stat(stats, *suffixes: str):
+    """The first of `suffixes` (in that order of preference) that some stats key ends with."""
+    items = stats if isinstance(stats, list) else [stats]
+    for suffix in suffixes:
+        for item in items:
+            for key, value in item.items():
+                if key.endswith(suffix):
+                    try:
+                        return float(value)
+                    except (TypeError, ValueError):
+                        pass
+    return None
+
+
+def logp_gap(stats) -> dict | None:
+    """AReaL's kl_div_direct is old_logp - logprobs over the step's tokens: inference's (behaviour)
+    log-probs against the trainer's recomputed ones. On-policy tokens (step 1 of a fresh run: every
+    rollout from the weights the trainer holds) must agree to float error."""
+    lo, hi, avg = (stat(stats, f"kl_div_direct/{k}") for k in ("min", "max", "avg"))
+    if hi is None or lo is None:
+        return None
+    return {"max_abs": max(abs(lo), abs(hi)), "avg": avg}
+
+
+def served_version(addr: str, api_key: str, timeout: float = 10) -> str | None:
+    """What inference says it serves; None when it does not answer."""
+    req = urllib.request.Request(f"http://{addr}/model_info",
+                                 headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            version = json.loads(r.read()).get("weight_version")
+    except (OSError, ValueError, AttributeError, urllib.error.HTTPError):
+        return None
+    return None if version is None else str(version)
+
+
+def server_identity(cfg) -> tuple | None:
+    """Which SGLang process serves, by supervisord's word (pid and start time); None outside supervisord.
+    A different one at the end of a step than at its start means a restart in between: part of the
+    step's rollouts came from the base weights, whatever the label says once this step's push landed."""
+    from podkit import supervisord
+
+    if cfg.multi_node:  # AReaL's Ray launcher runs SGLang, not supervisord; the served version still tells
+        return None
+    info = supervisord.process_info(cfg.socket_path, "sglang")
+    if info is None:
+        return None
+    return (info["pid"], info["start"]) if info.get("statename") == supervisord.RUNNING else ("not running",)
+
+
+def watch_served_weights(cfg, progress: Progress, addr: str, api_key: str, stale: threading.Event) -> None:
+    """Rank 0, a daemon thread: flags base weights served after this trainer pushed a version."""
+    while not stale.is_set():
+        time.sleep(cfg.trainer.stale_weights_check_s)
+        pushed = progress.data.get("weight_version")
+        if pushed is None:
+            continue
+        if served_version(addr, api_key) == "default":
+            _log.warn(f"inference serves the base weights but this trainer pushed version {pushed}: inference "
+                      "restarted. Stopping after this step; supervisord restarts the trainer, which resumes "
+                      "from its recover checkpoint and pushes those weights again.")
+            stale.set()
+
+
+def supervise(st: State, trainer) -> Progress | None:
+    """What train() runs under: the per-step commit hook on this trainer, and rank 0's progress record
+    and stale-weights watcher. Returns rank 0's progress (None on other ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    from podkit.areal import patches
+
+    cfg, config_ = st.cfg, trainer.config
+    progress = Progress(cfg) if st.rank == 0 else None
+    export = trainer._export_and_commit_stats
+    save_recover = trainer._save_recover_checkpoint
+    info_path = trainer.recover_handler.recover_info_path(
+        config_.experiment_name, config_.trial_name, config_.recover.fileroot)
+    serving = [server_identity(cfg) if progress is not None else None]
+
+    def commit(epoch: int, epoch_step: int, global_step: int) -> None:
+        stats, commit_ = {}, trainer.stats_logger.commit
+
+        def keep(e, s, g, data):
+            stats["data"] = data
+            return commit_(e, s, g, data)
+
+        trainer.stats_logger.commit = keep
+        try:
+            export(epoch=epoch, epoch_step=epoch_step, global_step=global_step)
+        finally:
+            trainer.stats_logger.commit = commit_
+        step = global_step + 1  # AReaL pushed these weights as version global_step + 1
+        if progress is not None:
+            data = stats.get("data") or {}
+            saved = patches.recover_checkpoint_written(trainer, global_step)
+            progress.write(step=step, weight_version=str(step),
+                           checkpoint_step=step if saved else progress.data.get("checkpoint_step"),
+                           loss=stat(data, "update/loss/avg", "loss/avg"),
+                           reward=stat(data, "task_reward/avg", "reward/avg"),
+                           logp_gap=logp_gap(data), weight_update_s=stat(data, "timeperf/update_weights"))
+            evaluated = stat(data, "eval-rollout/reward")  # only on the evaluator's steps
+            if evaluated is not None:
+                progress.write(eval_reward=evaluated, eval_step=step)
+            if global_step == 0:  # every rollout came from the weights the trainer holds
+                progress.write(on_policy_logp_gap=logp_gap(data))
+            if served_version(st.addr, st.api_key) not in (str(step), None):
+                st.stale.set()  # the push just made is not what is served
+            # No answer (supervisord shutting down at a pod stop) says nothing about a restart.
+            now_serving = server_identity(cfg) or serving[0]
+            if serving[0] is not None and now_serving != serving[0]:
+                _log.warn(f"inference was restarted during step {step}: its rollouts came partly from the base "
+                          "weights. Stopping after this step; the trainer restarts and resumes.")
+                st.stale.set()
+            serving[0] = now_serving
+        # Every rank must stop at the same step, or the next collective hangs.
+        flags = torch.tensor([st.sigterm.is_set(), st.stale.is_set()], dtype=torch.int64)
+        dist.all_reduce(flags, group=trainer.actor.cpu_group)
+        by_sigterm, by_stale = bool(flags[0]), bool(flags[1])
+        if not (by_sigterm or by_stale):
+            return
+        saved = patches.recover_checkpoint_written(trainer, global_step) or \
+            patches.force_recover_checkpoint(trainer, save_recover, epoch, epoch_step, global_step)
+        st.stopped_by = "SIGTERM" if by_sigterm else "stale-weights"
+        if progress is not None and saved:
+            progress.write(checkpoint_step=step)
+        _log.info(f"{st.stopped_by}: stopping after step {step}, " + (
+            "with its recover checkpoint" if saved else "WITHOUT a recover checkpoint (recover.mode disabled?)"))
+        patches.stop_after_step(trainer, global_step)
+
+    trainer._export_and_commit_stats = commit
+    if progress is not None and st.addr:
+        threading.Thread(target=watch_served_weights, args=(cfg, progress, st.addr, st.api_key, st.stale),
+                         daemon=True).start()
+    if progress is not None:
+        fresh = {"resumed_from": None, "resumed_at": None, "stopped": None, "logp_gap": None,
+                 "on_policy_logp_gap": None, "code": st.code}
+        if trainer.recover_info is not None:
+            # AReaL pushed the recovered weights as version global_step + 1.
+            resumed = trainer.recover_info.last_step_info.global_step + 1
+            fresh.update(step=resumed, weight_version=str(resumed), checkpoint_step=resumed,
+                         resumed_from=info_path, resumed_at=resumed)
+            _log.info(f"resumed from the recover checkpoint of step {resumed} ({info_path})")
+        progress.write(**fresh)
+    return progress

@@ -1,0 +1,100 @@
+"""The real trainer's stack for tests: `podkit boot` of configs/cpu-rehearsal.yaml in the AReaL
+environment ($AREAL_PYTHON, built by `make test`), with the tiny model and data of rehearse/assets.py,
+against podkit's generating STAND-IN for SGLang (not SGLang). The fixtures `assets` and `rehearsal`
+(conftest.py) build on it."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import urllib.request
+from pathlib import Path
+
+from conftest import PODKIT, ROOT, Stack, wait_for
+
+PYTHON = os.environ.get("AREAL_PYTHON")
+def areal_run(*argv, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    assert PYTHON, "CI must run the real trainer: `make test` sets AREAL_PYTHON"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **kw.pop("env", {})}
+    return subprocess.run([PYTHON, *argv], capture_output=True, text=True, timeout=timeout, env=env, **kw)
+
+
+def build_assets(tmp_path_factory) -> Path:
+    """The tiny model and data, built once per test run: under pytest-xdist the workers share the run's
+    base temp dir, and the first to take the lock builds them. Tests copy them, never change them."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "rehearsal-assets"
+    root.mkdir(exist_ok=True)
+    out = root / "rehearsal"
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / ".ready").exists():
+            shutil.rmtree(out, ignore_errors=True)  # a worker that died halfway
+            r = areal_run(str(ROOT / "rehearse" / "assets.py"), str(out))
+            assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+            (root / ".ready").touch()
+    return out
+
+
+def compile_cache(tmp_path_factory) -> Path:
+    """One torch inductor and Triton cache for every real-trainer stack of a test run, as a pod keeps its
+    own on the volume: AReaL's torch.compile'd log-prob gather is then compiled once, not per test."""
+    base = tmp_path_factory.getbasetemp()
+    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "compile-cache"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def compile_env(cache: Path) -> dict[str, str]:
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
+
+
+class Rehearsal(Stack):
+    """configs/cpu-rehearsal.yaml booted by `podkit boot` in the AReaL environment."""
+
+    def __init__(self, procs, workspace: Path, assets: Path, **env: str) -> None:
+        super().__init__(procs, workspace, **env)
+        self.env.update({"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"),
+                         "PYTHONPATH": str(ROOT / "src"), "PODKIT_TRAINER_STALE_WEIGHTS_CHECK_S": "2",
+                         **env})
+        for k in ("PODKIT_INFERENCE_STARTUP_DELAY_S", "PODKIT_TRAINER_STEP_INTERVAL_S",
+                  "PODKIT_TRAINER_CHECKPOINT_EVERY"):
+            self.env.pop(k, None)
+        workspace.mkdir(parents=True, exist_ok=True)
+        if not (workspace / "rehearsal").exists():
+            shutil.copytree(assets, workspace / "rehearsal")
+
+    def start(self) -> Rehearsal:
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        self.procs.workspaces.add(str(self.workspace))
+        self.out = open(self.out_path, "ab")  # noqa: SIM115 - closed with the test's tmp dir
+        self.proc = self.procs.spawn([PYTHON, "-m", "podkit", "boot"], env=self.env, stdout=self.out,
+                                     stderr=subprocess.STDOUT)
+        wait_for(lambda: self.current().get("supervisord_pid") == self.proc.pid and self._rpc_ok(), 60,
+                 what="supervisord to accept commands")
+        return self
+
+    def served(self) -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/model_info", timeout=5) as r:
+                return json.loads(r.read())["weight_version"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def wait_fresh_step(self, step: int, after: float, timeout: float = 240) -> dict:
+        """A step at least `step` completed by a trainer process started after `after`."""
+        return wait_for(lambda: (p := self.progress()).get("step", 0) >= step and (p.get("time") or 0) > after
+                        and p, timeout, interval=0.5, what=f"trainer step {step}")
+
+    def podkit(self, *args: str) -> subprocess.CompletedProcess:
+        """podkit's own CLI from its own venv (no torch, no AReaL): what a user runs in the pod."""
+        return subprocess.run([*PODKIT, *args, "--workspace", str(self.workspace)], capture_output=True, text=True,
+                              env=self.env, timeout=60)
+
+    def stop(self, timeout: float = 120) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)

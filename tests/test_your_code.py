@@ -1,0 +1,159 @@
+"""The user's own code trains: examples/my-repo (its own config class, JSONL data, reward and workflow
+subclass) pushed to a local bare remote, synced by the boot and run as trainer.entry by podkit's
+bootstrap under torchrun: AReaL 1.0.4's real trainer on CPU under the real supervisord, against
+podkit's generating STAND-IN for SGLang (not SGLang), with rehearse/cpu-overrides on the repo's YAML,
+as `make rehearse REPO=examples/my-repo ENTRY=train.py` runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from areal_stack import PYTHON, areal_run
+from conftest import ROOT, wait_for
+from gitserver import Remote, git
+from podkit import records
+
+pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"), pytest.mark.timeout(600),
+              pytest.mark.skipif(not PYTHON and not os.environ.get("CI"),
+                                 reason="no AReaL environment: run `make test` (or set AREAL_PYTHON="
+                                        "$(sh rehearse/env.sh))")]
+
+EXAMPLE = ROOT / "examples" / "my-repo"
+CPU_OVERRIDES = " ".join(ln for ln in (ROOT / "rehearse" / "cpu-overrides").read_text().splitlines()
+                         if ln.strip() and not ln.startswith("#"))
+# What a user's script may do that would break podkit's stop: its own SIGTERM handler, which here would
+# end the rank at once, mid-step, without a recover checkpoint or a stop record.
+OWN_SIGTERM = ("import os, signal\n"
+               "signal.signal(signal.SIGTERM, lambda *_: os._exit(1))  # the script's own handler\n")
+# A checkout that vendors AReaL: on sys.path first, it would shadow the installed, patched AReaL.
+VENDORED_AREAL = 'raise ImportError("the vendored copy of areal was imported")\n'
+
+
+def example_remote(root: Path, **changes: str) -> Remote:
+    """examples/my-repo as a bare remote's main branch, with files changed or added."""
+    remote = Remote(root)
+    shutil.copytree(EXAMPLE, remote.work, dirs_exist_ok=True)
+    for path, text in changes.items():
+        (remote.work / path).parent.mkdir(parents=True, exist_ok=True)
+        (remote.work / path).write_text(text)
+    git("add", "-A", cwd=remote.work)
+    git("commit", "-q", "-m", "my training repo", cwd=remote.work)
+    git("push", "-q", "origin", "HEAD:main", cwd=remote.work)
+    return remote
+
+
+def repo_env(remote: Remote, **env: str) -> dict[str, str]:
+    return {"PODKIT_REPO_URL": remote.url, "PODKIT_TRAINER_ENTRY": "train.py",
+            "PODKIT_TRAINER_AREAL_CONFIG": "config.yaml", "PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES, **env}
+
+
+def test_your_repo_trains_from_its_checkout_stops_with_a_checkpoint_despite_its_own_sigterm_handler_and_resumes(
+        rehearsal, tmp_path):
+    train = (EXAMPLE / "train.py").read_text().replace("import sys\n", "import sys\n" + OWN_SIGTERM, 1)
+    remote = example_remote(tmp_path, **{"train.py": train, "areal/__init__.py": VENDORED_AREAL})
+    s = rehearsal(**repo_env(remote)).start()
+    p = s.wait_step(3, timeout=300)
+    # The synced commit trains, and says so.
+    assert p["code"] == {"entry": "train.py", "commit": remote.head(), "dirty": False}, p
+    log = s.log("trainer")
+    assert f"running {s.workspace / 'repo' / 'train.py'} under podkit's hooks" in log
+    assert f"{s.workspace / 'repo' / 'areal'} is not used" in log  # the vendored copy, named
+    assert isinstance(p.get("reward"), float) and p.get("on_policy_logp_gap"), p
+    # The pod's stop: the step in flight ends with its recover checkpoint, whatever the script's handler says.
+    assert s.stop() == 0
+    p = s.progress()
+    assert p["stopped"]["by"] == "SIGTERM" and p["checkpoint_step"] == p["step"], p
+    stopped_at = p["step"]
+    # The next boot syncs the same commit and resumes from that checkpoint.
+    again = time.time()
+    s.start()
+    p = s.wait_fresh_step(stopped_at + 1, again, timeout=300)
+    assert p["resumed_at"] == stopped_at and p["code"]["commit"] == remote.head(), p
+    assert s.stop() == 0
+
+
+def _refusal(s, since: float, timeout: float = 240) -> dict:
+    stopped = wait_for(lambda: (st := s.progress().get("stopped") or {}).get("by") == "config-error"
+                       and st.get("time", 0) > since and st, timeout, interval=0.5,
+                       what="the trainer to record a config error")
+    wait_for(lambda: s.rpc().supervisor.getProcessInfo("trainer")["statename"] == "EXITED", 60,
+             what="the trainer to stay stopped")
+    return stopped
+
+
+def test_a_script_that_cannot_train_stops_the_trainer_once_naming_the_file_and_line(rehearsal, tmp_path):
+    """An import error, a dataset that is not there, an agent workflow (SPMD mode has no proxy workers):
+    each found before the first step, each a config error once, never a restart loop. The user fixes
+    the checkout and starts the trainer again, as the hint says."""
+    broken = (EXAMPLE / "train.py").read_text().replace("from my_reward import", "from my_rewards import", 1)
+    remote = example_remote(tmp_path, **{"train.py": broken})
+    since = time.time()
+    s = rehearsal(**repo_env(remote)).start()
+    checkout = s.workspace / "repo"
+    stopped = _refusal(s, since)
+    line = broken.splitlines().index("from my_rewards import boxed_answer_reward") + 1
+    assert f"{checkout / 'train.py'}:{line}" in stopped["message"] and "my_rewards" in stopped["message"], stopped
+    assert "push" in stopped["hint"], stopped
+    doc = json.loads(s.podkit("doctor", "--json").stdout)
+    finding = next(f for f in doc["findings"] if f["id"] == "trainer_config_error")
+    assert any("my_rewards" in e for e in finding["evidence"]) and finding["fix"] == stopped["hint"], finding
+
+    # A dataset path that is not in the checkout.
+    (checkout / "train.py").write_text((EXAMPLE / "train.py").read_text())
+    yaml = (checkout / "config.yaml").read_text()
+    (checkout / "config.yaml").write_text(yaml.replace("path: data/train.jsonl", "path: data/missing.jsonl"))
+    since = time.time()
+    s.rpc().supervisor.startProcess("trainer", False)
+    stopped = _refusal(s, since)
+    assert "missing.jsonl" in stopped["message"] and "FileNotFoundError" in stopped["message"], stopped
+
+    # An agent workflow: refused when train() starts, before any rollout.
+    (checkout / "config.yaml").write_text(yaml)
+    agent = (EXAMPLE / "train.py").read_text().replace(
+        "trainer.train(workflow=workflow(config.gconfig),",
+        "trainer.train(workflow=lambda data: 0.0,  # an agent workflow: any callable\n                      ")
+    (checkout / "train.py").write_text(agent)
+    since = time.time()
+    s.rpc().supervisor.startProcess("trainer", False)
+    stopped = _refusal(s, since)
+    assert "agent workflow" in stopped["message"] and "SPMD" in stopped["hint"], stopped
+    assert s.progress().get("step") is None  # refused before the first step
+    assert s.log("trainer").count("[podkit:run] starting trainer") == 3  # once per start: no loop
+    assert s.stop() == 0
+
+
+def test_an_entry_that_is_not_in_the_checkout_waits_in_safe_mode_at_boot(rehearsal, tmp_path):
+    """Looked for after the sync (preflight cannot: the checkout is not there yet), before supervisord."""
+    remote = example_remote(tmp_path)
+    s = rehearsal(**repo_env(remote, PODKIT_TRAINER_ENTRY="trian.py"))
+    s.procs.workspaces.add(str(s.workspace))
+    s.proc = s.procs.spawn([PYTHON, "-m", "podkit", "boot"], env=s.env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    safe = wait_for(lambda: records.SAFE_MODE.read(s.workspace / ".podkit"), 90, what="safe mode")
+    assert "trainer.entry" in safe["message"] and "trian.py" in safe["message"], safe
+    assert safe["hint"], safe
+    time.sleep(2)
+    assert s.proc.poll() is None  # PID 1 waits, explaining itself: no restart loop
+    assert (s.workspace / "repo" / "train.py").exists()  # the checkout is synced and kept
+    assert s.stop() == 0
+
+
+def test_the_example_repos_yaml_loads_into_its_own_config_class_through_areals_loader(tmp_path):
+    """AReaL's own loader is the judge of the repo's YAML, with the CPU overrides on top."""
+    code = ("import sys; sys.path.insert(0, '.'); from train import MyConfig; "
+            "from areal.api.cli_args import load_expr_config; "
+            "c, _ = load_expr_config(sys.argv[1:], MyConfig); "
+            "print('|'.join(map(str, (type(c).__name__, c.hint, c.train_dataset.path, c.train_dataset.batch_size, "
+            "c.actor.dtype))))")
+    over = [*CPU_OVERRIDES.split(), f"++cluster.fileroot={tmp_path}", f"++stats_logger.fileroot={tmp_path}"]
+    r = areal_run("-c", code, "--config", "config.yaml", *over, cwd=EXAMPLE, env={"RANK": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = r.stdout.strip().splitlines()[-1]
+    assert got == "MyConfig|Please put your final answer within \\boxed{}.|data/train.jsonl|4|float32", got
