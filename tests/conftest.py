@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import signal
@@ -10,6 +12,7 @@ import subprocess
 import sys
 import time
 import xmlrpc.client
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -253,3 +256,20 @@ def rehearsal(procs, tmp_path, assets, tmp_path_factory):
     for s in made:
         if s.proc and s.proc.poll() is None:
             s.stop()
+
+
+def wheel(path: Path, name: str = "podkit_demo_dep", version: str = "1.0") -> Path:
+    """A pure-Python wheel, written by hand (no build backend, no index)."""
+    whl = path / f"{name}-{version}-py3-none-any.whl"
+    files = {f"{name}/__init__.py": f"VERSION = {version!r}\n",
+             f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                                  "Tag: py3-none-any\n"}
+    record = [f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b'=').decode()},"
+              f"{len(t.encode())}" for n, t in files.items()]
+    files[f"{name}-{version}.dist-info/RECORD"] = "\n".join([*record, f"{name}-{version}.dist-info/RECORD,,"]) + "\n"
+    path.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(whl, "w") as z:
+        for n, t in files.items():
+            z.writestr(n, t)
+    return whl

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from areal_stack import PYTHON, areal_run
-from conftest import ROOT, wait_for
+from conftest import ROOT, wait_for, wheel
 from gitserver import Remote, git
 from podkit import records
 
@@ -36,10 +36,12 @@ OWN_SIGTERM = ("import os, signal\n"
 VENDORED_AREAL = 'raise ImportError("the vendored copy of areal was imported")\n'
 
 
-def example_remote(root: Path, **changes: str) -> Remote:
+def example_remote(root: Path, with_files=None, **changes: str) -> Remote:
     """examples/my-repo as a bare remote's main branch, with files changed or added."""
     remote = Remote(root)
     shutil.copytree(EXAMPLE, remote.work, dirs_exist_ok=True)
+    if with_files:
+        with_files(remote.work)
     for path, text in changes.items():
         (remote.work / path).parent.mkdir(parents=True, exist_ok=True)
         (remote.work / path).write_text(text)
@@ -56,14 +58,20 @@ def repo_env(remote: Remote, **env: str) -> dict[str, str]:
 
 def test_your_repo_trains_from_its_checkout_stops_with_a_checkpoint_despite_its_own_sigterm_handler_and_resumes(
         rehearsal, tmp_path):
-    train = (EXAMPLE / "train.py").read_text().replace("import sys\n", "import sys\n" + OWN_SIGTERM, 1)
-    remote = example_remote(tmp_path, **{"train.py": train, "areal/__init__.py": VENDORED_AREAL})
-    s = rehearsal(**repo_env(remote)).start()
+    # Its own requirement (a wheel in the repo: no index here), installed by the setup stage.
+    train = (EXAMPLE / "train.py").read_text().replace(
+        "import sys\n", "import sys\n" + OWN_SIGTERM + "import podkit_demo_dep  # from requirements.txt\n", 1)
+    remote = example_remote(tmp_path, with_files=lambda work: wheel(work / "wheels"),
+                            **{"train.py": train, "areal/__init__.py": VENDORED_AREAL,
+                               "requirements.txt": "./wheels/podkit_demo_dep-1.0-py3-none-any.whl\n"})
+    s = rehearsal(**repo_env(remote, PODKIT_REPO_SETUP="pip install --no-index -r requirements.txt")).start()
     p = s.wait_step(3, timeout=300)
     # The synced commit trains, and says so.
     assert p["code"] == {"entry": "train.py", "commit": remote.head(), "dirty": False}, p
     log = s.log("trainer")
     assert f"running {s.workspace / 'repo' / 'train.py'} under podkit's hooks" in log
+    env_python = json.loads((s.workspace / ".podkit" / "setup.json").read_text())["python"]
+    assert f"starting {env_python} -m torch.distributed.run" in log  # the repo's env, not the image's Python
     assert f"{s.workspace / 'repo' / 'areal'} is not used" in log  # the vendored copy, named
     assert isinstance(p.get("reward"), float) and p.get("on_policy_logp_gap"), p
     # The pod's stop: the step in flight ends with its recover checkpoint, whatever the script's handler says.
@@ -76,6 +84,7 @@ def test_your_repo_trains_from_its_checkout_stops_with_a_checkpoint_despite_its_
     s.start()
     p = s.wait_fresh_step(stopped_at + 1, again, timeout=300)
     assert p["resumed_at"] == stopped_at and p["code"]["commit"] == remote.head(), p
+    assert "[podkit:setup] reusing" in s.stdout()  # installed once
     assert s.stop() == 0
 
 

@@ -20,7 +20,7 @@ _log = log.get("boot")
 
 
 def run_stages(cfg, record: guard.Boot | None = None) -> dict[str, str]:
-    """preflight -> reap -> sync -> render; returns supervisord's environment."""
+    """preflight -> reap -> sync -> setup -> render; returns supervisord's environment."""
     if cfg.state_dir.exists():
         safemode.clear(cfg.state_dir)
 
@@ -38,6 +38,7 @@ def run_stages(cfg, record: guard.Boot | None = None) -> dict[str, str]:
     stage("preflight", preflight.run, cfg)   # workspace writable, run dir, supervisord, a config that can train
     stage("reap", reap.run, cfg)             # TERM -> grace -> KILL every GPU holder; a dead run's leftovers
     stage("sync", sync_stage, cfg)           # clone or fetch; never rm -rf; offline -> the last checkout
+    stage("setup", setup_stage, cfg)         # the repo's requirements, once per change, in a venv on the volume
     return stage("render", render.run, cfg)  # supervisord's env from the validated config
 
 
@@ -52,6 +53,15 @@ def sync_stage(cfg) -> None:
     if cfg.trainer.kind == "areal" and cfg.trainer.entry:
         for key, what, hint in checks.programs(cfg, synced=True):
             raise ConfigError(cfg.origin(key), key, what, hint=hint)
+
+
+def setup_stage(cfg) -> None:
+    if not cfg.repo.setup.strip():
+        records.SETUP.path(cfg.state_dir).unlink(missing_ok=True)  # the trainer runs the image's Python
+        return
+    from podkit import setup  # hashing and venvs only when there is a setup command
+
+    setup.run(cfg)
 
 
 def _record_current(cfg, pid: int) -> None:

@@ -1,5 +1,5 @@
 """podkit's verbs, one table. Stage names are verbs too: `podkit preflight`, `podkit reap`, `podkit sync`,
-`podkit render` run the stage exactly as `podkit boot` does.
+`podkit setup`, `podkit render` run the stage exactly as `podkit boot` does.
 
 Every verb is a small function of (cfg, args). `--config` picks the pod config and `--workspace`
 overrides its workspace, for every verb that takes them. Errors follow click: `podkit: error: ...` on
@@ -9,6 +9,7 @@ mistake unless PODKIT_DEBUG is set.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -74,7 +75,7 @@ def _dest(option) -> str:
 # path and nothing else (pinned by tests/test_boot_imports.py).
 
 # -- the boot sequence and local runs ----------------------------------------------------------------------
-@verb("boot", "the container entrypoint: preflight, reap, sync, render, exec supervisord", load=False)
+@verb("boot", "the container entrypoint: preflight, reap, sync, setup, render, exec supervisord", load=False)
 def _boot(_cfg, args) -> int:
     from podkit import boot
 
@@ -137,6 +138,19 @@ def _sync(cfg, args) -> int:
     result = sync.run(cfg)
     if args.json:
         print(result.to_json())
+    return 0
+
+
+@verb("setup", "install the training repo's requirements (repo.setup) into its environment on the volume "
+      "(what boot does)", opt("--json", action="store_true"), workspace=True)
+def _setup(cfg, args) -> int:
+    from podkit import setup
+
+    rec = setup.run(cfg)
+    if args.json:
+        print(json.dumps(rec))
+    elif rec is None:
+        print("repo.setup is empty: the trainer runs the image's Python")
     return 0
 
 

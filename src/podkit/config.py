@@ -62,6 +62,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "timeout_s": Field(float, 300.0, "limit for one git network operation", "s", minimum=1),
         "retries": Field(int, 3, "attempts for a network operation, with exponential back-off", "", minimum=1),
         "lock_timeout_s": Field(float, 600.0, "how long a second boot waits for the sync lock", "s", minimum=0),
+        "setup": Field(str, "", "shell command run in the checkout to install its requirements (e.g. pip install -r "
+                       "requirements.txt), once per change of its dependency files, into a venv on the volume "
+                       "that inherits the image's packages; the trainer runs in it. Empty: the image's packages"),
+        "setup_timeout_s": Field(float, 1800.0, "limit for repo.setup", "s", minimum=1),
     },
     "guard": {
         "max_boots": Field(int, 5, "crash-loop guard: more boots than this within window_s -> safe mode", "",

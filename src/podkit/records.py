@@ -175,6 +175,10 @@ CURRENT = Record("current.json", {"run_dir": str, "socket": str, "supervisord_pi
 SAFE_MODE = Record("safe-mode.json", {"stage": str, "message": str, "hint": str, "since": NUMBER, "pid": int,
                                       "traceback": str})
 SYNC = Record("sync.json", {"changed": bool, "old": str, "new": str, "mode": str, "notes": [str], "time": NUMBER})
+# The setup stage's environment for the trainer (setup.py), and in <workspace>/envs the last one built.
+SETUP = Record("setup.json", {"key": str, "python": str, "command": str, "commit": str, "time": NUMBER,
+                              "fallback": bool})
+LAST_GOOD_SETUP = Record("last-good.json", {"env": str, "time": NUMBER})
 RESUME = Record("resume.json", {"time": NUMBER})
 WATCHDOG = Record("watchdog.json", [{"time": NUMBER, "action": str, "program": str, "reason": str, "dump": str}])
 # In the run dir (local disk): the log listener's view of supervisord's programs, and the AReaL

@@ -20,7 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from podkit import checks, discovery, health, log, proc, records, supervisord
+from podkit import checks, discovery, health, log, proc, records, setup, supervisord
 from podkit.areal import cluster
 from podkit.areal.command import clear_leftovers, command, environment, set_pdeathsig
 from podkit.programs import refused
@@ -72,7 +72,10 @@ def main(cfg) -> int:
     for line in discovery.clear(cfg.trainer.name_resolve_root, cfg.trainer.experiment, cfg.trainer.trial):
         _log.info(line)
     unpause(cfg)
-    argv, env = command(cfg), environment(cfg)
+    python, why = setup.python_for(cfg)
+    if why:
+        _log.warn(f"{why}: running the image's Python")
+    argv, env = command(cfg, python), environment(cfg)
     _log.info(f"starting {shlex.join(argv)} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r}, "
               f"AREAL_LLM_SERVER_ADDRS={env['AREAL_LLM_SERVER_ADDRS']})")
     started = time.time()
