@@ -70,7 +70,7 @@ def main() -> int:
                   f"{got['step']:.2f} s/step over steps {got['first']}-{got['last']} ({time.time() - t0:.0f} s)")
     ma, mb = statistics.median(a), statistics.median(b)
     print(f"median s/step: example (no trainer.entry) {ma:.2f}, examples/my-repo (trainer.entry) {mb:.2f}; "
-          f"my-repo / example = {mb / ma:.2f}")
+          f"ratio my-repo / example = {mb / ma:.2f}")
     shutil.rmtree(root, ignore_errors=True)
     return 0
 

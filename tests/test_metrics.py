@@ -108,3 +108,24 @@ def test_metrics_off_is_an_idle_running_program_and_a_healthy_pod(stack_factory)
     assert r.returncode == 0 and "healthy" in r.stdout, r.stdout
     assert "metrics.port is 0" in s.log("metrics")
     assert s.stop() == 0
+
+
+def test_the_code_that_trains_is_an_info_metric_and_a_status_line(tmp_path):
+    """A run is traceable to its code: trainer.entry, the synced commit and a dirty tree, as the AReaL
+    trainer's hooks record them in progress.json; a planted record of the wrong shape shows nothing."""
+    from prometheus_client import generate_latest
+
+    from podkit import metrics, records, status
+
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    commit = "3f" * 20
+    records.PROGRESS.write(state, {"kind": "areal", "step": 4, "code": {"entry": "train.py", "commit": commit,
+                                                                       "dirty": True}})
+    text = generate_latest(metrics.registry(tmp_path, 600)).decode()
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert got[("podkit_trainer_code_info", (("commit", commit), ("dirty", "true"), ("entry", "train.py")))] == 1.0
+    assert f"code: train.py at {commit[:12]} (with uncommitted changes)" in status.human(status.collect(tmp_path))
+    records.PROGRESS.write(state, {"kind": "areal", "step": 4, "code": {"entry": ["x"], "commit": 5}})
+    assert "podkit_trainer_code_info" not in generate_latest(metrics.registry(tmp_path, 600)).decode()
