@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from conftest import PODKIT, ROOT, Stack, wait_for
+from gitserver import Remote, git
 
 PYTHON = os.environ.get("AREAL_PYTHON")
 def areal_run(*argv, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
@@ -98,3 +99,31 @@ class Rehearsal(Stack):
     def stop(self, timeout: float = 120) -> int:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
+
+
+# --- examples/my-repo as the training repo (trainer.entry) --------------------------------------------
+
+EXAMPLE = ROOT / "examples" / "my-repo"
+CPU_OVERRIDES = " ".join(ln for ln in (ROOT / "rehearse" / "cpu-overrides").read_text().splitlines()
+                         if ln.strip() and not ln.startswith("#"))
+
+
+def example_remote(root: Path, with_files=None, **changes: str) -> Remote:
+    """examples/my-repo as a bare remote's main branch, with files changed or added."""
+    root.mkdir(parents=True, exist_ok=True)
+    remote = Remote(root)
+    shutil.copytree(EXAMPLE, remote.work, dirs_exist_ok=True)
+    if with_files:
+        with_files(remote.work)
+    for path, text in changes.items():
+        (remote.work / path).parent.mkdir(parents=True, exist_ok=True)
+        (remote.work / path).write_text(text)
+    git("add", "-A", cwd=remote.work)
+    git("commit", "-q", "-m", "my training repo", cwd=remote.work)
+    git("push", "-q", "origin", "HEAD:main", cwd=remote.work)
+    return remote
+
+
+def repo_env(remote: Remote, **env: str) -> dict[str, str]:
+    return {"PODKIT_REPO_URL": remote.url, "PODKIT_TRAINER_ENTRY": "train.py",
+            "PODKIT_TRAINER_AREAL_CONFIG": "config.yaml", "PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES, **env}

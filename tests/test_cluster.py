@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from areal_stack import PYTHON, compile_cache, compile_env
+from areal_stack import PYTHON, compile_cache, compile_env, example_remote, repo_env
 from conftest import PODKIT, ROOT, alive, free_port, wait_for
+from gitserver import git
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"), pytest.mark.timeout(900),
               pytest.mark.skipif(not PYTHON and not os.environ.get("CI"),
@@ -159,11 +160,29 @@ def test_a_two_node_cluster_trains_through_areals_ray_launcher_recovering_a_kill
     assert wait_for(lambda: not c.ours("ray::") and not c.ours("standin_lm"), 30, what="Ray's workers gone")
 
 
-def test_a_node_that_leaves_is_named_while_the_run_waits_and_the_run_resumes_when_it_returns(cluster):
-    c = cluster(PODKIT_TRAINER_OVERRIDES="total_train_steps=8", PODKIT_CLUSTER_JOIN_TIMEOUT_S="10",
-                PODKIT_CLUSTER_NODE_LOST_S="5")
-    c.start(0), c.start(1)
-    wait_for(lambda: (c.progress().get("checkpoint_step") or 0) >= 2, 300, interval=1, what="step 2's checkpoint")
+# examples/my-repo's A40 YAML on the simulated cluster: the CPU overrides and grpo-cpu-cluster.yaml's own.
+CLUSTER_OVERRIDES = ("++allocation_mode=sglang:d1+fsdp:d1 ++cluster.n_nodes=2 ++cluster.n_gpus_per_node=1 "
+                     "'++rollout.scheduling_spec=[{cpu: 1, mem: 2}]' '++actor.scheduling_spec=[{cpu: 1, mem: 2}]'")
+
+
+def test_a_node_that_leaves_is_named_while_the_run_waits_and_the_run_resumes_when_it_returns(cluster, tmp_path):
+    """The user's repo (examples/my-repo, trainer.entry) trains on the two nodes, one commit for the whole
+    run: the branch moves after rank 0 synced, and node 1, joining then and again later, does not move
+    the shared checkout under the run."""
+    remote = example_remote(tmp_path / "remote")
+    synced = remote.head()
+    env = repo_env(remote)
+    env["PODKIT_TRAINER_OVERRIDES"] += f" {CLUSTER_OVERRIDES} total_train_steps=8"
+    c = cluster(PODKIT_CLUSTER_JOIN_TIMEOUT_S="10", PODKIT_CLUSTER_NODE_LOST_S="5", **env)
+    c.start(0)
+    wait_for(lambda: c.record("sync.json").get("new") == synced, 60, what="rank 0's sync")
+    moved = remote.commit("NOTES.md", "the branch moved on after rank 0 synced\n")
+    c.start(1)
+    p = wait_for(lambda: ((p := c.progress()).get("checkpoint_step") or 0) >= 2 and p, 300, interval=1,
+                 what="step 2's checkpoint")
+    assert p["code"] == {"entry": "train.py", "commit": synced, "dirty": False}, p
+    assert "not synced here, so every node runs one commit" in (c.root / "node1.log").read_text()
+    assert moved != synced and git("rev-parse", "HEAD", cwd=c.ws / "repo") == synced
     assert c.stop(1) == 0  # the node goes: whatever AReaL placed on it is gone
     rec = wait_for(lambda: (r := c.record("cluster.json")).get("state") == "waiting-for-nodes" and
                    "still missing" in c.log() and r, 180, interval=1, what="the run to wait, naming the node")
@@ -179,3 +198,4 @@ def test_a_node_that_leaves_is_named_while_the_run_waits_and_the_run_resumes_whe
     c.start(1)  # it comes back
     p = c.finished()
     assert p["stopped"]["by"] == "done" and p["step"] == 8 and p["resumed_at"], p
+    assert p["code"]["commit"] == synced and git("rev-parse", "HEAD", cwd=c.ws / "repo") == synced, p

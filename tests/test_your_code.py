@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from areal_stack import PYTHON, areal_run
+from areal_stack import CPU_OVERRIDES, EXAMPLE, PYTHON, areal_run, example_remote, repo_env
 from conftest import ROOT, wait_for, wheel
-from gitserver import Remote, git
 from podkit import records
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"), pytest.mark.timeout(600),
@@ -25,35 +22,12 @@ pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"), pytest.ma
                                  reason="no AReaL environment: run `make test` (or set AREAL_PYTHON="
                                         "$(sh rehearse/env.sh))")]
 
-EXAMPLE = ROOT / "examples" / "my-repo"
-CPU_OVERRIDES = " ".join(ln for ln in (ROOT / "rehearse" / "cpu-overrides").read_text().splitlines()
-                         if ln.strip() and not ln.startswith("#"))
 # What a user's script may do that would break podkit's stop: its own SIGTERM handler, which here would
 # end the rank at once, mid-step, without a recover checkpoint or a stop record.
 OWN_SIGTERM = ("import os, signal\n"
                "signal.signal(signal.SIGTERM, lambda *_: os._exit(1))  # the script's own handler\n")
 # A checkout that vendors AReaL: on sys.path first, it would shadow the installed, patched AReaL.
 VENDORED_AREAL = 'raise ImportError("the vendored copy of areal was imported")\n'
-
-
-def example_remote(root: Path, with_files=None, **changes: str) -> Remote:
-    """examples/my-repo as a bare remote's main branch, with files changed or added."""
-    remote = Remote(root)
-    shutil.copytree(EXAMPLE, remote.work, dirs_exist_ok=True)
-    if with_files:
-        with_files(remote.work)
-    for path, text in changes.items():
-        (remote.work / path).parent.mkdir(parents=True, exist_ok=True)
-        (remote.work / path).write_text(text)
-    git("add", "-A", cwd=remote.work)
-    git("commit", "-q", "-m", "my training repo", cwd=remote.work)
-    git("push", "-q", "origin", "HEAD:main", cwd=remote.work)
-    return remote
-
-
-def repo_env(remote: Remote, **env: str) -> dict[str, str]:
-    return {"PODKIT_REPO_URL": remote.url, "PODKIT_TRAINER_ENTRY": "train.py",
-            "PODKIT_TRAINER_AREAL_CONFIG": "config.yaml", "PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES, **env}
 
 
 def test_your_repo_trains_from_its_checkout_stops_with_a_checkpoint_despite_its_own_sigterm_handler_and_resumes(
@@ -166,3 +140,36 @@ def test_the_example_repos_yaml_loads_into_its_own_config_class_through_areals_l
     assert r.returncode == 0, r.stderr[-3000:]
     got = r.stdout.strip().splitlines()[-1]
     assert got == "MyConfig|Please put your final answer within \\boxed{}.|data/train.jsonl|4|float32", got
+
+
+def test_the_bootstrap_runs_a_module_function_entry_from_the_checkout_with_nothing_of_podkits_shadowing(tmp_path):
+    """trainer.entry package.module:function is called with argv, cwd the checkout, the checkout first on
+    sys.path: its own `launch.py` (a name podkit/areal also has) is the one imported, and its vendored
+    areal/ is not (the installed AReaL is, named in a warning). A script that never calls PPOTrainer.train
+    is told that no steps were recorded."""
+    repo = tmp_path / "ws" / "repo"
+    (repo / "mytrain").mkdir(parents=True)
+    (repo / "areal").mkdir()
+    (repo / "areal" / "__init__.py").write_text(VENDORED_AREAL)
+    (repo / "launch.py").write_text("WHO = 'the repo'\n")
+    (repo / "mytrain" / "__init__.py").write_text("")
+    (repo / "mytrain" / "cli.py").write_text(
+        "import json, os, sys\n"
+        "import areal, launch\n"
+        "def main(argv):\n"
+        "    json.dump({'argv': argv, 'cwd': os.getcwd(), 'launch': launch.WHO, 'areal': areal.__file__,\n"
+        "               'path': sys.path},\n"
+        "              open(os.environ['OUT'], 'w'))\n")
+    out = tmp_path / "out.json"
+    env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
+           "PODKIT_TRAINER_ENTRY": "mytrain.cli:main", "PODKIT_REPO_URL": "https://example.invalid/r.git",
+           "PODKIT_RUN_DIR": str(tmp_path / "run"), "OUT": str(out), "RANK": "0"}
+    r = areal_run(str(ROOT / "src" / "podkit" / "areal" / "bootstrap.py"), "--config", "x.yaml", "a=1",
+                  env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["argv"] == ["--config", "x.yaml", "a=1"] and got["cwd"] == str(repo), got
+    assert got["launch"] == "the repo" and "site-packages" in got["areal"], got
+    assert got["path"][0] == str(repo) and str(ROOT / "src" / "podkit" / "areal") not in got["path"], got["path"]
+    said = r.stdout + r.stderr
+    assert f"{repo / 'areal'} is not used" in said and "without calling PPOTrainer.train" in said, said[-2000:]

@@ -46,13 +46,29 @@ def sync_stage(cfg) -> None:
     if not cfg.repo.url:
         log.get("sync").info("no repo configured (PODKIT_REPO_URL): nothing to sync")
         return
+    if cfg.multi_node and cfg.cluster.rank > 0 and _shared_checkout(cfg):
+        # One commit for the whole run: the ranks on every node run rank 0's config, so its checkout on the
+        # shared volume. Fetching here could move it under a run that is training (a branch that moved).
+        log.get("sync").info(f"node rank {cfg.cluster.rank}: the run trains rank 0's checkout {cfg.repo.dest} on the "
+                             "shared volume, synced by rank 0's boot; not synced here, so every node runs one commit")
+        return
     from podkit import sync  # git plumbing (subprocess, tempfile, dataclasses) only when there is a repo
 
-    sync.run(cfg)
+    ref = None
+    if cfg.multi_node and cfg.cluster.rank > 0:  # a checkout of this node's own: rank 0's commit, not the ref's tip
+        ref = records.SYNC.read(cfg.workspace_path / ".podkit").get("new")
+        if ref:
+            log.get("sync").info(f"node rank {cfg.cluster.rank}: syncing rank 0's commit {ref[:12]}, not {cfg.repo.ref}")
+    sync.run(cfg, ref=ref)
     # What preflight could not look for before the checkout was there: trainer.entry and a YAML in it.
     if cfg.trainer.kind == "areal" and cfg.trainer.entry:
         for key, what, hint in checks.programs(cfg, synced=True):
             raise ConfigError(cfg.origin(key), key, what, hint=hint)
+
+
+def _shared_checkout(cfg) -> bool:
+    dest, ws = os.path.realpath(cfg.repo.dest), os.path.realpath(cfg.workspace_path)
+    return dest.startswith(ws + os.sep)
 
 
 def setup_stage(cfg) -> None:

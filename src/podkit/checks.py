@@ -225,6 +225,7 @@ def cluster_shape(cfg) -> dict:
         words = []
     for word in words:
         key, eq, value = word.partition("=")
+        key = key.lstrip("+")  # hydra's +key=value and ++key=value set it too
         if eq and key in SHAPE_KEYS:
             out[key] = value
     for key in ("cluster.n_nodes", "cluster.n_gpus_per_node"):
@@ -242,7 +243,7 @@ def cluster(cfg, synced: bool = True) -> list[Problem]:
     if cfg.trainer.kind != "areal":
         out.append(("trainer.kind", f"is {cfg.trainer.kind}; a multi-node run is AReaL's (its Ray launcher)",
                     "trainer.kind areal, or cluster.nodes 1"))
-    if out:
+    if out or (not synced and in_checkout(cfg, cfg.trainer.areal_config)):  # the YAML comes with the sync
         return out
     shape, c, src = cluster_shape(cfg), cfg.cluster, cfg.trainer.areal_config
     mode, gen, train = (str(shape[k] or "") for k in ("allocation_mode", "rollout.backend", "actor.backend"))

@@ -580,10 +580,11 @@ def update(url: str, ref: str, dest: str | Path, **kw) -> Result:
     return Syncer(url, ref, dest, **kw).update()
 
 
-def run(cfg) -> Result:
-    """The stage: the repo of the config at its ref, recorded in <workspace>/.podkit/sync.json."""
+def run(cfg, ref: str | None = None) -> Result:
+    """The stage: the repo of the config at its ref (or `ref`: a cluster node pins rank 0's commit),
+    recorded in <workspace>/.podkit/sync.json."""
     r = cfg.repo
-    result = update(r.url, r.ref, r.dest, depth=r.depth, timeout_s=r.timeout_s, retries=r.retries,
+    result = update(r.url, ref or r.ref, r.dest, depth=r.depth, timeout_s=r.timeout_s, retries=r.retries,
                     lock_timeout_s=r.lock_timeout_s, user=cfg.secrets.get("repo.user"),
                     token=cfg.secrets.get("repo.token"))
     records.SYNC.write(cfg.state_dir, {"changed": result.changed, "old": result.old, "new": result.new,
