@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_stack import PYTHON, areal_run
+from areal_stack import PYTHON, areal_run, example_remote, repo_env
 from conftest import ROOT, alive, free_port, wait_for
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"), pytest.mark.timeout(420),
@@ -67,9 +67,11 @@ def test_the_real_trainer_trains_pushes_each_version_evaluates_and_resumes_after
     wait_for(lambda: s2.served() == s2.progress().get("weight_version"), 60, what="the resumed push served")
 
 
-def test_a_killed_trainer_and_a_restarted_inference_each_end_in_a_resumed_run(rehearsal):
-    s = rehearsal().start()
-    s.wait_step(2, timeout=240)
+def test_a_killed_trainer_and_a_restarted_inference_each_end_in_a_resumed_run_of_your_repo(rehearsal, tmp_path):
+    """The user's repo (examples/my-repo as trainer.entry, synced from a bare remote) through both
+    recoveries; podkit's example goes through the same ones in bench/rehearse.py (tests/test_bench.py)."""
+    s = rehearsal(**repo_env(example_remote(tmp_path / "remote"))).start()
+    assert s.wait_step(2, timeout=240)["code"]["entry"] == "train.py"
     launcher = s.pid("trainer")
     ranks = _descendants(launcher)
     old_rank = s.progress()["pid"]
