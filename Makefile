@@ -55,12 +55,12 @@ rehearse: sysdeps
 	PYTHONPATH=$(CURDIR)/src $$py -m podkit --config configs/cpu-rehearsal.yaml up --workspace $(WORKSPACE) \
 	  $(if $(filter-out 0,$(STEPS)),--steps $(STEPS))
 
-# The suite on JOBS pytest-xdist workers; the container tests keep to one worker and the real-trainer
-# tests to another (their xdist_group marks). One by default: on 2 cores, tests run side by side slow
-# each other's real timers past their limits. JOBS=4 where there are more cores. It ends with its ten
-# slowest tests; docs/testing.md records the suite's time on a fresh machine.
+# The suite on JOBS pytest-xdist workers: the real-trainer tests in order on one worker (their xdist_group
+# mark; two trainers at once overload 2 cores), the container tests on one, the rest spread. Two by
+# default, for 2 cores: the real-trainer lane is the suite's critical path. It ends with its ten slowest
+# tests; docs/testing.md records the suite's time on a fresh machine.
 # On a fresh machine podkit's venv and the AReaL environment are built side by side (-j2).
-JOBS ?= 1
+JOBS ?= 2
 test: sysdeps
 	@$(MAKE) --no-print-directory -j2 $(VENV)/.ready areal-env
 	$(BIN)/ruff check src tests bench docker rehearse
