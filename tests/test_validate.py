@@ -61,6 +61,8 @@ def verdicts(tmp_path_factory):
                                              environ={})
     cases["sglang"]["bad-backend"] = sglang.command(pod("a40-4gpu.yaml", PODKIT_INFERENCE_EXTRA_ARGS=
                                                         "--attention-backend flash"), environ={})
+    cases["sglang"]["abbreviated"] = sglang.command(pod("a40-4gpu.yaml", PODKIT_INFERENCE_EXTRA_ARGS=
+                                                        "--hos 0.0.0.0 --api-ke k"), environ={})
     four = "grpo-a40-4gpu.yaml"
     cases["areal"]["seed-allocation"] = {"config": with_changes(
         tmp, four, lambda d: d["actor"].update(backend="sglang.d1t1p1+d3t1p1"))}
@@ -75,14 +77,15 @@ def verdicts(tmp_path_factory):
         cases["areal"][name] = {"config": cfg.trainer.areal_config, "overrides": areal_cluster.overrides(cfg)}
     names = {k: list(v) for k, v in cases.items()}
     request = {k: list(v.values()) for k, v in cases.items()}
-    request["podkit_src"] = str(ROOT / "src")
+    request["podkit_src"], request["sglang_flags"] = str(ROOT / "src"), True
     answer = tmp / "answer.json"
     r = subprocess.run([PYTHON, str(ROOT / "tests/validate/check.py"), str(answer)], input=json.dumps(request),
                        capture_output=True, text=True, timeout=240,
                        env={**os.environ, "PODKIT_WORKSPACE": WS})  # what podkit exports (the CPU configs read it)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(answer.read_text())
-    return {**{k: dict(zip(names[k], out[k], strict=True)) for k in names}, "weight_update": out["weight_update"]}
+    return {**{k: dict(zip(names[k], out[k], strict=True)) for k in names}, "weight_update": out["weight_update"],
+            "sglang_flags": out["sglang_flags"]}
 
 
 @pytest.mark.parametrize("name", POD_CONFIGS + ["default.yaml"])
@@ -109,6 +112,28 @@ def test_sglang_parser_rejects_a_misspelt_flag_and_a_wrong_backend(verdicts):
     assert not verdicts["sglang"]["typo"]["ok"]
     assert "--mem-fraction-statik" in verdicts["sglang"]["typo"]["error"]
     assert "invalid choice: 'flash'" in verdicts["sglang"]["bad-backend"]["error"]
+
+
+def test_extra_args_refuse_every_prefix_sglang_reads_as_a_flag_podkit_owns_and_no_other_flag(verdicts):
+    """SGLang's parser takes an unambiguous prefix for the flag: `--hos 0.0.0.0 --api-ke k` undoes the
+    loopback bind and swaps the API key. Each prefix of an owned flag is refused; each of SGLang's other
+    flags passes."""
+    args = verdicts["sglang"]["abbreviated"]["args"]
+    assert args["host"] == "0.0.0.0" and args["api_key"] == "k", args
+    flags = verdicts["sglang_flags"]
+    owned = [f for f in checks.OWNED_FLAGS if f in flags]
+    assert len(owned) >= len(checks.OWNED_FLAGS) - 1, set(checks.OWNED_FLAGS) - set(flags)  # --tp: a prefix itself
+
+    def refused(words: str) -> list:
+        return checks._owned_flags(words)
+
+    for flag in owned:
+        for n in range(3, len(flag) + 1):
+            assert refused(f"{flag[:n]} 1") and refused(f"{flag[:n]}=1"), flag[:n]
+    passed = [f for f in flags if f.startswith("--") and f not in checks.OWNED_FLAGS and not refused(f"{f} 1")]
+    assert len(passed) == len([f for f in flags if f.startswith("--") and f not in checks.OWNED_FLAGS]) > 300
+    problem = refused("--hos 0.0.0.0")[0]
+    assert "--host" in problem[1] and "inference.host" in problem[2], problem
 
 
 @pytest.mark.parametrize("name", POD_CONFIGS)

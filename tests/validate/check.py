@@ -92,6 +92,16 @@ def sglang_check(argv: list[str]) -> dict:
     return {"ok": True, "args": {k: v for k, v in vars(ns).items() if isinstance(v, (str, int, float, bool))}}
 
 
+def sglang_flags() -> list[str]:
+    """Every option string of SGLang's server parser, and whether it takes prefixes for them."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(prog="sglang.launch_server")
+    ServerArgs.add_cli_args(parser)
+    assert parser.allow_abbrev  # what makes `--hos` mean --host
+    return sorted(s for a in parser._actions for s in a.option_strings)
+
+
 def declared_choices(obj, prefix: str = "") -> list[str]:
     """AReaL declares allowed values in its dataclass fields' metadata ("choices") but its loader does
     not enforce them (OmegaConf checks types only); the engines reject other values at run time, on
@@ -197,6 +207,8 @@ def main() -> int:
     import_server_args_without_torchvision()
     out = {"sglang": [sglang_check(a) for a in request.get("sglang", [])],
            "areal": [areal_check(r["config"], r.get("overrides", [])) for r in request.get("areal", [])]}
+    if request.get("sglang_flags"):
+        out["sglang_flags"] = sglang_flags()
     if request.get("podkit_src"):
         out["weight_update"] = weight_update_check(request["podkit_src"])
     with open(answer, "w") as f:
