@@ -65,6 +65,12 @@ def test_the_config_keeps_the_clean_url_and_the_token_apart():
     ("github_pat_11ABCDEFG0123456789", "starts with github_pat_"),
     ("rpa_ABCDEFGHIJKLMNOP", "starts with rpa_"),
     ("AKIAABCDEFGHIJKLMNOP", "starts with AKIA"),
+    # Beside a RunPod secret reference, what is written literally is still read: the reference exempts
+    # only itself.
+    (f"https://{TOKEN}:{{{{ RUNPOD_SECRET_GIT_PASSWORD }}}}@github.com/x/y", "a token as a URL's user"),
+    ("https://{{ RUNPOD_SECRET_GIT_USER }}:hunter2hunter2@github.com/x/y", "credentials inside a URL"),
+    ("hf_abcdefghijklmnopqrstu {{ RUNPOD_SECRET_HF_TOKEN }}", "hf_... beside a RunPod secret reference"),
+    ("{{ RUNPOD_SECRET_HF_USER }}:a1b2c3d4e5f6a7b8c9d0e1f2", "a long value under HF_TOKEN"),
 ])
 def test_deploy_refuses_a_literal_secret_in_the_template(tmp_path, value, why):
     tpl = tmp_path / "t.yaml"
@@ -79,7 +85,11 @@ def test_deploy_refuses_a_literal_secret_in_the_template(tmp_path, value, why):
 @pytest.mark.parametrize("name, value", [("HF_TOKEN", "{{ RUNPOD_SECRET_HF_TOKEN }}"), ("GIT_TOKEN", ""),
                                          ("PODKIT_REPO_REF", "main"),
                                          ("PODKIT_CONFIG", "/opt/podkit/configs/a40-1gpu.yaml"),
-                                         ("PODKIT_REPO_URL", "https://github.com/x/y.git")])
+                                         ("PODKIT_REPO_URL", "https://github.com/x/y.git"),
+                                         ("PODKIT_REPO_URL", "https://x-access-token:{{ RUNPOD_SECRET_GH }}@github.com/x/y"),
+                                         ("PODKIT_REPO_URL", "https://{{ RUNPOD_SECRET_GH }}@github.com/x/y"),
+                                         ("PODKIT_NOTIFY_WEBHOOK_URL", "https://hooks.example.com/{{ RUNPOD_SECRET_HOOK }}"),
+                                         ("AUTH_TOKEN", "Bearer {{RUNPOD_SECRET_A}}")])
 def test_deploy_accepts_references_and_plain_values(name, value):
     assert deploy.literal_secret(value, name) == ""
 

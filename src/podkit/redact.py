@@ -24,20 +24,34 @@ _AUTHORIZATION = re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?\w+ )[^\s'
 _PLAIN = re.compile(r"^(?:true|false|yes|no|on|off|none|null|-?\d+(?:\.\d+)?)$", re.I)
 
 
+# A RunPod secret reference, which RunPod fills in when the pod starts.
+_REFERENCE = re.compile(r"\{\{\s*RUNPOD_SECRET_\w+\s*\}\}")
+_REF = "\x00"  # what a reference becomes while the rest of the value is read
+_URL_USERINFO = re.compile(r"://([^/\s@'\"]*)@")
+_OPAQUE = re.compile(r"(?=[^\d]*\d)(?=.*[A-Za-z])[A-Za-z0-9_\-]{16,}")
+
+
 def literal_secret(value: str, name: str = "") -> str:
     """Why `value` looks like a secret written literally ('' when it does not): credentials inside a
     URL, a known key prefix (also with spaces or quotes around it), or a long opaque value under a
-    name that says it is secret. A RunPod secret reference is never one."""
-    v = value.strip().strip("'\"").strip()
-    if not v or "RUNPOD_SECRET_" in v:
+    name that says it is secret. RunPod secret references are never one, but what is written beside
+    them is read as a value of its own (a literal token as a URL's user beside a referenced password)."""
+    v = _REFERENCE.sub(_REF, value).strip().strip("'\"").strip()
+    if not v.replace(_REF, "").strip():
         return ""
-    if _URL_CREDENTIALS.search(v):
-        return "credentials inside a URL"
-    for prefix in SECRET_PREFIXES:
-        if v.startswith(prefix) and len(v) >= len(prefix) + 8:
-            return f"starts with {prefix}"
-    if name and SECRET_NAME.search(name) and len(v) >= 16 and " " not in v:
-        return f"a long value under {name}"
+    for userinfo in _URL_USERINFO.findall(v):
+        user, colon, password = userinfo.partition(":")
+        if colon and password and password != _REF:
+            return "credentials inside a URL"
+        if user != _REF and any(user.startswith(p) for p in SECRET_PREFIXES):
+            return "a token as a URL's user"
+    for piece in (p.strip(" \t'\":;,=@/") for p in v.split(_REF)):
+        for prefix in SECRET_PREFIXES:
+            if piece.startswith(prefix) and len(piece) >= len(prefix) + 8:
+                return f"starts with {prefix}" if piece == v else f"{prefix}... beside a RunPod secret reference"
+        if name and SECRET_NAME.search(name) and len(piece) >= 16 and " " not in piece and (
+                piece == v or _OPAQUE.fullmatch(piece)):
+            return f"a long value under {name}"
     return ""
 
 
