@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
+import threading
+import time
 import urllib.error
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import PODKIT, free_port, wait_for
+from conftest import PODKIT, ROOT, free_port, wait_for
 from podkit import checks, config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -97,6 +100,89 @@ def test_a_pod_in_safe_mode_serves_safe_mode(procs, tmp_path):
     assert m[("podkit_boots_in_window", ())] == 1.0
     p.send_signal(signal.SIGTERM)
     assert p.wait(20) == 0
+
+
+def _listening_on(port: int) -> set[str]:
+    """The addresses a listening TCP socket on `port` is bound to, from the kernel's table."""
+    out = set()
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        addr, p = local.split(":")
+        if state == "0A" and int(p, 16) == port:
+            out.add(socket.inet_ntoa(bytes.fromhex(addr)[::-1]))
+    return out
+
+
+def test_safe_mode_does_not_serve_what_the_check_refused(procs, tmp_path):
+    """metrics.host beyond loopback without a key is the config error safe mode explains: it serves
+    /metrics on loopback only, not where the check refused."""
+    port = free_port()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    env = {"PATH": os.environ["PATH"], "PODKIT_CONFIG": str(ROOT / "configs" / "smoke.yaml"),
+           "PODKIT_WORKSPACE": str(ws), "PODKIT_METRICS_PORT": str(port), "PODKIT_METRICS_HOST": "0.0.0.0"}
+    p = procs.spawn([*PODKIT, "boot"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    m = wait_for(lambda: try_scrape(port), 30, what="/metrics in safe mode")
+    assert any(name == "podkit_safe_mode" and v == 1.0 for (name, _), v in m.items()), m
+    assert _listening_on(port) == {"127.0.0.1"}
+    p.send_signal(signal.SIGTERM)
+    out = p.communicate(timeout=20)[0].decode()
+    assert "metrics.host" in out and "127.0.0.1 only" in out, out
+
+
+def _serving(tmp_path, key: str = ""):
+    from podkit import metrics
+
+    (tmp_path / "ws" / ".podkit").mkdir(parents=True)
+    port = free_port()
+    httpd = metrics.server("127.0.0.1", port, metrics.registry(tmp_path / "ws", 600), key)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, port
+
+
+def test_a_key_a_header_cannot_carry_is_refused_and_no_header_breaks_a_scrape(tmp_path):
+    from podkit import metrics
+
+    cfg = config.load(environ={})
+    problem = checks.metrics(cfg, environ={"PODKIT_METRICS_KEY": "clé-secrète-0123456789"})[0]
+    assert problem[0] == "PODKIT_METRICS_KEY" and "visible ASCII" in problem[1], problem
+    with pytest.raises(ValueError):
+        metrics.server("127.0.0.1", free_port(), None, "clé-secrète-0123456789")
+    httpd, port = _serving(tmp_path, "metrics-key-7f3a")
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+            c.sendall(b"GET /metrics HTTP/1.0\r\nAuthorization: Bearer cl\xc3\xa9\xff\r\n\r\n")
+            assert c.recv(64).startswith(b"HTTP/1.0 401"), "a non-ASCII header is refused, not a dropped connection"
+        assert scrape(port, "metrics-key-7f3a")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_idle_connections_are_closed_and_bounded_and_a_scrape_is_answered_at_once(tmp_path):
+    """Hundreds of connections that send nothing pin neither threads nor file descriptors, and a real
+    scrape among them is answered at once; a silent one is closed after IDLE_S."""
+    from podkit import metrics
+
+    before = threading.active_count()
+    httpd, port = _serving(tmp_path)
+    idle = []
+    try:
+        for _ in range(300):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        assert threading.active_count() <= before + 1 + metrics.MAX_CONNECTIONS
+        start = time.monotonic()
+        assert scrape(port)[("podkit_supervisord_up", ())] == 0.0
+        assert time.monotonic() - start < 3
+        last = idle[-1]
+        last.settimeout(metrics.IDLE_S + 10)
+        start = time.monotonic()
+        assert last.recv(1) == b"" and time.monotonic() - start < metrics.IDLE_S + 5
+    finally:
+        for c in idle:
+            c.close()
+        httpd.shutdown()
+        httpd.server_close()
 
 
 def test_metrics_off_is_an_idle_running_program_and_a_healthy_pod(stack_factory):

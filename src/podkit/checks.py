@@ -200,11 +200,21 @@ def _backends(cfg) -> list[Problem]:
 METRICS_KEY_ENV = "PODKIT_METRICS_KEY"  # a secret, like SGLANG_API_KEY
 
 
+def usable_key(key: str) -> bool:
+    """A bearer key an HTTP header carries as it is: visible ASCII, no spaces."""
+    return bool(key) and all(0x21 <= ord(c) <= 0x7E for c in key)
+
+
 def metrics(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
     """/metrics beyond loopback only with a key; not on inference's port."""
     environ = os.environ if environ is None else environ
     m, out = cfg.metrics, []
-    if m.port and not loopback(m.host) and not environ.get(METRICS_KEY_ENV):
+    key = environ.get(METRICS_KEY_ENV, "")
+    if key and not usable_key(key):
+        out.append((METRICS_KEY_ENV, "has a character that is not visible ASCII (a space, a control or a "
+                    "non-ASCII character): an HTTP header cannot carry it as it is",
+                    "use letters, digits and punctuation only, e.g. the output of `openssl rand -hex 32`"))
+    elif m.port and not loopback(m.host) and not key:
         out.append(("metrics.host", f"{m.host} exposes /metrics beyond this machine without a key",
                     f"set {METRICS_KEY_ENV} (env file or RunPod secret), or bind 127.0.0.1"))
     if m.port and m.port == cfg.inference.port:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hmac
 import os
 import signal
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from podkit import log, records, status, supervisord
 from podkit.checks import METRICS_KEY_ENV as KEY_ENV
+from podkit.checks import loopback, usable_key
 
 _log = log.get("metrics")
 
@@ -92,13 +94,89 @@ def registry(workspace: Path, window_s: float) -> CollectorRegistry:
     return reg
 
 
+# A scrape sends its request at once. A connection that has not within IDLE_S is closed, and at most
+# MAX_CONNECTIONS are served at a time: a new one past that closes the oldest that has sent nothing
+# yet, so idle connections pin neither threads nor fds, nor keep a real scrape waiting.
+IDLE_S = 5.0
+MAX_CONNECTIONS = 32
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, address, handler) -> None:
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.lock = threading.Lock()
+        self.silent: dict = {}  # connection -> when it was accepted, until its request line is read
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address):
+        with self.lock:
+            self.silent[request] = time.monotonic()
+        if not self.slots.acquire(blocking=False):
+            self._close_oldest_silent(but=request)
+            if not self.slots.acquire(timeout=IDLE_S):
+                self.heard(request)
+                self.shutdown_request(request)
+                return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.heard(request)
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.heard(request)
+            self.slots.release()
+
+    def heard(self, request) -> None:
+        with self.lock:
+            self.silent.pop(request, None)
+
+    def _close_oldest_silent(self, but) -> None:
+        with self.lock:
+            oldest = min((c for c in self.silent if c is not but), key=self.silent.get, default=None)
+            self.silent.pop(oldest, None)
+        if oldest is not None:
+            try:  # its handler reads EOF and ends, freeing its slot
+                oldest.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def endpoint(host: str, key: str) -> tuple[str, str]:
+    """Where /metrics may be served and with which key: beyond loopback only with a usable key (the
+    check's rule, applied again where the socket is made, so no caller can serve what the check
+    refused); otherwise loopback."""
+    if key and not usable_key(key):
+        key = ""
+    return (host if loopback(host) or key else "127.0.0.1"), key
+
+
 def server(host: str, port: int, reg: CollectorRegistry, key: str = "") -> ThreadingHTTPServer:
     """GET /metrics (with `Authorization: Bearer <key>` when a key is set); everything else 404."""
+    if (host, key) != endpoint(host, key):
+        raise ValueError(f"/metrics on {host} needs a {KEY_ENV} of visible ASCII")
+    expected = f"Bearer {key}".encode()
+
     class Handler(BaseHTTPRequestHandler):
+        timeout = IDLE_S
+
+        def parse_request(self):
+            self.server.heard(self.connection)  # it spoke: no longer the first to close
+            return super().parse_request()
+
         def do_GET(self):
             if self.path.split("?", 1)[0] != "/metrics":
                 return self._answer(404, b"only /metrics here\n", "text/plain")
-            if key and not hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {key}"):
+            # Bytes, as they came (http.server decodes headers as latin-1): any header compares, none raises.
+            sent = self.headers.get("Authorization", "").encode("latin-1", "replace")
+            if key and not hmac.compare_digest(sent, expected):
                 return self._answer(401, b"Authorization: Bearer <PODKIT_METRICS_KEY>\n", "text/plain")
             try:
                 body = generate_latest(reg)
@@ -116,13 +194,15 @@ def server(host: str, port: int, reg: CollectorRegistry, key: str = "") -> Threa
         def log_message(self, *_):
             pass
 
-    httpd = ThreadingHTTPServer((host, port), Handler)
-    httpd.daemon_threads = True
-    return httpd
+    return _Server((host, port), Handler)
 
 
 def serve_in_background(host: str, port: int, workspace: Path, window_s: float, key: str = "") -> bool:
-    """For the boot waiting in safe mode: the same endpoint from a thread; False when it cannot bind."""
+    """For the boot waiting in safe mode: the same endpoint from a thread; False when it cannot bind.
+    Safe mode may be explaining the very setting that made the endpoint unsafe: then loopback only."""
+    if (host, key) != endpoint(host, key):
+        _log.warn(f"serving /metrics on 127.0.0.1 only: {host} needs a usable {KEY_ENV}")
+        host, key = endpoint(host, key)
     try:
         httpd = server(host, port, registry(workspace, window_s), key)
     except OSError as e:
@@ -145,6 +225,9 @@ def main(cfg) -> int:
         return idle("metrics", "metrics.port is 0: no metrics endpoint")
     try:
         httpd = server(m.host, m.port, registry(cfg.workspace_path, cfg.guard.window_s), os.environ.get(KEY_ENV, ""))
+    except ValueError as e:  # what the boot's check refuses; not served here either
+        _log.error(f"{e}; not serving /metrics")
+        return 1
     except OSError as e:
         _log.error(f"cannot listen on {m.host}:{m.port} ({e.strerror}); set metrics.port to a free port (0: off)")
         return 1
