@@ -17,7 +17,8 @@ from conftest import PODKIT
 pytestmark = pytest.mark.timeout(120)
 SECRETS = {"GIT_TOKEN": "gt-0123456789abcdef", "SGLANG_API_KEY": "sgl-key-5f4dcc3b5aa765d61d83",
            "RUNPOD_API_KEY": "rpa_ZYXWVUTSRQPONMLKJIHG", "HF_TOKEN": "hf_qwertyuiopasdfghjkl",
-           "PODKIT_NOTIFY_WEBHOOK_URL": "https://hooks.example/services/T000/B000/XXXXXXXXXXXXXXXX"}
+           "PODKIT_NOTIFY_WEBHOOK_URL": "https://hooks.example/services/T000/B000/XXXXXXXXXXXXXXXX",
+           "PODKIT_METRICS_KEY": "mk-8c1f0a2b9d3e"}
 URL_TOKEN = "urltok-9f8e7d6c5b4a"
 
 
@@ -98,6 +99,14 @@ def test_no_secret_reaches_the_bundle_by_value_or_by_shape(tmp_path):
     assert b"https://<redacted>@git.example" in files["config-file.yaml"]
     env_txt = files["environment.txt"].decode()
     assert "GIT_TOKEN=<redacted>\n" in env_txt and "PODKIT_NOTIFY_WEBHOOK_URL=<redacted>\n" in env_txt
+    assert "PODKIT_METRICS_KEY=<redacted>\n" in env_txt  # a secret podkit adds, named without "token" or "api"
+
+
+def test_every_secret_podkit_reads_from_the_environment_is_one_the_redaction_knows():
+    from podkit import checks, notify, redact
+
+    for name in (checks.API_KEY_ENV, checks.METRICS_KEY_ENV, notify.ENV, "RUNPOD_API_KEY"):
+        assert name in redact.PODKIT_SECRET_ENV and redact.secret_name(name), name
 
 
 def test_planted_links_fifos_huge_logs_and_a_foreign_run_dir_are_not_followed(tmp_path):

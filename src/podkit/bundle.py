@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from podkit import config, log, proc
-from podkit.redact import SECRET_NAME, Redactor
+from podkit.redact import Redactor, secret_name
 
 _log = log.get("doctor")
 LOG_TAIL = 256 << 10  # bytes of each log's end: a few thousand lines, enough for the last crash
@@ -207,8 +207,8 @@ def gather(cfg, environ=None) -> Bundle:
     b.part("config.yaml", lambda: _config(b, cfg))
     # A variable whose name says secret shows that it is set, never its value, however short.
     b.part("environment.txt", lambda: b.add("environment.txt", "".join(
-        f"{k}={'<redacted>' if SECRET_NAME.search(k) and v else v}\n" for k, v in sorted(environ.items())
-        if ENV_NAMES.match(k) or SECRET_NAME.search(k))))
+        f"{k}={'<redacted>' if secret_name(k) and v else v}\n" for k, v in sorted(environ.items())
+        if ENV_NAMES.match(k) or secret_name(k))))
     b.part("status.json", lambda: _status(b, ws))
     b.part("doctor.json", lambda: _doctor(b, cfg, ws))
     _copy_dir(b, cfg.log_dir, "logs", LOG_TAIL, dumps=STACKS_MAX)

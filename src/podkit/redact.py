@@ -10,6 +10,16 @@ SECRET_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "hf_",
                    "xoxb-", "xoxp-", "glpat-", "AKIA", "ASIA")
 SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL|WEBHOOK)",
                          re.I)
+# The secrets podkit itself reads from the environment, whatever their names say (tests/test_bundle.py
+# holds every such constant of podkit's to this list).
+PODKIT_SECRET_ENV = ("SGLANG_API_KEY", "PODKIT_METRICS_KEY", "PODKIT_NOTIFY_WEBHOOK_URL", "RUNPOD_API_KEY")
+
+
+def secret_name(name: str) -> bool:
+    """The one rule for which variable holds a secret: podkit's own, or a name that says so."""
+    return name in PODKIT_SECRET_ENV or bool(SECRET_NAME.search(name))
+
+
 _URL_CREDENTIALS = re.compile(r"(://)[^/\s:@'\"]+:(?:<redacted[^>]*>|[^/\s@'\"]+)@")
 # A long user part alone is a token used as the user (https://TOKEN@github.com/...), as git allows.
 _URL_TOKEN_USER = re.compile(r"(://)[^/\s:@'\"<>]{16,}@")
@@ -49,7 +59,7 @@ def literal_secret(value: str, name: str = "") -> str:
         for prefix in SECRET_PREFIXES:
             if piece.startswith(prefix) and len(piece) >= len(prefix) + 8:
                 return f"starts with {prefix}" if piece == v else f"{prefix}... beside a RunPod secret reference"
-        if name and SECRET_NAME.search(name) and len(piece) >= 16 and " " not in piece and (
+        if name and secret_name(name) and len(piece) >= 16 and " " not in piece and (
                 piece == v or _OPAQUE.fullmatch(piece)):
             return f"a long value under {name}"
     return ""
@@ -80,7 +90,7 @@ class Redactor:
         secrets = getattr(cfg, "secrets", {})
         # A user with no password is the token itself (https://TOKEN@host/...).
         values = {f"config {k}": str(v) for k, v in secrets.items() if k != "repo.user" or "repo.token" not in secrets}
-        values.update({f"env {k}": v for k, v in environ.items() if SECRET_NAME.search(k)})
+        values.update({f"env {k}": v for k, v in environ.items() if secret_name(k)})
         return cls(values)
 
     def __call__(self, text: str) -> str:
