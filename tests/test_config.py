@@ -59,6 +59,42 @@ def test_bad_choice_and_below_minimum_are_rejected(tmp_path):
         config.load(write(tmp_path, "trainer:\n  checkpoint_every: 0\n"), environ={})
 
 
+def test_a_huge_finite_number_is_refused_for_every_numeric_setting_before_anything_sleeps_on_it(tmp_path):
+    """1e12 s passed validation and then overflowed a sleep (a program crash-looped to FATAL). Every
+    duration and count has a maximum, in the schema and the settings table; past it: a config error
+    naming the key, from the file and from the env twin alike."""
+    numeric = [(s, k, spec) for s, keys in config.SCHEMA.items() for k, spec in keys.items()
+               if spec.type in (int, float)]
+    assert numeric and all(spec.maximum is not None for *_, spec in numeric)
+    for section, key, spec in numeric:
+        huge = "1000000000000" if spec.type is int else "1e12"
+        if spec.maximum >= 1e12:  # lr: a float32's range
+            huge = "1e300"
+        with pytest.raises(ConfigError, match="above the maximum") as e:
+            config.load(environ={config.env_name(section, key): huge})
+        assert e.value.key == config.dotted(section, key), e.value
+        huge = huge.replace("1e", "1.0e+")  # YAML 1.1's float
+        path = write(tmp_path, f"{section}:\n  {key}: {huge}\n" if section else f"{key}: {huge}\n")
+        with pytest.raises(ConfigError, match=f"{config.dotted(section, key)}.*above the maximum"):
+            config.load(path, environ={})
+    r = podkit("config", env={"PATH": "/usr/bin:/bin", "PODKIT_WATCHDOG_INTERVAL_S": "1e12"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "2592000 (30 days)" in r.stderr, r.stderr
+    row = next(r for r in config.settings_table().splitlines() if "`PODKIT_WATCHDOG_INTERVAL_S`" in r)
+    assert "| 0.1..2592000 |" in row, row
+
+
+def test_safe_mode_under_a_config_error_reads_no_env_twin_past_its_range(monkeypatch):
+    """A broken config's safe mode reads the cost guard's settings from their env twins alone: a huge
+    one there is the default, not a timer that overflows."""
+    from podkit import boot
+
+    monkeypatch.setenv("PODKIT_GUARD_STOP_POD_AFTER_S", "1e12")
+    monkeypatch.setenv("PODKIT_GUARD_STOP_POD_AT", "1e15")
+    assert boot._stop_pod_after_s(None) == (3600.0, "guard.stop_pod_after_s")
+    monkeypatch.setenv("PODKIT_GUARD_STOP_POD_AFTER_S", "7200")
+    assert boot._stop_pod_after_s(None) == (7200.0, "guard.stop_pod_after_s")
+
+
 def test_invalid_yaml_reports_line_and_column(tmp_path):
     """A YAML syntax error says where, exit 2."""
     p = write(tmp_path, "trainer:\n  seed: [1, 2\n")

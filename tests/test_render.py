@@ -78,7 +78,7 @@ REFERENCE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", re.M)
 def test_settings_table_generated_from_the_schema_lists_every_setting_with_its_default():
     """Each setting has one row with its env twin and its default, in the schema's order."""
     rows = config.settings_table().splitlines()
-    assert rows[:2] == ["| setting | env var | default | unit | meaning |", "|---|---|---|---|---|"]
+    assert rows[:2] == ["| setting | env var | default | unit | range | meaning |", "|---|---|---|---|---|---|"]
     expected = [(config.env_name(s, k), config._format(spec.default) or '""')
                 for s, keys in config.SCHEMA.items() for k, spec in keys.items()]
     assert len(rows) == 2 + len(expected)

@@ -191,10 +191,11 @@ def _stop_pod_after_s(cfg) -> tuple[float, str]:
 
 
 def _lenient_env(section: str, key: str, ok):
-    """Under a config error: one setting's env twin if it passes `ok` on its own, else its default."""
-    raw = os.environ.get(config.env_name(section, key))
+    """Under a config error: one setting's env twin if it passes `ok` and its range on its own, else its
+    default."""
+    raw, spec = os.environ.get(config.env_name(section, key)), config.SCHEMA[section][key]
     try:
-        if raw is not None and ok(raw):
+        if raw is not None and ok(raw) and (spec.minimum or 0) <= float(raw) <= spec.maximum:
             return raw
     except ValueError:
         pass

@@ -26,11 +26,19 @@ NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID
                    "PODKIT_RAY_STANDIN_LM"}
 
 
+# Every number has a ceiling: past a month a duration is a mistake, and 1e12 s overflows sleep; a count
+# past a billion is one too. A setting that needs another states its own.
+DURATION_MAX_S = 30 * 24 * 3600
+COUNT_MAX = 10**9
+
+
 class Field:
     __slots__ = ("type", "default", "doc", "unit", "choices", "minimum", "maximum")
 
     def __init__(self, type: type, default: object, doc: str, unit: str = "", choices: tuple = (),
                  minimum: float | None = None, maximum: float | None = None) -> None:
+        if type in (int, float) and maximum is None:
+            maximum = DURATION_MAX_S if unit == "s" else COUNT_MAX
         self.type, self.default, self.doc, self.unit = type, default, doc, unit
         self.choices, self.minimum, self.maximum = choices, minimum, maximum
 
@@ -60,7 +68,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "dest": Field(str, "", "checkout directory; empty: <workspace>/repo", "path"),
         "depth": Field(int, 1, "fetch depth; 0: full history", "commits", minimum=0),
         "timeout_s": Field(float, 300.0, "limit for one git network operation", "s", minimum=1),
-        "retries": Field(int, 3, "attempts for a network operation, with exponential back-off", "", minimum=1),
+        "retries": Field(int, 3, "attempts for a network operation, with exponential back-off", "", minimum=1,
+                         maximum=20),
         "lock_timeout_s": Field(float, 600.0, "how long a second boot waits for the sync lock", "s", minimum=0),
         "setup": Field(str, "", "shell command run in the checkout to install its requirements (e.g. pip install -r "
                        "requirements.txt), once per change of its dependency files, into a venv on the volume "
@@ -80,7 +89,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                   "itself (the volume stays); 0: never", "s", minimum=0),
         "stop_pod_at": Field(float, 0.0, "cost guard: a RunPod pod stops itself at this Unix time, the trainer "
                              "first with its checkpoint (`podkit deploy --max-runtime` sets it); 0: never", "s",
-                             minimum=0),
+                             minimum=0, maximum=4102444800),  # 2100-01-01
     },
     "cluster": {
         "nodes": Field(int, 1, "nodes of the run; more than 1: a Ray cluster running AReaL's own Ray launcher "
@@ -134,7 +143,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "tp": Field(int, 1, "SGLang tensor-parallel size: must equal the number of inference GPUs", "",
                     minimum=1),
         "mem_fraction_static": Field(float, 0.85, "SGLang --mem-fraction-static: GPU memory for weights and KV "
-                                     "cache", "", minimum=0.05),
+                                     "cache", "", minimum=0.05, maximum=1),
         "attention_backend": Field(str, "flashinfer", "SGLang --attention-backend; fa3 is Hopper-only (not A40)",
                                    "", ("flashinfer", "triton", "torch_native", "fa3")),
         "context_length": Field(int, 0, "SGLang --context-length; 0: the model's", "tokens", minimum=0),
@@ -169,7 +178,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "max_steps": Field(int, 0, "stop (exit 0) after this step; 0: never", "steps", minimum=0),
         "seed": Field(int, 0, "seed of the fake data and model", minimum=0, maximum=2**32 - 1),
         "lr": Field(float, 0.01, "fake trainer: learning rate (a huge one makes the loss NaN, for doctor)", "",
-                    minimum=0),
+                    minimum=0, maximum=1e38),  # float32's range
         "weight_update_timeout_s": Field(float, 120.0, "fake trainer: limit for one weight push to inference "
                                          "(AReaL's own wait is a fixed 120 s; doctor reads each trainer's "
                                          "limit)", "s", minimum=0.1),
@@ -286,6 +295,10 @@ class Config:
         return top
 
 
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
 def _format(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -365,9 +378,11 @@ def _coerce(spec: Field, raw: object, source: str, key: str, from_env: bool) -> 
         raise ConfigError(source, key, f"{bad}: {value!r}",
                           hint="one line of UTF-8 text; an env var set from a binary file carries its bytes")
     if spec.minimum is not None and value < spec.minimum:
-        raise ConfigError(source, key, f"{value!r} is below the minimum {spec.minimum:g}", hint=spec.doc)
+        raise ConfigError(source, key, f"{value!r} is below the minimum {_number(spec.minimum)}", hint=spec.doc)
     if spec.maximum is not None and value > spec.maximum:
-        raise ConfigError(source, key, f"{value!r} is above the maximum {spec.maximum:g}", hint=spec.doc)
+        raise ConfigError(source, key, f"{value!r} is above the maximum {_number(spec.maximum)}"
+                          + (" (30 days)" if spec.maximum == DURATION_MAX_S and spec.unit == "s" else ""),
+                          hint=spec.doc)
     return value
 
 
@@ -641,13 +656,15 @@ def settings_table() -> str:
     """The settings reference in docs/configuration.md, generated from the schema (a test checks the page
     holds exactly this): one markdown row per setting, in SCHEMA order. A setting with choices its meaning
     does not already name gets them appended."""
-    rows = ["| setting | env var | default | unit | meaning |", "|---|---|---|---|---|"]
+    rows = ["| setting | env var | default | unit | range | meaning |", "|---|---|---|---|---|---|"]
     for section, keys in SCHEMA.items():
         for key, spec in keys.items():
             meaning, default = spec.doc, _format(spec.default) or '""'
             if spec.choices and not all(c in spec.doc for c in spec.choices):
                 meaning += f" (one of {', '.join(spec.choices)})"
+            span = "" if spec.maximum is None else \
+                f"{_number(spec.minimum) if spec.minimum is not None else ''}..{_number(spec.maximum)}"
             cells = (f"`{dotted(section, key)}`", f"`{env_name(section, key)}`",
-                     f"`{default}`", spec.unit, meaning.replace("|", "\\|"))
+                     f"`{default}`", spec.unit, span, meaning.replace("|", "\\|"))
             rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
