@@ -1,8 +1,9 @@
 """podkit's records: every file under `<workspace>/.podkit/` (and the two in the run dir), with its
 name and its shape, written atomically and read as data, not truth.
 
-A record may be truncated, empty, binary, huge, or valid JSON of the wrong shape (a killed writer, a
-full disk, a person's edit, a planted file). Reading one that does not fit its shape returns the
+A record may be truncated, empty, binary, huge, or valid JSON of the wrong shape or with absurd
+numbers: an integer no float holds, a time far in the future or not finite (a killed writer, a full
+disk, a person's edit, a planted file). Reading one that does not fit its shape returns the
 record's empty value, as if it were missing, and moves the bad copy aside (`<name>.bad-<time>`, the
 last few kept) so it can be looked at. Depends on nothing else in podkit but its log.
 """
@@ -20,8 +21,15 @@ from podkit import log
 _log = log.get("records")
 MAX_BYTES = 16 << 20  # no record of podkit's is near this; a bigger file is not one of ours
 KEEP_BAD = 3
-NUMBER = (int, float)
+NUMBER = (int, float)  # a measure: NaN and infinity mean something (a diverged loss)
 OPTIONAL = type(None)
+INT_MAX = 2**63 - 1  # no integer podkit writes (a step, a pid, a port) is past it
+FUTURE_SKEW_S = 300.0  # another node's clock may run a little ahead; a time further on is not a time
+
+
+class TIME:
+    """A wall-clock time in a record: finite, not negative, not past now + FUTURE_SKEW_S. A step stamped
+    far in the future would silence the hang watchdog until the clock reached it."""
 
 
 class Record:
@@ -111,11 +119,18 @@ def _fits(data, shape: dict) -> bool:
         if key not in data or data[key] is None:
             continue
         value = data[key]
-        if isinstance(want, dict):
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_MAX:
+            return False  # a 400-digit integer: no float holds it, every reader would overflow
+        if want is TIME:
+            if not (isinstance(value, NUMBER) and not isinstance(value, bool)
+                    and 0 <= value <= time.time() + FUTURE_SKEW_S):
+                return False
+        elif isinstance(want, dict):
             if not _fits(value, want):
                 return False
         elif isinstance(want, list):
             if not isinstance(value, list) or not all(isinstance(v, tuple(want)) and not isinstance(v, bool)
+                                                      and not (isinstance(v, int) and abs(v) > INT_MAX)
                                                       or v is None for v in value):
                 return False
         elif want is bool:
@@ -153,15 +168,15 @@ def write_json(path: Path, data: object, mode: int = 0o644) -> None:
 
 
 # -- the records ------------------------------------------------------------------------------------------
-STOPPED = {"by": str, "time": NUMBER, "step": int, "message": str, "hint": str}
+STOPPED = {"by": str, "time": TIME, "step": int, "message": str, "hint": str}
 FINISHED = ("done", "max_steps")  # stopped.by when the trainer ended its run (AReaL's total steps; max_steps)
 # Written by podkit boot (one item per boot; guard.py).
-BOOTS = Record("boots.json", [{"time": NUMBER, "pid": int, "stages": dict, "outcome": str, "last_stop": str,
+BOOTS = Record("boots.json", [{"time": TIME, "pid": int, "stages": dict, "outcome": str, "last_stop": str,
                                "reason": str, "traceback": str}])
 # Written by the trainer (both kinds, through Progress below); read by status, health, watchdog, doctor.
-PROGRESS = Record("progress.json", {"kind": str, "step": int, "time": NUMBER, "loss": NUMBER, "reward": NUMBER,
+PROGRESS = Record("progress.json", {"kind": str, "step": int, "time": TIME, "loss": NUMBER, "reward": NUMBER,
                                     "pid": int, "checkpoint_step": int, "weight_version": str,
-                                    "checkpoint_time": NUMBER, "weight_update_s": NUMBER,
+                                    "checkpoint_time": TIME, "weight_update_s": NUMBER,
                                     "resumed_from": str, "resumed_at": int, "stopped": STOPPED,
                                     "eval_reward": NUMBER, "eval_step": int,
                                     # AReaL: inference's log-probs against the trainer's (hooks.logp_gap)
@@ -170,17 +185,17 @@ PROGRESS = Record("progress.json", {"kind": str, "step": int, "time": NUMBER, "l
                                     # what trains: trainer.entry, the synced commit and whether the tree was dirty
                                     "code": {"entry": str, "commit": str, "dirty": bool}})
 # Written by boot just before supervisord starts: where this pod's supervisord listens.
-CURRENT = Record("current.json", {"run_dir": str, "socket": str, "supervisord_pid": int, "started": NUMBER,
+CURRENT = Record("current.json", {"run_dir": str, "socket": str, "supervisord_pid": int, "started": TIME,
                                   "inference": {"host": str, "port": int}})
-SAFE_MODE = Record("safe-mode.json", {"stage": str, "message": str, "hint": str, "since": NUMBER, "pid": int,
+SAFE_MODE = Record("safe-mode.json", {"stage": str, "message": str, "hint": str, "since": TIME, "pid": int,
                                       "traceback": str})
-SYNC = Record("sync.json", {"changed": bool, "old": str, "new": str, "mode": str, "notes": [str], "time": NUMBER})
+SYNC = Record("sync.json", {"changed": bool, "old": str, "new": str, "mode": str, "notes": [str], "time": TIME})
 # The setup stage's environment for the trainer (setup.py), and in <workspace>/envs the last one built.
-SETUP = Record("setup.json", {"key": str, "python": str, "command": str, "commit": str, "time": NUMBER,
+SETUP = Record("setup.json", {"key": str, "python": str, "command": str, "commit": str, "time": TIME,
                               "fallback": bool})
-LAST_GOOD_SETUP = Record("last-good.json", {"env": str, "time": NUMBER})
-RESUME = Record("resume.json", {"time": NUMBER})
-WATCHDOG = Record("watchdog.json", [{"time": NUMBER, "action": str, "program": str, "reason": str, "dump": str}])
+LAST_GOOD_SETUP = Record("last-good.json", {"env": str, "time": TIME})
+RESUME = Record("resume.json", {"time": TIME})
+WATCHDOG = Record("watchdog.json", [{"time": TIME, "action": str, "program": str, "reason": str, "dump": str}])
 # In the run dir (local disk): the log listener's view of supervisord's programs, and the AReaL
 # launcher's process groups.
 PROGRAMS = Record("programs.json", {"_supervisord": int})
@@ -189,24 +204,26 @@ TORCHRUN = Record("torchrun.json", {"groups": list})  # [[pgid, start time], ...
 # supervisord (boot writes it before the exec, which keeps pid and start time) and each program's
 # process group (supervisord gives every program its own). Read with read_owned: they steer kills.
 RAY_NODE = Record("ray-node.json", {"groups": list})  # this node's Ray workers' groups; read with read_owned
-RUN = Record("run.json", {"supervisord": [int], "started": NUMBER})
+RUN = Record("run.json", {"supervisord": [int], "started": TIME})
 GROUP_SHAPE = {"program": str, "pgid": int, "start": int}
 
 
 def group(program: str) -> Record:
     return Record(f"group-{program}.json", GROUP_SHAPE)
 # One workspace, one pod (lease.py writes it with link(2), not through Record.write).
+# Its times stay plain numbers: another pod's clock is the lease's own question (lease.py), and a lease
+# moved aside as bad would let a second pod in.
 LEASE = Record("lease.json", {"host": str, "boot_id": str, "pid": int, "start": int, "since": NUMBER,
                               "renewed": NUMBER, "token": str})
 # podkit's own parse of the pod config (config.py): trusted only when owned by this user (read_owned).
 CONFIG_CACHE = Record("config-cache.json", {"key": list, "data": dict})
 # A webhook that does not take notifications (notify.py): logged once, by whichever program saw it first.
-NOTIFY = Record("notify.json", {"failing_since": NUMBER, "error": str})
+NOTIFY = Record("notify.json", {"failing_since": TIME, "error": str})
 # A multi-node run, as rank 0's launcher sees it: state, the nodes missing (rank, addr, since), restarts.
-CLUSTER = Record("cluster.json", {"state": str, "since": NUMBER, "time": NUMBER, "why": str, "missing": list,
+CLUSTER = Record("cluster.json", {"state": str, "since": TIME, "time": TIME, "why": str, "missing": list,
                                   "nodes": list, "run": str, "restarts": int})
-CLUSTER_STOP = Record("cluster-stop.json", {"run": str, "time": NUMBER})  # every rank stops after its step
-RANK_SHAPE = {"rank": int, "pid": int, "start": int, "host": str, "node": str, "run": str, "time": NUMBER}
+CLUSTER_STOP = Record("cluster-stop.json", {"run": str, "time": TIME})  # every rank stops after its step
+RANK_SHAPE = {"rank": int, "pid": int, "start": int, "host": str, "node": str, "run": str, "time": TIME}
 STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG, NOTIFY, CLUSTER)
 
 

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -180,6 +181,38 @@ def test_a_corrupt_record_is_treated_as_missing_and_kept_aside(tmp_path, record,
         assert "Traceback" not in v.stderr and json.loads(v.stdout), (verb, v.stderr)
     if data:  # an empty file has nothing to keep
         assert list(state.glob(f"{record}.bad-*")), f"the bad {record} was not kept aside"
+
+
+def absurd(rec: records.Record, how: str) -> str:
+    """The record's numbers made absurd: every one a 400-digit integer (huge), or every time a day and more
+    ahead (future) or Infinity (infinite), the other numbers plausible."""
+    shape = rec.shape[0] if isinstance(rec.shape, list) else rec.shape
+    times = {"future": time.time() + 1e6, "infinite": float("inf"), "huge": 10**400}
+    data = {k: times[how] if t is records.TIME else 10**400 if how == "huge" else 3
+            for k, t in shape.items() if t in (records.TIME, int, records.NUMBER)}
+    return json.dumps([data] if isinstance(rec.shape, list) else data)
+
+
+@pytest.mark.parametrize("how", ["huge", "future", "infinite"])
+def test_a_record_with_absurd_numbers_is_set_aside_and_status_and_metrics_go_on(tmp_path, how):
+    """A 400-digit integer broke every /metrics scrape and `podkit status`; a step stamped in the future
+    silenced the hang watchdog until the clock reached it (it reads progress.json's time). Such a record
+    is not one: treated as missing, kept aside."""
+    from prometheus_client.exposition import generate_latest
+
+    from podkit import metrics, status
+
+    state = tmp_path / "ws" / ".podkit"
+    state.mkdir(parents=True)
+    for rec in records.STATE_RECORDS:
+        (state / rec.name).write_text(absurd(rec, how))
+        assert rec.read(state) == rec.empty and list(state.glob(f"{rec.name}.bad-*")), rec.name
+        (state / rec.name).write_text(absurd(rec, how))
+    # progress.json's time is what the watchdog reads: none to trust, so a stall is timed from the start.
+    json.dumps(status.collect(tmp_path / "ws"), default=str)
+    for rec in records.STATE_RECORDS:
+        (state / rec.name).write_text(absurd(rec, how))
+    assert b"podkit_supervisord_up" in generate_latest(metrics.registry(tmp_path / "ws", 600))
 
 
 # -- /tmp is shared ---------------------------------------------------------------------------------------------
