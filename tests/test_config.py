@@ -95,6 +95,32 @@ def test_safe_mode_under_a_config_error_reads_no_env_twin_past_its_range(monkeyp
     assert boot._stop_pod_after_s(None) == (7200.0, "guard.stop_pod_after_s")
 
 
+BOMB = "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['lol'] * 9)}]\n"
+               for p, c in zip(["", *"abcdefgh"], "abcdefghi", strict=True)) + "nosuchkey: 1\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_is_expanded_and_nothing_is_cached(tmp_path):
+    """Nine lines of aliases of aliases stand for 9**9 values: refused from the parse, in well under a
+    second, and nothing is written to the volume's parse cache (it was: 256 MB on every boot). Only a
+    config that passed every check is cached; one alias in a config is fine."""
+    import time
+
+    ws = tmp_path / "ws"
+    (ws / ".podkit").mkdir(parents=True)
+    env = {"PODKIT_WORKSPACE": str(ws)}
+    assert len(BOMB) < 500
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match="expands to .* values through YAML aliases"):
+        config.load(write(tmp_path, BOMB), environ=env)
+    assert time.monotonic() - start < 1
+    with pytest.raises(ConfigError, match="unknown key"):
+        config.load(write(tmp_path, "trainer:\n  checkpoint_evry: 5\n"), environ=env)
+    assert not (ws / ".podkit" / "config-cache.json").exists()
+    good = write(tmp_path, "reap:\n  grace_s: &wait 7\n  kill_wait_s: *wait\n")
+    assert config.load(good, environ=env).reap.kill_wait_s == 7
+    assert (ws / ".podkit" / "config-cache.json").exists()
+
+
 def test_invalid_yaml_reports_line_and_column(tmp_path):
     """A YAML syntax error says where, exit 2."""
     p = write(tmp_path, "trainer:\n  seed: [1, 2\n")

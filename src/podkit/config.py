@@ -404,8 +404,9 @@ def _cache_dir(environ) -> Path | None:
     return Path(ws) / ".podkit" if ws else None
 
 
-def _read_yaml(path: Path, environ) -> dict[str, object]:
-    """The file's mapping. A parse is cached, keyed by the file's path and content: PyYAML's import
+def _read_yaml(path: Path, environ) -> tuple[dict[str, object], object]:
+    """The file's mapping, and what writes its parse to the cache (None: it came from there), for load()
+    to call once the config passed every check. A parse is cached, keyed by the file's path and content: PyYAML's import
     alone costs a sixth of supervisord's start-up, and restarts re-read an unchanged file. The cache
     is used only when this user owns it and nobody else can write it (it could steer root's
     config); its data is validated like fresh data, only the YAML parse is skipped."""
@@ -417,16 +418,18 @@ def _read_yaml(path: Path, environ) -> dict[str, object]:
     if cache is not None:
         cached = records.CONFIG_CACHE.read_owned(cache)
         if cached.get("key") == key and isinstance(cached.get("data"), dict):
-            return cached["data"]
+            return cached["data"], None
     data = _parse_yaml(path, raw)
     repo = data.get("repo")
     secret = isinstance(repo, dict) and split_credentials(str(repo.get("url") or ""))[2]
-    if cache is not None and cache.is_dir() and not secret:  # a file with a token is not copied to the volume
-        try:
-            records.CONFIG_CACHE.write(cache, {"key": key, "data": data}, mode=0o600)
-        except (OSError, TypeError, ValueError):
-            pass  # not JSON-representable (dates...) or no room: parse again next time
-    return data
+
+    def store() -> None:
+        if cache is not None and cache.is_dir() and not secret:  # a file with a token is not copied to the volume
+            try:
+                records.CONFIG_CACHE.write(cache, {"key": key, "data": data}, mode=0o600)
+            except (OSError, TypeError, ValueError):
+                pass  # not JSON-representable (dates...) or no room: parse again next time
+    return data, store
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -444,6 +447,27 @@ def _read_bytes(path: Path) -> bytes:
 
 
 MAX_CONFIG_BYTES = 1 << 20  # a pod config is a few KiB
+# A pod config holds about a hundred values. Aliases of aliases (a "billion laughs" file) expand far past
+# any such count while the file stays tiny: counted on the parse before anything is built or written.
+MAX_CONFIG_VALUES = 10_000
+
+
+def _expanded(node, memo: dict) -> int:
+    """How many values `node` stands for once every alias in it is expanded (shared nodes counted each
+    time they are used, each counted once per node: linear in the file)."""
+    import yaml
+
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = 1  # a recursive alias ends here
+    if isinstance(node, yaml.MappingNode):
+        n = 1 + sum(_expanded(k, memo) + _expanded(v, memo) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        n = 1 + sum(_expanded(v, memo) for v in node.value)
+    else:
+        n = 1
+    memo[id(node)] = n
+    return n
 
 
 def _parse_yaml(path: Path, raw: bytes) -> dict[str, object]:
@@ -458,8 +482,14 @@ def _parse_yaml(path: Path, raw: bytes) -> dict[str, object]:
         line = raw[:e.start].count(b"\n") + 1
         raise ConfigError(str(path), f"line {line}", f"not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start})",
                           hint="save the file as UTF-8; a binary or corrupt file is not a pod config") from None
+    loader = yaml.SafeLoader(text)
     try:
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is not None and (n := _expanded(node, {})) > MAX_CONFIG_VALUES:
+            raise ConfigError(str(path), "", f"expands to {n:,} values through YAML aliases (a pod config holds "
+                              f"about a hundred; the limit is {MAX_CONFIG_VALUES:,})",
+                              hint="write the settings out; aliases of aliases multiply")
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -468,6 +498,8 @@ def _parse_yaml(path: Path, raw: bytes) -> dict[str, object]:
                           hint="check the indentation and quoting around that line") from None
     except RecursionError:
         raise ConfigError(str(path), "", "invalid YAML: nested too deeply", hint="a pod config is two levels deep") from None
+    finally:
+        loader.dispose()
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -578,10 +610,11 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
     warnings: list[str] = []
     origins: dict[str, str] = {}
     path = path or environ.get("PODKIT_CONFIG") or None
-    source = "defaults"
+    source, store = "defaults", None
     if path:
         source = str(path)
-        _apply_file(values, _read_yaml(Path(path), environ), source, origins)
+        data, store = _read_yaml(Path(path), environ)
+        _apply_file(values, data, source, origins)
     _apply_env(values, environ, warnings, origins)
     for name, raw in (overrides or {}).items():
         section, _, key = name.rpartition(".")
@@ -621,6 +654,8 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
         # configs/a40-4gpu.yaml can say areal/grpo-a40-4gpu.yaml.
         base = values["repo"]["dest"] if values["trainer"]["entry"] else (os.path.dirname(path) if path else "")
         values["trainer"]["areal_config"] = os.path.abspath(os.path.join(base, areal))
+    if path and store:
+        store()  # only a config that passed every check is written to the volume
     return Config(values, source, warnings, origins, secrets)
 
 
