@@ -58,6 +58,21 @@ def test_the_config_keeps_the_clean_url_and_the_token_apart():
     assert TOKEN not in repr(cfg.as_env()) and TOKEN not in repr(cfg.as_dict())
 
 
+@pytest.mark.parametrize("url", [f"ssh://git:{TOKEN}@git.example.com/team/train.git",
+                                 f"git://me:{TOKEN}@git.example.com:9418/train.git"])
+def test_a_password_in_a_url_git_cannot_pass_it_to_is_a_config_error_that_does_not_show_it(url, tmp_path):
+    """An ssh (or git://) URL is not split by https's rule: its password was kept in the URL, rendered and
+    logged. git gives such a password to nobody: a config error, exit 2, the password in no output."""
+    from podkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="with a password in it") as e:
+        config.load(environ={"PODKIT_REPO_URL": url, "PODKIT_WORKSPACE": "/workspace"})
+    assert TOKEN not in str(e.value) and TOKEN not in e.value.hint and "git.example.com" in e.value.hint
+    r = subprocess.run([*PODKIT, "config"], capture_output=True, text=True, timeout=30,
+                       env={"PATH": os.environ["PATH"], "PODKIT_REPO_URL": url, "PODKIT_WORKSPACE": str(tmp_path)})
+    assert r.returncode == 2 and TOKEN not in r.stdout + r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("value, why", [
     (f"https://bob:{TOKEN}@github.com/x/y", "credentials inside a URL"),
     ("  hf_abcdefghijklmnopqrstu  ", "starts with hf_"),

@@ -321,6 +321,10 @@ def split_credentials(url: str) -> tuple[str, str | None, str | None]:
                 host += f":{parts.port}"
             return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment)), parts.username, \
                 parts.password
+        if parts.password:  # ssh://user:pass@host/x: the user stays (ssh needs it), the password is split out
+            host = f"{parts.username}@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+            return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment)), parts.username, \
+                parts.password
     except ValueError:
         pass
     return url, None, None
@@ -647,6 +651,11 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
     _check_paths(top, origins)
     url, user, token = split_credentials(values["repo"]["url"])
     values["repo"]["url"] = url
+    if token and not url.startswith(("http://", "https://")):
+        raise ConfigError(origins.get("repo.url", "defaults"), "repo.url", f"{url.split('://')[0]} URL with a "
+                          "password in it: git gives it to nobody (ssh takes keys, not a password from the URL)",
+                          hint=f"remove the password ({url}) and give the pod a deploy key, or use an https URL "
+                          "with GIT_TOKEN")
     secrets = {k: v for k, v in (("repo.user", user), ("repo.token", token)) if v}
     areal = values["trainer"]["areal_config"]
     if areal and not os.path.isabs(areal):
