@@ -116,6 +116,27 @@ def test_unrelated_process_survives(procs, devices, tmp_path):
     assert alive(bystander)
 
 
+def test_a_glob_that_matches_more_than_device_files_stops_no_holder_of_the_rest(procs, devices, tmp_path):
+    """PODKIT_DEVICES=<dir>/* (or a link named nvidia9 to a checkpoint): only GPU device files steer the
+    reap; the holder of anything else is left alone, and the check that boot runs refuses the glob."""
+    from podkit import checks, config
+
+    ckpt = devices / "step-40.pt"
+    ckpt.write_bytes(b"\0" * 4096)
+    (devices / "nvidia9").symlink_to(ckpt)
+    trainer, _ = hold(procs, "fd", ckpt)
+    holder, _ = hold(procs, "fd", devices / "nvidia0")
+    r, report = podkit_reap(f"{devices}/*")
+    assert pids_of(report) == {holder} and alive(trainer), report
+    assert str(ckpt) not in report["devices"] and "not GPU device files" in r.stderr
+    cfg = config.load(environ={"PODKIT_DEVICES": f"{devices}/*", "PODKIT_WORKSPACE": str(tmp_path / "ws")})
+    problem = checks.devices(cfg)[0]
+    assert problem[0] == "devices" and str(ckpt) in problem[1], problem
+    assert checks.devices(config.load(environ={"PODKIT_DEVICES": f"{devices}/nvidia*"}))  # nvidia9 leads to it
+    (devices / "nvidia9").unlink()
+    assert checks.devices(config.load(environ={"PODKIT_DEVICES": f"{devices}/nvidia*"})) == []
+
+
 def test_the_runner_holding_a_device_is_never_killed(devices):
     """podkit never counts itself or its ancestors: here the test runner holds the file."""
     with open(devices / "nvidia0", "rb"):

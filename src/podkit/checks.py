@@ -291,7 +291,7 @@ def cluster(cfg, synced: bool = True) -> list[Problem]:
 def programs(cfg, environ: dict[str, str] | None = None, synced: bool = False) -> list[Problem]:
     """Everything that would make the configured programs fail at once (`synced`: after the sync stage,
     when the checkout's files can be looked for)."""
-    out = metrics(cfg, environ)
+    out = metrics(cfg, environ) + devices(cfg)
     if cfg.multi_node:  # AReaL's Ray launcher starts SGLang; rank 0 runs it
         if cfg.inference.kind == "standin-lm":
             out += standin_lm(cfg)
@@ -306,6 +306,18 @@ def programs(cfg, environ: dict[str, str] | None = None, synced: bool = False) -
         out.append(("trainer.kind", f"fake pushes torch checkpoints, which {cfg.inference.kind} cannot load",
                     "use trainer.kind areal with it, or inference.kind standin (configs/smoke.yaml)"))
     return out
+
+
+def devices(cfg) -> list[Problem]:
+    """The reap stage stops every holder of what `devices` matches: GPU device files only."""
+    from podkit import gpu
+
+    refused = gpu.matches(cfg.devices)[1]
+    if not refused:
+        return []
+    return [("devices", f"{cfg.devices} matches {len(refused)} file(s) that are not GPU device files (e.g. "
+             f"{refused[0]}), whose holders the reap stage would stop",
+             "a glob of NVIDIA's device files: /dev/nvidia* (the default); empty: no reap")]
 
 
 def standin_lm(cfg) -> list[Problem]:

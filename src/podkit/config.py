@@ -49,7 +49,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "workspace": Field(str, "/workspace", "the pod's volume: logs, checkpoints, repo, podkit state", "path"),
         "run_dir": Field(str, "", "sockets and pid files, on local disk (never the network volume); "
                          "empty: /tmp/podkit-<uid>-<hash of workspace>", "path"),
-        "devices": Field(str, "/dev/nvidia*", "glob of the GPU device files the reap stage frees", "glob"),
+        "devices": Field(str, "/dev/nvidia*", "glob of the GPU device files the reap stage frees (files named "
+                         "nvidia*; a glob that matches anything else is a config error)", "glob"),
         "log_level": Field(str, "info", "podkit's own log level", "", ("debug", "info", "warning", "error")),
     },
     "reap": {

@@ -36,8 +36,26 @@ class Holder(proc.Target):
         return f"{self.pid} ({cmd}, {held})"
 
 
+def matches(pattern: str) -> tuple[list[str], list[str]]:
+    """What `pattern` matches, as (GPU device files, files that are not): the reap stage stops every
+    holder of what it is given, so only NVIDIA's files (named nvidia*, read where links lead, never a
+    directory) are; a glob such as /workspace/* must not steer kills."""
+    devices, refused = set(), set()
+    for p in globmod.glob(pattern) if pattern else []:
+        real = os.path.realpath(p)
+        if not os.path.basename(real).startswith("nvidia"):
+            refused.add(real)
+        elif not os.path.isdir(real):  # /dev/nvidia-caps is NVIDIA's, but a directory
+            devices.add(real)
+    return sorted(devices), sorted(refused)
+
+
 def match_devices(pattern: str) -> list[str]:
-    return sorted({os.path.realpath(p) for p in globmod.glob(pattern)}) if pattern else []
+    devices, refused = matches(pattern)
+    if refused:
+        _log.warn(f"{pattern} also matches {len(refused)} file(s) that are not GPU device files "
+                  f"({', '.join(refused[:3])}): left alone")
+    return devices
 
 
 def device_files(devices_glob: str, gpu_ids) -> list[str]:
