@@ -145,6 +145,12 @@ def health_problem(st: dict, progress_timeout_s: float, multi_node: bool = False
     if not multi_node and st["inference"]["phase"] != "ready":  # a cluster's SGLang is AReaL's, in Ray
         return f"inference is {st['inference']['phase']}"
     last = st["trainer"].get("last_progress")
+    trainer = st["programs"].get("trainer") or {}
+    if trainer.get("restarts") and trainer["state"] in UP and not finished:
+        since_start = trainer.get("uptime_s") or 0  # 0 while STARTING
+        if not last or last < time.time() - since_start:  # a restart is not training until it steps again
+            return (f"trainer restarted ({trainer['restarts']} restart(s)) and has not stepped since "
+                    f"({since_start:.0f}s ago)")
     started = max((p.get("uptime_s") or 0) for p in st["programs"].values())
     if last and time.time() - last > progress_timeout_s and started > progress_timeout_s:
         return f"no training progress for {time.time() - last:.0f}s (limit {progress_timeout_s:.0f}s)"

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -80,4 +81,24 @@ def test_health_is_healthy_while_training_and_names_what_is_not(stack_factory):
     subprocess.run([*ctl, "stop", "trainer"], check=True, timeout=60, capture_output=True)
     r = health()
     assert r.returncode == 1 and r.stdout.strip() == "unhealthy: trainer is STOPPED"
+    subprocess.run([*ctl, "start", "trainer"], check=True, timeout=60, capture_output=True)
+    wait_for(lambda: health().returncode == 0, 30, what="healthy again once the restarted trainer steps")
     assert s.stop() == 0
+
+
+def test_health_after_a_trainer_restart_waits_for_its_next_step():
+    """Between restarts the trainer is STARTING, or RUNNING with no step since it started: that was
+    reported healthy while a trainer crash-looped slowly enough never to go FATAL."""
+    from podkit import programs, status
+
+    now = time.time()
+
+    def st(state: str, uptime: float, last: float) -> dict:
+        progs = {n: {"state": "RUNNING", "uptime_s": 600, "restarts": 0} for n in programs.NAMES}
+        progs["trainer"] = {"state": state, "uptime_s": uptime, "restarts": 3}
+        return {"safe_mode": None, "supervisord": {"reachable": True}, "trainer": {"last_progress": last},
+                "inference": {"phase": "ready"}, "programs": progs}
+
+    assert "has not stepped since" in status.health_problem(st("STARTING", 0, now - 5), 1800)
+    assert "has not stepped since" in status.health_problem(st("RUNNING", 20, now - 30), 1800)
+    assert status.health_problem(st("RUNNING", 20, now - 2), 1800) is None
