@@ -103,11 +103,11 @@ def _is(holder: dict, pid: int | None) -> bool:
 
 def _create(path: Path, lease: dict) -> bool:
     tmp = path.with_name(f".{NAME}.{lease['token']}")
-    with open(tmp, "w") as f:
-        json.dump(lease, f)
-        f.flush()
-        os.fsync(f.fileno())
-    try:
+    try:  # the temp file goes whatever fails (a full disk mid-write): none is left on the volume
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w") as f:
+            json.dump(lease, f)
+            f.flush()
+            os.fsync(f.fileno())
         os.link(tmp, path)
         return True
     except FileExistsError:
@@ -134,10 +134,7 @@ def renew(state_dir: Path) -> bool:
     if holder is None:
         return False
     holder["renewed"] = time.time()
-    tmp = state_dir / f".{NAME}.{holder.get('token', 'x')}.renew"
-    with open(tmp, "w") as f:
-        json.dump(holder, f)
-    os.replace(tmp, state_dir / NAME)
+    records.write_json(state_dir / NAME, holder)  # temp file and rename; the temp file goes if it fails
     return True
 
 

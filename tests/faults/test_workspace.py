@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import subprocess
 
 import pytest
@@ -43,13 +44,30 @@ def readonly_ws(tmp_path):
 
 
 def fill(path) -> None:
-    with open(path, "wb") as f:
+    with open(path, "wb", buffering=0) as f:  # unbuffered: nothing left to flush (and fail) at close
         try:
             while True:
                 f.write(b"\0" * (256 << 10))
                 f.flush()
         except OSError as e:
             assert e.errno == errno.ENOSPC
+
+
+def test_a_lease_taken_or_renewed_on_a_full_workspace_leaves_no_temp_file(small_ws):
+    """A write that fails mid-way (ENOSPC) left its temp file on the volume, for good."""
+    from podkit import lease
+
+    state = small_ws / ".podkit"
+    state.mkdir()
+    assert lease.acquire(state, 300, pid=os.getpid()) is None  # ours, taken while there was room
+    fill(small_ws / "filler")
+    with pytest.raises(OSError) as e:
+        lease.renew(state)
+    assert e.value.errno == errno.ENOSPC
+    with pytest.raises(OSError) as e:  # ours from before: set aside, and a new one cannot be written
+        lease.acquire(state, 300, pid=os.getpid())
+    assert e.value.errno == errno.ENOSPC
+    assert [p.name for p in state.iterdir() if p.name.startswith(".")] == [], "a temp file was left behind"
 
 
 def test_a_full_workspace_keeps_the_trainer_alive_and_the_last_checkpoint_good(small_ws, stack_factory):
