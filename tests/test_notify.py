@@ -148,6 +148,67 @@ def test_a_program_gone_fatal_and_a_watchdog_restart_notify(stack_factory, recei
     assert h.stop() == 0
 
 
+def test_a_malformed_redirecting_or_non_http_webhook_is_recorded_as_failing_without_its_url(tmp_path, capfd):
+    """A malformed URL ended in a thread's traceback that printed the URL; a 302 turned the POST into a
+    bodiless GET counted as delivered; a service that does not speak HTTP gave raw tracebacks. Each is
+    now a recorded failure (what doctor reads), named without the URL, and no redirect is followed."""
+    from podkit import notify, records
+
+    gets = []
+
+    class Redirect(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{self.server.server_port}/elsewhere")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_GET(self):
+            gets.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_):
+            pass
+
+    redirect = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=redirect.serve_forever, daemon=True).start()
+    garbage = socket.socket()
+    garbage.bind(("127.0.0.1", 0))
+    garbage.listen(8)
+
+    def speak_ssh():
+        while True:
+            try:
+                c, _ = garbage.accept()
+            except OSError:
+                return
+            c.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+            c.close()
+
+    threading.Thread(target=speak_ssh, daemon=True).start()
+    urls = {"malformed": "hooks.example/T0/B0/secret-path-0123",  # no scheme
+            "redirect": f"http://127.0.0.1:{redirect.server_port}/T0/B0/secret-path-0123",
+            "not-http": f"http://127.0.0.1:{garbage.getsockname()[1]}/T0/B0/secret-path-0123"}
+    try:
+        for name, url in urls.items():
+            state = tmp_path / name
+            state.mkdir()
+            notify._failing_logged.clear()
+            notify._post(url, {"event": "safe-mode", "text": "t"}, state)
+            rec = records.NOTIFY.read(state)
+            assert rec.get("failing_since") and rec.get("error"), (name, rec)
+            assert "secret-path" not in rec["error"], (name, rec)
+        assert "302" in records.NOTIFY.read(tmp_path / "redirect")["error"] and gets == []
+    finally:
+        redirect.shutdown()
+        redirect.server_close()
+        garbage.close()
+    out = capfd.readouterr()
+    assert "secret-path" not in out.out + out.err and "Traceback" not in out.err, out.err
+
+
 @pytest.mark.parametrize("kind", ["dead", "hanging"])
 def test_a_dead_or_hanging_webhook_blocks_nothing_and_is_logged_once(stack_factory, kind):
     """Nothing listens on the webhook's port, or it accepts and never answers: the run trains to its end

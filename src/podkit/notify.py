@@ -55,25 +55,52 @@ def drain(timeout_s: float) -> None:
         t.join(max(0.0, until - time.monotonic()))
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirected POST would come back as a GET without its body, and count as delivered."""
+
+    def redirect_request(self, *_):
+        return None  # the 3xx is then an HTTPError, like any other refusal
+
+
+_opener = urllib.request.build_opener(_NoRedirect)
+
+
+def _scrub(text: str, url: str) -> str:
+    """The URL is a secret: neither it nor its path (where webhooks keep their token) goes in a log."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = [p for p in (url, urlsplit(url).path, urlsplit(url).netloc) if len(p) > 1]
+    except ValueError:
+        parts = [url]
+    for part in sorted(parts, key=len, reverse=True):
+        text = text.replace(part, "<webhook>")
+    return text
+
+
 def _post(url: str, body: dict, state_dir: Path | None) -> None:
     data = json.dumps(body).encode()
     error = ""
     for attempt in range(ATTEMPTS):
         if attempt:
             time.sleep(attempt)
-        req = urllib.request.Request(url, data=data, method="POST", headers={
-            "Content-Type": "application/json", "User-Agent": "podkit-notify"})
         try:
-            with urllib.request.urlopen(req, timeout=TIMEOUT_S) as r:
+            req = urllib.request.Request(url, data=data, method="POST", headers={
+                "Content-Type": "application/json", "User-Agent": "podkit-notify"})
+            with _opener.open(req, timeout=TIMEOUT_S) as r:
                 r.read(4096)
             _worked(state_dir)
             return
         except urllib.error.HTTPError as e:
-            error = f"HTTP {e.code}"
-            if 400 <= e.code < 500 and e.code != 429:
-                break  # a wrong URL or a refused payload: trying again changes nothing
-        except (OSError, ValueError) as e:  # URLError, timeouts, a malformed URL
-            error = str(getattr(e, "reason", None) or e).replace(url, "<webhook>") or type(e).__name__
+            error = f"HTTP {e.code}" + (" (a redirect, not followed: the webhook URL must be the final one)"
+                                        if 300 <= e.code < 400 else "")
+            if 300 <= e.code < 500 and e.code != 429:
+                break  # a wrong URL, a redirect or a refused payload: trying again changes nothing
+        except Exception as e:  # noqa: BLE001 - a malformed URL, no HTTP there, timeouts: recorded, never raised
+            reason = getattr(e, "reason", None) or e
+            error = _scrub(f"{type(e).__name__}: {reason}", url)
+            if isinstance(e, ValueError):
+                break  # a malformed URL stays malformed
     _failed(state_dir, body["event"], error)
 
 
