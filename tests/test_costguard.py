@@ -50,6 +50,19 @@ def test_a_finished_run_on_runpod_stops_its_pod_after_its_checkpoint_and_notific
     assert KEY not in s.stdout() and "stopping pod pod-abc123: training finished at step 12" in s.stdout()
 
 
+def test_a_finished_runs_self_stop_refused_once_is_tried_again(stack_factory, runpod_api, receiver):
+    """One transient API error (a 502) at the moment training finished left the pod up, billing. The
+    stop is tried again, and announced once."""
+    runpod_api.outage = 1
+    s = stack_factory(PODKIT_TRAINER_MAX_STEPS="12", PODKIT_NOTIFY_WEBHOOK_URL=receiver.url,
+                      **on_runpod(runpod_api.url)).start()
+    wait_for(lambda: "podStop" in runpod_api.fields(), 60, what="podStop, tried again")
+    assert [r[0] for r in runpod_api.requests] == ["(outage)", "podStop"]
+    assert receiver.events() == ["finished", "pod-stop"], "one notification for the stop, not one per attempt"
+    assert "the pod did not stop; trying again in 2 s" in s.stdout()
+    assert s.stop() == 0
+
+
 @pytest.mark.parametrize("where", ["off RunPod", "never"])
 def test_off_runpod_or_with_never_a_finished_run_leaves_the_pod_up(stack_factory, runpod_api, where):
     env = on_runpod(runpod_api.url)

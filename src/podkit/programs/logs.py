@@ -25,6 +25,10 @@ from podkit import lease, log, notify, records, supervisord
 from podkit.safemode import STOP_POD_RETRY_S
 
 READY = b"READY\n"
+# A finished run's self-stop that RunPod refuses (a 502 as training ends) is tried again: after 2 s,
+# then twice as long each time up to STOP_POD_RETRY_S, for an hour; then a person is told it bills on.
+FINISHED_STOP_FIRST_RETRY_S = 2.0
+FINISHED_STOP_RETRY_FOR_S = 3600.0
 OK = b"RESULT 2\nOK"
 
 
@@ -121,8 +125,19 @@ class Pump:
 
         if sent:
             sent.join(15)
-        costguard.stop_pod_notified(f"training finished at step {step} (guard.stop_pod_when_finished: auto)",
-                                    self.state_dir)
+        reason = f"training finished at step {step} (guard.stop_pod_when_finished: auto)"
+        delay, until = FINISHED_STOP_FIRST_RETRY_S, time.monotonic() + FINISHED_STOP_RETRY_FOR_S
+        first = True
+        while not costguard.stop_pod_notified(reason, self.state_dir, notify=first):
+            first = False
+            if time.monotonic() + delay > until:
+                notify.send("pod-stop-failed", f"this pod could not stop itself after {reason} and is still "
+                            "billing: stop it from RunPod's console", self.state_dir)
+                return
+            self.out.write(f"{'podkit':<{self.width}} | the pod did not stop; trying again in {delay:.0f} s\n")
+            self.out.flush()
+            time.sleep(delay)
+            delay = min(delay * 2, STOP_POD_RETRY_S)
 
     def deadline(self, now: float) -> None:
         """guard.stop_pod_at passed: once, in a thread (events keep flowing), the trainer is stopped
