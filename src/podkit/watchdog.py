@@ -108,6 +108,30 @@ class Watchdog:
         self.server.supervisor.stopProcess(name, True)
         self.server.supervisor.startProcess(name, False)
 
+    def kill_and_restart(self, name: str, pid: int) -> None:
+        """A hung trainer gets nothing from its stop grace (its checkpoint comes at the end of a step that
+        does not end): its process group (supervisord makes each program a group's leader) is killed at
+        once, and supervisord's own restart, or ours, starts it again."""
+        try:
+            if os.getpgid(pid) != pid:
+                return self.restart(name)
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        until = time.monotonic() + 60
+        while time.monotonic() < until:
+            info = self.info(name)
+            if info["statename"] in (supervisord.RUNNING, supervisord.STARTING) and info["pid"] != pid:
+                return  # restarted by supervisord (an unexpected exit)
+            if info["statename"] in supervisord.GONE:
+                try:
+                    self.server.supervisor.startProcess(name, False)
+                except xmlrpc.client.Fault as e:
+                    if "ALREADY_STARTED" not in e.faultString:
+                        raise
+                return
+            time.sleep(0.2)
+
     def info(self, name: str) -> dict:
         return self.server.supervisor.getProcessInfo(name)
 
@@ -154,13 +178,15 @@ class Watchdog:
         tool = dump_stacks(info["pid"], dump, self.cfg.log_dir)
         self.record("restarted", "trainer", f"no training step for {since:.0f}s while inference is ready; "
                     f"stacks ({tool}) in {dump}", dump=str(dump))
-        self.restart("trainer")
+        self.kill_and_restart("trainer", info["pid"])
 
     def run(self) -> int:
         _log.info(f"watching: trainer stall {self.w.trainer_stall_s:.0f}s, inference unhealthy "
                   f"{self.w.inference_unhealthy_s:.0f}s, start-up deadline {self.w.startup_deadline_s:.0f}s")
+        # A hang is seen within a quarter of its limit past it, however long interval_s is.
+        every = min(self.w.interval_s, self.w.trainer_stall_s / 4)
         while True:
-            time.sleep(self.w.interval_s)
+            time.sleep(every)
             now = time.time()
             try:
                 # A cluster's SGLang is AReaL's (in Ray): the trainer's steps are what is left to watch.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 
@@ -37,6 +38,21 @@ def test_a_hung_trainer_is_dumped_and_restarted_and_resumes(stack_factory):
     dump = open(act["dump"]).read()
     assert f"pid {trainer}" in dump and "_injected_hang" in dump and "fake_trainer.py" in dump, dump[:3000]
     assert "/proc/" in dump and act["dump"].startswith(str(s.workspace / "logs" / "hang-"))
+    wait_for(lambda: "resumed from checkpoint" in s.log("trainer").split("starting trainer")[-1], 60,
+             what="the new trainer to resume")
+    assert s.stop() == 0
+
+
+def test_a_hung_trainer_is_running_again_within_its_stall_limit_and_ten_seconds(stack_factory):
+    """At a 6 s stall limit and the default 10 s interval, a hang took 24 s to a new trainer: up to an
+    interval to be seen, then the stop grace (8 s) waited out on a process that cannot use it."""
+    s = stack_factory(PODKIT_WATCHDOG_TRAINER_STALL_S="6").start()
+    s.wait_step(6)
+    trainer = s.pid("trainer")
+    os.kill(trainer, signal.SIGUSR1)
+    t0 = time.monotonic()
+    wait_for(lambda: s.pid("trainer") not in (0, trainer), 40, interval=0.2, what="trainer restarted by the watchdog")
+    assert time.monotonic() - t0 <= 6 + 10, f"restarted {time.monotonic() - t0:.1f} s after the hang"
     wait_for(lambda: "resumed from checkpoint" in s.log("trainer").split("starting trainer")[-1], 60,
              what="the new trainer to resume")
     assert s.stop() == 0
