@@ -9,7 +9,8 @@ pid and start time (a restarted container), from anywhere else when its lease la
 minute (supervisord's TICK_60) and releases it when supervisord shuts down.
 
 The lease is created with link(2), which fails when the name exists, also on NFS: two pods that
-boot at once cannot both take it.
+boot at once cannot both take it. "The same container" is the same host, boot and container (where
+its /etc/hostname comes from): two containers on host networking share a hostname.
 """
 
 from __future__ import annotations
@@ -26,7 +27,24 @@ NAME = records.LEASE.name
 
 def me(pid: int | None = None) -> dict:
     pid = os.getpid() if pid is None else pid
-    return {"host": os.uname().nodename, "boot_id": _boot_id(), "pid": pid, "start": proc.starttime(pid) or 0}
+    return {"host": os.uname().nodename, "boot_id": _boot_id(), "container": container(), "pid": pid,
+            "start": proc.starttime(pid) or 0}
+
+
+def container() -> str:
+    """Which container this is, as the host knows it: where its /etc/hostname is bind-mounted from
+    (/var/lib/docker/containers/<id>/hostname under Docker), the same across restarts of one container
+    and different for any other; '' outside one. Two containers on host networking share the hostname
+    and the boot id, and each sees only its own pids: a pid check is this container's to make alone."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 4 and fields[4] == "/etc/hostname":
+                    return f"{fields[2]}:{fields[3]}"  # the filesystem and the path in it
+    except OSError:
+        pass
+    return ""
 
 
 def _boot_id() -> str:
@@ -51,7 +69,8 @@ def read(state_dir: Path) -> dict | None:
 
 def same_container(holder: dict) -> bool:
     mine = me()
-    return holder.get("host") == mine["host"] and holder.get("boot_id") == mine["boot_id"]
+    return (holder.get("host") == mine["host"] and holder.get("boot_id") == mine["boot_id"]
+            and holder.get("container", "") == mine["container"])
 
 
 def live(holder: dict | None, ttl_s: float, now: float | None = None) -> bool:

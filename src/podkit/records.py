@@ -213,7 +213,7 @@ def group(program: str) -> Record:
 # One workspace, one pod (lease.py writes it with link(2), not through Record.write).
 # Its times stay plain numbers: another pod's clock is the lease's own question (lease.py), and a lease
 # moved aside as bad would let a second pod in.
-LEASE = Record("lease.json", {"host": str, "boot_id": str, "pid": int, "start": int, "since": NUMBER,
+LEASE = Record("lease.json", {"host": str, "boot_id": str, "container": str, "pid": int, "start": int, "since": NUMBER,
                               "renewed": NUMBER, "token": str})
 # podkit's own parse of the pod config (config.py): trusted only when owned by this user (read_owned).
 CONFIG_CACHE = Record("config-cache.json", {"key": list, "data": dict})

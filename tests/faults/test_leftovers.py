@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -106,6 +107,45 @@ def test_a_second_pod_on_the_workspace_waits_naming_the_holder_then_boots_by_its
              what="the second pod's supervisord to answer")
     second.send_signal(signal.SIGTERM)
     assert second.wait(30) == 0
+
+
+def in_container(procs, tmp_path, name: str, env: dict, out: Path) -> subprocess.Popen:
+    """`podkit boot` in a stand-in container on host networking: a pid namespace of its own (podkit is
+    its PID 1) and a mount namespace where /etc/hostname is bind-mounted from a file of its own, as
+    Docker does; the hostname and boot id are everyone's."""
+    src = tmp_path / "containers" / name / "hostname"
+    src.parent.mkdir(parents=True)
+    src.write_text(os.uname().nodename + "\n")
+    argv = ["unshare", "--pid", "--mount-proc", "--propagation", "private", "--kill-child=TERM",
+            "sh", "-c", 'mount --bind "$0" /etc/hostname && exec "$@"', str(src), *PODKIT, "boot"]
+    return procs.spawn(argv, env=env, stdout=open(out, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+
+
+def test_two_containers_with_one_hostname_do_not_both_train_on_one_workspace(procs, tmp_path):
+    """Containers on host networking share the host's name and boot id, and each sees only its own pids:
+    the second took the first's lease for a dead one (its own PID 1 has another start time) and both
+    trained into one checkpoint directory. It waits, naming the holder."""
+    if subprocess.run(["unshare", "--pid", "--mount-proc", "--fork", "true"], capture_output=True).returncode:
+        pytest.skip("cannot make pid and mount namespaces here (needs root)")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    procs.workspaces.add(str(ws))
+    first_out, second_out = tmp_path / "first.log", tmp_path / "second.log"
+    first = in_container(procs, tmp_path, "a", smoke_env(ws, free_port(), PODKIT_RUN_DIR=str(tmp_path / "run-a"),
+                                                         PODKIT_DEVICES=""), first_out)
+    wait_for(lambda: "exec supervisord" in first_out.read_text(), 60, what="the first container's boot")
+    held = lease.read(ws / ".podkit")
+    assert held["pid"] == 1, held  # its PID 1, as the entrypoint of a container
+    second = in_container(procs, tmp_path, "b", smoke_env(ws, free_port(), PODKIT_RUN_DIR=str(tmp_path / "run-b"),
+                                                          PODKIT_DEVICES=""), second_out)
+    wait_for(lambda: "SAFE MODE" in second_out.read_text() or "exec supervisord" in second_out.read_text(), 60,
+             what="the second container's boot to wait or go on")
+    assert "is in use by another pod" in second_out.read_text(), second_out.read_text()[-2000:]
+    assert lease.read(ws / ".podkit") == held and held["container"].endswith("/containers/a/hostname"), held
+    for p in (second, first):  # each container's PID 1 (unshare itself waits on it)
+        for child in proc.children(p.pid):
+            os.kill(child.pid, signal.SIGTERM)
+        p.wait(60)
 
 
 def test_a_lease_from_another_host_is_honoured_until_it_lapses(procs, tmp_path):
