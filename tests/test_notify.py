@@ -190,7 +190,8 @@ def test_a_malformed_redirecting_or_non_http_webhook_is_recorded_as_failing_with
     threading.Thread(target=speak_ssh, daemon=True).start()
     urls = {"malformed": "hooks.example/T0/B0/secret-path-0123",  # no scheme
             "redirect": f"http://127.0.0.1:{redirect.server_port}/T0/B0/secret-path-0123",
-            "not-http": f"http://127.0.0.1:{garbage.getsockname()[1]}/T0/B0/secret-path-0123"}
+            "not-http": f"http://127.0.0.1:{garbage.getsockname()[1]}/T0/B0/secret-path-0123",
+            "query": f"http://127.0.0.1:{garbage.getsockname()[1]}/hook?key=secret-path-0123 x"}
     try:
         for name, url in urls.items():
             state = tmp_path / name

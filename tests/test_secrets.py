@@ -86,6 +86,7 @@ def test_a_password_in_a_url_git_cannot_pass_it_to_is_a_config_error_that_does_n
     ("https://{{ RUNPOD_SECRET_GIT_USER }}:hunter2hunter2@github.com/x/y", "credentials inside a URL"),
     ("hf_abcdefghijklmnopqrstu {{ RUNPOD_SECRET_HF_TOKEN }}", "hf_... beside a RunPod secret reference"),
     ("{{ RUNPOD_SECRET_HF_USER }}:a1b2c3d4e5f6a7b8c9d0e1f2", "a long value under HF_TOKEN"),
+    ("abcdefghijklmnopqrstuvwx==", "a long value under HF_TOKEN"),  # padding is part of the value
 ])
 def test_deploy_refuses_a_literal_secret_in_the_template(tmp_path, value, why):
     tpl = tmp_path / "t.yaml"
@@ -104,7 +105,8 @@ def test_deploy_refuses_a_literal_secret_in_the_template(tmp_path, value, why):
                                          ("PODKIT_REPO_URL", "https://x-access-token:{{ RUNPOD_SECRET_GH }}@github.com/x/y"),
                                          ("PODKIT_REPO_URL", "https://{{ RUNPOD_SECRET_GH }}@github.com/x/y"),
                                          ("PODKIT_NOTIFY_WEBHOOK_URL", "https://hooks.example.com/{{ RUNPOD_SECRET_HOOK }}"),
-                                         ("AUTH_TOKEN", "Bearer {{RUNPOD_SECRET_A}}")])
+                                         ("AUTH_TOKEN", "Bearer {{RUNPOD_SECRET_A}}"),
+                                         ("HF_TOKEN", "{{ RUNPOD_SECRET_hf-token.v2 }}")])
 def test_deploy_accepts_references_and_plain_values(name, value):
     assert deploy.literal_secret(value, name) == ""
 

@@ -210,7 +210,7 @@ def metrics(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
     environ = os.environ if environ is None else environ
     m, out = cfg.metrics, []
     key = environ.get(METRICS_KEY_ENV, "")
-    if key and not usable_key(key):
+    if m.port and key and not usable_key(key):
         out.append((METRICS_KEY_ENV, "has a character that is not visible ASCII (a space, a control or a "
                     "non-ASCII character): an HTTP header cannot carry it as it is",
                     "use letters, digits and punctuation only, e.g. the output of `openssl rand -hex 32`"))

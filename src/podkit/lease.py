@@ -37,11 +37,11 @@ def container() -> str:
     and different for any other; '' outside one. Two containers on host networking share the hostname
     and the boot id, and each sees only its own pids: a pid check is this container's to make alone."""
     try:
-        with open("/proc/self/mountinfo") as f:
+        with open("/proc/self/mountinfo", errors="surrogateescape") as f:  # a mount path may be any bytes
             for line in f:
                 fields = line.split()
                 if len(fields) > 4 and fields[4] == "/etc/hostname":
-                    return f"{fields[2]}:{fields[3]}"  # the filesystem and the path in it
+                    return f"{fields[2]}:{fields[3]}".encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     except OSError:
         pass
     return ""

@@ -138,15 +138,23 @@ class _Server(ThreadingHTTPServer):
         with self.lock:
             self.silent.pop(request, None)
 
+    def shutdown_request(self, request) -> None:
+        with self.lock:  # never closed while an eviction holds it (its fd could be reused)
+            self.silent.pop(request, None)
+            super().shutdown_request(request)
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # an evicted or vanished client: nothing to report, and no traceback in the log
+
     def _close_oldest_silent(self, but) -> None:
         with self.lock:
             oldest = min((c for c in self.silent if c is not but), key=self.silent.get, default=None)
             self.silent.pop(oldest, None)
-        if oldest is not None:
-            try:  # its handler reads EOF and ends, freeing its slot
-                oldest.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            if oldest is not None:
+                try:  # its handler reads EOF and ends, freeing its slot
+                    oldest.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
 
 def endpoint(host: str, key: str) -> tuple[str, str]:

@@ -70,7 +70,8 @@ def _scrub(text: str, url: str) -> str:
     from urllib.parse import urlsplit
 
     try:
-        parts = [p for p in (url, urlsplit(url).path, urlsplit(url).netloc) if len(p) > 1]
+        u = urlsplit(url)
+        parts = [p for p in (url, url.split("://", 1)[-1], u.netloc, u.path, u.query, u.fragment) if len(p) > 1]
     except ValueError:
         parts = [url]
     for part in sorted(parts, key=len, reverse=True):

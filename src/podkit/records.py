@@ -24,7 +24,9 @@ KEEP_BAD = 3
 NUMBER = (int, float)  # a measure: NaN and infinity mean something (a diverged loss)
 OPTIONAL = type(None)
 INT_MAX = 2**63 - 1  # no integer podkit writes (a step, a pid, a port) is past it
-FUTURE_SKEW_S = 300.0  # another node's clock may run a little ahead; a time further on is not a time
+# Another node's clock may run ahead, and this one's may be stepped back: a time a day on is not a time
+# (readers that act on a time, the watchdog and health, also distrust one only minutes ahead).
+FUTURE_SKEW_S = 86400.0
 
 
 class TIME:

@@ -35,7 +35,7 @@ _PLAIN = re.compile(r"^(?:true|false|yes|no|on|off|none|null|-?\d+(?:\.\d+)?)$",
 
 
 # A RunPod secret reference, which RunPod fills in when the pod starts.
-_REFERENCE = re.compile(r"\{\{\s*RUNPOD_SECRET_\w+\s*\}\}")
+_REFERENCE = re.compile(r"\{\{\s*RUNPOD_SECRET_[\w.-]+\s*\}\}")
 _REF = "\x00"  # what a reference becomes while the rest of the value is read
 _URL_USERINFO = re.compile(r"://([^/\s@'\"]*)@")
 _OPAQUE = re.compile(r"(?=[^\d]*\d)(?=.*[A-Za-z])[A-Za-z0-9_\-]{16,}")
@@ -49,6 +49,8 @@ def literal_secret(value: str, name: str = "") -> str:
     v = _REFERENCE.sub(_REF, value).strip().strip("'\"").strip()
     if not v.replace(_REF, "").strip():
         return ""
+    if _REF not in v:
+        return _literal(v, name)
     for userinfo in _URL_USERINFO.findall(v):
         user, colon, password = userinfo.partition(":")
         if colon and password and password != _REF:
@@ -62,6 +64,18 @@ def literal_secret(value: str, name: str = "") -> str:
         if name and secret_name(name) and len(piece) >= 16 and " " not in piece and (
                 piece == v or _OPAQUE.fullmatch(piece)):
             return f"a long value under {name}"
+    return ""
+
+
+def _literal(v: str, name: str) -> str:
+    """The rule for a value without references, read whole."""
+    if _URL_CREDENTIALS.search(v):
+        return "credentials inside a URL"
+    for prefix in SECRET_PREFIXES:
+        if v.startswith(prefix) and len(v) >= len(prefix) + 8:
+            return f"starts with {prefix}"
+    if name and secret_name(name) and len(v) >= 16 and " " not in v:
+        return f"a long value under {name}"
     return ""
 
 

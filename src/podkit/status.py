@@ -128,6 +128,9 @@ def human(st: dict) -> str:
     return "\n".join(ln for ln in lines if ln is not None)
 
 
+RESTARTED_STALL_S = 600.0  # the image's HEALTHCHECK start period: what a container start gets
+
+
 def health_problem(st: dict, progress_timeout_s: float, multi_node: bool = False) -> str | None:
     """None when healthy: supervisord answers, both programs run, inference is ready, and the
     trainer stepped recently (before its first step, Docker's start period covers start-up)."""
@@ -145,13 +148,16 @@ def health_problem(st: dict, progress_timeout_s: float, multi_node: bool = False
     if not multi_node and st["inference"]["phase"] != "ready":  # a cluster's SGLang is AReaL's, in Ray
         return f"inference is {st['inference']['phase']}"
     last = st["trainer"].get("last_progress")
-    trainer = st["programs"].get("trainer") or {}
-    if trainer.get("restarts") and trainer["state"] in UP and not finished:
-        since_start = trainer.get("uptime_s") or 0  # 0 while STARTING
-        if not last or last < time.time() - since_start:  # a restart is not training until it steps again
-            return (f"trainer restarted ({trainer['restarts']} restart(s)) and has not stepped since "
-                    f"({since_start:.0f}s ago)")
     started = max((p.get("uptime_s") or 0) for p in st["programs"].values())
+    trainer = st["programs"].get("trainer") or {}
+    if trainer.get("restarts") and not finished:
+        # A trainer that keeps restarting is RUNNING or STARTING most of the time: once it has been
+        # restarted, no step for RESTARTED_STALL_S (from the pod's start if it never stepped) is a failure,
+        # however short each run. A restart that recovers (stale weights, the watchdog) steps before that.
+        quiet = time.time() - last if last else started
+        if quiet > min(progress_timeout_s, RESTARTED_STALL_S):
+            return (f"trainer restarted {trainer['restarts']} time(s) and has not stepped for {quiet:.0f}s "
+                    f"(limit {min(progress_timeout_s, RESTARTED_STALL_S):.0f}s once restarted)")
     if last and time.time() - last > progress_timeout_s and started > progress_timeout_s:
         return f"no training progress for {time.time() - last:.0f}s (limit {progress_timeout_s:.0f}s)"
     return None

@@ -165,6 +165,8 @@ class Watchdog:
         if info["statename"] != supervisord.RUNNING:
             return
         last = records.PROGRESS.read(self.state_dir).get("time") or 0
+        if last > now + 60:  # a step stamped ahead of this clock (another's, or this one stepped back)
+            last = 0
         floor = info["start"]  # a fresh trainer gets the full window
         if self.cfg.multi_node:  # waiting for a node is explained, not a hang; each (re)start gets the full window
             rec = records.CLUSTER.read(self.state_dir)
@@ -178,7 +180,10 @@ class Watchdog:
         tool = dump_stacks(info["pid"], dump, self.cfg.log_dir)
         self.record("restarted", "trainer", f"no training step for {since:.0f}s while inference is ready; "
                     f"stacks ({tool}) in {dump}", dump=str(dump))
-        self.kill_and_restart("trainer", info["pid"])
+        if self.cfg.multi_node:  # the cluster launcher's own stop cancels AReaL's tasks on every node
+            self.restart("trainer")
+        else:
+            self.kill_and_restart("trainer", info["pid"])
 
     def run(self) -> int:
         _log.info(f"watching: trainer stall {self.w.trainer_stall_s:.0f}s, inference unhealthy "
