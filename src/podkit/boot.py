@@ -176,18 +176,48 @@ def _metrics(cfg, state_dir: Path | None) -> dict | None:
 
 def _stop_pod_after_s(cfg) -> tuple[float, str]:
     """How long safe mode waits before the pod stops itself, and which setting says so: the sooner of
-    guard.stop_pod_after_s and guard.stop_pod_at (deploy's maximum run time). Under a config error each
-    is read from its env twin if that alone reads as a number, else the default: a pod whose config is
-    broken is the one most likely to wait for nobody."""
+    guard.stop_pod_after_s and guard.stop_pod_at (deploy's maximum run time)."""
+    g = _guard_settings(cfg)
+    return _sooner(g["stop_pod_after_s"], g["stop_pod_at"], time.time())
+
+
+def _guard_settings(cfg) -> dict:
+    """The cost guards' settings. Under a config error each is read from its env twin if that alone reads
+    as a number, else the default: a pod whose config is broken is the one most likely to wait for nobody."""
     if cfg is not None:
-        after, at = cfg.guard.stop_pod_after_s, cfg.guard.stop_pod_at
-    else:
-        finite = lambda v: 0 <= float(v) < float("inf")  # noqa: E731
-        after = float(_lenient_env("guard", "stop_pod_after_s", finite))
-        at = float(_lenient_env("guard", "stop_pod_at", lambda v: float(v) == 0 or config.is_stop_time(float(v))))
-    if at and (not after or at - time.time() < after):
-        return max(at - time.time(), 0.001), "guard.stop_pod_at, the maximum run time"
-    return after, "guard.stop_pod_after_s"
+        return {k: getattr(cfg.guard, k) for k in ("stop_pod_after_s", "stop_pod_at", "stop_pod_when_finished")}
+    finite = lambda v: 0 <= float(v) < float("inf")  # noqa: E731
+    return {"stop_pod_after_s": float(_lenient_env("guard", "stop_pod_after_s", finite)),
+            "stop_pod_at": float(_lenient_env("guard", "stop_pod_at",
+                                              lambda v: float(v) == 0 or config.is_stop_time(float(v)))),
+            "stop_pod_when_finished": config.SCHEMA["guard"]["stop_pod_when_finished"].default}
+
+
+def _sooner(after: float, at: float, since: float, how: str = "") -> tuple[float, str]:
+    if at and (not after or at - since < after):
+        return max(at - since, 0.001), f"guard.stop_pod_at, the maximum run time{how}"
+    return after, f"guard.stop_pod_after_s{how}"
+
+
+def _stop_pod_limits(cfg, state_dir: Path | None):
+    """Safe mode's cost guard looked up afresh each time: the settings with `podkit guard set`'s changes
+    (<workspace>/.podkit/guards.json) on top."""
+    if state_dir is None:
+        return None
+    try:
+        from podkit import guardfile  # safe mode only: not on a healthy boot's path
+
+        since = time.time()
+        live = guardfile.Live(cfg.workspace_path if cfg is not None else state_dir.parent, _guard_settings(cfg),
+                              lambda m: safemode.say(f"[podkit:guard] {m}"))
+    except Exception:  # noqa: BLE001 - safe mode goes on with the settings alone
+        return None
+
+    def limits() -> tuple[float, str]:
+        v = live.values()
+        changed = live.from_file("stop_pod_after_s") or live.from_file("stop_pod_at")
+        return _sooner(v["stop_pod_after_s"], v["stop_pod_at"], since, ", set by `podkit guard set`" if changed else "")
+    return limits
 
 
 def _lenient_env(section: str, key: str, ok):
@@ -211,7 +241,8 @@ def _safe_mode(record: guard.Boot | None, state_dir: Path | None, stage: str, me
         record.stage(stage, "failed")
         record.done("safe-mode")
     return safemode.wait(state_dir, stage, message, hint, traceback=traceback, retry=retry,
-                         stop_pod_after=_stop_pod_after_s(cfg), metrics=_metrics(cfg, state_dir))
+                         stop_pod_after=_stop_pod_after_s(cfg), metrics=_metrics(cfg, state_dir),
+                         stop_pod_limits=_stop_pod_limits(cfg, state_dir))
 
 
 def up(cfg, steps: int | None = None) -> int:

@@ -174,7 +174,8 @@ def _render(cfg, args) -> int:
 def _status(cfg, args) -> int:
     from podkit import status
 
-    return status.main(cfg.workspace_path, args.json, args.health, cfg.health.progress_timeout_s, cfg.multi_node)
+    return status.main(cfg.workspace_path, args.json, args.health, cfg.health.progress_timeout_s, cfg.multi_node,
+                       cfg=cfg)
 
 
 @verb("doctor", "name the cause of a failure, with evidence and the fix (exit 1 if any)",
@@ -198,6 +199,18 @@ def _resume(cfg, args) -> int:
 
     print(guard.resume(cfg.state_dir))
     return 0
+
+
+@verb("guard", "the cost guards of a running pod, changed without a restart (RunPod restarts a pod whose env is "
+      "edited): show | set KEY=VALUE... | clear [KEY...]; keys stop_pod_at (+6h, a Unix time, 0), "
+      "stop_pod_when_finished (auto, never), stop_pod_after_s (2h, seconds, 0)",
+      opt("action", nargs="?", choices=["show", "set", "clear"], default="show"),
+      opt("settings", nargs="*", metavar="KEY=VALUE", help="set: KEY=VALUE pairs; clear: keys (none: all)"),
+      opt("--json", action="store_true"), workspace=True, tolerant=True)
+def _guard(cfg, args) -> int:
+    from podkit import guardfile
+
+    return guardfile.main(cfg, args.action, args.settings, args.json)
 
 
 @verb("ctl", "supervisorctl for this pod: podkit ctl status | restart sglang | ...",

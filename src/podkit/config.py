@@ -201,6 +201,22 @@ def is_stop_time(at: float) -> bool:
     return 1e9 <= at < float("inf")
 
 
+def _check_stop_time(at: float, source: str) -> None:
+    if at and not is_stop_time(at):
+        raise ConfigError(source, "guard.stop_pod_at", f"{at:g} is a Unix time in 1970-2001, so the pod would stop at "
+                          "once", hint="a Unix time (`date -d +12hours +%s`); `podkit deploy --max-runtime 12h` sets "
+                          "it for you, `podkit guard set stop_pod_at=+12h` on a running pod")
+
+
+def check(section: str, key: str, raw: object, source: str, from_env: bool = True) -> object:
+    """One setting's value from `raw` by the rules load() applies (type, choices, range; a stop time that is
+    a time), or a ConfigError naming `source` and the key: for values that come from elsewhere (guardfile.py)."""
+    value = _coerce(SCHEMA[section][key], raw, source, dotted(section, key), from_env)
+    if (section, key) == ("guard", "stop_pod_at"):
+        _check_stop_time(value, source)
+    return value
+
+
 def env_name(section: str, key: str) -> str:
     return ENV_PREFIX + (f"{section}_{key}" if section else key).upper()
 
@@ -632,11 +648,7 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
             key = f"{section}.gpus"
             raise ConfigError(origins.get(key, "defaults"), key, str(e),
                               hint="comma-separated GPU indexes, e.g. \"1,2,3\"") from None
-    at = values["guard"]["stop_pod_at"]
-    if at and not is_stop_time(at):
-        raise ConfigError(origins.get("guard.stop_pod_at", "defaults"), "guard.stop_pod_at", f"{at:g} is a Unix time "
-                          "in 1970-2001, so the pod would stop at once", hint="a Unix time (`date -d +12hours +%s`); "
-                          "`podkit deploy --max-runtime 12h` sets it for you")
+    _check_stop_time(values["guard"]["stop_pod_at"], origins.get("guard.stop_pod_at", "defaults"))
     top = values[""]
     top["workspace"] = os.path.abspath(top["workspace"])
     _resolve_cluster(values["cluster"], environ, origins)

@@ -311,6 +311,23 @@ def check_cluster(pod: Pod, now: float) -> Finding | None:
                    "from its checkpoint when it is back. `podkit ctl stop trainer` ends the wait")
 
 
+def check_guard_file(pod: Pod, now: float) -> Finding | None:
+    """A `podkit guard set` that the pod does not apply: the file is ignored (corrupt, planted, not podkit's)
+    or an entry was set over a setting that has changed since."""
+    from podkit import guardfile
+
+    rep = guardfile.report(pod.cfg)
+    stale = [f"guard.{k} {g['stale']}" for k, g in rep["guards"].items() if g["stale"]]
+    if rep["problem"]:
+        return Finding("guard_file_ignored", "the cost guards changed with `podkit guard set` are not in force",
+                       [rep["problem"], *stale], "`podkit guard set KEY=VALUE` writes it again (or `podkit guard "
+                       "clear` removes it); `podkit guard` shows what is in force")
+    if stale:
+        return Finding("guard_file_stale", "a `podkit guard set` entry gave way to a newer setting of the pod", stale,
+                       "nothing is wrong if the pod's env was edited on purpose; else `podkit guard set` again", "info")
+    return None
+
+
 def examine(cfg, workspace: Path, *, environ=None, cgroup_dir: Path = Path("/sys/fs/cgroup"),
             net_dir: Path = Path("/sys/class/net"), min_free_bytes: int = 5 << 30, min_mb_s: float = 20.0,
             now: float | None = None) -> list[Finding]:
@@ -322,7 +339,7 @@ def examine(cfg, workspace: Path, *, environ=None, cgroup_dir: Path = Path("/sys
              check_restarts(pod, now, "sglang", "inference"), check_restarts(pod, now, "trainer", "trainer"),
              check_safe_mode(pod, now), check_gpu_busy(pod, now), check_startup_phase(pod, now),
              check_nccl_ifname(pod, now, environ, net_dir), check_nan_loss(pod, now), check_trainer_config(pod, now),
-             check_notify(pod, now), check_last_stop(pod, now), check_cluster(pod, now)]
+             check_notify(pod, now), check_last_stop(pod, now), check_cluster(pod, now), check_guard_file(pod, now)]
     return [f for f in found if f is not None]
 
 

@@ -64,12 +64,14 @@ STOP_POD_RETRY_S = 300
 
 
 def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", traceback: str = "",
-         retry=None, stop_pod_after: tuple[float, str] = (0.0, ""), metrics: dict | None = None) -> int:
+         retry=None, stop_pod_after: tuple[float, str] = (0.0, ""), metrics: dict | None = None,
+         stop_pod_limits=None) -> int:
     """Blocks until SIGTERM/SIGINT, then returns 0 (docker stop ends safe mode promptly).
     SIGUSR1 (`podkit resume`) boots again in place: same pid, so PID 1 stays PID 1; so does `retry()`
     turning true (asked every few seconds: the cause went away by itself, such as another pod's hold
     on the workspace). On RunPod, after `stop_pod_after` (seconds, the setting that says so) the pod
-    stops itself (cost guard). With
+    stops itself (cost guard); `stop_pod_limits()`, when given, says it again each time it is looked at
+    (`podkit guard set` changes it on the waiting pod). With
     `metrics` (serve_in_background's arguments), /metrics says so meanwhile. Nothing in here may end
     the process otherwise: a failure of its own falls back to waiting."""
     stopping = []
@@ -94,7 +96,7 @@ def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", trace
         except Exception as e:  # noqa: BLE001 - nor may serving metrics
             say(f"[podkit:metrics] cannot serve metrics in safe mode ({type(e).__name__}: {e})")
     last = checked = since = time.monotonic()
-    pod_stop = PodStop(state_dir, stage, *stop_pod_after)
+    pod_stop = PodStop(state_dir, stage, *stop_pod_after, limits=stop_pod_limits)
     while not stopping:
         pod_stop.check(time.monotonic() - since)
         if retry and time.monotonic() - checked >= RETRY_EVERY_S:
@@ -125,24 +127,33 @@ def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", trace
 
 class PodStop:
     """The safe-mode cost guard: once the wait has lasted `after_s` on RunPod, notify and stop the pod,
-    in a thread (PID 1 keeps answering signals); a refused stop is tried again every few minutes."""
+    in a thread (PID 1 keeps answering signals); a refused stop is tried again every few minutes.
+    `limits()` gives (after_s, why) afresh each time it is looked at: a change takes effect at once."""
 
     def __init__(self, state_dir: Path | None, stage: str, after_s: float,
-                 why: str = "guard.stop_pod_after_s") -> None:
+                 why: str = "guard.stop_pod_after_s", limits=None) -> None:
         self.state_dir, self.stage, self.after_s, self.why = state_dir, stage, after_s, why
-        self.notified = False
+        self.limits = limits
+        self.notified = self.done = False
         self.next_at = after_s
         self.thread = None
 
     def check(self, waited_s: float) -> None:
-        if not self.after_s or waited_s < self.next_at or (self.thread and self.thread.is_alive()):
+        if self.limits and not self.done:
+            try:
+                after_s, why = self.limits()
+            except Exception:  # noqa: BLE001 - a bad guard file keeps the limit there was
+                after_s, why = self.after_s, self.why
+            if (after_s, why) != (self.after_s, self.why):
+                self.after_s, self.why, self.next_at = after_s, why, after_s
+        if self.done or not self.after_s or waited_s < self.next_at or (self.thread and self.thread.is_alive()):
             return
         self.next_at = waited_s + STOP_POD_RETRY_S
         try:
             from podkit import costguard  # only after a long safe mode: urllib is not on the boot path
 
             if not costguard.on_runpod():
-                self.after_s = 0  # not a RunPod pod: nothing to stop, never again
+                self.done = True  # not a RunPod pod: nothing to stop, never again
                 return
             import threading
 
@@ -157,4 +168,4 @@ class PodStop:
         first, self.notified = not self.notified, True
         if costguard.stop_pod_notified(f"in safe mode ({self.stage}) for {waited_s:.0f} s ({self.why})",
                                        self.state_dir, notify=first):
-            self.after_s = 0
+            self.done = True

@@ -125,6 +125,11 @@ def human(st: dict) -> str:
     last = (st.get("boots") or {}).get("last")
     if last:
         lines.append(f"boot: {_ago(last.get('time'))}, {last.get('outcome')}; before it: {last.get('last_stop')}")
+    if st.get("guards"):
+        from podkit import guardfile
+
+        lines += ["cost guards (on RunPod; `podkit guard set` changes them on the running pod):",
+                  *("  " + ln for ln in guardfile.human(st["guards"]))]
     return "\n".join(ln for ln in lines if ln is not None)
 
 
@@ -164,8 +169,12 @@ def health_problem(st: dict, progress_timeout_s: float, multi_node: bool = False
 
 
 def main(workspace: Path, as_json: bool, health_check: bool = False, progress_timeout_s: float = 1800,
-         multi_node: bool = False) -> int:
+         multi_node: bool = False, cfg=None) -> int:
     st = collect(workspace)
+    if cfg is not None and not health_check:
+        from podkit import guardfile
+
+        st["guards"] = guardfile.report(cfg)  # the values in force and where each comes from
     if health_check:
         problem = health_problem(st, progress_timeout_s, multi_node)
         print(f"unhealthy: {problem}" if problem else "healthy")

@@ -2,7 +2,8 @@
 with the program's name, and each program state change is recorded for `podkit status`. It notifies
 (notify.py) of a program gone FATAL, of training finished and of supervisord beginning to stop. On
 RunPod it is also where the cost guards act: a finished run, and the maximum run time (guard.stop_pod_at:
-the trainer is stopped with its checkpoint first), stop the pod.
+the trainer is stopped with its checkpoint first), stop the pod; both are looked up each time, so that
+`podkit guard set` changes them on the running pod (guardfile.py).
 
 supervisord writes each program's output to its rotated file under <workspace>/logs/ and emits
 PROCESS_LOG events; this listener prints them to its stderr, which supervisord.conf sends to
@@ -30,6 +31,7 @@ READY = b"READY\n"
 FINISHED_STOP_FIRST_RETRY_S = 2.0
 FINISHED_STOP_RETRY_FOR_S = 3600.0
 OK = b"RESULT 2\nOK"
+GUARDS_OFF = {"stop_pod_at": 0.0, "stop_pod_when_finished": "never", "stop_pod_after_s": 0.0}
 
 
 def read_payload(stdin, n: int) -> bytes:
@@ -52,16 +54,19 @@ def parse_headers(line: bytes) -> dict[str, str]:
 
 
 class Pump:
+    """`guards` (guardfile.Live) gives the cost guards in force, the pod's settings with `podkit guard set`'s
+    changes on top, read each time they are looked at; they act only `on_runpod`."""
+
     def __init__(self, out, run_dir: Path | None, width: int = 8, state_dir: Path | None = None,
-                 trainer_grace_s: float = 0.0, stop_pod_when_finished: bool = False, stop_pod_at: float = 0.0,
+                 trainer_grace_s: float = 0.0, guards=None, on_runpod: bool = False,
                  socket_path: str | None = None) -> None:
         self.out = out
-        self.stop_pod_at, self.socket_path = stop_pod_at, socket_path
+        self.guards, self.on_runpod, self.socket_path = guards, on_runpod, socket_path
         self._deadline: threading.Thread | None = None
         self._deadline_retry_at = 0.0
-        self._deadline_reason = "the maximum run time was reached (guard.stop_pod_at, set by podkit deploy --max-runtime)"
+        self._deadline_done = False
+        self._deadline_reason = ""
         self.trainer_grace_s = trainer_grace_s
-        self.stop_pod_when_finished = stop_pod_when_finished
         self.state_dir = state_dir
         self.partial: dict[tuple[str, str], str] = {}
         self.run_dir = run_dir
@@ -71,6 +76,17 @@ class Pump:
         owner = os.getppid()
         if self.states.get("_supervisord") != owner:
             self.states = {"_supervisord": owner}
+
+    def say(self, line: str) -> None:
+        self.out.write(f"{'podkit':<{self.width}} | {line}\n")
+        self.out.flush()
+
+    def guard(self, key: str):
+        """A cost guard's value in force; off (0, never) outside RunPod or without guards."""
+        if self.guards is None:
+            return GUARDS_OFF[key]
+        value = self.guards.values()[key]  # looked at even off RunPod: a bad guard file is said at once
+        return value if self.on_runpod else GUARDS_OFF[key]
 
     def log(self, name: str, channel: str, data: str) -> None:
         key = (name, channel)
@@ -116,7 +132,7 @@ class Pump:
         if (prog.get("stopped") or {}).get("by") in records.FINISHED:
             sent = notify.send("finished", f"training finished at step {prog.get('step')} (last checkpoint at step "
                                f"{prog.get('checkpoint_step')})", self.state_dir)
-            if self.stop_pod_when_finished:
+            if self.guard("stop_pod_when_finished") == "auto":
                 threading.Thread(target=self._stop_pod, args=(sent, prog.get("step")), daemon=True).start()
 
     def _stop_pod(self, sent, step) -> None:
@@ -134,21 +150,25 @@ class Pump:
                 notify.send("pod-stop-failed", f"this pod could not stop itself after {reason} and is still "
                             "billing: stop it from RunPod's console", self.state_dir)
                 return
-            self.out.write(f"{'podkit':<{self.width}} | the pod did not stop; trying again in {delay:.0f} s\n")
-            self.out.flush()
+            self.say(f"the pod did not stop; trying again in {delay:.0f} s")
             time.sleep(delay)
             delay = min(delay * 2, STOP_POD_RETRY_S)
 
     def deadline(self, now: float) -> None:
         """guard.stop_pod_at passed: once, in a thread (events keep flowing), the trainer is stopped
         through supervisord, which gives it stop_grace_s to checkpoint, then the pod. A refused podStop
-        is tried again every few minutes."""
-        if not self.stop_pod_at or now < self.stop_pod_at or time.monotonic() < self._deadline_retry_at:
+        is tried again every few minutes. The time is looked up each time: `podkit guard set` moves it."""
+        at = self.guard("stop_pod_at")
+        if self._deadline_done or not at or now < at or time.monotonic() < self._deadline_retry_at:
             return
         if self._deadline and self._deadline.is_alive():
             return
         self._deadline_retry_at = time.monotonic() + STOP_POD_RETRY_S
         first = self._deadline is None
+        if first:
+            self._deadline_reason = ("the maximum run time was reached (guard.stop_pod_at, " +
+                                     ("set on the running pod by `podkit guard set`)" if self.guards.from_file("stop_pod_at")
+                                      else "set by podkit deploy --max-runtime)"))
         self._deadline = threading.Thread(target=self._deadline_stop, args=(first,), daemon=True)
         self._deadline.start()
 
@@ -156,9 +176,7 @@ class Pump:
         from podkit import costguard
 
         if first:
-            self.out.write(f"{'podkit':<{self.width}} | {self._deadline_reason}: stopping the trainer with a checkpoint, "
-                           "then the pod\n")
-            self.out.flush()
+            self.say(f"{self._deadline_reason}: stopping the trainer with a checkpoint, then the pod")
             rpc = supervisord.rpc(self.socket_path).supervisor
             # The watchdog first, so that it cannot start the trainer again; then the trainer, wait=True:
             # the call returns once it has exited (its checkpoint written) or been killed.
@@ -166,11 +184,11 @@ class Pump:
                 try:
                     rpc.stopProcess(name, True)
                 except (OSError, xmlrpc.client.Error) as e:  # not running (finished, FATAL): nothing to save
-                    self.out.write(f"{'podkit':<{self.width}} | {name} was not stopped ({e})\n")
+                    self.say(f"{name} was not stopped ({e})")
             prog = records.PROGRESS.read(self.state_dir) if self.state_dir else {}
             self._deadline_reason += f"; last checkpoint at step {prog.get('checkpoint_step')}"
         if costguard.stop_pod_notified(self._deadline_reason, self.state_dir, notify=first):
-            self.stop_pod_at = 0.0
+            self._deadline_done = True
 
     def handle(self, headers: dict[str, str], payload: bytes) -> None:
         event = headers.get("eventname", "")
@@ -189,17 +207,17 @@ class Pump:
             try:
                 lease.renew(self.state_dir)
             except OSError as e:
-                self.out.write(f"{'podkit':<{self.width}} | cannot renew the workspace lease ({e.strerror})\n")
+                self.say(f"cannot renew the workspace lease ({e.strerror})")
 
 
 def main(cfg) -> int:
     log.to_stderr()  # stdout is the event protocol
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    from podkit import costguard
+    from podkit import costguard, guardfile
 
     pump = Pump(sys.stderr, Path(cfg.run_path), state_dir=cfg.state_dir, trainer_grace_s=cfg.trainer.stop_grace_s,
-                stop_pod_when_finished=cfg.guard.stop_pod_when_finished == "auto" and costguard.on_runpod(),
-                stop_pod_at=cfg.guard.stop_pod_at if costguard.on_runpod() else 0.0, socket_path=cfg.socket_path)
+                on_runpod=costguard.on_runpod(), socket_path=cfg.socket_path)
+    pump.guards = guardfile.Live(cfg.workspace_path, {k: getattr(cfg.guard, k) for k in guardfile.KEYS}, pump.say)
 
     def stop(*_):
         pump.flush()

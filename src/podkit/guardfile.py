@@ -1,0 +1,344 @@
+"""Cost guards changed on a running pod: `<workspace>/.podkit/guards.json`, on the volume.
+
+RunPod restarts a pod whose env is edited ("clearing all data outside your volume mount path"), so the
+cost guards of a running pod change here instead: `podkit guard set stop_pod_at=+6h` writes the file
+(temp + rename), and what enforces the guards reads it each time it looks, re-reading it only when it
+changed (one stat a second at most): the log listener (guard.stop_pod_at, guard.stop_pod_when_finished)
+and safe mode (guard.stop_pod_after_s, guard.stop_pod_at).
+
+Each entry names the value it replaced (`over`): it holds while the pod's own setting (config file or
+env) is still that value. An env edit on a stopped pod is newer than the file, so it wins at the pod's
+next start, and the stale entry is ignored, saying so.
+
+The file is data on a volume, not trusted: a symlink, a file that is not this user's or that others may
+write, more than MAX_BYTES, or any key or value the config itself would refuse, and the whole file is
+ignored (logged once per change of the file, naming the file, the key and what is wrong); the pod's own
+settings hold. Depends on config, records and log only; stdlib at import (safe mode imports it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import time
+from pathlib import Path
+
+from podkit import config, records
+from podkit.errors import ConfigError, PodkitError
+
+NAME = "guards.json"
+KEYS = ("stop_pod_at", "stop_pod_when_finished", "stop_pod_after_s")
+ENTRY_FIELDS = ("value", "over", "time")
+MAX_BYTES = 4096  # three entries take a few hundred bytes
+LOOK_EVERY_S = 1.0  # the enforcers look often (every event, every 0.2 s): one stat a second at most
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def path(workspace) -> Path:
+    return Path(workspace) / ".podkit" / NAME
+
+
+def read(p: Path) -> tuple[dict, str]:
+    """The file's entries ({key: {"value", "over", "time"}}), or ({}, what is wrong with it). A missing file
+    is no entries and nothing wrong."""
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return {}, ""
+    except OSError as e:
+        return {}, f"cannot be looked at ({e.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return {}, "is a symbolic link (podkit writes a plain file: `podkit guard set`)"
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        return {}, f"cannot be opened ({e.strerror})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return {}, "is not a regular file"
+        if st.st_uid != os.getuid():
+            return {}, f"is owned by uid {st.st_uid}, not {os.getuid()} (podkit's user): not written by `podkit guard`"
+        if st.st_mode & 0o022:
+            return {}, f"can be written by others (mode {stat.S_IMODE(st.st_mode):o})"
+        if st.st_size > MAX_BYTES:
+            return {}, f"is {st.st_size} bytes, more than any guard file ({MAX_BYTES})"
+        raw = os.read(fd, MAX_BYTES + 1)
+    except OSError as e:
+        return {}, f"cannot be read ({e.strerror})"
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_BYTES:
+        return {}, f"is more than {MAX_BYTES} bytes"
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return {}, "is not JSON (truncated, empty or binary)"
+    if not isinstance(data, dict):
+        return {}, f"is JSON {type(data).__name__}, not an object of guards"
+    try:
+        return {key: _entry(key, e, str(p)) for key, e in data.items()}, ""
+    except ConfigError as e:
+        return {}, f"{e.key}: {e.problem}"
+    except (ArithmeticError, TypeError, ValueError) as e:  # a number no float holds: 1e400 written out
+        return {}, f"holds a value that is not a setting ({type(e).__name__})"
+
+
+def _entry(key: str, e: object, source: str) -> dict:
+    if key not in KEYS:
+        raise ConfigError(source, str(key)[:80], "not a guard that changes on a running pod",
+                          hint=f"one of {', '.join(KEYS)}")
+    if not isinstance(e, dict) or "value" not in e or set(e) - set(ENTRY_FIELDS):
+        raise ConfigError(source, key, f"expected {{\"value\": ..., \"over\": ..., \"time\": ...}}, got {e!r:.80}")
+    out = {"value": config.check("guard", key, e["value"], source, from_env=False)}
+    if e.get("over") is not None:
+        out["over"] = config.check("guard", key, e["over"], f"{source} (over)", from_env=False)
+    t = e.get("time")
+    if t is not None:
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 <= t <= time.time() + records.FUTURE_SKEW_S:
+            raise ConfigError(source, key, f"time {t!r:.40} is not a time")
+        out["time"] = float(t)
+    return out
+
+
+def resolve(entries: dict, base: dict) -> tuple[dict, dict]:
+    """(the values in force, {key: why an entry is not used}) for the pod's settings `base`."""
+    values, stale = dict(base), {}
+    for key, e in entries.items():
+        if "over" in e and key in base and e["over"] != base[key]:
+            stale[key] = (f"was set over {show(key, e['over'])}, but the pod's setting is now {show(key, base[key])} "
+                          f"(an edit of its env or config since): the setting holds; `podkit guard clear {key}`")
+        else:
+            values[key] = e["value"]
+    return values, stale
+
+
+def show(key: str, value, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    if key == "stop_pod_at":
+        if not value:
+            return "0 (no maximum run time)"
+        left = value - now
+        when = f"in {_span(left)}" if left >= 0 else f"{_span(-left)} ago"
+        return f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(value))} ({when})"
+    if key == "stop_pod_after_s":
+        return f"{config._format(value)} s" + (" (never)" if not value else "")
+    return str(value)
+
+
+def _span(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
+
+
+class Live:
+    """The guards in force for an enforcer: the pod's settings (`base`) with the file's valid, current
+    entries on top. `values()` is cheap (a stat a second at most) and never raises; every change of the
+    file is said once through `say`, none more than once."""
+
+    def __init__(self, workspace, base: dict, say) -> None:
+        self.path, self.base, self.say = path(workspace), dict(base), say
+        self.sig: object = "unread"
+        self.entries: dict = {}
+        self.stale: dict = {}
+        self.current = dict(base)
+        self.next_look = 0.0
+
+    def values(self) -> dict:
+        now = time.monotonic()
+        if now >= self.next_look:
+            self.next_look = now + LOOK_EVERY_S
+            try:
+                self._look()
+            except Exception as e:  # noqa: BLE001 - a guard file must never be what stops an enforcer
+                self._say(f"{self.path}: cannot be read ({type(e).__name__}: {e}); the pod's settings hold")
+                self.current = dict(self.base)
+        return self.current
+
+    def from_file(self, key: str) -> bool:
+        """The value in force for `key` is the file's (`podkit guard set`), not the pod's setting."""
+        return key in self.entries and key not in self.stale
+
+    def _say(self, msg: str) -> None:
+        try:
+            self.say(msg)
+        except Exception:  # noqa: BLE001 - nor may saying so
+            pass
+
+    def _look(self) -> None:
+        try:
+            st = os.lstat(self.path)
+            sig: object = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_mode, st.st_uid)
+        except FileNotFoundError:
+            sig = None
+        except OSError as e:
+            sig = ("error", e.errno)
+        if sig == self.sig:
+            return
+        first, self.sig = self.sig == "unread", sig
+        entries, problem = read(self.path)
+        before = self.current
+        if problem:
+            self._say(f"{self.path} {problem}: ignored, the pod's settings hold "
+                      f"({'; '.join(f'guard.{k} {show(k, v)}' for k, v in self.base.items())})")
+            entries = {}
+        self.entries = entries
+        self.current, self.stale = resolve(entries, self.base)
+        stale = self.stale
+        for key, why in stale.items():
+            self._say(f"{self.path}: guard.{key} {why}")
+        for key in KEYS:
+            if key in self.current and (self.current[key] != before.get(key) or first and key in entries
+                                        and key not in stale):
+                src = f"from {self.path} (`podkit guard set`)" if key in entries and key not in stale else \
+                    "the pod's own setting"
+                self._say(f"guard.{key} is now {show(key, self.current[key])}, {src}")
+
+
+# -- the verb: `podkit guard show | set KEY=VALUE... | clear [KEY...]` --------------------------------------
+
+def parse(key: str, text: str, now: float) -> object:
+    """A value given on the command line, checked as the config checks it. stop_pod_at takes a Unix time,
+    +DURATION from now (+6h, +90m, +2d, +3600) or 0 (none); stop_pod_after_s seconds or a duration."""
+    name = f"guard.{key}"
+    if key not in KEYS:
+        spec = config.SCHEMA["guard"].get(key)
+        hint = (f"guard.{key} is read when the pod boots: set it in the pod config or env (a restart)" if spec
+                else config._did_you_mean(key, KEYS) or f"one of {', '.join(KEYS)}")
+        raise ConfigError("command line", name, "not a guard that changes on a running pod", hint=hint)
+    t = text.strip().lower()
+    if key == "stop_pod_at" and t.startswith("+"):
+        return config.check("guard", key, now + _duration(name, t[1:]), "command line", from_env=False)
+    if key == "stop_pod_at" and t in ("none", "never", "off"):
+        return 0.0
+    if key == "stop_pod_after_s" and (m := DURATION.match(t)):
+        return config.check("guard", key, float(m.group(1)) * UNIT_S[m.group(2)], "command line", from_env=False)
+    return config.check("guard", key, text, "command line", from_env=True)
+
+
+def _duration(name: str, t: str) -> float:
+    m = DURATION.match(t)
+    if not m or float(m.group(1)) <= 0:
+        raise ConfigError("command line", name, f"'+{t}' is not a duration from now",
+                          hint="e.g. +90m, +6h, +2d or +3600 (s); or a Unix time; 0: no maximum run time")
+    return float(m.group(1)) * UNIT_S[m.group(2)]
+
+
+def pod_settings(cfg) -> dict:
+    """{key: (value, where it comes from)}: the running pod's own settings, as rendered for its programs
+    (<run_dir>/podkit.env, local disk) where this is that pod, else this config's."""
+    out = {k: (getattr(cfg.guard, k), cfg.origin(f"guard.{k}")) for k in KEYS}
+    run_dir = records.CURRENT.read(cfg.workspace_path / ".podkit").get("run_dir")
+    try:
+        with open(Path(run_dir or "/nonexistent") / "podkit.env", "rb") as f:
+            lines = f.read(1 << 16).decode(errors="replace").splitlines()
+    except OSError:
+        return out
+    rendered = dict(line.split("=", 1) for line in lines if "=" in line)
+    for key in KEYS:
+        raw = rendered.get(config.env_name("guard", key))
+        try:
+            value = config.check("guard", key, raw, "podkit.env") if raw is not None else None
+        except ConfigError:
+            value = None
+        if value is not None and value != out[key][0]:
+            out[key] = (value, "the running pod's settings")
+    return out
+
+
+def report(cfg) -> dict:
+    """What `podkit status` and `podkit guard show` print: each guard's value in force and where it comes
+    from, and what is wrong with the file, if anything."""
+    settings = pod_settings(cfg)
+    base = {k: v for k, (v, _) in settings.items()}
+    p = path(cfg.workspace_path)
+    entries, problem = read(p)
+    values, stale = resolve(entries, base)
+    guards = {}
+    for key in KEYS:
+        e = entries.get(key)
+        if e and key not in stale:
+            src = f"{p} (`podkit guard set`{', ' + _span(time.time() - e['time']) + ' ago' if 'time' in e else ''})"
+        else:
+            src = f"config ({settings[key][1]})"
+        guards[key] = {"value": values[key], "shown": show(key, values[key]), "from": src,
+                       "setting": base[key], "stale": stale.get(key)}
+    return {"file": str(p), "problem": f"{p} {problem}: ignored, the pod's settings hold" if problem else None,
+            "guards": guards}
+
+
+def human(rep: dict) -> list[str]:
+    lines = [f"guard.{k:<24} {g['shown']}  [{g['from']}]" for k, g in rep["guards"].items()]
+    lines += [f"  WARNING: guard.{k} in {rep['file']} {g['stale']}" for k, g in rep["guards"].items() if g["stale"]]
+    if rep["problem"]:
+        lines.append(f"  WARNING: {rep['problem']}")
+    return lines
+
+
+def main(cfg, action: str, items: list[str], as_json: bool) -> int:
+    state = cfg.workspace_path / ".podkit"
+    if not state.is_dir():
+        raise PodkitError(f"no podkit workspace at {cfg.workspace_path} (it has no .podkit/)",
+                          "pass the pod's workspace: --workspace /workspace, or PODKIT_WORKSPACE")
+    p = path(cfg.workspace_path)
+    if action == "set":
+        _set(cfg, p, items)
+    elif action == "clear":
+        _clear(p, items)
+    elif items:
+        raise ConfigError("command line", "", f"show takes no settings ({' '.join(items)!r})",
+                          hint="podkit guard set KEY=VALUE ...")
+    rep = report(cfg)
+    print(json.dumps(rep, indent=2) if as_json else "\n".join(human(rep)))
+    if action != "show" and not as_json:
+        print("the running pod applies this within a minute, without a restart (an edit of a RunPod pod's env "
+              "restarts it: do that only on a stopped pod)")
+    return 0
+
+
+def _set(cfg, p: Path, items: list[str]) -> None:
+    if not items:
+        raise ConfigError("command line", "", "nothing to set",
+                          hint="podkit guard set stop_pod_at=+6h | stop_pod_when_finished=never | stop_pod_after_s=2h")
+    now = time.time()
+    new = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        key = key.strip().removeprefix("guard.")
+        if not eq:
+            raise ConfigError("command line", item, "expected KEY=VALUE", hint="e.g. stop_pod_at=+6h")
+        new[key] = parse(key, text, now)
+    base = {k: v for k, (v, _) in pod_settings(cfg).items()}
+    entries, problem = read(p)
+    if problem:
+        print(f"podkit: warning: {p} {problem}: replaced", flush=True)
+        entries = {}
+    data = {k: {f: e[f] for f in ENTRY_FIELDS if f in e} for k, e in entries.items()}
+    for key, value in new.items():
+        data[key] = {"value": value, "over": base[key], "time": now}
+    _write(p, data)
+
+
+def _write(p: Path, data: dict) -> None:
+    records.write_json(p, data, mode=0o644)  # temp + fsync + rename
+    os.chmod(p, 0o644)  # whatever the umask: the readers refuse a file that others may write
+
+
+def _clear(p: Path, keys: list[str]) -> None:
+    keys = [k.strip().removeprefix("guard.") for k in keys]
+    for key in keys:
+        if key not in KEYS:
+            raise ConfigError("command line", f"guard.{key}", "not a guard that changes on a running pod",
+                              hint=config._did_you_mean(key, KEYS) or f"one of {', '.join(KEYS)}")
+    entries, problem = read(p)
+    left = {} if problem or not keys else {k: e for k, e in entries.items() if k not in keys}
+    if left:
+        _write(p, left)
+    else:
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,229 @@
+"""Cost guards changed on a running pod (`podkit guard`, <workspace>/.podkit/guards.json): RunPod restarts a
+pod whose env is edited, so the guards are read live from a file on the volume instead.
+
+RunPod's API is never reached here: the pod's own stop goes to a dead loopback URL, and every other HTTP(S)
+request of the stack to a dead proxy, so the tests assert on what the pod does itself (the trainer's stop and
+checkpoint, its records, its log lines), not on the API call, whose client is being rewritten."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import time
+
+import pytest
+
+from conftest import PODKIT, wait_for
+from podkit import guardfile
+from test_notify import Receiver, dead_url
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+
+def on_runpod(**extra) -> dict[str, str]:
+    """A RunPod pod's variables with an API nobody answers."""
+    dead = dead_url().rsplit("/", 1)[0]
+    return {"RUNPOD_POD_ID": "pod-guard123", "RUNPOD_API_KEY": "rpa_not_a_real_key_0123456789",
+            "RUNPOD_API_BASE_URL": dead, "http_proxy": dead, "https_proxy": dead, "HTTP_PROXY": dead,
+            "HTTPS_PROXY": dead, "no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost", **extra}
+
+
+def guard(workspace, *args, env=None) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in (env or os.environ).items() if not k.startswith("PODKIT_")}
+    return subprocess.run([*PODKIT, "guard", *args, "--workspace", str(workspace)], capture_output=True, text=True,
+                          env=e if env is None else env, timeout=30)
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def test_a_maximum_run_time_moved_earlier_stops_the_trainer_with_its_checkpoint_without_a_restart(stack_factory):
+    """A pod deployed with a day to run; `podkit guard set` moves its end to seconds from now: at that time the
+    trainer is stopped with its checkpoint, by the same supervisord (no restart), and status says why."""
+    s = stack_factory(PODKIT_GUARD_STOP_POD_AT=str(int(time.time()) + 86400), **on_runpod()).start()
+    supervisord = s.proc.pid
+    s.wait_step(1)
+    at = int(time.time()) + 6
+    r = guard(s.workspace, "set", f"stop_pod_at={at}", env=s.env)
+    assert r.returncode == 0, r.stderr
+    assert "guards.json (`podkit guard set`" in r.stdout
+    st = json.loads(subprocess.run([*PODKIT, "status", "--json", "--workspace", str(s.workspace)], env=s.env,
+                                   capture_output=True, text=True, timeout=30).stdout)
+    assert st["guards"]["guards"]["stop_pod_at"]["value"] == at
+    assert "podkit guard set" in st["guards"]["guards"]["stop_pod_at"]["from"]
+    assert st["guards"]["guards"]["stop_pod_after_s"]["from"] == "config (defaults)"
+    wait_for(lambda: (s.progress().get("stopped") or {}).get("by") == "SIGTERM", 90, what="the trainer's stop")
+    prog = s.progress()
+    assert prog["stopped"]["time"] >= at and prog["checkpoint_step"] == prog["step"] > 0
+    wait_for(lambda: s.status()["programs"]["trainer"]["state"] == "STOPPED", 30, what="trainer STOPPED")
+    assert s.status()["supervisord"]["pid"] == supervisord and s.proc.poll() is None, "no restart"
+    out = s.stdout()
+    assert "guard.stop_pod_at is now" in out and "from " + str(guardfile.path(s.workspace)) in out
+    assert "set on the running pod by `podkit guard set`): stopping the trainer with a checkpoint" in out
+    assert s.stop() == 0
+
+
+def test_a_corrupt_then_planted_guard_file_is_ignored_once_each_and_the_setting_holds(stack_factory, tmp_path):
+    """Garbage, then a symlink to a file that would give the run a day more: each is said once (however many
+    events come), and the pod's own maximum run time stops the trainer all the same."""
+    at = int(time.time()) + 25
+    s = stack_factory(PODKIT_GUARD_STOP_POD_AT=str(at), **on_runpod()).start()
+    s.wait_step(1)
+    p = guardfile.path(s.workspace)
+    p.write_bytes(b"\x00\xffnot json{{")
+    p.chmod(0o644)
+    wait_for(lambda: "is not JSON" in s.stdout(), 20, what="the corrupt file logged")
+    elsewhere = tmp_path / "planted.json"
+    elsewhere.write_text(json.dumps({"stop_pod_at": {"value": time.time() + 86400}}))
+    p.unlink()
+    p.symlink_to(elsewhere)
+    wait_for(lambda: "is a symbolic link" in s.stdout(), 20, what="the symlink logged")
+    wait_for(lambda: (s.progress().get("stopped") or {}).get("by") == "SIGTERM", 90, what="the trainer's stop")
+    assert s.progress()["stopped"]["time"] >= at
+    out = s.stdout()
+    assert out.count("is not JSON") == 1 and out.count("is a symbolic link") == 1, "once per change of the file"
+    assert "ignored, the pod's settings hold (guard.stop_pod_at" in out
+    assert "set by podkit deploy --max-runtime): stopping the trainer" in out
+    assert s.stop() == 0
+
+
+def test_the_verb_refuses_a_bad_value_with_exit_2_and_writes_nothing(tmp_path):
+    """Each value is checked as the config checks it; a guard read only at boot is named as such."""
+    ws = tmp_path / "ws"
+    (ws / ".podkit").mkdir(parents=True)
+    for item, words in (("stop_pod_at=+6x", "'+6x' is not a duration from now"),
+                        ("stop_pod_at=43200", "43200 is a Unix time in 1970-2001"),
+                        ("stop_pod_after_s=40d", "is above the maximum 2592000 (30 days)"),
+                        ("stop_pod_when_finished=sometimes", "'sometimes' is not one of auto, never"),
+                        ("max_boots=3", "read when the pod boots"),
+                        ("stop_pod_atx=1", "did you mean 'stop_pod_at'?"),
+                        ("stop_pod_at", "expected KEY=VALUE")):
+        r = guard(ws, "set", item)
+        assert r.returncode == 2, (item, r.stdout, r.stderr)
+        assert r.stderr.startswith("podkit: error: command line: ") and words in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    assert not guardfile.path(ws).exists()
+    r = guard(ws, "set", "stop_pod_at=+2h", "stop_pod_after_s=90m", "stop_pod_when_finished=never")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(guardfile.path(ws).read_text())
+    assert data["stop_pod_after_s"]["value"] == 5400 and data["stop_pod_when_finished"]["value"] == "never"
+    assert abs(data["stop_pod_at"]["value"] - (time.time() + 7200)) < 60 and data["stop_pod_at"]["over"] == 0
+    assert [p.name for p in (ws / ".podkit").iterdir()] == ["guards.json"], "written by rename, no temp left"
+    assert stat.S_IMODE(guardfile.path(ws).stat().st_mode) == 0o644
+    assert guard(ws, "clear", "stop_pod_at").returncode == 0
+    assert set(json.loads(guardfile.path(ws).read_text())) == {"stop_pod_after_s", "stop_pod_when_finished"}
+    assert guard(ws, "clear").returncode == 0 and not guardfile.path(ws).exists()
+
+
+def test_doctor_and_status_name_a_guard_file_that_is_not_in_force(tmp_path):
+    """A file the pod ignores is a problem doctor names, with the file and what is wrong; status shows it too."""
+    ws = tmp_path / "ws"
+    (ws / ".podkit").mkdir(parents=True)
+    guardfile.path(ws).write_text(json.dumps({"stop_pod_at": {"value": "tomorrow"}}))
+    guardfile.path(ws).chmod(0o644)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+    r = subprocess.run([*PODKIT, "doctor", "--json", "--workspace", str(ws)], capture_output=True, text=True,
+                       env=env, timeout=60)
+    found = {f["id"]: f for f in json.loads(r.stdout)["findings"]}
+    assert r.returncode == 1 and "guard_file_ignored" in found
+    assert "guard.stop_pod_at: expected a number (s), got 'tomorrow'" in found["guard_file_ignored"]["evidence"][0]
+    r = subprocess.run([*PODKIT, "status", "--workspace", str(ws)], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert "guard.stop_pod_at              0 (no maximum run time)  [config (defaults)]" in r.stdout
+    assert "WARNING: " + str(guardfile.path(ws)) + " guard.stop_pod_at: expected a number" in r.stdout
+
+
+def test_an_env_edit_on_a_stopped_pod_wins_over_an_older_override(tmp_path):
+    """An override holds while the pod's setting is the one it replaced: a later env edit (on a stopped pod)
+    takes effect at the next start, and the override is said to be stale."""
+    ws = tmp_path / "ws"
+    (ws / ".podkit").mkdir(parents=True)
+    first, edited = int(time.time()) + 3600, int(time.time()) + 7200
+    env = {**os.environ, "PODKIT_WORKSPACE": str(ws), "PODKIT_GUARD_STOP_POD_AT": str(first)}
+    env.pop("PODKIT_CONFIG", None)
+    assert guard(ws, "set", "stop_pod_at=+10h", env=env).returncode == 0
+    rep = json.loads(guard(ws, "show", "--json", env=env).stdout)["guards"]["stop_pod_at"]
+    assert rep["value"] > edited and "podkit guard set" in rep["from"] and rep["stale"] is None
+    env["PODKIT_GUARD_STOP_POD_AT"] = str(edited)
+    rep = json.loads(guard(ws, "show", "--json", env=env).stdout)["guards"]["stop_pod_at"]
+    assert rep["value"] == edited and rep["from"] == "config (env PODKIT_GUARD_STOP_POD_AT)"
+    assert "the setting holds; `podkit guard clear stop_pod_at`" in rep["stale"]
+
+
+@pytest.mark.parametrize("case", ["huge", "group-writable", "unknown key", "bad value", "not an entry",
+                                  "number past float", "fifo", "a list"])
+def test_a_guard_file_that_is_not_podkits_is_refused_naming_what_is_wrong(tmp_path, case):
+    """Untrusted data on the volume: every way it can be wrong is a reason, never an exception or a value."""
+    p = tmp_path / "guards.json"
+    entry = {"value": time.time() + 60}
+    content = {"huge": json.dumps({"stop_pod_at": entry}) + " " * guardfile.MAX_BYTES,
+               "unknown key": json.dumps({"max_boots": {"value": 3}}),
+               "bad value": json.dumps({"stop_pod_after_s": {"value": -5}}),
+               "not an entry": json.dumps({"stop_pod_at": 1}),
+               "number past float": '{"stop_pod_after_s": {"value": 1' + "0" * 400 + "}}",
+               "a list": "[1, 2]", "group-writable": json.dumps({"stop_pod_at": entry})}.get(case)
+    if case == "fifo":
+        os.mkfifo(p, 0o600)
+    else:
+        p.write_text(content)
+        os.chmod(p, 0o664 if case == "group-writable" else 0o644)
+    entries, problem = guardfile.read(p)
+    assert entries == {} and problem
+    why = {"huge": "more than any guard file", "group-writable": "can be written by others (mode 664)",
+           "unknown key": "max_boots: not a guard", "bad value": "stop_pod_after_s: -5.0 is below the minimum 0",
+           "not an entry": "stop_pod_at: expected", "number past float": "not a setting",
+           "fifo": "not a regular file", "a list": "not an object of guards"}[case]
+    assert why in problem, problem
+
+
+def test_the_live_guards_say_each_change_once_and_never_raise(tmp_path, monkeypatch):
+    """Looked at a thousand times, a file that changes twice is said twice; a good file's value is in force,
+    a bad one's is not."""
+    monkeypatch.setattr(guardfile, "LOOK_EVERY_S", 0.0)
+    (tmp_path / ".podkit").mkdir()
+    said: list[str] = []
+    live = guardfile.Live(tmp_path, {"stop_pod_at": 0.0, "stop_pod_when_finished": "auto",
+                                     "stop_pod_after_s": 3600.0}, said.append)
+    p = guardfile.path(tmp_path)
+    p.write_text("{")
+    p.chmod(0o644)
+    for _ in range(1000):
+        assert live.values()["stop_pod_after_s"] == 3600.0
+    p.write_text(json.dumps({"stop_pod_after_s": {"value": 60, "over": 3600.0}}))
+    os.chmod(p, 0o644)
+    for _ in range(1000):
+        assert live.values()["stop_pod_after_s"] == 60.0
+    assert live.from_file("stop_pod_after_s") and not live.from_file("stop_pod_at")
+    assert len(said) == 2 and "is not JSON" in said[0] and said[1].startswith("guard.stop_pod_after_s is now 60 s")
+
+
+def test_a_pod_waiting_in_safe_mode_stops_itself_sooner_when_stop_pod_after_s_is_shortened(procs, tmp_path,
+                                                                                          receiver):
+    """A config error keeps the pod in safe mode for guard.stop_pod_after_s (an hour); `podkit guard set` makes
+    it a second, and the waiting pod announces its stop at once, naming the change."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    bad = tmp_path / "pod.yaml"
+    bad.write_text("trainer:\n  checkpoint_evry: 5\n")
+    env = {"PATH": os.environ["PATH"], "PODKIT_CONFIG": str(bad), "PODKIT_WORKSPACE": str(ws),
+           "PODKIT_NOTIFY_WEBHOOK_URL": receiver.url, **on_runpod()}
+    out = tmp_path / "boot.log"
+    with open(out, "wb") as f:
+        p = procs.spawn([*PODKIT, "boot"], env=env, stdout=f, stderr=subprocess.STDOUT)
+    receiver.one("safe-mode")
+    time.sleep(2)
+    assert "pod-stop" not in receiver.events()
+    r = guard(ws, "set", "stop_pod_after_s=1", env={k: v for k, v in env.items() if k != "PODKIT_CONFIG"})
+    assert r.returncode == 0, r.stderr
+    assert "set by `podkit guard set`" in receiver.one("pod-stop")["text"]
+    assert "[podkit:guard] guard.stop_pod_after_s is now 1 s" in out.read_text()
+    assert p.poll() is None, "safe mode goes on"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(20) == 0
