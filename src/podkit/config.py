@@ -91,6 +91,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "stop_pod_at": Field(float, 0.0, "cost guard: a RunPod pod stops itself at this Unix time, the trainer "
                              "first with its checkpoint (`podkit deploy --max-runtime` sets it); 0: never", "s",
                              minimum=0, maximum=4102444800),  # 2100-01-01
+        "network_volume": Field(str, "warn", "on RunPod, a pod without a network volume (no RUNPOD_VOLUME_ID): its "
+                                "checkpoints die with the pod (terminated, or migrated to another host); warn, "
+                                "refuse to train (safe mode), or off", "", choices=("warn", "refuse", "off")),
     },
     "cluster": {
         "nodes": Field(int, 1, "nodes of the run; more than 1: a Ray cluster running AReaL's own Ray launcher "

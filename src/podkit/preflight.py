@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -97,3 +98,93 @@ def run(cfg) -> None:
     devices = glob.glob(cfg.devices)
     smi = proc.which("nvidia-smi")
     _log.info(f"{len(devices)} device file(s) match {cfg.devices}; nvidia-smi {'found' if smi else 'absent'}")
+    if os.environ.get("RUNPOD_POD_ID"):
+        pod_facts(cfg, os.environ)
+
+
+COUNT = re.compile(r"^[0-9]{1,4}$")
+VOLUME_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def gpus_used(cfg) -> tuple[int, ...]:
+    """The GPU indexes this node's programs take (inference.gpus for SGLang, trainer.gpus for AReaL on GPUs);
+    a cluster's node gives Ray cluster.gpus (0: unknown, Ray counts them)."""
+    if cfg.multi_node:
+        return tuple(range(cfg.cluster.gpus))
+    used = set()
+    if cfg.inference.kind == "sglang":
+        used |= set(cfg.gpus["inference"])
+    if cfg.trainer.kind == "areal" and not cfg.trainer.cpu_ranks:
+        used |= set(cfg.gpus["trainer"])
+    return tuple(sorted(used))
+
+
+def pod_facts(cfg, environ) -> None:
+    """On RunPod: the GPUs RunPod says this pod has (RUNPOD_GPU_COUNT, untrusted), the GPU device files
+    visible and the GPUs the config takes must agree; a pod RunPod restarted with fewer GPUs, or none (its
+    host had none free), must not start training. A pod without a network volume (no RUNPOD_VOLUME_ID)
+    keeps its checkpoints on a volume that dies with it: guard.network_volume says warn or refuse."""
+    raw = environ.get("RUNPOD_GPU_COUNT")
+    told = int(raw) if raw is not None and COUNT.match(raw) else None
+    if raw is not None and told is None:
+        _log.warn(f"RUNPOD_GPU_COUNT {raw[:40]!r} is not a number of GPUs: not compared with the GPUs seen")
+    from podkit import gpu
+
+    files = [d for d in gpu.matches(cfg.devices)[0] if re.search(r"nvidia\d+$", d)] if cfg.devices else None
+    seen = len(files) if files is not None else None
+    used = gpus_used(cfg)
+    need = max(used) + 1 if used else 0
+    counts = [c for c in (told, seen) if c is not None]
+    have = min(counts) if counts else None
+    said = ", ".join(x for x in (f"RUNPOD_GPU_COUNT={told}" if told is not None else "",
+                                 f"{seen} GPU device file(s) match {cfg.devices}" if seen is not None else "") if x)
+    _log.info(f"RunPod pod {environ['RUNPOD_POD_ID'][:64]}: {said or 'GPU count unknown'}; config takes "
+              f"{len(used)} GPU(s); network volume {_volume(environ)}")
+    takes = (f"the config takes GPU(s) {','.join(map(str, used))} ({_gpu_keys(cfg)})" if used else "")
+    if need and told == 0:
+        raise StageError("preflight", f"RunPod started this pod with zero GPUs ({said}); {takes}",
+                         "RunPod restarts a stopped pod with zero GPUs when its host has none free. Stop the pod and "
+                         "start it later, or start a new pod on the same network volume (`podkit deploy watch` does "
+                         "it by itself); the volume keeps the checkpoints. Training was not started")
+    if need and have is not None and have < need:
+        if told is not None and seen is not None and seen < told:
+            fix = (f"RunPod gave the pod {told} but {seen} are visible: check `devices` (PODKIT_DEVICES) and that the "
+                   "container has the GPUs (NVIDIA_VISIBLE_DEVICES); then `podkit resume`")
+        else:
+            fix = (f"deploy the pod with {need} GPU(s) (`podkit deploy --gpus {need}`)"
+                   + (f", or use configs/a40-{have}gpu.yaml" if have in (1, 2, 4) else "")
+                   + "; the checkpoints stay on the volume")
+        raise StageError("preflight", f"this pod has fewer GPUs than the config takes ({said}); {takes}",
+                         fix + ". Training was not started")
+    if told is not None and seen is not None and told != seen:
+        _log.warn(f"RunPod says this pod has {told} GPU(s) (RUNPOD_GPU_COUNT) but {seen} GPU device file(s) match "
+                  f"{cfg.devices}: the devices glob or the container's GPU access differs from what RunPod gave")
+    elif used and have is not None and have > len(used):
+        _log.warn(f"this pod has {have} GPUs and the config takes {len(used)} ({_gpu_keys(cfg)}): {have - len(used)} "
+                  "GPU(s) idle and billed; deploy fewer, or give them to the config")
+    policy = cfg.guard.network_volume
+    if policy != "off" and not environ.get("RUNPOD_VOLUME_ID"):
+        what = ("this RunPod pod has no network volume (RUNPOD_VOLUME_ID is not set): its checkpoints, logs and "
+                f"repo under {cfg.workspace_path} die with the pod (terminated, or migrated to a new pod when its GPU "
+                "was taken)")
+        fix = ("deploy with a network volume (`podkit deploy --network-volume <id>`), or set "
+               "PODKIT_GUARD_NETWORK_VOLUME=" + ("warn" if policy == "refuse" else "off") + " to accept it")
+        if policy == "refuse":
+            raise StageError("preflight", what + " (guard.network_volume: refuse)", fix)
+        _log.warn(f"{what}; {fix}")
+
+
+def _volume(environ) -> str:
+    v = environ.get("RUNPOD_VOLUME_ID")
+    if not v:
+        return "none"
+    return v if VOLUME_ID.match(v) else "set (not an id)"
+
+
+def _gpu_keys(cfg) -> str:
+    if cfg.multi_node:
+        return f"cluster.gpus {cfg.cluster.gpus}"
+    keys = [f"inference.gpus {cfg.inference.gpus!r}"] if cfg.inference.kind == "sglang" else []
+    if cfg.trainer.kind == "areal" and not cfg.trainer.cpu_ranks:
+        keys.append(f"trainer.gpus {cfg.trainer.gpus!r}")
+    return ", ".join(keys)
