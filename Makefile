@@ -12,7 +12,7 @@ TORCH  ?= torch==2.13.0 numpy
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,deploy]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
 	touch $@
 
 # The main job: the smoke stack (stand-in inference + fake-data trainer) on a local workspace.

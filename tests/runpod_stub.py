@@ -204,6 +204,7 @@ class RunPodV2Stub:
         self.follow_s = 0.0
         self.gpu_availability: dict[str, str] = {}  # GPU id -> NONE/LOW/MEDIUM/HIGH (default HIGH)
         self.faults: list[Fault] = []
+        self.gpus_lost: set[str] = set()  # RUNNING pods whose runtime shows no GPU (restarted on a host without one)
         self._meta: dict[str, _PodMeta] = {}
         self._log_ts: dict[str, list[tuple[dt.datetime, str]]] = {}
         self._last_ts = dt.datetime.now(dt.UTC)
@@ -280,6 +281,18 @@ class RunPodV2Stub:
     def set_status(self, pod_id: str, status: str) -> None:
         with self._lock:
             self._enter(pod_id, status)
+
+    def hold(self, pod_id: str, status: str) -> None:
+        """The pod enters `status` (PROVISIONING or STARTING) and stays there, however often it is asked
+        about, until set_status moves it: a host that went down, an image that pulls for ever."""
+        with self._lock:
+            self._enter(pod_id, status)
+            self._meta[pod_id].polls_needed = 10 ** 9
+
+    def lose_gpus(self, pod_id: str) -> None:
+        """RunPod restarted the pod on a host with no free GPU: it runs, and its runtime shows none."""
+        with self._lock:
+            self.gpus_lost.add(pod_id)
 
     def vanish(self, pod_id: str) -> None:
         """The pod is gone (404 from now on), nobody having terminated it."""
@@ -393,7 +406,8 @@ class RunPodV2Stub:
         pod["cost"] = meta.price if status in ("PROVISIONING", "STARTING", "RUNNING") else 0.0
         pod["runtime"] = None
         if running:
-            gpus = [{"util": 0, "memoryUtil": 0} for _ in range((pod.get("gpu") or {}).get("count", 0))]
+            seen = 0 if pod_id in self.gpus_lost else (pod.get("gpu") or {}).get("count", 0)
+            gpus = [{"util": 0, "memoryUtil": 0} for _ in range(seen)]
             pod["runtime"] = {"uptime": int(time.monotonic() - (meta.running_since or time.monotonic())),
                               "gpus": gpus, "cpu": {"util": 0}, "memory": {"util": 0}, "ports": ports}
         order = ["id", "name", "status", "actions", "image", "args", "disk", "mounts", "ports", "env", "registry",

@@ -1,6 +1,7 @@
 """Cost guards on RunPod: a finished run, and a pod waiting in safe mode past guard.stop_pod_after_s, stop
-the pod through RunPod's podStop. RunPod is the local endpoint of tests/test_deploy.py (every request
-parsed with graphql-core); notifications go to tests/test_notify.py's loopback receiver."""
+the pod through REST API v2's `POST /v2/pods/{id}/action` {"action": "stop"}. RunPod is the loopback stub
+of tests/runpod_stub.py, which holds every request to RunPod's OpenAPI document; notifications go to
+tests/test_notify.py's loopback receiver."""
 
 from __future__ import annotations
 
@@ -12,17 +13,29 @@ import time
 import pytest
 
 from conftest import PODKIT, wait_for
-from test_deploy import KEY, FakeRunPod
+from runpod_stub import RunPodV2Stub
 from test_notify import Receiver, dead_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+KEY = "rpa_TESTKEY0123456789"
+STOP = "POST /v2/pods/pod-abc123/action"
 
 
 @pytest.fixture
 def runpod_api():
-    fake = FakeRunPod()
-    yield fake
-    fake.close()
+    stub = RunPodV2Stub(key=KEY)
+    stub.add_pod(id="pod-abc123", name="podkit-run")
+    yield stub
+    assert stub.graphql == [] and stub.refused == []
+    stub.assert_clean()
+    stub.close()
+
+
+def stop_sent(stub: RunPodV2Stub) -> dict:
+    """The stop's body; every request carried the pod's key."""
+    [body] = [r.body for r in stub.requests if f"{r.method} {r.path}" == STOP]
+    assert {r.headers.get("authorization") for r in stub.requests} == {f"Bearer {KEY}"}
+    return body
 
 
 @pytest.fixture
@@ -40,9 +53,9 @@ def test_a_finished_run_on_runpod_stops_its_pod_after_its_checkpoint_and_notific
                                                                                      receiver):
     s = stack_factory(PODKIT_TRAINER_MAX_STEPS="12", PODKIT_NOTIFY_WEBHOOK_URL=receiver.url,
                       **on_runpod(runpod_api.url)).start()
-    wait_for(lambda: "podStop" in runpod_api.fields(), 60, what="podStop")
-    assert runpod_api.sent("podStop") == {"input": {"podId": "pod-abc123"}}
-    assert [r[2] for r in runpod_api.requests] == [f"Bearer {KEY}"]
+    wait_for(lambda: STOP in runpod_api.calls(), 60, what="the stop")
+    assert stop_sent(runpod_api) == {"action": "stop"} and runpod_api.calls() == [STOP]
+    assert runpod_api.pod("pod-abc123")["status"] == "EXITED"
     assert receiver.events() == ["finished", "pod-stop"], "both notifications are out before the stop"
     assert "training finished at step 12" in receiver.posts[1]["text"]
     assert s.progress()["checkpoint_step"] == 12 and s.status()["programs"]["trainer"]["state"] == "EXITED"
@@ -53,11 +66,11 @@ def test_a_finished_run_on_runpod_stops_its_pod_after_its_checkpoint_and_notific
 def test_a_finished_runs_self_stop_refused_once_is_tried_again(stack_factory, runpod_api, receiver):
     """One transient API error (a 502) at the moment training finished left the pod up, billing. The
     stop is tried again, and announced once."""
-    runpod_api.outage = 1
+    runpod_api.fail("POST", "/v2/pods/pod-abc123/action", 502, times=3, body=b"Bad Gateway")
     s = stack_factory(PODKIT_TRAINER_MAX_STEPS="12", PODKIT_NOTIFY_WEBHOOK_URL=receiver.url,
                       **on_runpod(runpod_api.url)).start()
-    wait_for(lambda: "podStop" in runpod_api.fields(), 60, what="podStop, tried again")
-    assert [r[0] for r in runpod_api.requests] == ["(outage)", "podStop"]
+    wait_for(lambda: runpod_api.pod("pod-abc123")["status"] == "EXITED", 60, what="the stop, tried again")
+    assert runpod_api.calls().count(STOP) == 4, "two sends (one retry) a try, the second try taken"
     assert receiver.events() == ["finished", "pod-stop"], "one notification for the stop, not one per attempt"
     assert "the pod did not stop; trying again in 2 s" in s.stdout()
     assert s.stop() == 0
@@ -93,10 +106,11 @@ def test_a_pod_waiting_in_safe_mode_stops_itself_after_stop_pod_after_s(procs, t
         p = procs.spawn([*PODKIT, "boot"], env=env, stdout=f, stderr=subprocess.STDOUT)
     assert "safe mode (config) for" in receiver.one("pod-stop")["text"]
     if runpod == "answers":
-        wait_for(lambda: "podStop" in runpod_api.fields(), 30, what="podStop")
-        assert runpod_api.sent("podStop") == {"input": {"podId": "pod-abc123"}}
+        wait_for(lambda: STOP in runpod_api.calls(), 30, what="the stop")
+        assert stop_sent(runpod_api) == {"action": "stop"}
     else:
-        wait_for(lambda: "cannot reach RunPod to stop pod pod-abc123" in out.read_text(), 40, what="the failure logged")
+        wait_for(lambda: "RunPod did not stop pod pod-abc123: RunPod's API at" in out.read_text(), 40,
+                 what="the failure logged")
     assert receiver.events() == ["safe-mode", "pod-stop"]
     assert p.poll() is None, "safe mode goes on until RunPod's own stop"
     p.send_signal(signal.SIGTERM)
@@ -112,8 +126,8 @@ def test_the_maximum_run_time_stops_the_trainer_with_its_checkpoint_then_the_pod
                       **on_runpod(runpod_api.url)).start()
     s.wait_step(1)
     assert time.time() < at, "the trainer took longer than the test allows to make its first step"
-    wait_for(lambda: "podStop" in runpod_api.fields(), 90, what="podStop")
-    assert runpod_api.sent("podStop") == {"input": {"podId": "pod-abc123"}}
+    wait_for(lambda: STOP in runpod_api.calls(), 90, what="the stop")
+    assert stop_sent(runpod_api) == {"action": "stop"}
     prog = s.progress()
     assert prog["stopped"]["by"] == "SIGTERM" and prog["checkpoint_step"] == prog["step"] > 0
     assert s.status()["programs"]["trainer"]["state"] == "STOPPED"
@@ -135,6 +149,6 @@ def test_a_pod_in_safe_mode_past_its_maximum_run_time_stops_at_once(procs, tmp_p
            **on_runpod(runpod_api.url)}
     p = procs.spawn([*PODKIT, "boot"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert "guard.stop_pod_at, the maximum run time" in receiver.one("pod-stop")["text"]
-    wait_for(lambda: "podStop" in runpod_api.fields(), 30, what="podStop")
+    wait_for(lambda: STOP in runpod_api.calls(), 30, what="the stop")
     p.send_signal(signal.SIGTERM)
     assert p.wait(20) == 0

@@ -1,202 +1,120 @@
-"""`podkit deploy` against a local GraphQL endpoint that answers as RunPod would and records what the
-real runpod SDK sends (RUNPOD_API_BASE_URL points the SDK at it). Every request is parsed with
-graphql-core, so the values asserted are the ones RunPod would read."""
+"""`podkit deploy` against the loopback stub of RunPod's REST API v2 (tests/runpod_stub.py: a stub, not
+RunPod), which holds every request and every answer to RunPod's published OpenAPI document: a body the
+document refuses is a 422 here, as there. RUNPOD_API_BASE_URL points podkit at it; the key is a test key."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
 
-import graphql
 import pytest
+import tomllib
 
 from conftest import ROOT
 from podkit import config, deploy
+from podkit import runpod as api
 from podkit.errors import ConfigError, PodkitError
+from runpod_stub import RunPodV2Stub
 
 pytestmark = pytest.mark.timeout(60)
 KEY = "rpa_TESTKEY0123456789"
-NO_CAPACITY = ("There are no longer any instances available with the requested specifications. "
-               "Please refresh and try again.")
-
-
-def parse(query: str) -> tuple[str, dict]:
-    """(top-level field, its arguments as Python values) of a GraphQL document."""
-    doc = graphql.parse(query)
-    field = doc.definitions[0].selection_set.selections[0]
-    args = {a.name.value: graphql.value_from_ast_untyped(a.value) for a in field.arguments or ()}
-    return field.name.value, args
-
-
-class FakeRunPod:
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, dict, str]] = []  # (field, args, Authorization)
-        self.templates: list[dict] = []
-        self.capacity_failures = 0
-        self.pod_polls = 0
-        self.polls_until_running = 1
-        self.volumes = [{"id": "vol-ckpt1", "name": "checkpoints", "size": 200, "dataCenterId": "EU-SE-1"}]
-        # A pod's answers in turn (the last one repeats), for pod ids listed here; None: no such pod;
-        # a string: a GraphQL error with that message.
-        self.script: dict[str, list[dict | None]] = {}
-        self.new_pod_ids: list[str] = []  # ids for the pods created, in turn
-        self.outage = 0  # answer this many requests with a bare 502, as a proxy in front of an API that is down
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                field, args = parse(body["query"])
-                if fake.outage:
-                    fake.outage -= 1
-                    fake.requests.append(("(outage)", args, self.headers.get("Authorization")))
-                    self.send_response(502)
-                    self.send_header("Content-Length", "11")
-                    self.end_headers()
-                    self.wfile.write(b"Bad Gateway")
-                    return
-                fake.requests.append((field, args, self.headers.get("Authorization")))
-                out = json.dumps(fake.answer(field, args)).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def answer(self, field: str, args: dict) -> dict:
-        if field == "myself":
-            return {"data": {"myself": {"podTemplates": self.templates, "networkVolumes": self.volumes}}}
-        if field == "saveTemplate":
-            tpl = dict(args["input"])
-            if "id" not in tpl:
-                tpl["id"] = f"tpl-{len(self.templates) + 1}"
-                self.templates.append({"id": tpl["id"], "name": tpl["name"], "imageName": tpl["imageName"]})
-            return {"data": {"saveTemplate": tpl}}
-        if field == "gpuTypes":
-            return {"data": {"gpuTypes": [{"id": "NVIDIA A40", "displayName": "A40", "memoryInGb": 48}]}}
-        if field == "podFindAndDeployOnDemand":
-            if self.capacity_failures:
-                self.capacity_failures -= 1
-                return {"errors": [{"message": NO_CAPACITY}]}
-            pod_id = self.new_pod_ids.pop(0) if self.new_pod_ids else "pod-abc123"
-            return {"data": {"podFindAndDeployOnDemand": {"id": pod_id, "imageName": args["input"]["imageName"],
-                                                          "env": [], "machineId": "m1", "machine": {"podHostId": "h"}}}}
-        if field == "pod" and args["input"]["podId"] in self.script:
-            answers = self.script[args["input"]["podId"]]
-            answer = answers.pop(0) if len(answers) > 1 else answers[0]
-            if isinstance(answer, str):  # a GraphQL error RunPod answers with
-                return {"errors": [{"message": answer}]}
-            return {"data": {"pod": answer}}
-        if field == "pod":
-            self.pod_polls += 1
-            running = self.pod_polls >= self.polls_until_running
-            return {"data": {"pod": {
-                "id": args["input"]["podId"], "name": "podkit", "desiredStatus": "RUNNING", "gpuCount": 4,
-                "uptimeSeconds": 12, "runtime": {"ports": [
-                    {"ip": "203.0.113.7", "isIpPublic": True, "privatePort": 22, "publicPort": 22022, "type": "tcp"}]}
-                if running else None}}}
-        if field == "podStop":
-            return {"data": {"podStop": {"id": args["input"]["podId"], "desiredStatus": "EXITED"}}}
-        if field == "podTerminate":
-            return {"data": {"podTerminate": None}}
-        return {"errors": [{"message": f"fake endpoint does not know {field}"}]}
-
-    def fields(self) -> list[str]:
-        return [r[0] for r in self.requests]
-
-    def sent(self, field: str) -> dict:
-        return next(r[1] for r in self.requests if r[0] == field)
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+VOLUME = "vol-ckpt1"
+SRC = ROOT / "src" / "podkit"
 
 
 @pytest.fixture
 def runpod_api(monkeypatch):
-    fake = FakeRunPod()
-    monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.url)
+    stub = RunPodV2Stub(key=KEY)
+    monkeypatch.setenv("RUNPOD_API_BASE_URL", stub.url)
     monkeypatch.setenv("RUNPOD_API_KEY", KEY)
-    yield fake
-    fake.close()
+    yield stub
+    assert stub.graphql == [], "nothing of podkit's speaks GraphQL"
+    stub.assert_clean()
+    stub.close()
 
 
-def podkit_deploy(fake, *args):
-    env = {"RUNPOD_API_BASE_URL": fake.url, "RUNPOD_API_KEY": KEY, "PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}
+def podkit_deploy(stub, *args, env: dict | None = None):
+    env = {"RUNPOD_API_BASE_URL": stub.url, "RUNPOD_API_KEY": KEY, "PATH": "/usr/bin:/bin", "HOME": "/nonexistent",
+           **(env or {})}
     return subprocess.run([sys.executable, "-m", "podkit", "deploy", *args], capture_output=True, text=True,
                           env=env, timeout=60)
 
 
-def test_deploy_creates_the_template_then_a_4xa40_pod_and_says_how_to_reach_it(runpod_api):
-    """Template saved, GPU type checked, pod created on 4 A40s with the volume at /workspace, waited
-    for, and the SSH command printed; the API key only in the Authorization header."""
+def sent(stub, call: str) -> list:
+    """The bodies of every "METHOD /path" request, in order."""
+    return [r.body for r in stub.requests if f"{r.method} {r.path}" == call]
+
+
+def tpl_file(tmp_path, **fields) -> str:
+    path = tmp_path / "template.yaml"
+    path.write_text(json.dumps({"name": "t", "imageName": "img", "volumeMountPath": "/workspace", **fields}))
+    return str(path)
+
+
+def test_deploy_saves_the_template_then_a_4xa40_pod_and_says_how_to_reach_it(runpod_api):
+    """Template created, pod created on 4 A40s (v2's nested body: gpu with the image's CUDA floor, the pod
+    volume at /workspace), waited for, and the SSH command printed; the key only in the header."""
     r = podkit_deploy(runpod_api, "--image", "registry.example/podkit:1.0", "--wait-timeout", "30")
     assert r.returncode == 0, r.stderr
-    assert runpod_api.fields()[:4] == ["myself", "saveTemplate", "gpuTypes", "podFindAndDeployOnDemand"]
-    tpl = runpod_api.sent("saveTemplate")["input"]
-    assert "id" not in tpl and tpl["imageName"] == "registry.example/podkit:1.0"
-    assert tpl["volumeMountPath"] == "/workspace" and tpl["dockerArgs"] == ""
-    pod = runpod_api.sent("podFindAndDeployOnDemand")["input"]
-    assert (pod["gpuTypeId"], pod["gpuCount"], pod["cloudType"]) == ("NVIDIA A40", 4, "SECURE")
-    assert pod["volumeMountPath"] == "/workspace" and pod["templateId"] == "tpl-1"
-    assert {e["key"]: e["value"] for e in pod["env"]}["GIT_TOKEN"] == "{{ RUNPOD_SECRET_GIT_TOKEN }}"
-    assert "ssh root@203.0.113.7 -p 22022" in r.stdout
-    assert {auth for *_, auth in runpod_api.requests} == {f"Bearer {KEY}"}
+    assert runpod_api.calls()[:4] == ["GET /v2/templates", "POST /v2/templates", "GET /v2/pods", "POST /v2/pods"]
+    assert runpod_api.refused == []
+    [tpl] = sent(runpod_api, "POST /v2/templates")
+    assert tpl["image"] == "registry.example/podkit:1.0" and tpl["startJupyter"] is False and "args" not in tpl
+    assert tpl["mounts"] == {"persistent": {"size": 100, "path": "/workspace"}}
+    [pod] = sent(runpod_api, "POST /v2/pods")
+    assert pod["gpu"] == {"id": "NVIDIA A40", "count": 4, "minCudaVersion": "12.9"} and pod["cloud"] == "SECURE"
+    assert pod["mounts"] == {"persistent": {"size": 100, "path": "/workspace"}}
+    [tid] = runpod_api.templates
+    assert pod["templateId"] == tid
+    assert pod["env"]["GIT_TOKEN"] == "{{ RUNPOD_SECRET_GIT_TOKEN }}"
+    assert pod["env"]["PODKIT_CONFIG"] == "/opt/podkit/configs/a40-4gpu.yaml"
+    assert re.search(r"ssh root@203\.0\.113\.\d+ -p 22022", r.stdout), r.stdout
+    assert {q.headers.get("authorization") for q in runpod_api.requests} == {f"Bearer {KEY}"}
     assert KEY not in r.stdout + r.stderr
 
 
-def test_a_one_a40_pod(runpod_api):
-    """--gpus 1 asks for one A40."""
+def test_a_one_a40_pod_in_community_cloud(runpod_api):
     r = podkit_deploy(runpod_api, "--gpus", "1", "--cloud", "COMMUNITY", "--wait-timeout", "30")
     assert r.returncode == 0, r.stderr
-    pod = runpod_api.sent("podFindAndDeployOnDemand")["input"]
-    assert (pod["gpuCount"], pod["cloudType"]) == (1, "COMMUNITY")
-    env = {e["key"]: e["value"] for e in pod["env"]}
-    assert env["PODKIT_CONFIG"] == "/opt/podkit/configs/a40-1gpu.yaml"  # SGLang and trainer share the GPU
+    [pod] = sent(runpod_api, "POST /v2/pods")
+    assert (pod["gpu"]["count"], pod["cloud"]) == (1, "COMMUNITY")
+    assert pod["env"]["PODKIT_CONFIG"] == "/opt/podkit/configs/a40-1gpu.yaml"  # SGLang and trainer share the GPU
 
 
-def test_a_gpu_count_without_a_shipped_config_is_refused_before_anything_is_sent(runpod_api):
-    r = podkit_deploy(runpod_api, "--gpus", "3", "--wait-timeout", "30")
-    assert r.returncode == 2 and "--gpus: no shipped A40 pod config for 3 GPUs" in r.stderr
-    assert "Traceback" not in r.stderr
-    assert runpod_api.fields() == []
+@pytest.mark.parametrize("args, problem", [
+    (("--gpus", "3"), "--gpus: no shipped A40 pod config for 3 GPUs"),
+    (("--cloud", "ALL"), "--cloud: 'ALL' is not one of SECURE, COMMUNITY"),
+])
+def test_a_request_podkit_cannot_place_is_refused_before_anything_is_sent(runpod_api, args, problem):
+    r = podkit_deploy(runpod_api, *args, "--wait-timeout", "30")
+    assert r.returncode == 2 and problem in r.stderr and "Traceback" not in r.stderr
+    assert runpod_api.requests == []
 
 
 def test_a_pod_config_of_your_own_is_kept_for_any_gpu_count(runpod_api, tmp_path):
-    tpl = tmp_path / "template.yaml"
-    tpl.write_text(json.dumps({"name": "t", "imageName": "img", "volumeMountPath": "/workspace",
-                               "env": {"PODKIT_CONFIG": "/workspace/my-pod.yaml"}}))
-    r = podkit_deploy(runpod_api, "--template", str(tpl), "--gpus", "3", "--wait-timeout", "30")
+    t = tpl_file(tmp_path, env={"PODKIT_CONFIG": "/workspace/my-pod.yaml"})
+    r = podkit_deploy(runpod_api, "--template", t, "--gpus", "3", "--wait-timeout", "30")
     assert r.returncode == 0, r.stderr
-    env = {e["key"]: e["value"] for e in runpod_api.sent("podFindAndDeployOnDemand")["input"]["env"]}
-    assert env["PODKIT_CONFIG"] == "/workspace/my-pod.yaml"
+    assert sent(runpod_api, "POST /v2/pods")[0]["env"]["PODKIT_CONFIG"] == "/workspace/my-pod.yaml"
 
 
 def test_every_shipped_config_deploy_can_name_is_in_the_image():
-    from podkit import deploy
-
     for n in deploy.SHIPPED_GPUS:
         assert (ROOT / deploy.SHIPPED_CONFIG.format(n).removeprefix("/opt/podkit/")).is_file()
 
 
 def test_a_second_deploy_updates_the_template_of_the_same_name(runpod_api):
-    """Idempotent: a template with the same name is updated by id, not duplicated."""
-    runpod_api.templates.append({"id": "tpl-existing", "name": "podkit-areal-grpo", "imageName": "old"})
-    r = podkit_deploy(runpod_api, "--wait-timeout", "30")
+    """Idempotent: the template of that name is PATCHed, not duplicated, and the pod names it."""
+    assert podkit_deploy(runpod_api, "--wait-timeout", "30").returncode == 0
+    r = podkit_deploy(runpod_api, "--image", "registry.example/podkit:2.0", "--name", "second", "--wait-timeout", "30")
     assert r.returncode == 0, r.stderr
-    assert runpod_api.sent("saveTemplate")["input"]["id"] == "tpl-existing"
-    assert runpod_api.sent("podFindAndDeployOnDemand")["input"]["templateId"] == "tpl-existing"
-    assert len(runpod_api.templates) == 1
+    [tid] = runpod_api.templates
+    assert [c for c in runpod_api.calls() if "templates" in c].count("POST /v2/templates") == 1
+    assert sent(runpod_api, f"PATCH /v2/templates/{tid}")[0]["image"] == "registry.example/podkit:2.0"
+    assert [p["templateId"] for p in sent(runpod_api, "POST /v2/pods")] == [tid, tid]
 
 
 HOSTILE = {"QUOTE": 'say "hi"', "NEWLINE": "line1\nline2", "DOLLAR": "$HOME ${PATH} $(id)",
@@ -204,83 +122,176 @@ HOSTILE = {"QUOTE": 'say "hi"', "NEWLINE": "line1\nline2", "DOLLAR": "$HOME ${PA
 
 
 def test_hostile_values_in_env_and_start_command_arrive_intact(runpod_api, tmp_path):
-    """Quotes, newlines, `$`, backslashes and braces in env values and the start command reach
-    RunPod byte for byte, in the template and in the pod (the SDK does not escape them)."""
-    tpl = tmp_path / "template.yaml"
+    """Quotes, newlines, `$`, backslashes and braces in env values and the start command reach RunPod
+    byte for byte, in the template and in the pod: JSON bodies, nothing pasted into a query text."""
     cmd = 'bash -c "echo \\"$PODKIT_REPO_URL\\"; exec /entrypoint"\n'
-    tpl.write_text(json.dumps({"name": "t", "imageName": "img", "volumeMountPath": "/workspace",
-                               "dockerArgs": cmd, "env": HOSTILE}))
-    r = podkit_deploy(runpod_api, "--template", str(tpl), "--name", 'pod "x"\n', "--wait-timeout", "30")
+    t = tpl_file(tmp_path, dockerArgs=cmd, env=HOSTILE)
+    r = podkit_deploy(runpod_api, "--template", t, "--name", 'pod "x"\n', "--wait-timeout", "30")
     assert r.returncode == 0, r.stderr
-    for field in ("saveTemplate", "podFindAndDeployOnDemand"):
-        sent = runpod_api.sent(field)["input"]
-        # The pod also gets the shipped pod config for its GPU count (4 by default).
-        extra = {"PODKIT_CONFIG": "/opt/podkit/configs/a40-4gpu.yaml"} if field.startswith("pod") else {}
-        assert {e["key"]: e["value"] for e in sent["env"]} == {**HOSTILE, **extra}
-        assert sent["dockerArgs"] == cmd
-    assert runpod_api.sent("podFindAndDeployOnDemand")["input"]["name"] == 'pod "x"\n'
+    [tpl], [pod] = sent(runpod_api, "POST /v2/templates"), sent(runpod_api, "POST /v2/pods")
+    assert tpl["env"] == HOSTILE and tpl["args"] == cmd == pod["args"]
+    assert pod["env"] == {**HOSTILE, "PODKIT_CONFIG": "/opt/podkit/configs/a40-4gpu.yaml"}
+    assert pod["name"] == 'pod "x"\n'
 
 
-def test_capacity_errors_are_retried_with_back_off_then_succeed(runpod_api):
-    """'No longer any instances available' twice, then a pod: retried with growing delays."""
+def tiny_client(**kw) -> api.Client:
+    return api.Client(sleep=lambda s: None, **kw)
+
+
+def test_capacity_refusals_are_retried_with_back_off_then_succeed(runpod_api):
+    """'No longer any instances available' (RunPod's 400) twice, then a pod: retried with growing delays."""
     runpod_api.capacity_failures = 2
     slept: list[float] = []
-    d = deploy.Deployer(sleep=slept.append)
+    d = deploy.Deployer(tiny_client(), sleep=slept.append)
     tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
-    pod = d.create_pod(deploy.pod_args(tpl, "tpl-1", 4, "SECURE", "p"), capacity_timeout_s=600)
-    assert pod["id"] == "pod-abc123"
-    assert runpod_api.fields().count("podFindAndDeployOnDemand") == 3
+    pod = d.create_pod(deploy.pod_body(tpl, None, 4, "SECURE", "p"), capacity_timeout_s=600)
+    assert runpod_api.pod(pod["id"])["name"] == "p"
+    assert runpod_api.calls().count("POST /v2/pods") == 3
     assert len(slept) == 2 and slept[1] > slept[0]
 
 
 def test_capacity_that_never_comes_is_reported_with_alternatives(runpod_api):
-    """After the bounded time: an error naming other clouds and fewer GPUs."""
     runpod_api.capacity_failures = 1000
-    d = deploy.Deployer(sleep=lambda s: None)
+    d = deploy.Deployer(tiny_client(), sleep=lambda s: None)
     tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
     with pytest.raises(PodkitError) as e:
-        d.create_pod(deploy.pod_args(tpl, "tpl-1", 4, "SECURE", "p"), capacity_timeout_s=0)
+        d.create_pod(deploy.pod_body(tpl, None, 4, "SECURE", "p"), capacity_timeout_s=0)
     assert "no 4x NVIDIA A40 available in SECURE cloud" in e.value.message
     assert "--cloud COMMUNITY" in e.value.hint and "--gpus 2" in e.value.hint
 
 
-def test_dry_run_prints_the_mutations_and_sends_nothing(runpod_api):
-    """--dry-run shows the template and pod mutations and makes no request."""
-    r = podkit_deploy(runpod_api, "--dry-run", "--gpus", "4")
+def test_a_create_whose_answer_is_lost_is_found_not_made_twice(runpod_api):
+    """RunPod makes the pod, but its answer never arrives (the client times out): podkit finds the pod by
+    name among the pods made since, follows it, and bills for one pod, not two."""
+    runpod_api.fail("POST", "/v2/pods", None, delay_s=2.5)
+    slept: list[float] = []
+    d = deploy.Deployer(tiny_client(timeout_s=1), sleep=lambda s: slept.append(s) or time.sleep(2))
+    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
+    runpod_api.add_pod(name="p")  # an older pod of the same name is not the one just made
+    pod = d.create_pod(deploy.pod_body(tpl, None, 4, "SECURE", "p"), capacity_timeout_s=0)
+    assert runpod_api.calls().count("POST /v2/pods") == 1 and len(slept) == 1
+    assert sorted(p["name"] for p in runpod_api.pods.values()) == ["p", "p"]
+    assert pod["gpu"]["id"] == "NVIDIA A40"
+
+
+def test_dry_run_prints_the_v2_requests_and_sends_nothing(runpod_api):
+    """--dry-run shows each request with its JSON body; it needs no key and sends nothing."""
+    r = podkit_deploy(runpod_api, "--dry-run", "--gpus", "2", "--network-volume", VOLUME, env={"RUNPOD_API_KEY": ""})
     assert r.returncode == 0, r.stderr
     assert runpod_api.requests == []
-    assert "saveTemplate" in r.stdout and "podFindAndDeployOnDemand" in r.stdout
-    assert 'volumeMountPath: "/workspace"' in r.stdout and "gpuCount: 4" in r.stdout
+    assert f"POST {runpod_api.url}/v2/templates" in r.stdout and f"POST {runpod_api.url}/v2/pods" in r.stdout
+    pod = json.loads(r.stdout.split("/v2/pods\n")[-1].split("# nothing")[0])
+    assert pod["mounts"] == {"network": [{"volumeId": VOLUME, "path": "/workspace"}]}
+    assert pod["gpu"]["count"] == 2 and "graphql" not in r.stdout.lower()
 
 
-def test_stop_terminate_and_status_send_their_operations(runpod_api):
-    """stop -> podStop, terminate -> podTerminate, status -> pod query and how to reach it."""
-    assert podkit_deploy(runpod_api, "stop", "pod-abc123").returncode == 0
-    assert runpod_api.sent("podStop")["input"]["podId"] == "pod-abc123"
-    assert podkit_deploy(runpod_api, "terminate", "pod-abc123").returncode == 0
-    assert runpod_api.sent("podTerminate")["input"]["podId"] == "pod-abc123"
-    r = podkit_deploy(runpod_api, "status", "pod-abc123")
-    assert r.returncode == 0 and "RUNNING" in r.stdout and "ssh root@203.0.113.7 -p 22022" in r.stdout
+def test_stop_start_terminate_and_status_are_v2_actions(runpod_api):
+    pod = runpod_api.add_pod(name="run")
+    pid = pod["id"]
+    assert podkit_deploy(runpod_api, "stop", pid).returncode == 0
+    assert runpod_api.pod(pid)["status"] == "EXITED"
+    r = podkit_deploy(runpod_api, "stop", pid)  # stopped already: done, not an error
+    assert r.returncode == 0, r.stderr
+    assert podkit_deploy(runpod_api, "start", pid).returncode == 0
+    r = podkit_deploy(runpod_api, "status", pid)
+    assert r.returncode == 0 and pid in r.stdout and "ssh root@" in r.stdout, r.stdout
+    r = podkit_deploy(runpod_api, "status")
+    assert r.returncode == 0 and f"{pid} run: RUNNING" in r.stdout
+    assert podkit_deploy(runpod_api, "terminate", pid).returncode == 0
+    assert pid in runpod_api.terminated
+    assert sent(runpod_api, f"POST /v2/pods/{pid}/action") == [{"action": a} for a in
+                                                                ("stop", "stop", "start", "terminate")]
+    r = podkit_deploy(runpod_api, "status", pid)
+    assert r.returncode == 1 and "RunPod has no pod" in r.stderr and "migrated" in r.stderr
+
+
+def test_a_locked_pod_is_not_stopped_and_says_why(runpod_api):
+    pid = runpod_api.add_pod(locked=True)["id"]
+    r = podkit_deploy(runpod_api, "stop", pid)
+    assert r.returncode == 1 and f"pod {pid} is locked" in r.stderr and "unlock it" in r.stderr
+    assert runpod_api.pod(pid)["status"] == "RUNNING"
 
 
 def test_waiting_for_the_pod_polls_until_its_runtime_is_up(runpod_api):
-    """A pod is running once RunPod reports its runtime ports; until then podkit polls."""
     runpod_api.polls_until_running = 3
+    pid = runpod_api.add_pod(status="PROVISIONING")["id"]
     slept: list[float] = []
-    pod = deploy.Deployer(sleep=slept.append).wait_running("pod-abc123", timeout_s=60, poll_s=5)
-    assert pod["runtime"]["ports"] and runpod_api.pod_polls == 3 and slept == [5, 5]
+    pod = deploy.Deployer(tiny_client(), sleep=slept.append).wait_running(pid, timeout_s=60, poll_s=5)
+    assert pod["status"] == "RUNNING" and pod["runtime"]["ports"] and slept == [5, 5]
+
+
+def test_a_pod_in_error_while_starting_points_at_its_system_log(runpod_api):
+    pid = runpod_api.add_pod(status="ERROR")["id"]
+    with pytest.raises(PodkitError) as e:
+        deploy.Deployer(tiny_client()).wait_running(pid, timeout_s=60)
+    assert "is in ERROR" in e.value.message and f"podkit deploy logs {pid} --system" in e.value.hint
+
+
+@pytest.mark.parametrize("fault, retried", [
+    (dict(status=429, retry_after=1, times=2), True),
+    (dict(status=503, times=2), True),
+    (dict(status=502, times=2, body=b"<html>Bad Gateway</html>"), True),
+])
+def test_rate_limits_and_server_errors_are_retried(runpod_api, fault, retried):
+    slept: list[float] = []
+    runpod_api.fail("GET", "/v2/pods", **fault)
+    c = api.Client(sleep=slept.append)
+    assert c.pods() == [] and runpod_api.calls().count("GET /v2/pods") == 3
+    if fault["status"] == 429:
+        assert slept == [1, 1], "RunPod's Retry-After is what is waited"
+
+
+@pytest.mark.parametrize("fault, says", [
+    (dict(status=401), "HTTP 401: Unauthorized"),
+    (dict(status=200, body=b"<html>maintenance</html>"), "HTTP 200 and no JSON: '<html>maintenance</html>'"),
+    (dict(status=200, body={"pod": []}), "has no 'pods' list"),
+    (dict(status=503, times=None), "HTTP 503"),
+    (dict(status=429, retry_after=3600), "HTTP 429"),
+    (dict(status=302, body=b""), "redirected GET /v2/pods (HTTP 302): not followed"),
+])
+def test_an_answer_podkit_cannot_use_is_one_clear_line_without_the_key(runpod_api, fault, says):
+    runpod_api.fail("GET", "/v2/pods", **fault)
+    r = podkit_deploy(runpod_api, "status")
+    assert r.returncode == 1 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert KEY not in r.stderr
+    if fault["status"] == 401:
+        assert "API key" in r.stderr
+
+
+def test_a_slow_api_times_out_with_a_clear_error(runpod_api):
+    runpod_api.fail("GET", "/v2/pods", None, times=None, delay_s=1.5)
+    with pytest.raises(api.ApiError) as e:
+        api.Client(timeout_s=0.5, retries=1, sleep=lambda s: None).pods()
+    assert "did not answer GET /v2/pods" in e.value.message and e.value.status == 0
+
+
+def test_a_key_echoed_in_runpods_answer_is_redacted(runpod_api):
+    runpod_api.fail("GET", "/v2/pods", 400, body={"title": "Bad Request", "status": 400, "detail": f"key {KEY} bad"})
+    r = podkit_deploy(runpod_api, "status")
+    assert r.returncode == 1 and "key *** bad" in r.stderr and KEY not in r.stderr
+
+
+@pytest.mark.parametrize("base", ["http://api.runpod.io", "https://user:pw@api.runpod.io", "ftp://x", "https://"])
+def test_an_api_base_url_the_key_must_not_go_to_is_refused(runpod_api, base):
+    r = podkit_deploy(runpod_api, "status", env={"RUNPOD_API_BASE_URL": base})
+    assert r.returncode == 1 and "is not an https URL of RunPod's API host" in r.stderr, r.stderr
+    assert runpod_api.requests == []
 
 
 def test_missing_api_key_is_a_clear_error(runpod_api):
-    """No key anywhere: exit 1 with a hint, nothing sent."""
-    r = subprocess.run([sys.executable, "-m", "podkit", "deploy", "stop", "pod-1"], capture_output=True, text=True,
-                       env={"RUNPOD_API_BASE_URL": runpod_api.url, "PATH": "/usr/bin:/bin", "HOME": "/nonexistent"},
-                       timeout=60)
+    r = podkit_deploy(runpod_api, "stop", "pod-1", env={"RUNPOD_API_KEY": ""})
     assert r.returncode == 1 and "no RunPod API key" in r.stderr and runpod_api.requests == []
 
 
-def test_template_with_a_literal_secret_or_another_mount_is_refused(tmp_path):
-    """Secrets are RunPod secret references; the volume is podkit's /workspace."""
+def test_a_network_volume_another_pod_uses_is_refused(runpod_api):
+    runpod_api.add_volume(VOLUME, "checkpoints", 200, "EU-SE-1")
+    other = runpod_api.add_pod(volume=VOLUME, name="older-run")["id"]
+    r = podkit_deploy(runpod_api, "--network-volume", VOLUME, "--wait-timeout", "30")
+    assert r.returncode == 1 and f"in use by pod {other}" in r.stderr and f"podkit deploy stop {other}" in r.stderr
+    assert "POST /v2/pods" not in runpod_api.calls()
+
+
+def test_template_with_a_literal_secret_another_mount_or_spot_is_refused(tmp_path):
     tpl = tmp_path / "t.yaml"
     tpl.write_text("name: t\nimageName: i\nvolumeMountPath: /workspace\nenv:\n  GIT_TOKEN: ghp_abcdefghijklmnop\n")
     with pytest.raises(ConfigError, match="looks like a literal secret"):
@@ -288,10 +299,51 @@ def test_template_with_a_literal_secret_or_another_mount_is_refused(tmp_path):
     tpl.write_text("name: t\nimageName: i\nvolumeMountPath: /runpod-volume\n")
     with pytest.raises(ConfigError, match="podkit's workspace is /workspace"):
         deploy.load_template(tpl)
+    tpl.write_text("name: t\nimageName: i\nvolumeMountPath: /workspace\nbidPerGpu: 0.2\n")
+    with pytest.raises(ConfigError) as e:
+        deploy.load_template(tpl)
+    assert "no interruptible (spot) pods" in e.value.hint
 
 
 def test_the_shipped_template_is_the_one_deploy_sends():
-    """runpod/template.yaml is what `podkit deploy` loads by default, and it is valid."""
     assert deploy.default_template().read_text() == (ROOT / "runpod" / "template.yaml").read_text()
     tpl = deploy.load_template(config.packaged("runpod/template.yaml"))
-    assert tpl["volumeMountPath"] == "/workspace" and tpl["dockerArgs"] == ""
+    assert tpl["volumeMountPath"] == "/workspace" and tpl["dockerArgs"] == "" and tpl["minCudaVersion"]
+
+
+def test_no_code_path_reaches_graphql():
+    """GraphQL is retired: no URL, query or SDK of it is left in podkit's source."""
+    for path in SRC.rglob("*.py"):
+        text = path.read_text()
+        assert "/graphql" not in text and not re.search(r"^\s*(import runpod|from runpod)", text, re.M), path
+        assert not re.search(r"\bmutation\s*\{|\bquery\s*\{", text), path
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wants = project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]
+    assert not [d for d in wants if re.match(r"(runpod|graphql)", d, re.I)], "no GraphQL SDK or client"
+
+def test_logs_resume_after_a_dropped_connection_without_a_line_lost_or_twice(runpod_api):
+    """RunPod's SSE stream drops after 3 events: `podkit deploy logs` reconnects with Last-Event-ID and
+    prints every line once, in order; a secret a line carries is redacted."""
+    pid = runpod_api.add_pod()["id"]
+    lines = [f"[trainer] step {i}" for i in range(8)] + ["[sync] cloning https://x:ghp_abcdefghijklmnop1234@github.com/a"]
+    runpod_api.logs[pid] = [("container", line) for line in lines] + [("system", "pulling image")]
+    runpod_api.drop_logs_after = 3
+    r = podkit_deploy(runpod_api, "logs", pid)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert out[:8] == lines[:8] and len(out) == 9 and "ghp_abcdefghijklmnop1234" not in r.stdout
+    streams = [q for q in runpod_api.requests if q.path.endswith("/logs")]
+    # The drop, the resume, and a last resume that brings nothing new: the stream was whole.
+    assert len(streams) == 3 and "last-event-id" not in streams[0].headers
+    events = runpod_api.log_events(pid)
+    assert [q.headers["last-event-id"] for q in streams[1:]] == [events[2][0], events[8][0]]
+    assert {q.query.get("source") for q in streams} == {"container"}
+    r = podkit_deploy(runpod_api, "logs", pid, "--system")
+    assert r.returncode == 0 and r.stdout.splitlines() == ["pulling image"]
+
+
+def test_logs_of_a_pod_that_is_gone_or_a_bad_tail_say_so(runpod_api):
+    r = podkit_deploy(runpod_api, "logs", "nopod")
+    assert r.returncode == 1 and "HTTP 404" in r.stderr and "Traceback" not in r.stderr
+    r = podkit_deploy(runpod_api, "logs", "nopod", "--tail", "9000")
+    assert r.returncode == 2 and "--tail: 9000: 0..5000" in r.stderr

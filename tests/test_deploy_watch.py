@@ -1,37 +1,36 @@
-"""`podkit deploy watch`: a lost pod is replaced on its network volume, against the local endpoint of
-test_deploy.py that answers as RunPod does (the real runpod SDK sends every request; each is parsed with
-graphql-core). The pod's answers are scripted per poll; the watch runs in-process on a fake clock, and
-once end to end as a command with a loopback webhook receiver."""
+"""`podkit deploy watch`: a lost pod is replaced on its network volume, never beside another pod on it.
+RunPod is the loopback stub of tests/runpod_stub.py (REST API v2, every request held to RunPod's OpenAPI
+document); what RunPod does on its own (a host lost, a migration, an outage) is scripted on the watch's
+fake clock, and once end to end as a command with a loopback webhook receiver."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from conftest import ROOT
 from podkit import deploy
-from test_deploy import KEY, FakeRunPod
+from podkit import runpod as api
+from podkit.errors import PodkitError
+from runpod_stub import RunPodV2Stub
 from test_notify import Receiver
 
 pytestmark = pytest.mark.timeout(60)
-VOLUME = "vol-ckpt1"
-PORTS = {"ports": [{"ip": "203.0.113.7", "isIpPublic": True, "privatePort": 22, "publicPort": 22022, "type": "tcp"}]}
-
-
-def pod(pod_id: str, status: str = "RUNNING", gpus: int = 4, up: bool = True, pod_type: str = "RESERVED",
-        env: tuple[str, ...] = (), image: str = "registry.example/podkit:v2") -> dict:
-    return {"id": pod_id, "name": "podkit-run", "desiredStatus": status, "gpuCount": gpus, "podType": pod_type,
-            "env": list(env), "imageName": image, "runtime": PORTS if up else None}
+KEY = "rpa_TESTKEY0123456789"
+VOLUME = "vol-ckpt1"  # the stub's volume, in EU-SE-1
+A40 = {"id": "NVIDIA A40", "count": 4}
 
 
 class Clock:
-    """The watch's clock and sleep: sleeping moves the clock on."""
+    """The watch's clock and sleep: sleeping moves the clock on, and runs what the test scheduled for
+    after that many sleeps (RunPod acting on its own between two questions)."""
 
     def __init__(self) -> None:
-        self.t, self.slept = 0.0, []
+        self.t, self.slept, self.events = 0.0, [], {}
 
     def __call__(self) -> float:
         return self.t
@@ -39,106 +38,169 @@ class Clock:
     def sleep(self, s: float) -> None:
         self.slept.append(s)
         self.t += s
+        if fn := self.events.pop(len(self.slept), None):
+            fn()
 
 
 @pytest.fixture
 def runpod_api(monkeypatch):
-    fake = FakeRunPod()
-    monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.url)
+    stub = RunPodV2Stub(key=KEY)
+    monkeypatch.setenv("RUNPOD_API_BASE_URL", stub.url)
     monkeypatch.setenv("RUNPOD_API_KEY", KEY)
     monkeypatch.delenv("PODKIT_NOTIFY_WEBHOOK_URL", raising=False)
-    yield fake
-    fake.close()
+    yield stub
+    assert stub.graphql == [] and stub.refused == []
+    stub.assert_clean()
+    stub.close()
 
 
-def watch(api: FakeRunPod, pod_id: str = "pod-old", **kw) -> tuple[deploy.Watch, Clock]:
+def old_pod(stub: RunPodV2Stub, gpus: int = 4, env: dict | None = None, **kw) -> str:
+    """The watched pod: RUNNING on the run's network volume; replacements get the ids pod-new, pod-r2..."""
+    pod = stub.add_pod(volume=VOLUME, id="pod-old", name="podkit-run", image="registry.example/podkit:v2",
+                       gpu={"id": "NVIDIA A40", "count": gpus}, env=env or {}, **kw)
+    stub.new_pod_ids = ["pod-new", "pod-r2", "pod-r3"]
+    return pod["id"]
+
+
+def watch(stub: RunPodV2Stub, pod_id: str = "pod-old", launch=None, **kw) -> tuple[deploy.Watch, Clock]:
     clock = Clock()
-    d = deploy.Deployer(sleep=clock.sleep)
+    d = deploy.Deployer(api.Client(sleep=clock.sleep), sleep=clock.sleep)
     tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
-    launch = deploy.relauncher(d, tpl, d.network_volume(VOLUME), "SECURE", 4, None, capacity_timeout_s=0)
-    opts = dict(lost_after_s=600, start_grace_s=900, poll_s=30, max_relaunches=3, backoff_s=60) | kw
+    launch = launch or deploy.relauncher(d, tpl, d.network_volume(VOLUME), "SECURE", 4, None, capacity_timeout_s=0)
+    opts = dict(volume_id=VOLUME, lost_after_s=600, start_grace_s=900, poll_s=30, max_relaunches=3, backoff_s=60) | kw
     return deploy.Watch(d, pod_id, launch, clock=clock, **opts), clock
 
 
-def created(api: FakeRunPod) -> list[dict]:
-    return [r[1]["input"] for r in api.requests if r[0] == "podFindAndDeployOnDemand"]
+def created(stub: RunPodV2Stub) -> list[dict]:
+    return [r.body for r in stub.requests if (r.method, r.path) == ("POST", "/v2/pods")]
+
+
+def actions(stub: RunPodV2Stub) -> list[tuple[str, str]]:
+    return [(r.path.split("/")[3], r.body["action"]) for r in stub.requests if r.path.endswith("/action")]
 
 
 def test_a_pod_gone_is_replaced_on_its_network_volume_and_followed_to_its_finish(runpod_api):
     """RUNNING, then no such pod (host removed): one replacement on the same network volume, in its data
-    center, with the lost pod's GPU count and maximum run time; the replacement's own stop ends the watch."""
-    stop_at = f"{deploy.STOP_AT_ENV}={int(time.time()) + 3600}"
-    runpod_api.script["pod-old"] = [pod("pod-old", gpus=2, env=(stop_at, "HF_TOKEN=x")), None]
-    runpod_api.new_pod_ids = ["pod-new"]
-    runpod_api.script["pod-new"] = [pod("pod-new", "RUNNING", up=False), pod("pod-new", gpus=2), pod("pod-new", "EXITED")]
-    w, _ = watch(runpod_api)
+    center, with the lost pod's GPU count, image and maximum run time; its own stop ends the watch."""
+    at = str(int(time.time()) + 3600)
+    old_pod(runpod_api, gpus=2, env={deploy.STOP_AT_ENV: at, "HF_TOKEN": "x"})
+    w, clock = watch(runpod_api)
+    clock.events = {1: lambda: runpod_api.vanish("pod-old"), 8: lambda: runpod_api.set_status("pod-new", "EXITED")}
     assert w.run() == 0
     [new] = created(runpod_api)
-    assert (new["networkVolumeId"], new["dataCenterId"], new["volumeInGb"]) == (VOLUME, "EU-SE-1", 0)
-    assert new["gpuCount"] == 2 and new["volumeMountPath"] == "/workspace" and new["name"] == "podkit-run"
-    assert new["imageName"] == "registry.example/podkit:v2", "the lost pod's image, not the template's default"
-    env = {e["key"]: e["value"] for e in new["env"]}
-    assert env[deploy.STOP_AT_ENV] == stop_at.split("=")[1] and env["PODKIT_CONFIG"].endswith("a40-2gpu.yaml")
-    assert env["HF_TOKEN"] == "{{ RUNPOD_SECRET_HF_TOKEN }}", "secrets come from the template, never the old pod"
-    assert "podStop" not in runpod_api.fields(), "nothing to stop: the pod is gone"
+    assert new["mounts"] == {"network": [{"volumeId": VOLUME, "path": "/workspace"}]}
+    assert new["dataCenterIds"] == ["EU-SE-1"] and new["gpu"]["count"] == 2 and new["name"] == "podkit-run"
+    assert new["image"] == "registry.example/podkit:v2", "the lost pod's image, not the template's default"
+    assert new["env"][deploy.STOP_AT_ENV] == at and new["env"]["PODKIT_CONFIG"].endswith("a40-2gpu.yaml")
+    assert new["env"]["HF_TOKEN"] == "{{ RUNPOD_SECRET_HF_TOKEN }}", "secrets come from the template, never the old pod"
+    assert actions(runpod_api) == [], "nothing to stop: the pod is gone"
     assert w.pod_id == "pod-new" and w.relaunches == 1
 
 
 def test_an_unreachable_pod_is_stopped_before_its_replacement_starts(runpod_api):
-    """RUNNING without a runtime for lost_after_s (its host went down): podStop first, so that it cannot
-    come back and train beside its replacement; the replacement pulling its image is not lost too soon."""
-    runpod_api.script["pod-old"] = [pod("pod-old"), pod("pod-old", up=False)]
-    runpod_api.new_pod_ids = ["pod-new"]
-    runpod_api.script["pod-new"] = [pod("pod-new", up=False)] * 15 + [pod("pod-new"), pod("pod-new", "EXITED")]
+    """Not running for lost_after_s (its host went down): stopped first, so that it cannot come back and
+    train beside its replacement; the replacement pulling its image for 450 s is not lost too soon."""
+    old_pod(runpod_api)
+    runpod_api.polls_until_running = 16
     w, clock = watch(runpod_api, lost_after_s=600, poll_s=30)
+    clock.events = {1: lambda: runpod_api.hold("pod-old", "STARTING"),
+                    60: lambda: runpod_api.set_status("pod-new", "EXITED")}
     assert w.run() == 0
-    fields = [f for f in runpod_api.fields() if f in ("podStop", "podFindAndDeployOnDemand")]
-    assert fields == ["podStop", "podFindAndDeployOnDemand"]
-    assert runpod_api.sent("podStop")["input"]["podId"] == "pod-old"
-    assert w.relaunches == 1, "15 polls (450 s) without a runtime is a replacement starting, not lost"
+    assert actions(runpod_api) == [("pod-old", "stop")] and len(created(runpod_api)) == 1
+    assert w.relaunches == 1 and w.pod_id == "pod-new"
 
 
 def test_zero_gpus_after_a_restart_is_a_lost_pod_replaced_with_its_gpus(runpod_api):
-    runpod_api.script["pod-old"] = [pod("pod-old", gpus=2), pod("pod-old", gpus=0)]
-    runpod_api.new_pod_ids = ["pod-new"]
-    runpod_api.script["pod-new"] = [pod("pod-new", "EXITED")]
-    w, _ = watch(runpod_api)
+    old_pod(runpod_api, gpus=2)
+    w, clock = watch(runpod_api)
+    clock.events = {1: lambda: runpod_api.lose_gpus("pod-old"), 4: lambda: runpod_api.set_status("pod-new", "EXITED")}
     assert w.run() == 0
-    assert created(runpod_api)[0]["gpuCount"] == 2
-    assert runpod_api.sent("podStop")["input"]["podId"] == "pod-old"
+    assert created(runpod_api)[0]["gpu"]["count"] == 2 and actions(runpod_api) == [("pod-old", "stop")]
 
 
-@pytest.mark.parametrize("pod_type", ["RESERVED", "INTERRUPTABLE"])
-def test_an_exited_pod_is_replaced_only_when_an_interruptible_rental_lost_it(runpod_api, pod_type):
-    """An on-demand pod is EXITED only on request (its cost guard when training finished, or a person):
-    left stopped. An interruptible one is also EXITED when it is reclaimed: replaced."""
-    runpod_api.script["pod-old"] = [pod("pod-old", pod_type=pod_type), pod("pod-old", "EXITED", pod_type=pod_type)]
-    runpod_api.script["pod-abc123"] = [pod("pod-abc123", "EXITED")]
-    w, _ = watch(runpod_api)
+@pytest.mark.parametrize("status, replaced", [("EXITED", False), ("ERROR", True), ("TERMINATED", True)])
+def test_a_stopped_pod_ends_the_watch_and_one_in_error_or_terminated_is_replaced(runpod_api, status, replaced):
+    """EXITED is a stop on request (its cost guard, or a person): left stopped; v2 has no interruptible
+    pods, so nothing else stops one. ERROR and TERMINATED are lost."""
+    old_pod(runpod_api)
+    w, clock = watch(runpod_api)
+    clock.events = {1: lambda: runpod_api.set_status("pod-old", status),
+                    5: lambda: runpod_api.set_status("pod-new", "EXITED")}
     assert w.run() == 0
-    assert len(created(runpod_api)) == (1 if pod_type == "INTERRUPTABLE" else 0)
-    assert "podStop" not in runpod_api.fields()
+    assert len(created(runpod_api)) == int(replaced)
+    assert actions(runpod_api) == ([("pod-old", "stop")] if status == "ERROR" else [])
+
+
+def test_a_migrated_pod_is_followed_not_replaced(runpod_api):
+    """RunPod migrated the stopped pod's volume to a new pod (new id, new IP): the old id is gone, the new
+    pod runs on the run's network volume. The watch follows it; a replacement would be a second pod."""
+    receiver = Receiver()
+    try:
+        old_pod(runpod_api)
+        w, clock = watch(runpod_api, state_dir=None)
+        w.notify = lambda event, text: receiver.posts.append({"event": event, "text": text})
+        moved = {}
+        clock.events = {1: lambda: moved.setdefault("id", runpod_api.migrate("pod-old")),
+                        6: lambda: runpod_api.set_status(moved["id"], "EXITED")}
+        assert w.run() == 0
+        assert created(runpod_api) == [] and w.pod_id == moved["id"] and w.relaunches == 0
+        assert "RunPod migrated the pod" in receiver.posts[0]["text"]
+    finally:
+        receiver.close()
+
+
+def test_a_second_watch_follows_the_first_ones_replacement(runpod_api):
+    """Two watches on one run: the first replaced the lost pod; the second, seeing it gone too, finds the
+    replacement on the volume and follows it instead of starting a third pod."""
+    old_pod(runpod_api)
+    w, clock = watch(runpod_api)
+
+    def first_watch_replaced():
+        runpod_api.vanish("pod-old")
+        runpod_api.add_pod(volume=VOLUME, id="pod-other", name="podkit-run", status="PROVISIONING")
+
+    clock.events = {1: first_watch_replaced, 8: lambda: runpod_api.set_status("pod-other", "EXITED")}
+    assert w.run() == 0
+    assert created(runpod_api) == [] and w.pod_id == "pod-other"
+
+
+def test_pods_that_cannot_be_listed_hold_the_replacement_back(runpod_api):
+    """Lost, but the account's pods cannot be listed (a 503 through every retry): no replacement until
+    the watch can see that none is on the volume."""
+    old_pod(runpod_api)
+    w, clock = watch(runpod_api)
+    clock.events = {1: lambda: (runpod_api.vanish("pod-old"), runpod_api.fail("GET", "/v2/pods", 503, times=5)),
+                    20: lambda: runpod_api.set_status("pod-new", "EXITED")}
+    assert w.run() == 0
+    assert len(created(runpod_api)) == 1
+    t_unsure = runpod_api.calls().index("GET /v2/pods")
+    assert runpod_api.calls()[t_unsure:t_unsure + 5] == ["GET /v2/pods"] * 5
 
 
 def test_an_api_outage_is_waited_out_not_taken_for_a_lost_pod(runpod_api):
-    """RunPod's API answering 502 (then JSON without data) for longer than lost_after_s, and once "no
-    such pod", say nothing about a pod that then answers RUNNING."""
-    runpod_api.script["pod-old"] = [pod("pod-old"), None, pod("pod-old"), pod("pod-old", "EXITED")]
+    """RunPod's API answering 502 for longer than lost_after_s, then a page that is not JSON, then once
+    "no such pod", says nothing about a pod that then answers RUNNING."""
+    old_pod(runpod_api)
     w, clock = watch(runpod_api, lost_after_s=60, start_grace_s=0, poll_s=30)
-    real, calls = w.d.runpod.get_pod, []
 
-    def get_pod(pod_id):
-        calls.append(pod_id)
-        if len(calls) == 2:
-            runpod_api.outage = 6  # from the second question on, six 502s
-        if len(calls) == 9:
-            raise KeyError("data")  # then an answer without data (a rate limit's JSON)
-        return real(pod_id)
+    def outage():
+        runpod_api.fail("GET", "/v2/pods/pod-old", 502, times=15, body=b"Bad Gateway")
+        runpod_api.fail("GET", "/v2/pods/pod-old", 200, times=1, body=b"<html>maintenance</html>")
+        runpod_api.fail("GET", "/v2/pods/pod-old", 404, times=1)
 
-    w.d.runpod = type("SDK", (), {"get_pod": staticmethod(get_pod), "stop_pod": staticmethod(w.d.runpod.stop_pod)})
+    clock.events = {1: outage}
+    n = {"asks": 0}
+    real = w.ask
+
+    def ask():
+        n["asks"] += 1
+        if n["asks"] == 9:
+            runpod_api.set_status("pod-old", "EXITED")
+        return real()
+
+    w.ask = ask
     assert w.run() == 0
-    assert runpod_api.fields().count("(outage)") == 6 and created(runpod_api) == []
-    assert "podStop" not in runpod_api.fields() and clock.t >= 200
+    assert created(runpod_api) == [] and actions(runpod_api) == [] and clock.t >= 200
 
 
 def test_replacements_back_off_and_end_at_the_maximum(runpod_api, monkeypatch):
@@ -147,56 +209,75 @@ def test_replacements_back_off_and_end_at_the_maximum(runpod_api, monkeypatch):
     receiver = Receiver()
     monkeypatch.setenv("PODKIT_NOTIFY_WEBHOOK_URL", receiver.url)
     try:
-        runpod_api.script["pod-old"] = [pod("pod-old", env=(f"{deploy.STOP_AT_ENV}=4102444800",)), None]
-        runpod_api.new_pod_ids = ["pod-r1", "pod-r2", "pod-r3"]
-        for r in runpod_api.new_pod_ids:
-            runpod_api.script[r] = [None]
-        w, clock = watch(runpod_api, max_relaunches=3, backoff_s=60)
+        old_pod(runpod_api, env={deploy.STOP_AT_ENV: "4102444800"})
+        clock = Clock()
+        d = deploy.Deployer(api.Client(sleep=clock.sleep), sleep=clock.sleep)
+        tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
+        real = deploy.relauncher(d, tpl, d.network_volume(VOLUME), "SECURE", 4, None, capacity_timeout_s=0)
+
+        def launch(carry):
+            pod = real(carry)
+            runpod_api.vanish(pod["id"])  # its host is lost at once
+            return pod
+
+        w = deploy.Watch(d, "pod-old", launch, volume_id=VOLUME, clock=clock, max_relaunches=3, backoff_s=60)
+        clock.events = {1: lambda: runpod_api.vanish("pod-old")}
         assert w.run() == 1
         assert len(created(runpod_api)) == 3 and w.pod_id == "pod-r3"
         assert [s for s in clock.slept if s >= 60] == [60, 120]
         assert receiver.events() == ["relaunch"] * 3 + ["relaunch-gave-up"]
-        assert "replacement 1 of 3 is pod pod-r1" in receiver.posts[0]["text"]
+        assert "replacement 1 of 3 is pod pod-new" in receiver.posts[0]["text"]
         assert "giving up" in receiver.posts[3]["text"]
         for new in created(runpod_api):  # the second and third keep what the first pod had, too
-            env = {e["key"]: e["value"] for e in new["env"]}
-            assert new["name"] == "podkit-run" and new["imageName"] == "registry.example/podkit:v2"
-            assert env[deploy.STOP_AT_ENV] == "4102444800"
+            assert new["name"] == "podkit-run" and new["image"] == "registry.example/podkit:v2"
+            assert new["env"][deploy.STOP_AT_ENV] == "4102444800"
     finally:
         receiver.close()
 
 
 def test_a_replacement_refused_for_capacity_is_tried_again_as_the_next_attempt(runpod_api):
-    runpod_api.script["pod-old"] = [None]
+    old_pod(runpod_api)
     runpod_api.capacity_failures = 1
-    runpod_api.new_pod_ids = ["pod-new"]
-    runpod_api.script["pod-new"] = [pod("pod-new", "EXITED")]
     w, clock = watch(runpod_api)
+    clock.events = {1: lambda: runpod_api.vanish("pod-old"), 9: lambda: runpod_api.set_status("pod-new", "EXITED")}
     assert w.run() == 0
-    assert runpod_api.fields().count("podFindAndDeployOnDemand") == 2 and w.relaunches == 2
-    assert 60 in clock.slept
+    assert len(created(runpod_api)) == 2 and w.relaunches == 2 and 60 in clock.slept
 
 
-def podkit_deploy(fake: FakeRunPod, *args: str, **env: str) -> subprocess.CompletedProcess:
-    env = {"RUNPOD_API_BASE_URL": fake.url, "RUNPOD_API_KEY": KEY, "PATH": "/usr/bin:/bin", "HOME": "/nonexistent",
+def podkit_deploy(stub: RunPodV2Stub, *args: str, **env: str) -> subprocess.CompletedProcess:
+    env = {"RUNPOD_API_BASE_URL": stub.url, "RUNPOD_API_KEY": KEY, "PATH": "/usr/bin:/bin", "HOME": "/nonexistent",
            **env}
     return subprocess.run([sys.executable, "-m", "podkit", "deploy", *args], capture_output=True, text=True,
                           env=env, timeout=60)
 
 
 def test_watch_as_a_command_replaces_a_gone_pod_and_notifies(runpod_api):
+    """The command end to end: the pod vanishes while watched; the replacement runs, then stops itself."""
     receiver = Receiver()
+    old_pod(runpod_api)
+    done = threading.Event()
+
+    def runpod_acts():
+        while not done.is_set() and runpod_api.calls().count("GET /v2/pods/pod-old") < 2:
+            time.sleep(0.02)
+        runpod_api.vanish("pod-old")
+        while not done.is_set() and runpod_api.calls().count("GET /v2/pods/pod-new") < 3:
+            time.sleep(0.02)
+        if not done.is_set():
+            runpod_api.set_status("pod-new", "EXITED")
+
+    t = threading.Thread(target=runpod_acts, daemon=True)
+    t.start()
     try:
-        runpod_api.script["pod-old"] = [pod("pod-old"), None]
-        runpod_api.new_pod_ids = ["pod-new"]
-        runpod_api.script["pod-new"] = [pod("pod-new"), pod("pod-new", "EXITED")]
         r = podkit_deploy(runpod_api, "watch", "pod-old", "--network-volume", VOLUME, "--poll", "0.1",
                           PODKIT_NOTIFY_WEBHOOK_URL=receiver.url)
         assert r.returncode == 0, r.stderr
         out = r.stdout + r.stderr
         assert "replacement 1 of 3 is pod pod-new" in out and "watch ends" in out
-        assert receiver.events() == ["relaunch"] and KEY not in r.stdout + r.stderr
+        assert receiver.events() == ["relaunch"] and KEY not in out
     finally:
+        done.set()
+        t.join(5)
         receiver.close()
 
 
@@ -206,18 +287,20 @@ def test_watch_without_a_network_volume_or_with_an_unknown_one_is_refused(runpod
     assert runpod_api.requests == []
     r = podkit_deploy(runpod_api, "watch", "pod-old", "--network-volume", "vol-nope")
     assert r.returncode == 1 and "no network volume 'vol-nope'" in r.stderr and VOLUME in r.stderr
-    assert "podFindAndDeployOnDemand" not in runpod_api.fields()
+    assert created(runpod_api) == []
 
 
 def test_deploy_on_a_network_volume_with_a_maximum_run_time(runpod_api):
     """--network-volume mounts it at /workspace in its data center; --max-runtime 12h becomes the pod's
     guard.stop_pod_at; a bad duration is refused before anything is sent."""
     before = time.time()
+    runpod_api.new_pod_ids = ["pod-abc123"]
     r = podkit_deploy(runpod_api, "--network-volume", VOLUME, "--max-runtime", "12h", "--wait-timeout", "30")
     assert r.returncode == 0, r.stderr
-    new = runpod_api.sent("podFindAndDeployOnDemand")["input"]
-    assert (new["networkVolumeId"], new["dataCenterId"], new["volumeMountPath"]) == (VOLUME, "EU-SE-1", "/workspace")
-    at = float({e["key"]: e["value"] for e in new["env"]}[deploy.STOP_AT_ENV])
+    [new] = created(runpod_api)
+    assert new["mounts"] == {"network": [{"volumeId": VOLUME, "path": "/workspace"}]}
+    assert new["dataCenterIds"] == ["EU-SE-1"] and new["env"]["PODKIT_GUARD_NETWORK_VOLUME"] == "refuse"
+    at = float(new["env"][deploy.STOP_AT_ENV])
     assert before + 12 * 3600 - 1 <= at <= time.time() + 12 * 3600
     assert f"podkit deploy watch pod-abc123 --network-volume {VOLUME}" in r.stdout
     runpod_api.requests.clear()
@@ -225,22 +308,12 @@ def test_deploy_on_a_network_volume_with_a_maximum_run_time(runpod_api):
     assert r.returncode == 2 and "--max-runtime: 'soon' is not a duration" in r.stderr and runpod_api.requests == []
 
 
-def test_a_pod_lost_while_not_running_is_stopped_too(runpod_api):
-    """Lost while RunPod still restarts it: it is stopped before its replacement starts."""
-    runpod_api.script["pod-old"] = [pod("pod-old"), pod("pod-old", "RESTARTING", up=False)]
-    runpod_api.new_pod_ids = ["pod-new"]
-    runpod_api.script["pod-new"] = [pod("pod-new", "EXITED")]
-    w, _ = watch(runpod_api)
-    assert w.run() == 0
-    assert runpod_api.sent("podStop")["input"]["podId"] == "pod-old" and len(created(runpod_api)) == 1
-
-
 def test_a_running_pod_without_exposed_ports_is_running(runpod_api):
     """A template with no ports: RunPod's runtime is there, its port list empty; never lost for it."""
-    idle = dict(pod("pod-old"), runtime={"ports": []})
-    runpod_api.script["pod-old"] = [idle] * 60 + [pod("pod-old", "EXITED")]
+    old_pod(runpod_api, ports=[])
     w, clock = watch(runpod_api, lost_after_s=600, start_grace_s=0)
-    assert w.run() == 0 and created(runpod_api) == [] and "podStop" not in runpod_api.fields()
+    clock.events = {60: lambda: runpod_api.set_status("pod-old", "EXITED")}
+    assert w.run() == 0 and created(runpod_api) == [] and actions(runpod_api) == []
     assert clock.t >= 1500
 
 
@@ -248,9 +321,9 @@ def test_no_replacement_once_the_maximum_run_time_has_passed(runpod_api, monkeyp
     receiver = Receiver()
     monkeypatch.setenv("PODKIT_NOTIFY_WEBHOOK_URL", receiver.url)
     try:
-        past = f"{deploy.STOP_AT_ENV}={int(time.time()) - 60}"
-        runpod_api.script["pod-old"] = [pod("pod-old", env=(past,)), None]
-        w, _ = watch(runpod_api)
+        old_pod(runpod_api, env={deploy.STOP_AT_ENV: str(int(time.time()) - 60)})
+        w, clock = watch(runpod_api)
+        clock.events = {1: lambda: runpod_api.vanish("pod-old")}
         assert w.run() == 0 and created(runpod_api) == []
         assert receiver.events() == ["relaunch-gave-up"] and "maximum run time has passed" in receiver.posts[0]["text"]
     finally:
@@ -258,10 +331,9 @@ def test_no_replacement_once_the_maximum_run_time_has_passed(runpod_api, monkeyp
 
 
 def test_a_mistyped_pod_id_is_refused_before_anything_is_replaced(runpod_api):
-    runpod_api.script["pod-typo"] = [None]
     r = podkit_deploy(runpod_api, "watch", "pod-typo", "--network-volume", VOLUME, "--poll", "0.1")
     assert r.returncode == 1 and "RunPod knows no pod 'pod-typo'" in r.stderr
-    assert "podFindAndDeployOnDemand" not in runpod_api.fields() and "podStop" not in runpod_api.fields()
+    assert created(runpod_api) == [] and actions(runpod_api) == []
     r = podkit_deploy(runpod_api, "watch", 'x" } ) { injected', "--network-volume", VOLUME)
     assert r.returncode == 2 and "is not a RunPod pod id" in r.stderr
 
@@ -275,14 +347,18 @@ def test_a_stop_pod_at_that_reads_as_a_duration_is_a_config_error():
     assert config.load(None, environ={"PODKIT_GUARD_STOP_POD_AT": "4102444800"}).guard.stop_pod_at == 4102444800
 
 
-def test_graphql_errors_a_few_times_are_waited_out_and_for_good_end_the_watch(runpod_api):
-    """RunPod refusing the question now and then is not a lost pod; refusing it ten times in a row
+def test_refusals_a_few_times_are_waited_out_and_for_good_end_the_watch(runpod_api):
+    """RunPod refusing the question (403) now and then is not a lost pod; refusing it ten times in a row
     ends the watch with the error (exit 1 from the command), nothing replaced."""
-    runpod_api.script["pod-old"] = [pod("pod-old"), "Something went wrong", "Something went wrong",
-                                    pod("pod-old"), pod("pod-old", "EXITED")]
-    w, _ = watch(runpod_api)
+    old_pod(runpod_api)
+    w, clock = watch(runpod_api)
+    clock.events = {1: lambda: runpod_api.fail("GET", "/v2/pods/pod-old", 403, times=2),
+                    5: lambda: runpod_api.set_status("pod-old", "EXITED")}
     assert w.run() == 0 and created(runpod_api) == []
-    runpod_api.script["pod-old"] = [pod("pod-old"), "Something went wrong"]
-    r = podkit_deploy(runpod_api, "watch", "pod-old", "--network-volume", VOLUME, "--poll", "0.05")
-    assert r.returncode == 1 and "RunPod refused 10 questions in a row about pod pod-old" in r.stderr
-    assert "Traceback" not in r.stderr and "podFindAndDeployOnDemand" not in runpod_api.fields()
+    runpod_api.set_status("pod-old", "RUNNING")
+    w, clock = watch(runpod_api)
+    clock.events = {1: lambda: runpod_api.fail("GET", "/v2/pods/pod-old", 403, times=None)}
+    with pytest.raises(PodkitError) as e:
+        w.run()
+    assert "RunPod refused 10 questions in a row about pod pod-old" in e.value.message and "HTTP 403" in e.value.message
+    assert created(runpod_api) == [] and actions(runpod_api) == []

@@ -235,17 +235,18 @@ def _run(cfg, args) -> int:
 
 
 # -- outside the pod ---------------------------------------------------------------------------------------
-@verb("deploy", "RunPod: create/update the template and start a pod on A40s; stop | terminate | status POD; "
-      "watch POD: relaunch it on its network volume when it is lost; cluster: an Instant Cluster "
-      "(--nodes x --gpus-per-node --gpu-type, on --network-volume); cluster-status | cluster-delete CLUSTER",
-      opt("action", nargs="?", choices=["create", "stop", "terminate", "status", "watch", "cluster",
+@verb("deploy", "RunPod (REST API v2): create/update the template and start a pod on A40s; status [POD] | stop | "
+      "start | terminate POD; logs POD [--follow] [--system]; watch POD: relaunch it on its network volume when it "
+      "is lost; cluster: an Instant Cluster (--nodes x --gpus-per-node --gpu-type, on --network-volume); "
+      "cluster-status | cluster-delete CLUSTER",
+      opt("action", nargs="?", choices=["create", "status", "stop", "start", "terminate", "logs", "watch", "cluster",
                                         "cluster-status", "cluster-delete"]),
-      opt("pod", nargs="?", help="pod id (stop, terminate, status, watch); cluster id (cluster-status, "
+      opt("pod", nargs="?", help="pod id (status, stop, start, terminate, logs, watch); cluster id (cluster-status, "
           "cluster-delete)"),
       opt("--template", help="template YAML (default: runpod/template.yaml)"),
       opt("--image", help="image to deploy (overrides the template's imageName)"),
       opt("--gpus", type=int, default=4, help="number of A40s (default 4)"),
-      opt("--cloud", default="SECURE", help="SECURE | COMMUNITY | ALL (default SECURE)"),
+      opt("--cloud", default="SECURE", help="SECURE | COMMUNITY (default SECURE)"),
       opt("--name", help="pod name (default <template>-<N>xa40)"),
       opt("--dry-run", action="store_true", help="print exactly what would be sent; send nothing"),
       opt("--capacity-timeout", type=float, default=600, help="retry 'no capacity' for this long (s)"),
@@ -261,6 +262,10 @@ def _run(cfg, args) -> int:
       opt("--poll", type=float, default=30, help="watch: ask RunPod about the pod this often (s)"),
       opt("--max-relaunches", type=int, default=3, help="watch: give up after this many replacements"),
       opt("--backoff", type=float, default=60, help="watch: wait before a second replacement, doubling (s)"),
+      opt("--follow", action="store_true", help="logs: keep following, resuming after a dropped connection"),
+      opt("--system", action="store_true", help="logs: RunPod's system log (image pull, start) instead of the "
+          "container's"),
+      opt("--tail", type=int, help="logs: this many earlier lines first (RunPod's default 100; 0..5000)"),
       opt("--json", action="store_true"), load=False)
 def _deploy(_cfg, args) -> int:
     from podkit import deploy

@@ -615,7 +615,9 @@ def _resolve_cluster(c: dict, environ, origins: dict) -> None:
         c["rank"] = int(raw)
     if c["rank"] >= c["nodes"]:
         raise ConfigError(origin("rank"), "cluster.rank", f"rank {c['rank']} of a {c['nodes']}-node cluster",
-                          hint="ranks run from 0 to cluster.nodes - 1")
+                          hint="ranks run from 0 to cluster.nodes - 1; on an Instant Cluster that was scaled up, "
+                          "this node joined beyond the run's cluster.nodes and takes no part in it (it waits here): "
+                          "remove it, or run on more nodes as a new cluster made for them")
     c["head"] = c["head"] or environ.get("PRIMARY_ADDR") or environ.get("MASTER_ADDR") or ""
     c["node_addr"] = c["node_addr"] or environ.get("NODE_ADDR") or (c["head"] if c["rank"] == 0 else "")
     if c["nodes"] > 1:

@@ -4,18 +4,15 @@ looks. Off outside RunPod (no RUNPOD_POD_ID) and with `guard.stop_pod_when_finis
 `guard.stop_pod_after_s: 0`.
 
 A stopped pod keeps its volume (checkpoints, logs, the repo) and bills only for disk; it restarts from
-the console or `podkit deploy`. The call is RunPod's `podStop` mutation with the pod's own
-RUNPOD_API_KEY (RunPod puts both variables in every pod), sent as the runpod SDK sends it (POST
-<RUNPOD_API_BASE_URL>/graphql, Bearer key), with urllib: the image has no SDK.
+the console or `podkit deploy start`. The call is REST API v2's `POST /v2/pods/{id}/action` with
+{"action": "stop"}, made with the pod's own RUNPOD_API_KEY (RunPod puts RUNPOD_POD_ID and a pod-scoped
+key in every pod), through podkit.runpod: stdlib only, as the image has no SDK.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from podkit import log
@@ -30,33 +27,42 @@ def on_runpod(environ=None) -> bool:
 
 
 def stop_pod(reason: str, environ=None) -> bool:
-    """podStop for this pod; True when RunPod accepted it. Never raises: a failure is logged."""
+    """Stop this pod; True when RunPod took the stop (or the pod is stopped already). Never raises: a
+    failure is logged, and the caller tries again later."""
+    from podkit import runpod
+
     environ = os.environ if environ is None else environ
-    pod, key = environ.get("RUNPOD_POD_ID", ""), environ.get("RUNPOD_API_KEY", "")
-    if not POD_ID.match(pod) or not key:
+    pod = environ.get("RUNPOD_POD_ID", "")
+    if not POD_ID.match(pod) or not environ.get("RUNPOD_API_KEY"):
         _log.warn(f"cannot stop the pod ({reason}): RUNPOD_POD_ID {'is not a pod id' if pod else 'is not set'}"
-                  f"{'' if key else ' and RUNPOD_API_KEY is not set'}")
+                  f"{'' if environ.get('RUNPOD_API_KEY') else ' and RUNPOD_API_KEY is not set'}")
         return False
-    base = environ.get("RUNPOD_API_BASE_URL", "https://api.runpod.io").rstrip("/")
-    query = f'mutation {{ podStop(input: {{ podId: "{pod}" }}) {{ id desiredStatus }} }}'
-    req = urllib.request.Request(f"{base}/graphql", data=json.dumps({"query": query}).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}",
-                                          "User-Agent": "podkit-costguard"})
     _log.info(f"stopping pod {pod}: {reason}")
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            answer = json.loads(r.read(1 << 20) or b"{}")
-    except urllib.error.HTTPError as e:
-        _log.warn(f"RunPod refused to stop pod {pod}: HTTP {e.code}{' (RUNPOD_API_KEY)' if e.code == 401 else ''}")
+        client = runpod.Client(environ=environ, timeout_s=20, retries=1, agent="podkit-costguard")
+        client.action(pod, "stop")
+        return True
+    except runpod.ApiError as e:
+        if e.status == 409:  # not a stop RunPod allows now: stopped already, or locked
+            return _stop_refused(client, pod, e)
+        _log.warn(f"RunPod did not stop pod {pod}: {e.message}" + (f" ({e.hint})" if e.hint else ""))
         return False
-    except (OSError, ValueError) as e:
-        _log.warn(f"cannot reach RunPod to stop pod {pod}: {getattr(e, 'reason', None) or e}")
-        return False
-    if answer.get("errors"):
-        msg = str((answer["errors"][0] or {}).get("message", answer["errors"][0]))[:300]
-        _log.warn(f"RunPod refused to stop pod {pod}: {msg}")
-        return False
-    return True
+
+
+def _stop_refused(client, pod: str, e) -> bool:
+    from podkit import runpod
+
+    try:
+        now = client.pod(pod) or {}
+    except runpod.ApiError:
+        now = {}
+    if now.get("status") == "EXITED":
+        return True
+    if now.get("locked"):
+        _log.warn(f"RunPod does not stop pod {pod}: it is locked (unlock it in the console, or stop it there)")
+    else:
+        _log.warn(f"RunPod refused to stop pod {pod}: {e.detail or e.message} (status {now.get('status', '?')})")
+    return False
 
 
 def stop_pod_notified(reason: str, state_dir: Path | None, notify: bool = True) -> bool:

@@ -1,13 +1,9 @@
-"""`podkit deploy`: the RunPod template from runpod/template.yaml, and a pod on A40s from it.
+"""`podkit deploy`: the RunPod template from runpod/template.yaml, and a pod on A40s from it; `status`,
+`stop`, `start`, `terminate`, `logs` and `watch` of a pod; `cluster` for an Instant Cluster.
 
-Uses the official runpod SDK: its transport (`run_graphql_query`), `create_pod`, `get_pod`,
-`stop_pod`, `terminate_pod`. The SDK pastes values into its GraphQL text without escaping, so
-every string podkit hands it is pre-encoded as the inside of a GraphQL string literal. The SDK has
-no template update, so the template is saved with `saveTemplate` (create, or update by id when one
-of that name exists) through the SDK's own transport. The API key is never printed.
-
-`podkit deploy cluster`: a RunPod Instant Cluster, which the SDK has no call for, through RunPod's REST
-API v2 (`POST /v2/clusters`) with requests, on the host the SDK's GraphQL is on (RUNPOD_API_BASE_URL).
+Everything goes through RunPod's REST API v2 (podkit.runpod, the one client): templates are created or
+updated (PATCH) by name, pods are created with v2's nested body (gpu {id, count, minCudaVersion}, mounts),
+and every lifecycle change is one `POST /v2/pods/{id}/action`. The API key is never printed.
 """
 
 from __future__ import annotations
@@ -17,38 +13,29 @@ import os
 import random
 import re
 import shlex
+import sys
 import time
 from pathlib import Path
 
 import yaml
 
 from podkit import config, log
+from podkit import runpod as api
 from podkit.costguard import POD_ID
 from podkit.errors import ConfigError, PodkitError
-from podkit.redact import literal_secret
-
-try:
-    import requests
-    import runpod
-    from runpod import error
-    from runpod.api.graphql import run_graphql_query
-    from runpod.api.mutations.pods import generate_pod_deployment_mutation
-except ImportError:  # the [deploy] extra: `podkit deploy` runs where you deploy from, not in the image
-    runpod = None
+from podkit.redact import Redactor, literal_secret, secret_name
 
 _log = log.get("deploy")
 GPU_TYPE = "NVIDIA A40"
-CLOUDS = ("SECURE", "COMMUNITY", "ALL")
+CLOUDS = ("SECURE", "COMMUNITY")  # v2's Cloud; there is no "ALL"
+# How RunPod words "no machine for this now" (v1, GraphQL and v2 alike): retried, not a refusal.
 CAPACITY = re.compile(r"no longer any instances available|not enough (free )?gpus|no (available )?instances|"
-                      r"could not find any pods|insufficient capacity", re.I)
+                      r"could not find any pods|insufficient capacity|no (gpu )?capacity", re.I)
 TEMPLATE_KEYS = {"name": str, "imageName": str, "containerDiskInGb": int, "volumeInGb": int,
-                 "volumeMountPath": str, "ports": str, "dockerArgs": str, "env": dict}
-
-
-def gql(value) -> str:
-    """The inside of a GraphQL string literal: quotes, backslashes, newlines and control characters
-    escaped (GraphQL strings take JSON's escapes); `$` and braces need none."""
-    return json.dumps(str(value), ensure_ascii=False)[1:-1]
+                 "volumeMountPath": str, "ports": str, "dockerArgs": str, "env": dict, "minCudaVersion": str,
+                 "registry": str}
+CUDA_VERSION = re.compile(r"^\d+\.\d+$")
+PERSISTENT_MIN_GB = 10  # v2's PersistentMount.size minimum
 
 
 def load_template(path: Path) -> dict:
@@ -58,13 +45,18 @@ def load_template(path: Path) -> dict:
         raise ConfigError(str(path), "", f"cannot read: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise ConfigError(str(path), "", f"invalid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "", "not a mapping of template fields")
     for key, value in data.items():
         if key not in TEMPLATE_KEYS:
-            raise ConfigError(str(path), key, "unknown template field", hint=f"fields: {', '.join(TEMPLATE_KEYS)}")
+            hint = f"fields: {', '.join(TEMPLATE_KEYS)}"
+            if key in ("bidPerGpu", "interruptible", "spot"):
+                hint = "RunPod's REST API v2 has no interruptible (spot) pods; podkit deploys on-demand pods"
+            raise ConfigError(str(path), key, "unknown template field", hint=hint)
         want = TEMPLATE_KEYS[key]
         if value is None:
             data[key] = want()
-        elif not isinstance(value, want):
+        elif not isinstance(value, want) or isinstance(value, bool):
             raise ConfigError(str(path), key, f"expected {want.__name__}, got {value!r}")
     missing = [k for k in ("name", "imageName", "volumeMountPath") if not data.get(k)]
     if missing:
@@ -72,6 +64,13 @@ def load_template(path: Path) -> dict:
     if data["volumeMountPath"] != "/workspace":
         raise ConfigError(str(path), "volumeMountPath", f"{data['volumeMountPath']!r}: podkit's workspace is "
                           "/workspace", hint="mount the volume at /workspace")
+    gb = data.get("volumeInGb", 0)
+    if gb and not PERSISTENT_MIN_GB <= gb <= 4096:
+        raise ConfigError(str(path), "volumeInGb", f"{gb}: a pod volume is {PERSISTENT_MIN_GB}..4096 GB "
+                          "(0: none; a network volume from --network-volume replaces it)")
+    if data.get("minCudaVersion") and not CUDA_VERSION.match(data["minCudaVersion"]):
+        raise ConfigError(str(path), "minCudaVersion", f"{data['minCudaVersion']!r} is not major.minor",
+                          hint='e.g. "12.9": the CUDA of the image, which the host\'s driver must run')
     data["env"] = {str(k): "" if v is None else str(v) for k, v in (data.get("env") or {}).items()}
     for k, v in data["env"].items():
         if why := literal_secret(v, k):
@@ -80,19 +79,25 @@ def load_template(path: Path) -> dict:
     return data
 
 
-def template_mutation(tpl: dict, template_id: str | None = None) -> str:
-    """saveTemplate: creates, or updates the template `template_id`."""
-    env = ", ".join(f'{{ key: "{gql(k)}", value: "{gql(v)}" }}' for k, v in tpl["env"].items())
-    fields = [f'id: "{gql(template_id)}"'] if template_id else []
-    fields += [f'name: "{gql(tpl["name"])}"', f'imageName: "{gql(tpl["imageName"])}"',
-               f'dockerArgs: "{gql(tpl.get("dockerArgs", ""))}"',
-               f'containerDiskInGb: {int(tpl.get("containerDiskInGb", 40))}',
-               f'volumeInGb: {int(tpl.get("volumeInGb", 0))}',
-               f'volumeMountPath: "{gql(tpl["volumeMountPath"])}"',
-               f'ports: "{gql(tpl.get("ports", "").replace(" ", ""))}"', f"env: [{env}]",
-               "isServerless: false", "startSsh: true", "isPublic: false", 'readme: ""']
-    return ("mutation { saveTemplate(input: { " + ", ".join(fields) + " }) "
-            "{ id name imageName dockerArgs volumeMountPath env { key value } } }")
+def ports(tpl: dict) -> list[str]:
+    return [p for p in (tpl.get("ports") or "").replace(" ", "").split(",") if p]
+
+
+def template_body(tpl: dict) -> dict:
+    """createTemplate's body (CreateTemplateRequest); PATCH takes the same fields. A pod template, SSH on,
+    JupyterLab off (v2 starts it by default), private."""
+    body = {"name": tpl["name"], "image": tpl["imageName"], "disk": int(tpl.get("containerDiskInGb") or 40),
+            "env": dict(tpl["env"]), "ports": ports(tpl), "startSsh": True, "startJupyter": False,
+            "public": False, "serverless": False}
+    if tpl.get("dockerArgs"):
+        body["args"] = tpl["dockerArgs"]
+    if tpl.get("volumeInGb"):
+        body["mounts"] = {"persistent": {"size": int(tpl["volumeInGb"]), "path": tpl["volumeMountPath"]}}
+    if tpl.get("minCudaVersion"):
+        body["allowedCudaVersions"] = []  # no exact set: the pod's gpu.minCudaVersion is the floor
+    if tpl.get("registry"):
+        body["registry"] = tpl["registry"]
+    return body
 
 
 SHIPPED_CONFIG = "/opt/podkit/configs/a40-{}gpu.yaml"
@@ -122,6 +127,7 @@ def config_for(tpl: dict, gpus: int) -> dict:
 
 
 STOP_AT_ENV = config.env_name("guard", "stop_pod_at")
+NETWORK_VOLUME_ENV = config.env_name("guard", "network_volume")
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -133,49 +139,47 @@ def parse_duration(text: str, flag: str) -> float:
     return float(m.group(1)) * UNIT_S[m.group(2)]
 
 
-def pod_args(tpl: dict, template_id: str | None, gpus: int, cloud: str, name: str,
-             volume: dict | None = None, stop_at: float = 0) -> dict:
-    """create_pod's arguments, strings pre-encoded (the SDK pastes them into its query as they are).
-    `volume` (a network volume: id, dataCenterId) replaces the pod volume and pins the data center;
-    `stop_at` is the maximum run time as the pod's guard.stop_pod_at."""
-    env = with_stop_at(config_for(tpl, gpus), stop_at)
-    args = dict(name=gql(name), image_name=gql(tpl["imageName"]), gpu_type_id=GPU_TYPE, cloud_type=cloud,
-                gpu_count=gpus, volume_in_gb=int(tpl.get("volumeInGb", 0)),
-                container_disk_in_gb=int(tpl.get("containerDiskInGb", 40)),
-                docker_args=gql(tpl.get("dockerArgs", "")), ports=tpl.get("ports") or None,
-                # The SDK's default is /runpod-volume, which would bypass podkit's workspace.
-                volume_mount_path=gql(tpl["volumeMountPath"]),
-                env={gql(k): gql(v) for k, v in env.items()}, template_id=template_id)
-    if volume:
-        args.update(network_volume_id=gql(volume["id"]), data_center_id=gql(volume["dataCenterId"]), volume_in_gb=0)
-    return args
-
-
-# -- clusters: RunPod Instant Clusters through the REST API v2 ----------------------------------------------
-# RunPod's OpenAPI spec (runpod/docs, api-reference-v2/openapi.json, "Runpod REST API" 2.0.0, server
-# https://api.runpod.io, bearerAuth): `POST /v2/clusters` (createCluster) takes a CreateClusterRequest:
-# BaseContainerConfig (image, env {str: str}, args, disk, ports ["22/tcp"]) plus name, type (ClusterType:
-# TRAINING | APPLICATION | SLURM | RAY), compute (ClusterCompute: gpuTypeId, gpuCountPerPod >= 1,
-# podCount 2..250), dataCenterIds, mounts (Mounts: network [{volumeId, path}], at most one), startSsh;
-# no other field (unevaluatedProperties: false). 201 answers a Cluster (id, name, type, compute, pods
-# {total, byStatus}, createdAt; dataCenterId and primary {podId, status, sshEndpoint} once placed).
-# `GET /v2/clusters/{id}` answers the Cluster; `DELETE /v2/clusters/{id}` (204) terminates every member
-# pod; there is no stop. Errors are application/problem+json ErrorResponse: title, status, detail, errors.
-CLUSTER_TYPE = "TRAINING"  # the generic distributed-training cluster: podkit starts Ray itself
-CLUSTER_NODES_ENV = config.env_name("cluster", "nodes")
-MAX_CLUSTER_NODES = 250
-
-
-def api_base() -> str:
-    """RunPod's API host: the SDK's GraphQL is at <base>/graphql, the REST API v2 at <base>/v2/..."""
-    return os.environ.get("RUNPOD_API_BASE_URL", "https://api.runpod.io").rstrip("/")
-
-
 def with_stop_at(env: dict, stop_at: float) -> dict:
     """`stop_at` (the maximum run time) as guard.stop_pod_at in the env, when there is one."""
     if stop_at:
         env[STOP_AT_ENV] = str(int(stop_at))
     return env
+
+
+def pod_body(tpl: dict, template_id: str | None, gpus: int, cloud: str, name: str,
+             volume: dict | None = None, stop_at: float = 0) -> dict:
+    """createPod's body (CreatePodRequest): the template's container with the GPUs, on the network
+    volume (in its data center) when there is one, else on a pod volume; `stop_at` is the maximum run
+    time as the pod's guard.stop_pod_at."""
+    env = with_stop_at(config_for(tpl, gpus), stop_at)
+    gpu = {"id": GPU_TYPE, "count": gpus}
+    if tpl.get("minCudaVersion"):
+        gpu["minCudaVersion"] = tpl["minCudaVersion"]  # the host's driver must run the image's CUDA
+    body = {"name": name, "image": tpl["imageName"], "disk": int(tpl.get("containerDiskInGb") or 40), "env": env,
+            "ports": ports(tpl), "cloud": cloud, "gpu": gpu, "startSsh": True}
+    if template_id:
+        body["templateId"] = template_id
+    if tpl.get("dockerArgs"):
+        body["args"] = tpl["dockerArgs"]
+    if tpl.get("registry"):
+        body["registry"] = tpl["registry"]
+    if volume:  # network and persistent mounts are exclusive; the network volume is what outlives the pod
+        env[NETWORK_VOLUME_ENV] = "refuse"  # a pod that came up without it must not train onto a throwaway disk
+        body["mounts"] = {"network": [{"volumeId": volume["id"], "path": tpl["volumeMountPath"]}]}
+        body["dataCenterIds"] = [volume["dataCenter"]]
+    elif tpl.get("volumeInGb"):
+        body["mounts"] = {"persistent": {"size": int(tpl["volumeInGb"]), "path": tpl["volumeMountPath"]}}
+    return body
+
+
+# -- clusters: RunPod Instant Clusters ---------------------------------------------------------------------
+# `POST /v2/clusters` (createCluster) takes a CreateClusterRequest: BaseContainerConfig (image, env, args,
+# disk, ports) plus name, type, compute {gpuTypeId, gpuCountPerPod, podCount 2..250}, dataCenterIds, mounts
+# (one network volume), startSsh; no registry: "private registries are not yet supported for clusters".
+# `DELETE /v2/clusters/{id}` terminates every member pod; there is no stop.
+CLUSTER_TYPE = "TRAINING"  # the generic distributed-training cluster: podkit starts Ray itself
+CLUSTER_NODES_ENV = config.env_name("cluster", "nodes")
+MAX_CLUSTER_NODES = 250
 
 
 def check_cluster_shape(nodes: int, gpus_per_node: int, gpu_type: str | None) -> None:
@@ -191,6 +195,15 @@ def check_cluster_shape(nodes: int, gpus_per_node: int, gpu_type: str | None) ->
                           hint='e.g. --gpu-type "NVIDIA H100 80GB HBM3" (ids: RunPod\'s GET /v2/catalog/gpus)')
 
 
+def check_cluster_image(tpl: dict, source: str) -> None:
+    """Clusters pull public images only (v2's CreateClusterRequest has no registry)."""
+    if tpl.get("registry"):
+        raise ConfigError(source, "registry", f"{tpl['registry']!r}: RunPod's clusters cannot pull from a private "
+                          "registry (\"private registries are not yet supported for clusters\")",
+                          hint="push the image to a public registry and remove `registry`, or deploy single pods "
+                          "(`podkit deploy --gpus N`), which can")
+
+
 def cluster_env(tpl: dict, nodes: int, gpus_per_node: int, stop_at: float = 0) -> dict:
     """The template's env (its secrets as RunPod secret references) for every node: PODKIT_CONFIG naming
     the shipped cluster config, or a config of the user's own kept; the node count; the maximum run time."""
@@ -203,6 +216,7 @@ def cluster_env(tpl: dict, nodes: int, gpus_per_node: int, stop_at: float = 0) -
                               "PODKIT_CONFIG in the template's env to a cluster config of your own in the image")
         env["PODKIT_CONFIG"] = SHIPPED_CLUSTER_CONFIG
     env[CLUSTER_NODES_ENV] = str(nodes)
+    env[NETWORK_VOLUME_ENV] = "refuse"  # every node shares the run's network volume
     return with_stop_at(env, stop_at)
 
 
@@ -213,9 +227,8 @@ def cluster_body(tpl: dict, name: str, nodes: int, gpus_per_node: int, gpu_type:
     body = {"name": name, "type": CLUSTER_TYPE,
             "compute": {"gpuTypeId": gpu_type.strip(), "gpuCountPerPod": gpus_per_node, "podCount": nodes},
             "image": tpl["imageName"], "env": cluster_env(tpl, nodes, gpus_per_node, stop_at),
-            "disk": int(tpl.get("containerDiskInGb", 40)),
-            "ports": [p for p in (tpl.get("ports") or "").replace(" ", "").split(",") if p],
-            "dataCenterIds": [volume["dataCenterId"]],
+            "disk": int(tpl.get("containerDiskInGb") or 40), "ports": ports(tpl),
+            "dataCenterIds": [volume["dataCenter"]],
             "mounts": {"network": [{"volumeId": volume["id"], "path": tpl["volumeMountPath"]}]},
             "startSsh": True}
     if tpl.get("dockerArgs"):
@@ -223,7 +236,14 @@ def cluster_body(tpl: dict, name: str, nodes: int, gpus_per_node: int, gpu_type:
     return body
 
 
-def cluster_summary(c: dict) -> str:
+def run_nodes(members: list[dict]) -> int | None:
+    """The node count the run was made for: cluster.nodes in its pods' env (set at create)."""
+    counts = {str((p.get("env") or {}).get(CLUSTER_NODES_ENV, "")) for p in members if isinstance(p.get("env"), dict)}
+    counts = {int(n) for n in counts if n.isdigit()}
+    return min(counts) if counts else None
+
+
+def cluster_summary(c: dict, members: list[dict] | None = None) -> list[str]:
     comp = c.get("compute") or {}
     pods = c.get("pods") or {}
     states = ", ".join(f"{n} {s}" for s, n in sorted((pods.get("byStatus") or {}).items())) or "none placed yet"
@@ -231,84 +251,66 @@ def cluster_summary(c: dict) -> str:
             f"{comp.get('gpuTypeId')}, nodes: {states}")
     if c.get("dataCenterId"):
         line += f", in {c['dataCenterId']}"
+    lines = [line]
     primary = c.get("primary") or {}
     if primary.get("sshEndpoint"):
         host, _, port = primary["sshEndpoint"].rpartition(":")
-        line += f"\n  rank 0 (pod {primary.get('podId')}): ssh root@{host} -p {port}"
-    return line
+        lines.append(f"  rank 0 (pod {primary.get('podId')}): ssh root@{host} -p {port}")
+    made_for = run_nodes(members or [])
+    extra = sorted((p for p in members or [] if _rank(p) is not None and made_for is not None
+                    and _rank(p) >= made_for), key=_rank)
+    if extra:
+        lines.append(f"  {len(extra)} node(s) beyond the run's {made_for} (the cluster was scaled up): "
+                     + ", ".join(f"rank {_rank(p)} pod {p.get('id')}" for p in extra)
+                     + f". They take no part in the run (a node with NODE_RANK >= {made_for} waits in safe mode, "
+                     "saying so) and bill until the cluster is deleted; a run on more nodes is a new cluster made "
+                     "for them (--nodes and a config for that shape)")
+    return lines
 
 
-FIND_TEMPLATES = "query { myself { podTemplates { id name imageName } } }"
-FIND_VOLUMES = "query { myself { networkVolumes { id name size dataCenterId } } }"
+def _rank(pod: dict) -> int | None:
+    rank = (pod.get("cluster") or {}).get("rank") if isinstance(pod.get("cluster"), dict) else None
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
 
 
 class Deployer:
-    def __init__(self, api_key: str | None = None, sleep=time.sleep) -> None:
-        self.runpod = runpod
-        self.query = run_graphql_query
-        key = api_key or os.environ.get("RUNPOD_API_KEY") or runpod.api_key
-        if not key:
-            raise PodkitError("no RunPod API key", "export RUNPOD_API_KEY=... or run `runpod config`")
-        runpod.api_key = key
-        self._key = key
+    """podkit's RunPod operations, each a few REST API v2 calls."""
+
+    def __init__(self, client: api.Client | None = None, sleep=time.sleep) -> None:
+        self.api = client or api.Client(sleep=sleep)
         self.sleep = sleep
 
     def _redact(self, text: str) -> str:
-        return text.replace(self._key, "***")
+        return self.api.redact(text)
 
     # -- template ---------------------------------------------------------------------------------------
     def save_template(self, tpl: dict) -> dict:
-        found = self.query(FIND_TEMPLATES)["data"]["myself"]["podTemplates"] or []
-        existing = next((t for t in found if t["name"] == tpl["name"]), None)
-        saved = self.query(template_mutation(tpl, existing["id"] if existing else None))["data"]["saveTemplate"]
-        _log.info(f"template {saved['name']!r} {'updated' if existing else 'created'} (id {saved['id']})")
+        """Create the template, or update the one of this name (PATCH); its id."""
+        existing = next((t for t in self.api.templates() if t.get("name") == tpl["name"]), None)
+        saved = self.api.save_template(template_body(tpl), existing["id"] if existing else None)
+        if not isinstance(saved.get("id"), str):
+            raise PodkitError(f"RunPod's answer to the template save has no id: {self._redact(str(saved))[:200]}")
+        _log.info(f"template {tpl['name']!r} {'updated' if existing else 'created'} (id {saved['id']})")
         return saved
 
     def network_volume(self, volume_id: str) -> dict:
-        """The network volume (id, dataCenterId): a pod on it runs in its data center."""
-        found = self.query(FIND_VOLUMES)["data"]["myself"]["networkVolumes"] or []
+        """The network volume (id, dataCenter, type): a pod on it runs in its data center."""
+        found = self.api.network_volumes()
         vol = next((v for v in found if v.get("id") == volume_id), None)
-        if not vol or not vol.get("dataCenterId"):
+        if not vol or not vol.get("dataCenter"):
             raise PodkitError(f"no network volume {volume_id!r} in this RunPod account",
-                              "yours: " + (", ".join(f"{v['id']} ({v.get('name')}, {v.get('dataCenterId')})"
+                              "yours: " + (", ".join(f"{v.get('id')} ({v.get('name')}, {v.get('dataCenter')})"
                                                      for v in found) or "none; create one under Storage"))
         return vol
 
-    # -- clusters (REST API v2) ------------------------------------------------------------------------------
-    def rest(self, method: str, path: str, body: dict | None = None, timeout_s: float = 30) -> dict | None:
-        """One REST API v2 request; its JSON answer (None for 204). Any failure is a PodkitError naming the
-        HTTP status and RunPod's own message (its problem+json title, detail and errors), the key redacted."""
-        url = f"{api_base()}{path}"
-        try:
-            r = requests.request(method, url, json=body, timeout=timeout_s,
-                                 headers={"Authorization": f"Bearer {self._key}", "Accept": "application/json"})
-        except requests.RequestException as e:
-            raise PodkitError(f"RunPod's API did not answer {method} {url}: {type(e).__name__}",
-                              "check the network; a create may still have been made: "
-                              "look in the console under Instant Clusters") from None
-        if r.status_code == 204:
-            return None
-        try:
-            answer = r.json()
-        except ValueError:
-            answer = None
-        if not 200 <= r.status_code < 300:
-            if isinstance(answer, dict) and (answer.get("detail") or answer.get("title")):
-                msg = ": ".join(str(answer[k]) for k in ("title", "detail") if answer.get(k))
-                if isinstance(answer.get("errors"), list) and answer["errors"]:
-                    msg += " (" + "; ".join(map(str, answer["errors"])) + ")"
-            else:
-                msg = " ".join(r.text.split())[:300] or r.reason or "no message"
-            raise PodkitError(f"RunPod answered {method} {path} with HTTP {r.status_code}: {self._redact(msg)}",
-                              "401: the API key is invalid; 403: the key may not create clusters"
-                              if r.status_code in (401, 403) else "") from None
-        if not isinstance(answer, dict):
-            raise PodkitError(f"RunPod answered {method} {path} with HTTP {r.status_code} and no JSON object: "
-                              f"{self._redact(' '.join(r.text.split())[:300])!r}")
-        return answer
+    def pods_on(self, volume_id: str, but: str | None = None) -> list[dict]:
+        """The account's pods that mount this network volume and are not stopped or gone (`but` aside)."""
+        return [p for p in self.api.pods() if p.get("id") != but and p.get("status") in LIVE
+                and volume_id in mounted_volumes(p)]
 
+    # -- clusters ----------------------------------------------------------------------------------------
     def create_cluster(self, body: dict) -> dict:
-        c = self.rest("POST", "/v2/clusters", body)
+        c = self.api.create_cluster(body)
         if not c or not isinstance(c.get("id"), str) or not POD_ID.match(c["id"]):
             raise PodkitError(f"RunPod's answer to the cluster create has no cluster id: {self._redact(str(c))[:300]}",
                               "look in the console under Instant Clusters before creating another")
@@ -317,36 +319,54 @@ class Deployer:
         return c
 
     def cluster(self, cluster_id: str) -> dict:
-        return self.rest("GET", f"/v2/clusters/{cluster_id}") or {}
+        return self.api.cluster(cluster_id) or {}
 
     def delete_cluster(self, cluster_id: str) -> None:
-        self.rest("DELETE", f"/v2/clusters/{cluster_id}")
+        self.api.delete_cluster(cluster_id)
 
     # -- pods --------------------------------------------------------------------------------------------
-    def create_pod(self, args: dict, capacity_timeout_s: float) -> dict:
-        """create_pod, retrying capacity errors with back-off for a bounded time."""
-        t0, delay, attempt = time.monotonic(), 5.0, 0
+    def create_pod(self, body: dict, capacity_timeout_s: float) -> dict:
+        """createPod, capacity refusals retried with back-off for a bounded time. A create RunPod may have
+        made (no answer, 5xx) is looked for by name before it is sent again: a second pod would bill too."""
+        name = body["name"]
+        before = {p.get("id") for p in self.api.pods() if p.get("name") == name}
+        t0, delay, attempt, unsure = time.monotonic(), 5.0, 0, 0
         while True:
             attempt += 1
             try:
-                pod = self.runpod.create_pod(**args)
-                _log.info(f"pod {pod['id']} created ({args['gpu_count']}x {GPU_TYPE}, {args['cloud_type']} cloud)")
+                pod = self.api.create_pod(body)
+                if not isinstance(pod.get("id"), str):
+                    raise PodkitError(f"RunPod's answer to the pod create has no id: {self._redact(str(pod))[:200]}",
+                                      "look in the console before creating another")
+                _log.info(f"pod {pod['id']} created ({body['gpu']['count']}x {GPU_TYPE}, {body['cloud']} cloud)")
                 return pod
-            except error.QueryError as e:
-                msg = self._redact(str(e))
-                if not CAPACITY.search(msg):
-                    raise PodkitError(f"RunPod refused the pod: {msg}") from None
+            except api.ApiError as e:
+                if e.status == 0 or e.status >= 500:
+                    self.sleep(delay)  # a create that timed out may still be under way at RunPod
+                    made = [p for p in self.api.pods() if p.get("name") == name and p.get("id") not in before]
+                    if made:
+                        _log.warn(f"RunPod made pod {made[0]['id']} although its answer was lost ({e.message}); "
+                                  "following it, not creating another")
+                        return made[0]
+                    unsure += 1
+                    if unsure > 3:
+                        raise
+                    _log.warn(f"the pod create failed and RunPod has no pod named {name!r}: sending it again "
+                              f"({e.message})")
+                    continue
+                if not CAPACITY.search(f"{e.detail} {e.message}"):
+                    raise PodkitError(f"RunPod refused the pod: {e.message}", e.hint) from None
                 waited = time.monotonic() - t0
                 if waited + delay > capacity_timeout_s:
-                    others = [c for c in CLOUDS if c != args["cloud_type"]]
-                    fewer = [n for n in (4, 2, 1) if n < args["gpu_count"]]
+                    other = [c for c in CLOUDS if c != body["cloud"]]
+                    fewer = [n for n in (4, 2, 1) if n < body["gpu"]["count"]]
                     raise PodkitError(
-                        f"no {args['gpu_count']}x {GPU_TYPE} available in {args['cloud_type']} cloud after "
-                        f"{attempt} attempt(s) over {waited:.0f}s: {msg}",
-                        f"try another cloud (--cloud {' or --cloud '.join(others)})"
+                        f"no {body['gpu']['count']}x {GPU_TYPE} available in {body['cloud']} cloud after "
+                        f"{attempt} attempt(s) over {waited:.0f}s: {e.detail or e.message}",
+                        f"try another cloud (--cloud {' or --cloud '.join(other)})"
                         + (f", or fewer GPUs (--gpus {' or --gpus '.join(map(str, fewer))})" if fewer else "")
                         + ", or later") from None
-                _log.warn(f"no capacity yet (attempt {attempt}): {msg}; retrying in {delay:.0f}s")
+                _log.warn(f"no capacity yet (attempt {attempt}): {e.detail or e.message}; retrying in {delay:.0f}s")
                 self.sleep(delay)
                 delay = min(60.0, delay * 2) * random.uniform(0.8, 1.2)
 
@@ -354,65 +374,119 @@ class Deployer:
         t0 = time.monotonic()
         last = None
         while True:
-            pod = self.runpod.get_pod(pod_id) or {}
-            state = pod.get("desiredStatus")
-            ready = state == "RUNNING" and (pod.get("runtime") or {}).get("ports")
+            pod = self.api.pod(pod_id)
+            if pod is None:
+                raise PodkitError(f"pod {pod_id} is gone while starting (terminated, or RunPod removed it)",
+                                  "`podkit deploy status` on its id; look in the console")
+            state = pod.get("status")
+            ready = running(pod)
             if state != last or ready:
-                _log.info(f"pod {pod_id}: {state}{', runtime up' if ready else ''} "
-                          f"({time.monotonic() - t0:.0f}s)")
+                _log.info(f"pod {pod_id}: {state}{', runtime up' if ready else ''} ({time.monotonic() - t0:.0f}s)")
                 last = state
             if ready:
                 return pod
+            if state == "ERROR":
+                raise PodkitError(f"pod {pod_id} is in ERROR (RunPod could not start its container)",
+                                  f"`podkit deploy logs {pod_id} --system` tells why (an image pull, a CUDA the "
+                                  "host's driver cannot run)")
             if time.monotonic() - t0 > timeout_s:
                 raise PodkitError(f"pod {pod_id} not running after {timeout_s:.0f}s (state {state})",
-                                  f"check it in the console; `podkit deploy status {pod_id}`")
+                                  f"`podkit deploy logs {pod_id} --system`; `podkit deploy status {pod_id}`")
             self.sleep(poll_s)
 
-    def stop(self, pod_id: str) -> dict:
-        return self.runpod.stop_pod(pod_id)
-
-    def terminate(self, pod_id: str) -> None:
-        self.runpod.terminate_pod(pod_id)
+    def act(self, pod_id: str, action: str) -> dict | None:
+        """start | stop | terminate. A stop of a pod already stopped, or a terminate of one gone, is done."""
+        try:
+            return self.api.action(pod_id, action)
+        except api.ApiError as e:
+            if e.status == 404 and action == "terminate":
+                return None
+            if e.status == 409:
+                pod = self.api.pod(pod_id)
+                if pod and action == "stop" and pod.get("status") == "EXITED":
+                    return pod
+                if pod and pod.get("locked") and action == "stop":
+                    raise PodkitError(f"pod {pod_id} is locked: RunPod does not stop a locked pod",
+                                      "unlock it in the console (or PATCH locked: false), then stop it") from None
+                state = pod.get("status") if pod else "gone"
+                raise PodkitError(f"RunPod cannot {action} pod {pod_id} while it is {state} (it allows: "
+                                  f"{', '.join((pod or {}).get('actions') or []) or 'nothing'})") from None
+            raise
 
     def status(self, pod_id: str) -> dict:
-        pod = self.runpod.get_pod(pod_id)
+        pod = self.api.pod(pod_id)
         if not pod:
-            raise PodkitError(f"no pod {pod_id}", "list your pods in the RunPod console")
+            raise PodkitError(f"RunPod has no pod {pod_id}", "it was terminated, or migrated to a new pod with a new "
+                              "id: `podkit deploy status` lists your pods")
         return pod
+
+
+LIVE = ("PROVISIONING", "STARTING", "RUNNING")
+
+
+def running(pod: dict | None) -> bool:
+    return bool(pod) and pod.get("status") == "RUNNING" and pod.get("runtime") is not None
+
+
+def mounted_volumes(pod: dict) -> set[str]:
+    network = ((pod.get("mounts") or {}).get("network") or []) if isinstance(pod.get("mounts"), dict) else []
+    return {m.get("volumeId") for m in network if isinstance(m, dict) and isinstance(m.get("volumeId"), str)}
+
+
+def gpu_count(pod: dict) -> int:
+    n = (pod.get("gpu") or {}).get("count") if isinstance(pod.get("gpu"), dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
 
 
 def how_to_reach(pod: dict) -> list[str]:
     lines = []
+    direct = (pod.get("ssh") or {}).get("direct") if isinstance(pod.get("ssh"), dict) else None
+    if isinstance(direct, dict) and direct.get("host") and direct.get("port"):
+        lines.append(f"ssh {direct.get('username') or 'root'}@{direct['host']} -p {direct['port']}")
     for p in (pod.get("runtime") or {}).get("ports") or []:
-        if p.get("privatePort") == 22 and p.get("isIpPublic"):
-            lines.append(f"ssh root@{p['ip']} -p {p['publicPort']}")
+        if not lines and p.get("private") == 22 and p.get("public") and p.get("ip"):
+            lines.append(f"ssh root@{p['ip']} -p {p['public']}")
         elif p.get("type") == "http":
-            lines.append(f"https://{pod['id']}-{p['privatePort']}.proxy.runpod.net")
-    lines.append("logs: the pod's Logs tab (every line prefixed with its program), or over SSH: "
-                 "podkit status; tail -f /workspace/logs/trainer.log")
+            lines.append(f"https://{pod['id']}-{p.get('private')}.proxy.runpod.net")
+    lines.append(f"logs: podkit deploy logs {pod.get('id')} --follow (every line prefixed with its program), or "
+                 "over SSH: podkit status; tail -f /workspace/logs/trainer.log")
     return lines
+
+
+def pod_line(pod: dict) -> str:
+    rt = pod.get("runtime") or {}
+    gpus = rt.get("gpus") or []
+    util = f", GPU util {'/'.join(str(g.get('util', '?')) for g in gpus)}%" if gpus else ""
+    vols = ", ".join(sorted(mounted_volumes(pod)))
+    return (f"{pod.get('id')} {pod.get('name')}: {pod.get('status')}, {gpu_count(pod)}x "
+            f"{(pod.get('gpu') or {}).get('id', '?')}, uptime {rt.get('uptime') or 0}s{util}"
+            + (f", network volume {vols}" if vols else ""))
 
 
 # -- watch: relaunch after a lost pod ----------------------------------------------------------------------
 class Watch:
-    """Follows one pod through RunPod's API. A pod that is gone (terminated, or its host removed), that
-    an interruptible rental lost (reclaimed), that runs with zero GPUs (RunPod restarts a pod whose host
-    has no free GPU with none), or that has not run for `lost_after_s` (host down; a pod never seen
-    running gets `start_grace_s` more, for its image pull) is replaced: the old one is stopped first
-    (never terminated) so that two pods never train on one volume, then a new pod starts on the same
-    network volume and resumes from its checkpoints.
+    """Follows one pod through RunPod's API (v2 statuses: PROVISIONING, STARTING, RUNNING, EXITED, ERROR,
+    TERMINATED, or no such pod). A pod that is gone (terminated, its host removed), in ERROR, running
+    with zero GPUs (RunPod restarts a pod whose host has no free GPU with none), or not running for
+    `lost_after_s` (host down; a pod never seen running gets `start_grace_s` more, for its image pull) is
+    replaced: the old one is stopped first (never terminated), then a new pod starts on the same network
+    volume and resumes from its checkpoints.
 
-    An on-demand pod that is EXITED was stopped on request: by its own cost guard (training finished,
-    the maximum run time, a long safe mode) or by a person. That ends the watch, as does a maximum run
-    time that has passed. A RunPod API that does not answer is waited out: it says nothing about the pod."""
+    Never two pods on one volume: before a replacement the watch lists the account's pods, and a live pod
+    on the run's network volume (RunPod migrated the pod: a new pod with a new id and IP; or another
+    watch replaced it) is followed instead of starting another.
+
+    An EXITED pod was stopped on request: by its own cost guard (training finished, the maximum run time,
+    a long safe mode) or by a person. That ends the watch, as does a maximum run time that has passed. A
+    RunPod API that does not answer is waited out: it says nothing about the pod."""
 
     GONE_AFTER = 3  # answers in a row saying "no such pod": one could be the API's hiccup
-    QUERY_ERRORS_MAX = 10  # GraphQL errors in a row: the API answers, and refuses
+    REFUSALS_MAX = 10  # 401/403 in a row: the API answers, and refuses
 
-    def __init__(self, d: Deployer, pod_id: str, launch, *, lost_after_s: float = 900, start_grace_s: float = 900,
-                 poll_s: float = 30, max_relaunches: int = 3, backoff_s: float = 60, clock=time.monotonic,
-                 wall=time.time, state_dir=None) -> None:
-        self.d, self.pod_id, self.launch = d, pod_id, launch
+    def __init__(self, d: Deployer, pod_id: str, launch, *, volume_id: str = "", lost_after_s: float = 900,
+                 start_grace_s: float = 900, poll_s: float = 30, max_relaunches: int = 3, backoff_s: float = 60,
+                 clock=time.monotonic, wall=time.time, state_dir=None) -> None:
+        self.d, self.pod_id, self.launch, self.volume_id = d, pod_id, launch, volume_id
         self.lost_after_s, self.start_grace_s, self.poll_s = lost_after_s, start_grace_s, poll_s
         self.max_relaunches, self.backoff_s = max_relaunches, backoff_s
         self.clock, self.wall, self.state_dir = clock, wall, state_dir
@@ -420,30 +494,31 @@ class Watch:
         # What a replacement keeps from the first pod: its image, name, GPU count, maximum run time.
         self.carry: dict = {}
         self.seen_running = False
-        self.query_errors = 0
+        self.refusals = 0
 
     def remember(self, pod: dict) -> None:
         if not self.carry:
-            self.carry = {"imageName": pod.get("imageName") or "", "name": pod.get("name") or "",
-                          "gpuCount": int(pod.get("gpuCount") or 0), "stop_at": carried_stop_at(pod)}
+            self.carry = {"imageName": pod.get("image") or "", "name": pod.get("name") or "",
+                          "gpuCount": gpu_count(pod), "stop_at": carried_stop_at(pod)}
         elif not self.carry["gpuCount"]:
-            self.carry["gpuCount"] = int(pod.get("gpuCount") or 0)
+            self.carry["gpuCount"] = gpu_count(pod)
 
     def verdict(self, pod: dict | None, down_since: float | None, nones: int) -> tuple[str, str]:
         """(state, why): running | waiting | stopped | lost."""
         if pod is None and nones < self.GONE_AFTER:
             return "waiting", "RunPod does not know the pod (asking again)"
-        if not pod or pod.get("desiredStatus") == "TERMINATED":
-            return "lost", "the pod is gone (terminated, or its host was removed)"
-        state = pod.get("desiredStatus")
+        state = pod.get("status") if pod else None
+        if not pod or state == "TERMINATED":
+            return "lost", "the pod is gone (terminated, migrated, or its host was removed)"
         if state == "EXITED":
-            if "INTERRUPT" in str(pod.get("podType") or "").upper():
-                return "lost", "the interruptible pod was stopped (reclaimed, or outbid)"
             return "stopped", ("the pod was stopped on request: by its own cost guard (training finished, its "
                                "maximum run time, a long safe mode) or by a person")
-        if state == "RUNNING" and pod.get("gpuCount") == 0:
+        if state == "ERROR":
+            return "lost", "RunPod reports the pod in ERROR (its container could not start or run)"
+        rt = pod.get("runtime")
+        if state == "RUNNING" and isinstance(rt, dict) and rt.get("gpus") == [] and self.carry.get("gpuCount"):
             return "lost", "the pod runs with zero GPUs (its host had none free when it restarted)"
-        if state == "RUNNING" and pod.get("runtime") is not None:
+        if running(pod):
             return "running", "running"
         down = self.clock() - down_since if down_since is not None else 0.0
         limit = self.lost_after_s + (0 if self.seen_running else self.start_grace_s)
@@ -461,20 +536,30 @@ class Watch:
     def ask(self) -> tuple[bool, dict | None]:
         """(answered, the pod or None)."""
         try:
-            pod = self.d.runpod.get_pod(self.pod_id)
-            self.query_errors = 0
-            return True, pod if isinstance(pod, dict) else None
-        except error.QueryError as e:
-            self.query_errors += 1
-            if self.query_errors >= self.QUERY_ERRORS_MAX:
-                raise PodkitError(f"RunPod refused {self.QUERY_ERRORS_MAX} questions in a row about pod "
-                                  f"{self.pod_id}: {self.d._redact(str(e))}", "check the pod id and the API key; "
-                                  f"`podkit deploy status {self.pod_id}`") from None
-            why = "refused the question"
-        except (requests.RequestException, KeyError, TypeError, ValueError) as e:
-            why = f"does not answer ({type(e).__name__})"
+            pod = self.d.api.pod(self.pod_id)
+            self.refusals = 0
+            return True, pod
+        except api.ApiError as e:
+            if e.status in (401, 403):
+                self.refusals += 1
+                if self.refusals >= self.REFUSALS_MAX:
+                    raise PodkitError(f"RunPod refused {self.REFUSALS_MAX} questions in a row about pod "
+                                      f"{self.pod_id}: {e.message}", e.hint) from None
+                why = f"refused the question (HTTP {e.status})"
+            else:
+                why = f"does not answer ({e.message})"
         _log.warn(f"RunPod's API {why}; asking again in {self.poll_s:g} s")
         return False, None
+
+    def successor(self) -> dict | None:
+        """A live pod of the account on the run's network volume, other than the one followed."""
+        if not self.volume_id:
+            return None
+        try:
+            others = self.d.pods_on(self.volume_id, but=self.pod_id)
+        except api.ApiError as e:
+            raise _Unsure(e.message) from None
+        return others[0] if others else None
 
     def run(self) -> int:
         down_since, said, nones = None, "", 0
@@ -486,9 +571,9 @@ class Watch:
             nones = 0 if pod else nones + 1
             if pod:
                 self.remember(pod)
-            running = bool(pod) and pod.get("desiredStatus") == "RUNNING" and pod.get("runtime") is not None
-            self.seen_running = self.seen_running or running
-            down_since = None if running else (down_since if down_since is not None else self.clock())
+            up = running(pod)
+            self.seen_running = self.seen_running or up
+            down_since = None if up else (down_since if down_since is not None else self.clock())
             state, why = self.verdict(pod, down_since, nones)
             if why != said:
                 _log.info(f"pod {self.pod_id}: {why}")
@@ -497,24 +582,41 @@ class Watch:
                 _log.info("watch ends: a pod stopped on request is left stopped")
                 return 0
             if state == "lost":
-                outcome = self.replace(why, pod)
-                if outcome != "replaced":
+                try:
+                    outcome = self.replace(why, pod)
+                except _Unsure as e:
+                    _log.warn(f"cannot list your pods to make sure none is on the volume ({e}); asking again "
+                              f"in {self.poll_s:g} s")
+                    self.d.sleep(self.poll_s)
+                    continue
+                if outcome not in ("replaced", "followed"):
                     return 0 if outcome == "deadline" else 1
                 down_since, said, nones, self.seen_running = None, "", 0, False
                 continue
             self.d.sleep(self.poll_s)
 
+    def follow(self, other: dict, why: str) -> str:
+        old, self.pod_id = self.pod_id, other["id"]
+        msg = (f"pod {old} is lost ({why}), and pod {other['id']} ({other.get('name')}, {other.get('status')}) is "
+               f"on network volume {self.volume_id}: RunPod migrated the pod (a new pod, new id and IP) or another "
+               "watch replaced it; following it, not starting another")
+        _log.info(msg)
+        self.notify("relaunch", msg)
+        return "followed"
+
     def replace(self, why: str, now: dict | None) -> str:
         """Stop the lost pod, then start its replacement, a failed start tried again after a back-off
-        that doubles from the second attempt on: replaced | deadline | gave-up."""
+        that doubles from the second attempt on: replaced | followed | deadline | gave-up."""
         old = self.pod_id
-        if now and now.get("desiredStatus") not in ("EXITED", "TERMINATED"):
+        if now and now.get("status") not in ("EXITED", "TERMINATED"):
             try:  # it may come back: it must not then train beside its replacement
-                self.d.stop(old)
+                self.d.act(old, "stop")
                 _log.info(f"pod {old} stopped (not terminated: `podkit deploy terminate {old}` when done with it)")
-            except Exception as e:  # noqa: BLE001 - an unreachable host may refuse; the workspace lease still guards
-                _log.warn(f"could not stop pod {old} ({type(e).__name__}); if it comes back, its replacement "
-                          "waits for the workspace lease to lapse")
+            except PodkitError as e:  # an unreachable host may refuse; the workspace lease still guards
+                _log.warn(f"could not stop pod {old} ({e.message}); if it comes back, its replacement waits for "
+                          "the workspace lease to lapse")
+        if other := self.successor():
+            return self.follow(other, why)
         stop_at = self.carry.get("stop_at") or 0
         if stop_at and self.wall() >= stop_at:
             msg = (f"pod {old} is lost ({why}), and the run's maximum run time has passed: no replacement; the "
@@ -535,6 +637,8 @@ class Watch:
                 delay = min(BACKOFF_MAX_S, self.backoff_s * 2 ** (n - 2))
                 _log.info(f"waiting {delay:.0f} s before replacement attempt {n} of {self.max_relaunches}")
                 self.d.sleep(delay)
+                if other := self.successor():  # made meanwhile (a migration, another watch)
+                    return self.follow(other, why)
             try:
                 pod = self.launch(self.carry)
                 new_id = pod["id"]
@@ -552,16 +656,18 @@ class Watch:
             return "replaced"
 
 
+class _Unsure(Exception):
+    """The account's pods could not be listed: a replacement now might be a second pod on the volume."""
+
+
 BACKOFF_MAX_S = 900.0
 
 
 def carried_stop_at(pod: dict) -> float:
-    """The pod's maximum run time (its guard.stop_pod_at, from its env: RunPod lists it as K=V)."""
-    env = pod.get("env") or []
-    pairs = (e.split("=", 1) for e in env if isinstance(e, str) and "=" in e) if isinstance(env, list) else ()
-    raw = dict(pairs).get(STOP_AT_ENV, "")
+    """The pod's maximum run time (its guard.stop_pod_at, from its env)."""
+    env = pod.get("env") if isinstance(pod.get("env"), dict) else {}
     try:
-        value = float(raw)
+        value = float(str(env.get(STOP_AT_ENV, "")))
     except ValueError:
         return 0.0
     return value if config.is_stop_time(value) else 0.0
@@ -571,12 +677,12 @@ def relauncher(d: Deployer, tpl: dict, vol: dict, cloud: str, gpus: int, name: s
                capacity_timeout_s: float, image: str | None = None):
     """Watch's `launch`: a replacement like the first pod watched (its image unless --image names one,
     its GPU count while it had GPUs, its name and maximum run time), with the template's env and secrets,
-    on the network volume. Replacements are on-demand pods."""
+    on the network volume."""
     def launch(carry: dict) -> dict:
         n = carry.get("gpuCount") or gpus
         t = dict(tpl, imageName=image or carry.get("imageName") or tpl["imageName"])
         saved = d.save_template(t)
-        return d.create_pod(pod_args(t, saved["id"], n, cloud, name or carry.get("name") or f"{t['name']}-{n}xa40",
+        return d.create_pod(pod_body(t, saved["id"], n, cloud, name or carry.get("name") or f"{t['name']}-{n}xa40",
                                      vol, carry.get("stop_at") or 0), capacity_timeout_s)
     return launch
 
@@ -586,48 +692,49 @@ def default_template() -> Path:
 
 
 def main(args) -> int:
-    if runpod is None:
-        raise PodkitError("podkit deploy needs the RunPod SDK, which is not installed",
-                          "pip install 'podkit[deploy]' where you deploy from (make test installs it)")
-    try:
-        return _main(args)
-    except requests.RequestException as e:
-        raise PodkitError(f"cannot reach the RunPod API at {api_base()}: {type(e).__name__}",
-                          "check the network; nothing may have been created, `podkit deploy status` tells") from None
-    except (error.QueryError, error.AuthenticationError) as e:
-        key = os.environ.get("RUNPOD_API_KEY") or ""
-        msg = str(e).replace(key, "***") if key else str(e)
-        raise PodkitError(f"RunPod answered: {msg}", "an invalid API key shows as Unauthorized") from None
+    return _main(args)
 
 
 def _main(args) -> int:
     action = args.action or "create"
     if action.startswith("cluster"):
         return _cluster(args, action)
-    if action in ("stop", "terminate", "status"):
+    if action == "status" and not args.pod:
+        pods = Deployer().api.pods()
+        if args.json:
+            print(json.dumps(pods, indent=2))
+        for pod in [] if args.json else pods:
+            print(pod_line(pod))
+        return 0
+    if action in ("stop", "start", "terminate", "status", "logs"):
         if not args.pod:
             raise ConfigError("command line", "POD", f"`podkit deploy {action}` needs a pod id")
         check_pod_id(args.pod)
         d = Deployer()
+        if action == "logs":
+            return _logs(d, args)
         if action == "stop":
-            d.stop(args.pod)
-            _log.info(f"pod {args.pod} stopped (its volume is kept; resume it in the console)")
+            d.act(args.pod, "stop")
+            _log.info(f"pod {args.pod} stopped (its volume is kept; `podkit deploy start {args.pod}` resumes it)")
+        elif action == "start":
+            d.act(args.pod, "start")
+            _log.info(f"pod {args.pod} starting (if its GPUs were taken meanwhile, RunPod offers to migrate it: a "
+                      "new pod with a new id and IP, which `podkit deploy status` lists)")
         elif action == "terminate":
-            d.terminate(args.pod)
+            d.act(args.pod, "terminate")
             _log.info(f"pod {args.pod} terminated")
         else:
             pod = d.status(args.pod)
-            print(json.dumps(pod, indent=2) if args.json else
-                  f"{pod['id']} {pod.get('name')}: {pod.get('desiredStatus')}, {pod.get('gpuCount')} GPU(s), "
-                  f"uptime {pod.get('uptimeSeconds') or 0}s")
-            for line in how_to_reach(pod):
-                print("  " + line)
+            print(json.dumps(pod, indent=2) if args.json else pod_line(pod))
+            if not args.json:
+                for line in how_to_reach(pod):
+                    print("  " + line)
         return 0
     if action == "watch":
         return _watch(args)
     if action != "create":
-        raise ConfigError("command line", "ACTION", f"unknown action {action!r}",
-                          "create | stop | terminate | status | watch | cluster | cluster-status | cluster-delete")
+        raise ConfigError("command line", "ACTION", f"unknown action {action!r}", "create | status | stop | start | "
+                          "terminate | logs | watch | cluster | cluster-status | cluster-delete")
     tpl = load_template(Path(args.template) if args.template else default_template())
     if args.image:
         tpl["imageName"] = args.image
@@ -638,22 +745,28 @@ def _main(args) -> int:
     stop_at = max_runtime_until(args)
     name = args.name or f"{tpl['name']}-{args.gpus}xa40"
     if args.dry_run:
-        print("# 1. query (finds an existing template of this name):")
-        print(FIND_TEMPLATES)
-        print(f"# 2. mutation (create; with id: \"<existing id>\" when one named {tpl['name']!r} exists):")
-        print(template_mutation(tpl))
-        print("# 3. mutation (the SDK's create_pod, after its GPU type check):")
-        vol = {"id": args.network_volume, "dataCenterId": "<its data center>"} if args.network_volume else None
-        a = pod_args(tpl, "<template id>", args.gpus, args.cloud, name, vol, stop_at)
-        # create_pod's own defaults for what podkit does not set, so this is exactly what it sends.
-        a.update(support_public_ip=True, start_ssh=True, min_vcpu_count=1, min_memory_in_gb=1)
-        print(generate_pod_deployment_mutation(**a).strip())
+        base = api.base_url()
+        vol = {"id": args.network_volume, "dataCenter": "<its data center>"} if args.network_volume else None
+        print(f"# 1. GET {base}/v2/templates  (Authorization: Bearer $RUNPOD_API_KEY; finds {tpl['name']!r})")
+        print(f"# 2. POST {base}/v2/templates  (PATCH {base}/v2/templates/<id> when one named {tpl['name']!r} exists)")
+        print(json.dumps(template_body(tpl), indent=2, ensure_ascii=False))
+        if vol:
+            print(f"# 3. GET {base}/v2/network-volumes  (finds {vol['id']}'s data center)")
+        print(f"# {4 if vol else 3}. GET {base}/v2/pods  (the pods named {name!r} already there: a create whose "
+              "answer is lost is looked for, not sent twice)")
+        print(f"# {5 if vol else 4}. POST {base}/v2/pods")
+        print(json.dumps(pod_body(tpl, "<template id>", args.gpus, args.cloud, name, vol, stop_at), indent=2,
+                         ensure_ascii=False))
         print("# nothing was sent (--dry-run)")
         return 0
     d = Deployer()
     vol = d.network_volume(args.network_volume) if args.network_volume else None
+    if vol and (busy := d.pods_on(vol["id"])):
+        raise PodkitError(f"network volume {vol['id']} is in use by pod {busy[0]['id']} ({busy[0].get('name')}, "
+                          f"{busy[0].get('status')}): two pods on one volume would train over each other",
+                          f"stop it first (`podkit deploy stop {busy[0]['id']}`), or use another volume")
     saved = d.save_template(tpl)
-    pod = d.create_pod(pod_args(tpl, saved["id"], args.gpus, args.cloud, name, vol, stop_at), args.capacity_timeout)
+    pod = d.create_pod(pod_body(tpl, saved["id"], args.gpus, args.cloud, name, vol, stop_at), args.capacity_timeout)
     if stop_at:
         _log.info(f"pod {pod['id']} stops itself at {time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(stop_at))} "
                   "(--max-runtime), the trainer first with its checkpoint")
@@ -666,19 +779,39 @@ def _main(args) -> int:
         same = "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in (("--template", args.template),
                        ("--cloud", args.cloud if args.cloud != "SECURE" else None)) if v)
         print(f"relaunch it when it is lost: podkit deploy watch {pod['id']} --network-volume {vol['id']}{same}")
+    else:
+        print("its checkpoints live on the pod's own volume: a pod RunPod migrates or terminates takes them with it; "
+              "--network-volume keeps them apart from any one pod")
+    return 0
+
+
+def _logs(d: Deployer, args) -> int:
+    """`podkit deploy logs POD [--follow] [--system] [--tail N]`: the pod's log stream, secrets redacted."""
+    if args.tail is not None and not 0 <= args.tail <= 5000:
+        raise ConfigError("command line", "--tail", f"{args.tail}: 0..5000 lines (RunPod's limit)")
+    scrub = Redactor({f"env {k}": v for k, v in os.environ.items() if secret_name(k)})
+    source = "system" if args.system else "container"
+    try:
+        for event in d.api.logs(args.pod, source=source, tail=args.tail, follow=args.follow):
+            print(scrub(d.api.redact(event["line"])), flush=True)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `| head`
+        sys.stderr.close()
     return 0
 
 
 def check_cloud(args) -> None:
     if args.cloud not in CLOUDS:
-        raise ConfigError("command line", "--cloud", f"{args.cloud!r} is not one of {', '.join(CLOUDS)}")
+        raise ConfigError("command line", "--cloud", f"{args.cloud!r} is not one of {', '.join(CLOUDS)}",
+                          hint="RunPod's REST API v2 places a pod in one cloud (SECURE by default)")
     if args.network_volume and args.cloud == "COMMUNITY":
         raise ConfigError("command line", "--cloud", "network volumes are in Secure Cloud only",
                           hint="--cloud SECURE (the default)")
 
 
 def check_pod_id(pod: str, what: str = "pod") -> None:
-    if not POD_ID.match(pod):  # the SDK pastes it into its GraphQL as it is; a cluster's goes into a URL
+    if not POD_ID.match(pod):  # it goes into a URL path
         raise ConfigError("command line", what.upper(), f"{pod!r} is not a RunPod {what} id")
 
 
@@ -699,7 +832,11 @@ def _cluster(args, action: str) -> int:
             _log.info(f"cluster {args.pod} deleted: every node terminated (the network volume is kept)")
             return 0
         c = d.cluster(args.pod)
-        print(json.dumps(c, indent=2) if args.json else cluster_summary(c))
+        members = d.api.cluster_pods(args.pod)
+        if args.json:
+            print(json.dumps(dict(c, members=members), indent=2))
+        else:
+            print("\n".join(cluster_summary(c, members)))
         return 0
     if args.pod:
         raise ConfigError("command line", "CLUSTER", f"`podkit deploy cluster` creates one and takes no id ({args.pod!r})",
@@ -709,18 +846,20 @@ def _cluster(args, action: str) -> int:
                           "mounts it at /workspace, where the run's checkpoints, logs and records are shared",
                           hint="create one under Storage in the cluster's data center; --network-volume ID")
     check_cluster_shape(args.nodes, args.gpus_per_node, args.gpu_type)
+    source = args.template or "runpod/template.yaml"
     tpl = load_template(Path(args.template) if args.template else default_template())
     if args.image:
         tpl["imageName"] = args.image
+    check_cluster_image(tpl, source)
     cluster_env(tpl, args.nodes, args.gpus_per_node)  # refuse a shape without a cluster config before anything is sent
     stop_at = max_runtime_until(args)
     name = args.name or f"{tpl['name']}-{args.nodes}x{args.gpus_per_node}"
     if args.dry_run:
-        vol = {"id": args.network_volume, "dataCenterId": "<the network volume's data center>"}
+        vol = {"id": args.network_volume, "dataCenter": "<the network volume's data center>"}
         body = cluster_body(tpl, name, args.nodes, args.gpus_per_node, args.gpu_type, vol, stop_at)
-        print("# 1. query (finds the network volume's data center):")
-        print(FIND_VOLUMES)
-        print(f"# 2. POST {api_base()}/v2/clusters  (Authorization: Bearer $RUNPOD_API_KEY)")
+        print(f"# 1. GET {api.base_url()}/v2/network-volumes  (Authorization: Bearer $RUNPOD_API_KEY; finds the "
+              "volume's data center)")
+        print(f"# 2. POST {api.base_url()}/v2/clusters")
         print(json.dumps(body, indent=2, ensure_ascii=False))
         print("# nothing was sent (--dry-run)")
         return 0
@@ -729,7 +868,7 @@ def _cluster(args, action: str) -> int:
     c = d.create_cluster(cluster_body(tpl, name, args.nodes, args.gpus_per_node, args.gpu_type, vol, stop_at))
     cid = c["id"]
     print(f"cluster {cid} created: {args.nodes} nodes x {args.gpus_per_node} {args.gpu_type.strip()}, network "
-          f"volume {vol['id']} at /workspace ({vol['dataCenterId']})")
+          f"volume {vol['id']} at /workspace ({vol['dataCenter']})")
     print(f"  watch it:  podkit deploy cluster-status {cid}   (rank 0's SSH once it runs; logs: "
           "/workspace/logs/trainer.log, other nodes' under /workspace/logs/node-<rank>)")
     print(f"  end it:    podkit deploy cluster-delete {cid}   (terminates every node; RunPod has no cluster stop; "
@@ -757,14 +896,14 @@ def _watch(args) -> int:
     check_pod_id(args.pod)
     d = Deployer()
     vol = d.network_volume(args.network_volume)
-    if not d.runpod.get_pod(args.pod):
-        raise PodkitError(f"RunPod knows no pod {args.pod!r}", "check the id: `podkit deploy status <pod-id>`; "
-                          "the watch replaces pods it has seen, never one it could not find")
+    if not d.api.pod(args.pod):
+        raise PodkitError(f"RunPod knows no pod {args.pod!r}", "check the id: `podkit deploy status` lists your "
+                          "pods; the watch replaces pods it has seen, never one it could not find")
     launch = relauncher(d, tpl, vol, args.cloud, args.gpus, args.name, args.capacity_timeout, args.image)
     _log.info(f"watching pod {args.pod} every {args.poll:g} s; lost after {args.lost_after:g} s not running; up to "
-              f"{args.max_relaunches} replacement(s) on network volume {vol['id']} ({vol['dataCenterId']})")
-    w = Watch(d, args.pod, launch, lost_after_s=args.lost_after, start_grace_s=args.wait_timeout, poll_s=args.poll,
-              max_relaunches=args.max_relaunches, backoff_s=args.backoff)
+              f"{args.max_relaunches} replacement(s) on network volume {vol['id']} ({vol['dataCenter']})")
+    w = Watch(d, args.pod, launch, volume_id=vol["id"], lost_after_s=args.lost_after, start_grace_s=args.wait_timeout,
+              poll_s=args.poll, max_relaunches=args.max_relaunches, backoff_s=args.backoff)
     try:
         return w.run()
     except KeyboardInterrupt:

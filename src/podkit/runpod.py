@@ -1,0 +1,344 @@
+"""RunPod's REST API v2: the one client podkit has. `podkit deploy` (templates, pods, watch, logs,
+clusters) and the pod's own cost guard all speak through it; nothing in podkit speaks GraphQL, which
+RunPod retires in early 2027.
+
+The shapes are those of RunPod's published OpenAPI document (runpod/docs, api-reference-v2/openapi.json,
+"Runpod REST API" 2.0.0, commit a900806e, 2026-08-20): bearer auth, wrapped lists ({"pods": [...]}),
+one `POST /v2/pods/{id}/action` for start | stop | restart | terminate, RFC 9457 errors (title, status,
+detail, errors), `Retry-After` on 429, logs as server-sent events resumable with `Last-Event-ID`.
+
+Stdlib only (urllib): the image's cost guard uses it too. The key is sent to RunPod's host alone: a base
+URL that is not https (loopback aside), or a redirect, is refused, and no message or log carries the key.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import json
+import os
+import random
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+
+from podkit.errors import PodkitError
+
+API_BASE = "https://api.runpod.io"
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+RETRY_AFTER_MAX_S = 120.0  # a Retry-After longer than this is RunPod saying "not now": the caller decides
+ANSWER_MAX_BYTES = 8 << 20  # a pod list of a large account fits; an endless answer does not
+REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 409: "Conflict",
+           422: "Unprocessable Entity", 429: "Too Many Requests", 500: "Internal Server Error",
+           502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+HINTS = {401: "the API key is invalid or revoked: make a new one in the RunPod console (Settings, API Keys) "
+              "and export RUNPOD_API_KEY",
+         403: "the API key lacks access to this: give it read/write on pods, templates and storage",
+         429: "RunPod's rate limit: wait a minute and run it again"}
+
+
+class ApiError(PodkitError):
+    """RunPod answered with an error, or did not answer. `status` is the HTTP status (0: no answer)."""
+
+    def __init__(self, message: str, hint: str = "", status: int = 0, detail: str = "") -> None:
+        super().__init__(message, hint)
+        self.status, self.detail = status, detail
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect would carry the Authorization header to wherever it points: refused, as an error."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ARG002 - urllib's signature
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+def base_url(environ=None) -> str:
+    """RUNPOD_API_BASE_URL (default https://api.runpod.io), checked: the key goes there. https, or http to
+    a loopback address (a local stand-in); no credentials, query or fragment in it."""
+    environ = os.environ if environ is None else environ
+    raw = (environ.get("RUNPOD_API_BASE_URL") or API_BASE).strip().rstrip("/")
+    try:
+        u = urllib.parse.urlsplit(raw)
+        host = u.hostname or ""
+        u.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        u, host = None, ""
+    loopback = False
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    if (not u or not host or u.username or u.password or u.query or u.fragment
+            or not (u.scheme == "https" or (u.scheme == "http" and loopback))):
+        raise ApiError(f"RUNPOD_API_BASE_URL {_shown(raw)!r} is not an https URL of RunPod's API host: the API key "
+                       "would be sent there", "unset it (the default is https://api.runpod.io)")
+    return raw
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def api_key(environ=None) -> str:
+    environ = os.environ if environ is None else environ
+    key = (environ.get("RUNPOD_API_KEY") or "").strip()
+    if not key:
+        raise ApiError("no RunPod API key", "export RUNPOD_API_KEY=... (RunPod console: Settings, API Keys)")
+    if any(c.isspace() or not c.isprintable() for c in key) or len(key) > 512:
+        raise ApiError("RUNPOD_API_KEY is not an API key (it holds spaces or control characters)",
+                       "copy the key again from the RunPod console")
+    return key
+
+
+def problem(status: int, raw: bytes) -> tuple[str, str]:
+    """(one line for people, RunPod's detail) from an error answer: RFC 9457 problem+json (title, detail,
+    errors) when it is one, else the answer's first words."""
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and (answer.get("detail") or answer.get("title")):
+        detail = str(answer.get("detail") or "")
+        line = ": ".join(str(answer[k]) for k in ("title", "detail") if answer.get(k))
+        errors = answer.get("errors")
+        if isinstance(errors, list) and errors:
+            line += " (" + "; ".join(str(e) for e in errors[:5]) + ")"
+        return " ".join(line.split())[:400], detail
+    text = " ".join(raw[:400].decode("utf-8", "replace").split())
+    return (text or REASONS.get(status, "no message")), text
+
+
+class Client:
+    """One RunPod account, through REST API v2. Every call retries 429 (after its Retry-After), 5xx and a
+    host that does not answer, with a back-off that doubles, `retries` times; a create is not retried after
+    RunPod may have taken it (see `create_pod`). Errors are ApiError, one line: what, which object, why."""
+
+    def __init__(self, key: str | None = None, *, environ=None, timeout_s: float = 30, retries: int = 4,
+                 backoff_s: float = 1.0, backoff_max_s: float = 30.0, sleep=time.sleep, agent: str = "podkit") -> None:
+        self.base = base_url(environ)
+        self._key = key or api_key(environ)
+        self.timeout_s, self.retries = timeout_s, retries
+        self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
+        self.sleep, self.agent = sleep, agent
+
+    def redact(self, text: str) -> str:
+        return text.replace(self._key, "***") if self._key else text
+
+    def url(self, path: str, query: dict | None = None) -> str:
+        q = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (query or {}).items() if v is not None}
+        return f"{self.base}{path}" + (f"?{urllib.parse.urlencode(q)}" if q else "")
+
+    def _request(self, method: str, path: str, body, query, headers: dict | None, timeout_s: float):
+        data = None if body is None else json.dumps(body).encode()
+        h = {"Authorization": f"Bearer {self._key}", "Accept": "application/json", "User-Agent": self.agent}
+        if data is not None:
+            h["Content-Type"] = "application/json"
+        h.update(headers or {})
+        req = urllib.request.Request(self.url(path, query), data=data, method=method, headers=h)
+        return _OPENER.open(req, timeout=timeout_s)
+
+    def call(self, method: str, path: str, body=None, *, query: dict | None = None, what: str = "",
+             retry: bool = True, ok_missing: bool = False, timeout_s: float | None = None):
+        """The JSON answer (None for 204, or for 404 when `ok_missing`). `what` names the object for
+        messages ("pod abc123"). `retry=False`: a request RunPod may have acted on is sent once."""
+        what = what or path
+        attempt = 0
+        while True:
+            attempt += 1
+            wait = None
+            try:
+                with self._request(method, path, body, query, None, timeout_s or self.timeout_s) as r:
+                    raw = r.read(ANSWER_MAX_BYTES + 1)
+                    status = r.status
+            except urllib.error.HTTPError as e:
+                status, raw = e.code, e.read(1 << 16) if e.fp else b""
+                if status == 404 and ok_missing:
+                    return None
+                if 300 <= status < 400:
+                    raise ApiError(f"RunPod's API redirected {method} {path} (HTTP {status}): not followed, it "
+                                   "would carry the API key elsewhere", "check RUNPOD_API_BASE_URL", status) from None
+                line, detail = problem(status, raw)
+                err = ApiError(f"RunPod answered {method} {path} ({what}) with HTTP {status}: {self.redact(line)}",
+                               HINTS.get(status, ""), status, self.redact(detail))
+                # 429 is a refusal, safe to send again; a 5xx may come after RunPod acted on it.
+                if attempt > self.retries or not (status == 429 or (retry and status in RETRY_STATUSES)):
+                    raise err from None
+                after = retry_after(e.headers.get("Retry-After"))
+                if after is not None and after > RETRY_AFTER_MAX_S:
+                    raise err from None
+                wait = after if after is not None else self.backoff(attempt)
+            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
+                reason = getattr(e, "reason", None) or e
+                err = ApiError(f"RunPod's API at {self.base} did not answer {method} {path} ({what}): "
+                               f"{type(reason).__name__ if isinstance(reason, Exception) else self.redact(str(reason))}",
+                               "check the network; `podkit deploy status` tells what RunPod has")
+                # A refused connection never reached RunPod; a timeout may have.
+                if attempt > self.retries or not (retry or isinstance(reason, ConnectionRefusedError)):
+                    raise err from None
+                wait = self.backoff(attempt)
+            else:
+                if status == 204 or not raw.strip():
+                    return None
+                if len(raw) > ANSWER_MAX_BYTES:
+                    raise ApiError(f"RunPod's answer to {method} {path} is over {ANSWER_MAX_BYTES >> 20} MiB: refused")
+                try:
+                    return json.loads(raw)
+                except ValueError:
+                    raise ApiError(f"RunPod answered {method} {path} ({what}) with HTTP {status} and no JSON: "
+                                   f"{self.redact(' '.join(raw[:200].decode('utf-8', 'replace').split()))!r}",
+                                   "RunPod's API or a proxy in front of it is having trouble; try again",
+                                   status) from None
+            self.sleep(wait)
+
+    def backoff(self, attempt: int) -> float:
+        return min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2)
+
+    # -- what podkit asks ----------------------------------------------------------------------------------
+    def pod(self, pod_id: str) -> dict | None:
+        """The pod, or None when RunPod has no such pod (terminated, migrated away, or never was)."""
+        return _object(self.call("GET", f"/v2/pods/{pod_id}", what=f"pod {pod_id}", ok_missing=True), "pod")
+
+    def pods(self) -> list[dict]:
+        return _listed(self.call("GET", "/v2/pods", query={"includeClusterPods": True}, what="your pods"), "pods")
+
+    def create_pod(self, body: dict) -> dict:
+        """Sent once: a create that timed out or failed with 5xx may have been made, so it is not repeated
+        here; the caller looks for it by name before trying again (a second pod would bill beside it)."""
+        return _object(self.call("POST", "/v2/pods", body, what=f"pod {body.get('name')!r}", retry=False), "pod")
+
+    def action(self, pod_id: str, action: str) -> dict | None:
+        return self.call("POST", f"/v2/pods/{pod_id}/action", {"action": action}, what=f"pod {pod_id}")
+
+    def templates(self) -> list[dict]:
+        return _listed(self.call("GET", "/v2/templates", what="your templates"), "templates")
+
+    def save_template(self, body: dict, template_id: str | None) -> dict:
+        if template_id:
+            return _object(self.call("PATCH", f"/v2/templates/{template_id}", body,
+                                     what=f"template {template_id}"), "template")
+        return _object(self.call("POST", "/v2/templates", body, what=f"template {body.get('name')!r}",
+                                 retry=False), "template")
+
+    def network_volumes(self) -> list[dict]:
+        return _listed(self.call("GET", "/v2/network-volumes", what="your network volumes"), "networkVolumes")
+
+    def create_cluster(self, body: dict) -> dict:
+        return _object(self.call("POST", "/v2/clusters", body, what=f"cluster {body.get('name')!r}", retry=False),
+                       "cluster")
+
+    def cluster(self, cluster_id: str) -> dict:
+        return _object(self.call("GET", f"/v2/clusters/{cluster_id}", what=f"cluster {cluster_id}"), "cluster")
+
+    def cluster_pods(self, cluster_id: str) -> list[dict]:
+        return _listed(self.call("GET", f"/v2/clusters/{cluster_id}/pods", what=f"cluster {cluster_id}"), "pods")
+
+    def delete_cluster(self, cluster_id: str) -> None:
+        self.call("DELETE", f"/v2/clusters/{cluster_id}", what=f"cluster {cluster_id}")
+
+    def logs(self, pod_id: str, *, source: str | None = None, tail: int | None = None, follow: bool = True,
+             last_id: str | None = None, reconnects: int = 5, idle_timeout_s: float = 300) -> Iterator[dict]:
+        """The pod's log events ({source, line, ts}) from the SSE endpoint, each once. A stream that ends is
+        resumed with Last-Event-ID (the last event's id): a dropped connection can end like a whole stream,
+        so without `follow` the end is a resume that brings nothing new. `reconnects` failures in a row at
+        most."""
+        failures = 0
+        while True:
+            query = {"source": source, "tail": None if last_id else tail}
+            headers = {"Accept": "text/event-stream"}
+            if last_id:
+                headers["Last-Event-ID"] = last_id
+            got = 0
+            try:
+                with self._stream(pod_id, query, headers, idle_timeout_s) as r:
+                    for event_id, data in sse_events(r):
+                        event = _log_event(data)
+                        if event is None:
+                            continue
+                        got += 1
+                        last_id = event_id or event.get("ts") or last_id
+                        yield event
+                if not follow and (got == 0 or not last_id):
+                    return  # a resume that brought nothing new: the stream was whole
+            except (urllib.error.URLError, http.client.HTTPException, OSError):  # a drop mid-stream, too
+                failures = 0 if got else failures + 1
+                if failures > reconnects:
+                    raise ApiError(f"the log stream of pod {pod_id} dropped {failures} times in a row",
+                                   "check the network; `podkit deploy logs` resumes where it stopped") from None
+                self.sleep(self.backoff(max(1, failures)))
+                continue
+            failures = 0
+            if follow and not got:
+                self.sleep(2.0)  # RunPod ended a followed stream with nothing new: ask again shortly
+
+    def _stream(self, pod_id: str, query: dict, headers: dict, timeout_s: float):
+        try:
+            return self._request("GET", f"/v2/pods/{pod_id}/logs", None, query, headers, timeout_s)
+        except urllib.error.HTTPError as e:
+            line, detail = problem(e.code, e.read(1 << 16) if e.fp else b"")
+            raise ApiError(f"RunPod answered the log stream of pod {pod_id} with HTTP {e.code}: {self.redact(line)}",
+                           HINTS.get(e.code, "`podkit deploy status` tells whether the pod exists"),
+                           e.code, self.redact(detail)) from None
+
+
+def retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (RunPod sends an integer); None when absent or not a number."""
+    try:
+        seconds = float((value or "").strip())
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds < float("inf") else None
+
+
+def sse_events(lines) -> Iterator[tuple[str, str]]:
+    """(id, data) of each event of a text/event-stream (the WHATWG rules podkit needs: `id:`, multi-line
+    `data:`, comments and other fields ignored, an event ends at a blank line)."""
+    event_id, data = "", []
+    for raw in lines:
+        line = raw.decode("utf-8", "replace").rstrip("\r\n") if isinstance(raw, bytes) else raw.rstrip("\r\n")
+        if not line:
+            if data:
+                yield event_id, "\n".join(data)
+            data = []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "data":
+            data.append(value)
+        elif field == "id" and "\x00" not in value:
+            event_id = value
+    if data:
+        yield event_id, "\n".join(data)
+
+
+def _log_event(data: str) -> dict | None:
+    try:
+        event = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or not isinstance(event.get("line"), str):
+        return None
+    return {"source": str(event.get("source") or ""), "line": event["line"], "ts": str(event.get("ts") or "")}
+
+
+def _object(answer, what: str) -> dict | None:
+    if answer is None:
+        return None
+    if not isinstance(answer, dict):
+        raise ApiError(f"RunPod's answer for a {what} is not an object: {str(answer)[:200]!r}")
+    return answer
+
+
+def _listed(answer, key: str) -> list[dict]:
+    """v2 wraps lists: {"pods": [...]}. Entries that are not objects are dropped, not trusted."""
+    items = answer.get(key) if isinstance(answer, dict) else None
+    if not isinstance(items, list):
+        raise ApiError(f"RunPod's answer has no {key!r} list: {str(answer)[:200]!r}",
+                       "RunPod's API may have changed; podkit speaks REST API v2")
+    return [i for i in items if isinstance(i, dict)]
