@@ -287,7 +287,7 @@ def check_last_stop(pod: Pod, now: float) -> Finding | None:
     if not last.startswith("SIGTERM"):
         return None
     return Finding("stopped_by_sigterm", "the run before this boot was stopped with SIGTERM", [last],
-                   "docker stop, a RunPod stop, or a spot preemption: nothing is wrong; it resumed from the "
+                   "docker stop, or a RunPod stop or migration: nothing is wrong; it resumed from the "
                    "checkpoint it wrote", "info")
 
 
