@@ -362,3 +362,48 @@ def test_refusals_a_few_times_are_waited_out_and_for_good_end_the_watch(runpod_a
         w.run()
     assert "RunPod refused 10 questions in a row about pod pod-old" in e.value.message and "HTTP 403" in e.value.message
     assert created(runpod_api) == [] and actions(runpod_api) == []
+
+
+def test_two_watches_that_replace_at_once_keep_the_first_pod_only(runpod_api):
+    """Both watches found the run lost and both created a pod: the watch whose pod came second
+    terminates it at once (still provisioning: nothing lost) and follows the first."""
+    old_pod(runpod_api)
+    clock = Clock()
+    d = deploy.Deployer(api.Client(sleep=clock.sleep), sleep=clock.sleep)
+    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
+    real = deploy.relauncher(d, tpl, d.network_volume(VOLUME), "SECURE", 4, None, capacity_timeout_s=0)
+
+    def launch(carry):  # the other watch's create lands just before this one's
+        runpod_api.add_pod(volume=VOLUME, id="pod-zfirst", name="podkit-run", status="PROVISIONING",
+                           createdAt="2026-01-01T00:00:00Z")  # created first: the id's order decides nothing
+        return real(carry)
+
+    w = deploy.Watch(d, "pod-old", launch, volume_id=VOLUME, clock=clock, lost_after_s=600, start_grace_s=900)
+    clock.events = {1: lambda: runpod_api.vanish("pod-old"), 8: lambda: runpod_api.set_status("pod-zfirst", "EXITED")}
+    assert w.run() == 0
+    assert len(created(runpod_api)) == 1 and actions(runpod_api) == [("pod-new", "terminate")]
+    assert w.pod_id == "pod-zfirst" and "pod-new" in runpod_api.terminated
+
+
+def test_a_second_watch_of_the_same_run_on_one_machine_is_refused(runpod_api, tmp_path):
+    """One watch per run here: the second `podkit deploy watch` of the same volume exits 1 and says which."""
+    old_pod(runpod_api)
+    env = {"RUNPOD_API_BASE_URL": runpod_api.url, "RUNPOD_API_KEY": KEY, "PATH": "/usr/bin:/bin",
+           "HOME": "/nonexistent", "PODKIT_CACHE_DIR": str(tmp_path)}
+    first = subprocess.Popen([sys.executable, "-m", "podkit", "deploy", "watch", "pod-old", "--network-volume", VOLUME,
+                              "--poll", "0.2"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        lock = tmp_path / f"watch-{VOLUME}.lock"
+        deadline = time.monotonic() + 30
+        while not (lock.exists() and lock.read_text().strip() == str(first.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r = podkit_deploy(runpod_api, "watch", "pod-old", "--network-volume", VOLUME, PODKIT_CACHE_DIR=str(tmp_path))
+        assert r.returncode == 1 and f"another `podkit deploy watch` (pid {first.pid})" in r.stderr, r.stderr
+        assert created(runpod_api) == []
+    finally:
+        first.terminate()
+        first.wait(10)
+    runpod_api.set_status("pod-old", "EXITED")
+    r = podkit_deploy(runpod_api, "watch", "pod-old", "--network-volume", VOLUME, "--poll", "0.1",
+                      PODKIT_CACHE_DIR=str(tmp_path))
+    assert r.returncode == 0, "the lock goes with its watch"

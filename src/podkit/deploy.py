@@ -8,6 +8,8 @@ and every lifecycle change is one `POST /v2/pods/{id}/action`. The API key is ne
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import random
@@ -303,9 +305,11 @@ class Deployer:
                                                      for v in found) or "none; create one under Storage"))
         return vol
 
-    def pods_on(self, volume_id: str, but: str | None = None) -> list[dict]:
-        """The account's pods that mount this network volume and are not stopped or gone (`but` aside)."""
-        return [p for p in self.api.pods() if p.get("id") != but and p.get("status") in LIVE
+    def pods_on(self, volume_id: str, but=()) -> list[dict]:
+        """The account's pods that mount this network volume and are not stopped or gone (ids in `but`
+        aside)."""
+        but = {but} if isinstance(but, str) else set(but)
+        return [p for p in self.api.pods() if p.get("id") not in but and p.get("status") in LIVE
                 and volume_id in mounted_volumes(p)]
 
     # -- clusters ----------------------------------------------------------------------------------------
@@ -648,12 +652,34 @@ class Watch:
                 self.notify("relaunch", f"pod {old} is lost ({why}); replacement attempt {n} of "
                             f"{self.max_relaunches} failed: {what}")
                 continue
+            if rival := self.rival(pod, old):
+                return self.follow(rival, why)
             self.pod_id = new_id
             msg = (f"pod {old} is lost ({why}); replacement {n} of {self.max_relaunches} is pod {new_id} on "
                    "the same network volume, resuming from its checkpoints")
             _log.info(msg)
             self.notify("relaunch", msg)
             return "replaced"
+
+
+    def rival(self, ours: dict, old: str) -> dict | None:
+        """Two watches that found the run lost at the same moment each start a pod: the one started first
+        stays, the later one is terminated at once (it is still starting: nothing of it is lost)."""
+        try:
+            others = self.d.pods_on(self.volume_id, but={ours["id"], old}) if self.volume_id else []
+        except api.ApiError:
+            return None  # the workspace lease keeps two pods from training on one volume
+        first = min([ours, *others], key=lambda p: (str(p.get("createdAt") or ""), str(p.get("id"))))
+        if first is ours:
+            return None
+        _log.warn(f"pod {first['id']} was started on network volume {self.volume_id} before pod {ours['id']}, which "
+                  "this watch just started (another watch?): terminating this watch's pod")
+        try:
+            self.d.act(ours["id"], "terminate")
+        except PodkitError as e:
+            _log.error(f"could not terminate pod {ours['id']} ({e.message}): terminate it yourself "
+                       f"(`podkit deploy terminate {ours['id']}`); the workspace lease keeps it from training")
+        return first
 
 
 class _Unsure(Exception):
@@ -904,8 +930,33 @@ def _watch(args) -> int:
               f"{args.max_relaunches} replacement(s) on network volume {vol['id']} ({vol['dataCenter']})")
     w = Watch(d, args.pod, launch, volume_id=vol["id"], lost_after_s=args.lost_after, start_grace_s=args.wait_timeout,
               poll_s=args.poll, max_relaunches=args.max_relaunches, backoff_s=args.backoff)
+    with one_watch(vol["id"]):
+        try:
+            return w.run()
+        except KeyboardInterrupt:
+            _log.info(f"watch interrupted; the pod now followed is {w.pod_id}")
+            return 130
+
+
+@contextlib.contextmanager
+def one_watch(volume_id: str):
+    """One watch per run on this machine: a lock on the run's network volume id, held while it watches
+    (two watches would each replace a lost pod). Watches on other machines meet on RunPod's pod list."""
+    root = Path(os.environ.get("PODKIT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or
+                                                           Path.home() / ".cache") / "podkit")
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"watch-{re.sub(r'[^A-Za-z0-9_-]', '_', volume_id)[:64]}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        return w.run()
-    except KeyboardInterrupt:
-        _log.info(f"watch interrupted; the pod now followed is {w.pod_id}")
-        return 130
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise PodkitError(f"another `podkit deploy watch` (pid {holder}) on this machine follows the run on network "
+                              f"volume {volume_id}: one watch per run, or a lost pod would be replaced twice",
+                              f"stop that one first, or let it do the watching ({path})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
