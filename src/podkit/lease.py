@@ -147,6 +147,17 @@ def ours(state_dir: Path) -> dict | None:
     return holder
 
 
+def lost(state_dir: Path) -> str | None:
+    """Who holds the workspace, when another pod took it from this one (this pod stalled past its lease,
+    and its replacement booted): a trainer asks before it writes a checkpoint, and stops, writing nothing,
+    rather than train on beside the replacement into one checkpoint directory. None while the lease is
+    this pod's, absent (released at a stop) or unreadable: only a named other holder takes it away."""
+    holder = read(state_dir)
+    if not holder or holder.get("unreadable") or ours(state_dir) is not None:
+        return None
+    return describe(holder, 0).split(", renewed")[0]
+
+
 def renew(state_dir: Path) -> bool:
     """Renew this pod's lease. False when it is no longer ours (then there is nothing to renew)."""
     holder = ours(state_dir)

@@ -83,7 +83,8 @@ def _last_stop(t: dict, started=None) -> str:
     if not stopped.get("by"):
         return f"the trainer left no stop record: last step {t.get('step')} {_ago(t.get('last_progress'))}, {ckpt}"
     what = {"done": "finished its run", "max_steps": "finished (trainer.max_steps)",
-            "config-error": "stopped by a config error (`podkit doctor`)"}.get(stopped["by"], f"stopped by {stopped['by']}")
+            "config-error": "stopped by a config error (`podkit doctor`)",
+            "lease-lost": "stopped without a checkpoint: another pod took the workspace (its lease lapsed)"}.get(stopped["by"], f"stopped by {stopped['by']}")
     return f"the trainer {what} at step {stopped.get('step')} {_ago(stopped.get('time'))}, {ckpt}"
 
 
@@ -111,6 +112,9 @@ def human(st: dict) -> str:
     lines.append(f"trainer: step {t.get('step')}, last progress {_ago(t.get('last_progress'))}, "
                  f"checkpoint at step {t.get('checkpoint_step')}, weights v{t.get('weight_version')}"
                  + (f", resumed at step {t['resumed_from_step']}" if t.get("resumed_from_step") else ""))
+    trainer_state = (st["programs"].get("trainer") or {}).get("state")
+    if trainer_state in ("EXITED", "STOPPED", "FATAL") and (t.get("stopped") or {}).get("by"):
+        lines.append("  " + _last_stop(t))
     code = t.get("code") or {}
     if code.get("entry"):
         lines.append(f"code: {code['entry']}" + (f" at {code['commit'][:12]}" if code.get("commit") else "")

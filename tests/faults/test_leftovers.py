@@ -170,6 +170,32 @@ def test_a_lease_from_another_host_is_honoured_until_it_lapses(procs, tmp_path):
     assert p.wait(30) == 0
 
 
+def test_a_pod_that_lost_its_lease_stops_training_without_writing_a_checkpoint(stack_factory):
+    """This pod stalled past its lease and a pod on another host took the workspace: at its next
+    checkpoint the trainer writes nothing, stops (not restarted, not "finished"), and says who holds it."""
+    s = stack_factory(PODKIT_TRAINER_CHECKPOINT_EVERY="3").start()
+    s.wait_step(3)
+    state = s.workspace / ".podkit"
+    wait_for(lambda: (s.progress().get("checkpoint_step") or 0) >= 3, 30, what="a first checkpoint")
+    other = {"host": "replacement-pod", "boot_id": "x", "pid": 4242, "start": 1, "since": time.time(),
+             "renewed": time.time(), "token": "abc"}
+    (state / "lease.json").write_text(json.dumps(other))
+    wait_for(lambda: (s.progress().get("stopped") or {}).get("by") == "lease-lost", 60, what="the trainer to stop")
+    ckpts = sorted(p.name for p in (s.workspace / "checkpoints").rglob("*") if p.is_file())
+    prog = s.progress()
+    assert prog["step"] > prog["checkpoint_step"] and "lost the workspace to host replacement-pod, pid 4242" \
+        in s.log("trainer")
+    wait_for(lambda: s.rpc().supervisor.getProcessInfo("trainer")["statename"] == "EXITED", 30, what="its exit")
+    time.sleep(2)
+    assert s.rpc().supervisor.getProcessInfo("trainer")["statename"] == "EXITED", "left stopped, not restarted"
+    assert sorted(p.name for p in (s.workspace / "checkpoints").rglob("*") if p.is_file()) == ckpts
+    assert json.loads((state / "lease.json").read_text())["host"] == "replacement-pod", "never taken back"
+    st = subprocess.run([*PODKIT, "status", "--workspace", str(s.workspace)], capture_output=True, text=True,
+                        env=s.env, timeout=60)
+    assert "another pod took the workspace" in st.stdout, st.stdout
+    assert s.stop() == 0
+
+
 def test_a_stray_sigterm_to_the_trainer_checkpoints_and_it_restarts_but_a_stop_ends_it(stack_factory):
     """Only a finished run (or supervisord's stop) ends the trainer: someone's `kill -TERM` makes it
     checkpoint, exit 75 and come back, resuming; `podkit ctl stop trainer` leaves it stopped."""

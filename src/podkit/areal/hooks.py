@@ -34,7 +34,7 @@ import time
 import urllib.error
 import urllib.request
 
-from podkit import log, records
+from podkit import lease, log, records
 from podkit.checks import API_KEY_ENV
 
 _log = log.get("trainer")
@@ -322,7 +322,7 @@ def supervise(st: State, trainer) -> Progress | None:
         flags = torch.tensor([st.sigterm.is_set(), st.stale.is_set()], dtype=torch.int64)
         dist.all_reduce(flags, group=trainer.actor.cpu_group)
         by_sigterm, by_stale = bool(flags[0]), bool(flags[1])
-        if not (by_sigterm or by_stale):
+        if not (by_sigterm or by_stale) or st.stopped_by == "lease-lost":
             return
         saved = patches.recover_checkpoint_written(trainer, global_step) or \
             patches.force_recover_checkpoint(trainer, save_recover, epoch, epoch_step, global_step)
@@ -333,7 +333,25 @@ def supervise(st: State, trainer) -> Progress | None:
             "with its recover checkpoint" if saved else "WITHOUT a recover checkpoint (recover.mode disabled?)"))
         patches.stop_after_step(trainer, global_step)
 
+    def save_if_ours(epoch: int, epoch_step: int, global_step: int):
+        """No recover checkpoint once another pod holds the workspace (this one stalled past its lease):
+        every rank skips the save alike (it is a collective), and the run stops after this step."""
+        holder = lease.lost(cfg.state_dir) if st.rank == 0 else None
+        flag = torch.tensor([1 if holder else 0], dtype=torch.int64)
+        dist.all_reduce(flag, group=trainer.actor.cpu_group)
+        if not int(flag[0]):
+            return save_recover(epoch=epoch, epoch_step=epoch_step, global_step=global_step)
+        st.stopped_by = "lease-lost"
+        if holder:
+            _log.error(f"this pod lost the workspace to {holder} (it stalled past guard.lease_s, and a pod took "
+                       f"over): stopping after step {global_step + 1} without writing a checkpoint; the pod that "
+                       "holds the workspace resumes from the last one. This pod can be stopped")
+        patches.stop_after_step(trainer, global_step)
+        return None
+
     trainer._export_and_commit_stats = commit
+    if not cfg.multi_node:  # a cluster's ranks share rank 0's lease, on other nodes
+        trainer._save_recover_checkpoint = save_if_ours
     if progress is not None and st.addr:
         threading.Thread(target=watch_served_weights, args=(cfg, progress, st.addr, st.api_key, st.stale),
                          daemon=True).start()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from podkit import log, records, supervisord
+from podkit import lease, log, records, supervisord
 from podkit.checkpoint import CheckpointDir
 from podkit.programs import hold_devices, stacks_on_sigusr2
 
@@ -138,6 +138,8 @@ class FakeTrainer:
         return float(loss.item())
 
     def checkpoint(self, why: str) -> Path | None:
+        if not self.cfg.multi_node and (holder := lease.lost(self.cfg.state_dir)):
+            raise LeaseLost(holder)
         try:
             path = self.ckpts.save(self.torch, self.step, {"step": self.step, "model": self.model.state_dict(),
                                                            "optim": self.opt.state_dict()})
@@ -210,6 +212,8 @@ class FakeTrainer:
                              weight_version=self.pushed, resumed_from=self.resumed_from)
 
     def run(self) -> int:
+        if not self.cfg.multi_node and (holder := lease.lost(self.cfg.state_dir)):
+            return lease_lost(self.progress, self.step, self.last_ckpt_step, holder)
         self.resume()
         try:
             self.wait_for_inference()
@@ -245,9 +249,34 @@ class FakeTrainer:
                 time.sleep(max(0.0, self.interval - (time.monotonic() - t0)))
         except Stop:
             pass
-        if self.step != self.last_ckpt_step or not self.ckpts.latest_path():
-            self.checkpoint("SIGTERM")
+        except LeaseLost as e:
+            return lease_lost(self.progress, self.step, self.last_ckpt_step, str(e))
+        try:
+            if self.step != self.last_ckpt_step or not self.ckpts.latest_path():
+                self.checkpoint("SIGTERM")
+        except LeaseLost as e:
+            return lease_lost(self.progress, self.step, self.last_ckpt_step, str(e))
         return stopped_by_sigterm(self.cfg, self.progress, self.step)
+
+
+STARTED = time.monotonic()
+START_SECS = 11  # supervisord.conf's startsecs for the trainer (10), and a second
+
+
+class LeaseLost(Exception):
+    """Another pod holds the workspace now (its holder): this trainer writes nothing more."""
+
+
+def lease_lost(progress, step: int, checkpoint_step: int, holder: str) -> int:
+    """Stop at once, writing nothing: the pod that holds the workspace now resumes from the last checkpoint
+    this one wrote. Exit 0 (supervisord leaves it stopped: a restart would lose it again), not finished."""
+    progress.stopped("lease-lost")
+    _log.error(f"this pod lost the workspace to {holder} (it stalled past guard.lease_s, and a pod took over): "
+               f"stopping at step {step} without writing a checkpoint; the latest is step {checkpoint_step}, which "
+               "the pod that holds the workspace resumes from. This pod can be stopped")
+    # An exit within supervisord's startsecs counts as a failed start, which it retries: outlive it.
+    time.sleep(max(0.0, START_SECS - (time.monotonic() - STARTED)))
+    return 0
 
 
 def stopped_by_sigterm(cfg, progress, step) -> int:
