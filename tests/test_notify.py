@@ -234,3 +234,30 @@ def test_a_dead_or_hanging_webhook_blocks_nothing_and_is_logged_once(stack_facto
     finally:
         if hang:
             hang.close()
+
+
+def test_a_webhook_that_never_answers_does_not_stretch_a_stop_mid_training(stack_factory):
+    """docker stop gives the whole pod 10 s. A stop in the middle of training, with a webhook that accepts
+    the "stopping" notification and never answers: the trainer still checkpoints, the workspace lease is
+    released, and the log listener (the last to stop) waits at most about a second for the webhook."""
+    from datetime import datetime
+
+    from podkit.programs import logs
+
+    hang = Receiver(hang=True)
+    try:
+        s = stack_factory(PODKIT_NOTIFY_WEBHOOK_URL=hang.url).start()
+        s.wait_step(2)
+        t0 = time.monotonic()
+        assert s.stop() == 0
+        assert time.monotonic() - t0 < 10
+        prog = s.progress()
+        assert prog["stopped"]["by"] == "SIGTERM" and prog["checkpoint_step"] == prog["step"]
+        assert not (s.workspace / ".podkit" / "lease.json").exists(), "the next pod need not wait out the lease"
+        # supervisord stops the listener after every other program: its own stop is the gap after the last one.
+        stops = [datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f") for line in s.stdout().splitlines()
+                 if " INFO stopped: " in line]
+        listener_s = (stops[-1] - stops[-2]).total_seconds()
+        assert logs.DRAIN_S <= listener_s < logs.DRAIN_S + 0.9, listener_s
+    finally:
+        hang.close()

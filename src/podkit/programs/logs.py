@@ -210,6 +210,11 @@ class Pump:
                 self.say(f"cannot renew the workspace lease ({e.strerror})")
 
 
+# What the listener, the last program to stop, waits for a notification in flight: docker stop's default
+# budget is 10 s for everything, and a webhook that accepts and never answers must not spend it.
+DRAIN_S = 1.0
+
+
 def main(cfg) -> int:
     log.to_stderr()  # stdout is the event protocol
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
@@ -221,9 +226,10 @@ def main(cfg) -> int:
 
     def stop(*_):
         pump.flush()
-        notify.drain(3.0)  # the stop's own notification, posted moments ago
+        # The lease first: a webhook that never answers must not keep the workspace from the next pod.
         if supervisord.stop_requested(cfg.socket_path, "logs"):
             lease.release(cfg.state_dir)  # the pod is stopping: the workspace is free for the next one
+        notify.drain(DRAIN_S)  # the stop's own notification, posted moments ago, within the stop's budget
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, stop)
