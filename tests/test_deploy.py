@@ -62,13 +62,13 @@ def test_deploy_saves_the_template_then_a_4xa40_pod_and_says_how_to_reach_it(run
     assert runpod_api.calls()[:4] == ["GET /v2/templates", "POST /v2/templates", "GET /v2/pods", "POST /v2/pods"]
     assert runpod_api.refused == []
     [tpl] = sent(runpod_api, "POST /v2/templates")
-    assert tpl["image"] == "registry.example/podkit:1.0" and tpl["startJupyter"] is False and "args" not in tpl
+    assert tpl["image"] == "registry.example/podkit:1.0" and tpl["startJupyter"] is False and tpl["args"] == ""
     assert tpl["mounts"] == {"persistent": {"size": 100, "path": "/workspace"}}
     [pod] = sent(runpod_api, "POST /v2/pods")
     assert pod["gpu"] == {"id": "NVIDIA A40", "count": 4, "minCudaVersion": "12.9"} and pod["cloud"] == "SECURE"
     assert pod["mounts"] == {"persistent": {"size": 100, "path": "/workspace"}}
-    [tid] = runpod_api.templates
-    assert pod["templateId"] == tid
+    assert "templateId" not in pod and pod["args"] == "" and pod["registry"] is None, "every field explicit"
+    assert re.fullmatch(r"[0-9a-f]{16}", pod["env"]["PODKIT_RUN_ID"]), "the run's id, for its watch and guards"
     assert pod["env"]["GIT_TOKEN"] == "{{ RUNPOD_SECRET_GIT_TOKEN }}"
     assert pod["env"]["PODKIT_CONFIG"] == "/opt/podkit/configs/a40-4gpu.yaml"
     assert re.search(r"ssh root@203\.0\.113\.\d+ -p 22022", r.stdout), r.stdout
@@ -114,7 +114,22 @@ def test_a_second_deploy_updates_the_template_of_the_same_name(runpod_api):
     [tid] = runpod_api.templates
     assert [c for c in runpod_api.calls() if "templates" in c].count("POST /v2/templates") == 1
     assert sent(runpod_api, f"PATCH /v2/templates/{tid}")[0]["image"] == "registry.example/podkit:2.0"
-    assert [p["templateId"] for p in sent(runpod_api, "POST /v2/pods")] == [tid, tid]
+    runs = [p["env"]["PODKIT_RUN_ID"] for p in sent(runpod_api, "POST /v2/pods")]
+    assert len(set(runs)) == 2, "each deploy is a run of its own"
+
+
+def test_a_start_command_removed_from_the_template_is_gone_from_the_next_pod(runpod_api, tmp_path):
+    """A PATCH leaves what it omits as it was: the start command and registry are always sent, and pods
+    carry every field themselves, so nothing stale of the template reaches a pod."""
+    assert podkit_deploy(runpod_api, "--template", tpl_file(tmp_path, dockerArgs="python old.py", registry="cred-1",
+                                                            volumeInGb=50), "--wait-timeout", "30").returncode == 0
+    r = podkit_deploy(runpod_api, "--template", tpl_file(tmp_path), "--wait-timeout", "30")
+    assert r.returncode == 0, r.stderr
+    [tid] = runpod_api.templates
+    [patch] = sent(runpod_api, f"PATCH /v2/templates/{tid}")
+    assert patch["args"] == "" and patch["registry"] is None
+    pod = sent(runpod_api, "POST /v2/pods")[-1]
+    assert pod["args"] == "" and pod["registry"] is None and "mounts" not in pod
 
 
 HOSTILE = {"QUOTE": 'say "hi"', "NEWLINE": "line1\nline2", "DOLLAR": "$HOME ${PATH} $(id)",
@@ -130,7 +145,8 @@ def test_hostile_values_in_env_and_start_command_arrive_intact(runpod_api, tmp_p
     assert r.returncode == 0, r.stderr
     [tpl], [pod] = sent(runpod_api, "POST /v2/templates"), sent(runpod_api, "POST /v2/pods")
     assert tpl["env"] == HOSTILE and tpl["args"] == cmd == pod["args"]
-    assert pod["env"] == {**HOSTILE, "PODKIT_CONFIG": "/opt/podkit/configs/a40-4gpu.yaml"}
+    assert pod["env"] == {**HOSTILE, "PODKIT_CONFIG": "/opt/podkit/configs/a40-4gpu.yaml",
+                          "PODKIT_RUN_ID": pod["env"]["PODKIT_RUN_ID"]}
     assert pod["name"] == 'pod "x"\n'
 
 
@@ -144,7 +160,7 @@ def test_capacity_refusals_are_retried_with_back_off_then_succeed(runpod_api):
     slept: list[float] = []
     d = deploy.Deployer(tiny_client(), sleep=slept.append)
     tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
-    pod = d.create_pod(deploy.pod_body(tpl, None, 4, "SECURE", "p"), capacity_timeout_s=600)
+    pod = d.create_pod(deploy.pod_body(tpl, 4, "SECURE", "p"), capacity_timeout_s=600)
     assert runpod_api.pod(pod["id"])["name"] == "p"
     assert runpod_api.calls().count("POST /v2/pods") == 3
     assert len(slept) == 2 and slept[1] > slept[0]
@@ -155,7 +171,7 @@ def test_capacity_that_never_comes_is_reported_with_alternatives(runpod_api):
     d = deploy.Deployer(tiny_client(), sleep=lambda s: None)
     tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
     with pytest.raises(PodkitError) as e:
-        d.create_pod(deploy.pod_body(tpl, None, 4, "SECURE", "p"), capacity_timeout_s=0)
+        d.create_pod(deploy.pod_body(tpl, 4, "SECURE", "p"), capacity_timeout_s=0)
     assert "no 4x NVIDIA A40 available in SECURE cloud" in e.value.message
     assert "--cloud COMMUNITY" in e.value.hint and "--gpus 2" in e.value.hint
 
@@ -168,7 +184,7 @@ def test_a_create_whose_answer_is_lost_is_found_not_made_twice(runpod_api):
     d = deploy.Deployer(tiny_client(timeout_s=1), sleep=lambda s: slept.append(s) or time.sleep(2))
     tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
     runpod_api.add_pod(name="p")  # an older pod of the same name is not the one just made
-    pod = d.create_pod(deploy.pod_body(tpl, None, 4, "SECURE", "p"), capacity_timeout_s=0)
+    pod = d.create_pod(deploy.pod_body(tpl, 4, "SECURE", "p"), capacity_timeout_s=0)
     assert runpod_api.calls().count("POST /v2/pods") == 1 and len(slept) == 1
     assert sorted(p["name"] for p in runpod_api.pods.values()) == ["p", "p"]
     assert pod["gpu"]["id"] == "NVIDIA A40"
@@ -274,8 +290,13 @@ def test_a_key_echoed_in_runpods_answer_is_redacted(runpod_api):
 @pytest.mark.parametrize("base", ["http://api.runpod.io", "https://user:pw@api.runpod.io", "ftp://x", "https://"])
 def test_an_api_base_url_the_key_must_not_go_to_is_refused(runpod_api, base):
     r = podkit_deploy(runpod_api, "status", env={"RUNPOD_API_BASE_URL": base})
-    assert r.returncode == 1 and "is not an https URL of RunPod's API host" in r.stderr, r.stderr
-    assert runpod_api.requests == []
+    assert r.returncode == 1 and "is not an https URL of an API host" in r.stderr, r.stderr
+    assert runpod_api.requests == [] and "pw" not in r.stderr
+
+
+def test_an_api_base_url_with_a_path_is_refused(runpod_api):
+    r = podkit_deploy(runpod_api, "status", env={"RUNPOD_API_BASE_URL": "https://api.runpod.io/v2"})
+    assert r.returncode == 1 and "has a path: it is the host alone" in r.stderr
 
 
 def test_missing_api_key_is_a_clear_error(runpod_api):
@@ -347,3 +368,90 @@ def test_logs_of_a_pod_that_is_gone_or_a_bad_tail_say_so(runpod_api):
     assert r.returncode == 1 and "HTTP 404" in r.stderr and "Traceback" not in r.stderr
     r = podkit_deploy(runpod_api, "logs", "nopod", "--tail", "9000")
     assert r.returncode == 2 and "--tail: 9000: 0..5000" in r.stderr
+
+
+def test_a_pod_create_answered_with_a_cut_2xx_is_found_not_made_twice(runpod_api):
+    """RunPod made the pod; its 201 arrived cut short (not JSON): looked for by name, not sent again."""
+    runpod_api.fail("POST", "/v2/pods", 201, body=b'{"id": "stubpod', times=1)
+    d = deploy.Deployer(tiny_client(), sleep=lambda s: None)
+    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
+    # The cut answer replaces the stub's own, so the stub makes no pod for it: make the one RunPod made.
+    made = {}
+    orig = d.api.create_pod
+
+    def create(body):
+        made["pod"] = runpod_api.add_pod(name=body["name"], status="PROVISIONING")
+        return orig(body)
+
+    d.api.create_pod = create
+    pod = d.create_pod(deploy.pod_body(tpl, 4, "SECURE", "p"), capacity_timeout_s=0)
+    assert pod["id"] == made["pod"]["id"] and runpod_api.calls().count("POST /v2/pods") == 1
+
+
+def test_a_start_whose_answer_was_lost_is_done_when_sent_again(runpod_api):
+    """The first start was taken, its answer lost: the retry's 409 on a pod now starting is success."""
+    pid = runpod_api.add_pod(status="EXITED")["id"]
+    runpod_api.fail("POST", f"/v2/pods/{pid}/action", None, delay_s=1.5)
+    d = deploy.Deployer(api.Client(timeout_s=0.5, sleep=lambda s: time.sleep(1.5)))
+    d.act(pid, "start")
+    assert runpod_api.pod(pid)["status"] in ("STARTING", "RUNNING")
+    assert sent(runpod_api, f"POST /v2/pods/{pid}/action") == [{"action": "start"}] * 2
+
+
+def garbled_server(answer: bytes):
+    """A TCP server that answers every request with `answer` as it is (a broken proxy), then closes."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            c.recv(65536)
+            c.sendall(answer)
+            c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("answer", [b"NOT HTTP AT ALL\r\n\r\n", b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70000 + b"\r\n\r\n"])
+def test_a_garbled_answer_is_a_clear_error_and_the_self_stop_never_raises(answer):
+    from podkit import costguard
+
+    srv, url = garbled_server(answer)
+    try:
+        with pytest.raises(api.ApiError) as e:
+            api.Client(KEY, environ={"RUNPOD_API_BASE_URL": url}, retries=1, sleep=lambda s: None).pods()
+        assert "did not answer GET /v2/pods" in e.value.message
+        env = {"RUNPOD_POD_ID": "pod-abc123", "RUNPOD_API_KEY": KEY, "RUNPOD_API_BASE_URL": url}
+        assert costguard.stop_pod("test", env) is False
+    finally:
+        srv.close()
+
+
+def test_logs_without_follow_end_when_runpod_holds_the_stream_open(runpod_api):
+    """RunPod keeps the stream open after the backlog: without --follow the command ends once nothing
+    more comes for a few seconds, with every line once."""
+    pid = runpod_api.add_pod()["id"]
+    runpod_api.logs[pid] = [("container", f"line {i}") for i in range(3)]
+    runpod_api.follow_s = 30
+    t0 = time.monotonic()
+    lines = [e["line"] for e in api.Client(sleep=lambda s: None).logs(pid, follow=False, settle_s=1)]
+    assert lines == ["line 0", "line 1", "line 2"] and time.monotonic() - t0 < 10
+
+
+def test_logs_wait_out_a_rate_limit_or_a_5xx_at_a_connect(runpod_api):
+    pid = runpod_api.add_pod()["id"]
+    runpod_api.logs[pid] = [("container", "hello")]
+    runpod_api.fail("GET", f"/v2/pods/{pid}/logs", 429, retry_after=1)
+    runpod_api.fail("GET", f"/v2/pods/{pid}/logs", 503)
+    slept = []
+    lines = [e["line"] for e in api.Client(sleep=slept.append).logs(pid, follow=False, settle_s=1)]
+    assert lines == ["hello"] and slept[0] == 1

@@ -52,7 +52,8 @@ def test_a_cluster_create_sends_the_spec_body_and_says_what_next(runpod_api):
     template's secret references, the volume at /workspace in its data center; the id printed."""
     r = podkit_deploy(runpod_api, *CREATE, "--max-runtime", "24h")
     assert r.returncode == 0, r.stderr
-    assert runpod_api.calls() == ["GET /v2/network-volumes", "POST /v2/clusters"] and runpod_api.refused == []
+    assert runpod_api.calls() == ["GET /v2/network-volumes", "GET /v2/clusters", "POST /v2/clusters"]
+    assert runpod_api.refused == []
     body = runpod_api.requests[-1].body
     assert schema_errors(CREATE_REQUEST, body) == []
     assert body["type"] == "TRAINING" and body["compute"] == {"gpuTypeId": H100, "gpuCountPerPod": 8, "podCount": 2}
@@ -123,11 +124,25 @@ def test_a_key_in_runpods_answer_is_redacted(runpod_api):
 
 
 def test_a_create_that_fails_with_5xx_is_not_sent_again(runpod_api):
-    """A 502 may come after RunPod made the cluster: the create is sent once and the error says where to look."""
+    """A 502 may come after RunPod made the cluster: the create is sent once, RunPod's clusters are looked
+    at, and the error says where to look before making another."""
     runpod_api.fail("POST", "/v2/clusters", 502, times=None, body=b"<html>Bad Gateway</html>")
     r = podkit_deploy(runpod_api, *CREATE)
     assert r.returncode == 1 and "HTTP 502: <html>Bad Gateway</html>" in r.stderr
+    assert "lists no new cluster named" in r.stderr and "before creating another" in r.stderr
     assert runpod_api.calls().count("POST /v2/clusters") == 1
+
+
+def test_a_cluster_made_though_its_answer_was_lost_is_followed(runpod_api):
+    """RunPod made the cluster but the answer never came (the client timed out): found by name, one cluster."""
+    from podkit import runpod as api
+
+    runpod_api.fail("POST", "/v2/clusters", None, delay_s=1.5)
+    d = deploy.Deployer(api.Client(timeout_s=0.5, sleep=lambda s: None), sleep=lambda s: time.sleep(2))
+    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
+    vol = d.network_volume(VOLUME)
+    c = d.create_cluster(deploy.cluster_body(tpl, "run-2x8", 2, 8, H100, vol))
+    assert list(runpod_api.clusters) == [c["id"]] and runpod_api.calls().count("POST /v2/clusters") == 1
 
 
 def test_a_2xx_that_is_not_json_is_reported(runpod_api):
@@ -173,3 +188,16 @@ def test_a_cluster_scaled_beyond_the_runs_nodes_is_reported(runpod_api):
 
 def test_the_shipped_cluster_config_is_in_the_image():
     assert (ROOT / deploy.SHIPPED_CLUSTER_CONFIG.removeprefix("/opt/podkit/")).is_file()
+
+
+def test_a_cluster_nodes_self_stop_names_the_cluster_delete_that_ends_its_billing(runpod_api, capfd):
+    """RunPod does not stop a cluster's pods one by one (409): the cost guard says which delete ends it."""
+    from podkit import costguard
+    from podkit import runpod as api
+
+    assert podkit_deploy(runpod_api, *CREATE).returncode == 0
+    [cid] = runpod_api.clusters
+    node = api.Client().cluster_pods(cid)[0]["id"]
+    env = {"RUNPOD_POD_ID": node, "RUNPOD_API_KEY": KEY, "RUNPOD_API_BASE_URL": runpod_api.url}
+    assert costguard.stop_pod("training finished", env) is False
+    assert f"podkit deploy cluster-delete {cid}` ends its billing" in capfd.readouterr().out

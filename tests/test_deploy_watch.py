@@ -407,3 +407,26 @@ def test_a_second_watch_of_the_same_run_on_one_machine_is_refused(runpod_api, tm
     r = podkit_deploy(runpod_api, "watch", "pod-old", "--network-volume", VOLUME, "--poll", "0.1",
                       PODKIT_CACHE_DIR=str(tmp_path))
     assert r.returncode == 0, "the lock goes with its watch"
+
+
+def test_a_pod_of_something_else_on_the_volume_is_not_followed_and_holds_the_replacement_back(runpod_api):
+    """A pod opened on the run's volume to look at its checkpoints is not the run: the watch neither
+    follows it nor starts a replacement beside it; once it is stopped, the run's pod is replaced."""
+    old_pod(runpod_api, env={"PODKIT_RUN_ID": "run1"})
+    w, clock = watch(runpod_api)
+
+    def host_lost():
+        runpod_api.vanish("pod-old")
+        runpod_api.add_pod(volume=VOLUME, id="pod-browse", name="look-at-ckpts")
+
+    browsed = {}
+
+    def browse_done():
+        browsed["at"] = len(runpod_api.requests)
+        runpod_api.set_status("pod-browse", "EXITED")
+
+    clock.events = {1: host_lost, 9: browse_done, 16: lambda: runpod_api.set_status("pod-new", "EXITED")}
+    assert w.run() == 0
+    [new] = created(runpod_api)
+    assert w.pod_id == "pod-new" and new["env"]["PODKIT_RUN_ID"] == "run1", "the replacement keeps the run's id"
+    assert runpod_api.calls().index("POST /v2/pods") > browsed["at"], "no replacement while the other pod ran"

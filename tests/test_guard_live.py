@@ -157,6 +157,23 @@ def test_an_env_edit_on_a_stopped_pod_wins_over_an_older_override(tmp_path):
     assert "the setting holds; `podkit guard clear stop_pod_at`" in rep["stale"]
 
 
+def test_an_earlier_runs_overrides_on_a_reused_volume_are_not_obeyed(tmp_path):
+    """A new run (`podkit deploy` gives each its PODKIT_RUN_ID) on a volume whose guards.json an earlier run
+    wrote: its stop_pod_at (long past) and stop_pod_when_finished=never are another run's, said stale; the
+    pod's own settings hold. The same run (a replacement keeps the id) still obeys them."""
+    ws = tmp_path / "ws"
+    (ws / ".podkit").mkdir(parents=True)
+    env = {**os.environ, "PODKIT_WORKSPACE": str(ws), "PODKIT_RUN_ID": "run-old"}
+    env.pop("PODKIT_CONFIG", None)
+    assert guard(ws, "set", "stop_pod_at=+1h", "stop_pod_when_finished=never", env=env).returncode == 0
+    same = json.loads(guard(ws, "show", "--json", env=env).stdout)["guards"]
+    assert same["stop_pod_when_finished"]["value"] == "never" and same["stop_pod_at"]["value"] > time.time()
+    env["PODKIT_RUN_ID"] = "run-new"
+    new = json.loads(guard(ws, "show", "--json", env=env).stdout)["guards"]
+    assert new["stop_pod_when_finished"]["value"] == "auto" and new["stop_pod_at"]["value"] == 0
+    assert "was set by another run (run-old; this one is run-new)" in new["stop_pod_at"]["stale"]
+
+
 @pytest.mark.parametrize("case", ["huge", "group-writable", "unknown key", "bad value", "not an entry",
                                   "number past float", "fifo", "a list"])
 def test_a_guard_file_that_is_not_podkits_is_refused_naming_what_is_wrong(tmp_path, case):

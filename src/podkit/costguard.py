@@ -38,14 +38,18 @@ def stop_pod(reason: str, environ=None) -> bool:
                   f"{'' if environ.get('RUNPOD_API_KEY') else ' and RUNPOD_API_KEY is not set'}")
         return False
     _log.info(f"stopping pod {pod}: {reason}")
+    client = None
     try:
         client = runpod.Client(environ=environ, timeout_s=20, retries=1, agent="podkit-costguard")
         client.action(pod, "stop")
         return True
     except runpod.ApiError as e:
-        if e.status == 409:  # not a stop RunPod allows now: stopped already, or locked
+        if e.status == 409 and client is not None:  # not a stop RunPod allows now: stopped already, locked...
             return _stop_refused(client, pod, e)
         _log.warn(f"RunPod did not stop pod {pod}: {e.message}" + (f" ({e.hint})" if e.hint else ""))
+        return False
+    except Exception as e:  # noqa: BLE001 - never raises: the caller tries again
+        _log.warn(f"RunPod did not stop pod {pod}: {type(e).__name__}")
         return False
 
 
@@ -58,7 +62,12 @@ def _stop_refused(client, pod: str, e) -> bool:
         now = {}
     if now.get("status") == "EXITED":
         return True
-    if now.get("locked"):
+    cluster = now.get("cluster") if isinstance(now.get("cluster"), dict) else None
+    if cluster:
+        _log.warn(f"pod {pod} is a node of Instant Cluster {cluster.get('id')}, and RunPod stops a cluster only by "
+                  f"deleting it: `podkit deploy cluster-delete {cluster.get('id')}` ends its billing (the network "
+                  "volume keeps the checkpoints)")
+    elif now.get("locked"):
         _log.warn(f"RunPod does not stop pod {pod}: it is locked (unlock it in the console, or stop it there)")
     else:
         _log.warn(f"RunPod refused to stop pod {pod}: {e.detail or e.message} (status {now.get('status', '?')})")

@@ -14,6 +14,7 @@ import json
 import os
 import random
 import re
+import secrets
 import shlex
 import sys
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from podkit import config, log
+from podkit import config, guardfile, log
 from podkit import runpod as api
 from podkit.costguard import POD_ID
 from podkit.errors import ConfigError, PodkitError
@@ -91,14 +92,14 @@ def template_body(tpl: dict) -> dict:
     body = {"name": tpl["name"], "image": tpl["imageName"], "disk": int(tpl.get("containerDiskInGb") or 40),
             "env": dict(tpl["env"]), "ports": ports(tpl), "startSsh": True, "startJupyter": False,
             "public": False, "serverless": False}
-    if tpl.get("dockerArgs"):
-        body["args"] = tpl["dockerArgs"]
+    # Always sent: a PATCH leaves what it omits as it was, and a start command or registry removed from
+    # template.yaml must go from the template too.
+    body["args"] = tpl.get("dockerArgs") or ""
+    body["registry"] = tpl.get("registry") or None
     if tpl.get("volumeInGb"):
         body["mounts"] = {"persistent": {"size": int(tpl["volumeInGb"]), "path": tpl["volumeMountPath"]}}
     if tpl.get("minCudaVersion"):
         body["allowedCudaVersions"] = []  # no exact set: the pod's gpu.minCudaVersion is the floor
-    if tpl.get("registry"):
-        body["registry"] = tpl["registry"]
     return body
 
 
@@ -148,23 +149,23 @@ def with_stop_at(env: dict, stop_at: float) -> dict:
     return env
 
 
-def pod_body(tpl: dict, template_id: str | None, gpus: int, cloud: str, name: str,
-             volume: dict | None = None, stop_at: float = 0) -> dict:
+def pod_body(tpl: dict, gpus: int, cloud: str, name: str, volume: dict | None = None, stop_at: float = 0,
+             run: str = "") -> dict:
     """createPod's body (CreatePodRequest): the template's container with the GPUs, on the network
     volume (in its data center) when there is one, else on a pod volume; `stop_at` is the maximum run
-    time as the pod's guard.stop_pod_at."""
+    time as the pod's guard.stop_pod_at; `run` the run's id. Every field is explicit and no templateId
+    is sent: a template's fields that template.yaml no longer has (a PATCH cannot clear a mount) would
+    be applied to the pod."""
     env = with_stop_at(config_for(tpl, gpus), stop_at)
+    if run:
+        env[guardfile.RUN_ENV] = run
     gpu = {"id": GPU_TYPE, "count": gpus}
     if tpl.get("minCudaVersion"):
         gpu["minCudaVersion"] = tpl["minCudaVersion"]  # the host's driver must run the image's CUDA
     body = {"name": name, "image": tpl["imageName"], "disk": int(tpl.get("containerDiskInGb") or 40), "env": env,
             "ports": ports(tpl), "cloud": cloud, "gpu": gpu, "startSsh": True}
-    if template_id:
-        body["templateId"] = template_id
-    if tpl.get("dockerArgs"):
-        body["args"] = tpl["dockerArgs"]
-    if tpl.get("registry"):
-        body["registry"] = tpl["registry"]
+    body["args"] = tpl.get("dockerArgs") or ""
+    body["registry"] = tpl.get("registry") or None
     if volume:  # network and persistent mounts are exclusive; the network volume is what outlives the pod
         env[NETWORK_VOLUME_ENV] = "refuse"  # a pod that came up without it must not train onto a throwaway disk
         body["mounts"] = {"network": [{"volumeId": volume["id"], "path": tpl["volumeMountPath"]}]}
@@ -206,7 +207,7 @@ def check_cluster_image(tpl: dict, source: str) -> None:
                           "(`podkit deploy --gpus N`), which can")
 
 
-def cluster_env(tpl: dict, nodes: int, gpus_per_node: int, stop_at: float = 0) -> dict:
+def cluster_env(tpl: dict, nodes: int, gpus_per_node: int, stop_at: float = 0, run: str = "") -> dict:
     """The template's env (its secrets as RunPod secret references) for every node: PODKIT_CONFIG naming
     the shipped cluster config, or a config of the user's own kept; the node count; the maximum run time."""
     env = dict(tpl["env"])
@@ -219,16 +220,18 @@ def cluster_env(tpl: dict, nodes: int, gpus_per_node: int, stop_at: float = 0) -
         env["PODKIT_CONFIG"] = SHIPPED_CLUSTER_CONFIG
     env[CLUSTER_NODES_ENV] = str(nodes)
     env[NETWORK_VOLUME_ENV] = "refuse"  # every node shares the run's network volume
+    if run:
+        env[guardfile.RUN_ENV] = run
     return with_stop_at(env, stop_at)
 
 
 def cluster_body(tpl: dict, name: str, nodes: int, gpus_per_node: int, gpu_type: str, volume: dict,
-                 stop_at: float = 0) -> dict:
+                 stop_at: float = 0, run: str = "") -> dict:
     """createCluster's body (CreateClusterRequest): every node runs the template's image, env and start
     command, with the network volume at /workspace, in the volume's data center."""
     body = {"name": name, "type": CLUSTER_TYPE,
             "compute": {"gpuTypeId": gpu_type.strip(), "gpuCountPerPod": gpus_per_node, "podCount": nodes},
-            "image": tpl["imageName"], "env": cluster_env(tpl, nodes, gpus_per_node, stop_at),
+            "image": tpl["imageName"], "env": cluster_env(tpl, nodes, gpus_per_node, stop_at, run),
             "disk": int(tpl.get("containerDiskInGb") or 40), "ports": ports(tpl),
             "dataCenterIds": [volume["dataCenter"]],
             "mounts": {"network": [{"volumeId": volume["id"], "path": tpl["volumeMountPath"]}]},
@@ -314,7 +317,22 @@ class Deployer:
 
     # -- clusters ----------------------------------------------------------------------------------------
     def create_cluster(self, body: dict) -> dict:
-        c = self.api.create_cluster(body)
+        """createCluster, sent once. A create whose answer is lost is looked for by name: a second cluster
+        would bill beside the first."""
+        before = {c.get("id") for c in self.api.clusters() if c.get("name") == body["name"]}
+        try:
+            c = self.api.create_cluster(body)
+        except api.ApiError as e:
+            if not lost_answer(e):
+                raise
+            self.sleep(5.0)
+            made = [c for c in self.api.clusters() if c.get("name") == body["name"] and c.get("id") not in before]
+            if not made:
+                raise PodkitError(f"{e.message}; RunPod lists no new cluster named {body['name']!r} yet",
+                                  "look under Instant Clusters in the console (or `podkit deploy cluster-status`) "
+                                  "before creating another: it may still appear") from None
+            _log.warn(f"RunPod made cluster {made[0].get('id')} although its answer was lost ({e.message})")
+            c = made[0]
         if not c or not isinstance(c.get("id"), str) or not POD_ID.match(c["id"]):
             raise PodkitError(f"RunPod's answer to the cluster create has no cluster id: {self._redact(str(c))[:300]}",
                               "look in the console under Instant Clusters before creating another")
@@ -345,7 +363,7 @@ class Deployer:
                 _log.info(f"pod {pod['id']} created ({body['gpu']['count']}x {GPU_TYPE}, {body['cloud']} cloud)")
                 return pod
             except api.ApiError as e:
-                if e.status == 0 or e.status >= 500:
+                if lost_answer(e):
                     self.sleep(delay)  # a create that timed out may still be under way at RunPod
                     made = [p for p in self.api.pods() if p.get("name") == name and p.get("id") not in before]
                     if made:
@@ -409,6 +427,8 @@ class Deployer:
                 pod = self.api.pod(pod_id)
                 if pod and action == "stop" and pod.get("status") == "EXITED":
                     return pod
+                if pod and action == "start" and pod.get("status") in LIVE:
+                    return pod  # a start whose first answer was lost, sent again
                 if pod and pod.get("locked") and action == "stop":
                     raise PodkitError(f"pod {pod_id} is locked: RunPod does not stop a locked pod",
                                       "unlock it in the console (or PATCH locked: false), then stop it") from None
@@ -428,12 +448,25 @@ class Deployer:
 LIVE = ("PROVISIONING", "STARTING", "RUNNING")
 
 
+def lost_answer(e: api.ApiError) -> bool:
+    """RunPod may have acted on the request: no answer, a 5xx, or a 2xx that could not be read."""
+    return e.status == 0 or e.status >= 500 or 200 <= e.status < 300
+
+
 def running(pod: dict | None) -> bool:
     return bool(pod) and pod.get("status") == "RUNNING" and pod.get("runtime") is not None
 
 
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value) -> list:
+    return value if isinstance(value, list) else []
+
+
 def mounted_volumes(pod: dict) -> set[str]:
-    network = ((pod.get("mounts") or {}).get("network") or []) if isinstance(pod.get("mounts"), dict) else []
+    network = _list(_dict(pod.get("mounts")).get("network"))
     return {m.get("volumeId") for m in network if isinstance(m, dict) and isinstance(m.get("volumeId"), str)}
 
 
@@ -444,10 +477,12 @@ def gpu_count(pod: dict) -> int:
 
 def how_to_reach(pod: dict) -> list[str]:
     lines = []
-    direct = (pod.get("ssh") or {}).get("direct") if isinstance(pod.get("ssh"), dict) else None
-    if isinstance(direct, dict) and direct.get("host") and direct.get("port"):
+    direct = _dict(_dict(pod.get("ssh")).get("direct"))
+    if direct.get("host") and direct.get("port"):
         lines.append(f"ssh {direct.get('username') or 'root'}@{direct['host']} -p {direct['port']}")
-    for p in (pod.get("runtime") or {}).get("ports") or []:
+    for p in _list(_dict(pod.get("runtime")).get("ports")):
+        if not isinstance(p, dict):
+            continue
         if not lines and p.get("private") == 22 and p.get("public") and p.get("ip"):
             lines.append(f"ssh root@{p['ip']} -p {p['public']}")
         elif p.get("type") == "http":
@@ -458,12 +493,12 @@ def how_to_reach(pod: dict) -> list[str]:
 
 
 def pod_line(pod: dict) -> str:
-    rt = pod.get("runtime") or {}
-    gpus = rt.get("gpus") or []
+    rt = _dict(pod.get("runtime"))
+    gpus = [g for g in _list(rt.get("gpus")) if isinstance(g, dict)]
     util = f", GPU util {'/'.join(str(g.get('util', '?')) for g in gpus)}%" if gpus else ""
     vols = ", ".join(sorted(mounted_volumes(pod)))
     return (f"{pod.get('id')} {pod.get('name')}: {pod.get('status')}, {gpu_count(pod)}x "
-            f"{(pod.get('gpu') or {}).get('id', '?')}, uptime {rt.get('uptime') or 0}s{util}"
+            f"{_dict(pod.get('gpu')).get('id', '?')}, uptime {rt.get('uptime') or 0}s{util}"
             + (f", network volume {vols}" if vols else ""))
 
 
@@ -503,7 +538,7 @@ class Watch:
     def remember(self, pod: dict) -> None:
         if not self.carry:
             self.carry = {"imageName": pod.get("image") or "", "name": pod.get("name") or "",
-                          "gpuCount": gpu_count(pod), "stop_at": carried_stop_at(pod)}
+                          "gpuCount": gpu_count(pod), "stop_at": carried_stop_at(pod), "run": run_of(pod)}
         elif not self.carry["gpuCount"]:
             self.carry["gpuCount"] = gpu_count(pod)
 
@@ -555,15 +590,30 @@ class Watch:
         _log.warn(f"RunPod's API {why}; asking again in {self.poll_s:g} s")
         return False, None
 
+    def ours(self, pod: dict) -> bool:
+        """The same run: its run id (a migration and a replacement keep the env), or without one its name."""
+        if self.carry.get("run"):
+            return run_of(pod) == self.carry["run"]
+        return bool(self.carry.get("name")) and pod.get("name") == self.carry["name"]
+
     def successor(self) -> dict | None:
-        """A live pod of the account on the run's network volume, other than the one followed."""
+        """A live pod of this run on its network volume, other than the one followed. A live pod of
+        anything else there (a pod opened to look at the checkpoints) holds the replacement back."""
         if not self.volume_id:
             return None
         try:
             others = self.d.pods_on(self.volume_id, but=self.pod_id)
         except api.ApiError as e:
-            raise _Unsure(e.message) from None
-        return others[0] if others else None
+            raise _Unsure(f"cannot list your pods: {e.message}") from None
+        mine = [p for p in others if self.ours(p)]
+        if mine:
+            return mine[0]
+        if others:
+            p = others[0]
+            raise _Unsure(f"pod {p.get('id')} ({p.get('name')}, {p.get('status')}) is on network volume "
+                          f"{self.volume_id} and is not this run's: no replacement beside it; stop it, and the watch "
+                          "replaces the run's pod")
+        return None
 
     def run(self) -> int:
         down_since, said, nones = None, "", 0
@@ -589,8 +639,7 @@ class Watch:
                 try:
                     outcome = self.replace(why, pod)
                 except _Unsure as e:
-                    _log.warn(f"cannot list your pods to make sure none is on the volume ({e}); asking again "
-                              f"in {self.poll_s:g} s")
+                    _log.warn(f"no replacement yet: {e}; asking again in {self.poll_s:g} s")
                     self.d.sleep(self.poll_s)
                     continue
                 if outcome not in ("replaced", "followed"):
@@ -669,6 +718,7 @@ class Watch:
             others = self.d.pods_on(self.volume_id, but={ours["id"], old}) if self.volume_id else []
         except api.ApiError:
             return None  # the workspace lease keeps two pods from training on one volume
+        others = [p for p in others if self.ours(p)]
         first = min([ours, *others], key=lambda p: (str(p.get("createdAt") or ""), str(p.get("id"))))
         if first is ours:
             return None
@@ -683,7 +733,8 @@ class Watch:
 
 
 class _Unsure(Exception):
-    """The account's pods could not be listed: a replacement now might be a second pod on the volume."""
+    """No replacement now: the account's pods could not be listed, or a pod of something else is on the
+    volume; a replacement might be a second pod on it."""
 
 
 BACKOFF_MAX_S = 900.0
@@ -707,10 +758,22 @@ def relauncher(d: Deployer, tpl: dict, vol: dict, cloud: str, gpus: int, name: s
     def launch(carry: dict) -> dict:
         n = carry.get("gpuCount") or gpus
         t = dict(tpl, imageName=image or carry.get("imageName") or tpl["imageName"])
-        saved = d.save_template(t)
-        return d.create_pod(pod_body(t, saved["id"], n, cloud, name or carry.get("name") or f"{t['name']}-{n}xa40",
-                                     vol, carry.get("stop_at") or 0), capacity_timeout_s)
+        d.save_template(t)
+        return d.create_pod(pod_body(t, n, cloud, name or carry.get("name") or f"{t['name']}-{n}xa40", vol,
+                                     carry.get("stop_at") or 0, carry.get("run") or new_run()), capacity_timeout_s)
     return launch
+
+
+def new_run() -> str:
+    """A run's id (PODKIT_RUN_ID): what its watch's replacements keep, and what guards.json entries and
+    the watch's "is this pod ours" questions go by."""
+    return secrets.token_hex(8)
+
+
+def run_of(pod: dict) -> str:
+    env = pod.get("env") if isinstance(pod.get("env"), dict) else {}
+    raw = env.get(guardfile.RUN_ENV)
+    return raw if isinstance(raw, str) and guardfile.RUN_ID.match(raw) else ""
 
 
 def default_template() -> Path:
@@ -781,7 +844,7 @@ def _main(args) -> int:
         print(f"# {4 if vol else 3}. GET {base}/v2/pods  (the pods named {name!r} already there: a create whose "
               "answer is lost is looked for, not sent twice)")
         print(f"# {5 if vol else 4}. POST {base}/v2/pods")
-        print(json.dumps(pod_body(tpl, "<template id>", args.gpus, args.cloud, name, vol, stop_at), indent=2,
+        print(json.dumps(pod_body(tpl, args.gpus, args.cloud, name, vol, stop_at, "<a new run id>"), indent=2,
                          ensure_ascii=False))
         print("# nothing was sent (--dry-run)")
         return 0
@@ -791,8 +854,8 @@ def _main(args) -> int:
         raise PodkitError(f"network volume {vol['id']} is in use by pod {busy[0]['id']} ({busy[0].get('name')}, "
                           f"{busy[0].get('status')}): two pods on one volume would train over each other",
                           f"stop it first (`podkit deploy stop {busy[0]['id']}`), or use another volume")
-    saved = d.save_template(tpl)
-    pod = d.create_pod(pod_body(tpl, saved["id"], args.gpus, args.cloud, name, vol, stop_at), args.capacity_timeout)
+    d.save_template(tpl)
+    pod = d.create_pod(pod_body(tpl, args.gpus, args.cloud, name, vol, stop_at, new_run()), args.capacity_timeout)
     if stop_at:
         _log.info(f"pod {pod['id']} stops itself at {time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(stop_at))} "
                   "(--max-runtime), the trainer first with its checkpoint")
@@ -891,7 +954,8 @@ def _cluster(args, action: str) -> int:
         return 0
     d = Deployer()
     vol = d.network_volume(args.network_volume)
-    c = d.create_cluster(cluster_body(tpl, name, args.nodes, args.gpus_per_node, args.gpu_type, vol, stop_at))
+    c = d.create_cluster(cluster_body(tpl, name, args.nodes, args.gpus_per_node, args.gpu_type, vol, stop_at,
+                                      new_run()))
     cid = c["id"]
     print(f"cluster {cid} created: {args.nodes} nodes x {args.gpus_per_node} {args.gpu_type.strip()}, network "
           f"volume {vol['id']} at /workspace ({vol['dataCenter']})")

@@ -30,7 +30,9 @@ from podkit.errors import ConfigError, PodkitError
 
 NAME = "guards.json"
 KEYS = ("stop_pod_at", "stop_pod_when_finished", "stop_pod_after_s")
-ENTRY_FIELDS = ("value", "over", "time")
+ENTRY_FIELDS = ("value", "over", "time", "run")
+RUN_ENV = "PODKIT_RUN_ID"  # `podkit deploy` gives each run one; its watch's replacements keep it
+RUN_ID = re.compile(r"^[A-Za-z0-9_-]{0,64}$")
 MAX_BYTES = 4096  # three entries take a few hundred bytes
 LOOK_EVERY_S = 1.0  # the enforcers look often (every event, every 0.2 s): one stat a second at most
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
@@ -96,6 +98,10 @@ def _entry(key: str, e: object, source: str) -> dict:
     out = {"value": config.check("guard", key, e["value"], source, from_env=False)}
     if e.get("over") is not None:
         out["over"] = config.check("guard", key, e["over"], f"{source} (over)", from_env=False)
+    run = e.get("run", "")
+    if not isinstance(run, str) or not RUN_ID.match(run):
+        raise ConfigError(source, key, f"run {run!r:.40} is not a run id")
+    out["run"] = run
     t = e.get("time")
     if t is not None:
         if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 <= t <= time.time() + records.FUTURE_SKEW_S:
@@ -104,11 +110,22 @@ def _entry(key: str, e: object, source: str) -> dict:
     return out
 
 
-def resolve(entries: dict, base: dict) -> tuple[dict, dict]:
-    """(the values in force, {key: why an entry is not used}) for the pod's settings `base`."""
+def run_id(environ=None) -> str:
+    """This run's id (PODKIT_RUN_ID, which `podkit deploy` sets), '' without one (compose, a local box)."""
+    raw = (os.environ if environ is None else environ).get(RUN_ENV, "")
+    return raw if RUN_ID.match(raw) else ""
+
+
+def resolve(entries: dict, base: dict, run: str | None = None) -> tuple[dict, dict]:
+    """(the values in force, {key: why an entry is not used}) for the pod's settings `base`. An entry of
+    another run (an earlier run's file on a reused volume) is not this run's to obey."""
+    run = run_id() if run is None else run
     values, stale = dict(base), {}
     for key, e in entries.items():
-        if "over" in e and key in base and e["over"] != base[key]:
+        if e.get("run", "") != run:
+            stale[key] = (f"was set by another run ({e.get('run') or 'one without a run id'}; this one is "
+                          f"{run or 'without a run id'}): the pod's setting holds; `podkit guard clear {key}`")
+        elif "over" in e and key in base and e["over"] != base[key]:
             stale[key] = (f"was set over {show(key, e['over'])}, but the pod's setting is now {show(key, base[key])} "
                           f"(an edit of its env or config since): the setting holds; `podkit guard clear {key}`")
         else:
@@ -318,7 +335,7 @@ def _set(cfg, p: Path, items: list[str]) -> None:
         entries = {}
     data = {k: {f: e[f] for f in ENTRY_FIELDS if f in e} for k, e in entries.items()}
     for key, value in new.items():
-        data[key] = {"value": value, "over": base[key], "time": now}
+        data[key] = {"value": value, "over": base[key], "time": now, "run": run_id()}
     _write(p, data)
 
 

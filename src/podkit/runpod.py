@@ -18,6 +18,7 @@ import ipaddress
 import json
 import os
 import random
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -75,8 +76,12 @@ def base_url(environ=None) -> str:
         pass
     if (not u or not host or u.username or u.password or u.query or u.fragment
             or not (u.scheme == "https" or (u.scheme == "http" and loopback))):
-        raise ApiError(f"RUNPOD_API_BASE_URL {_shown(raw)!r} is not an https URL of RunPod's API host: the API key "
-                       "would be sent there", "unset it (the default is https://api.runpod.io)")
+        shown = _shown(re.sub(r"//[^/@]*@", "//<credentials>@", raw))
+        raise ApiError(f"RUNPOD_API_BASE_URL {shown!r} is not an https URL of an API host: the API key would be "
+                       "sent there", "unset it (the default is https://api.runpod.io)")
+    if u.path.rstrip("/"):
+        raise ApiError(f"RUNPOD_API_BASE_URL {_shown(raw)!r} has a path: it is the host alone (podkit adds /v2/...)",
+                       "e.g. https://api.runpod.io")
     return raw
 
 
@@ -172,7 +177,7 @@ class Client:
                 if after is not None and after > RETRY_AFTER_MAX_S:
                     raise err from None
                 wait = after if after is not None else self.backoff(attempt)
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
+            except (urllib.error.URLError, http.client.HTTPException, OSError) as e:  # a garbled answer too
                 reason = getattr(e, "reason", None) or e
                 err = ApiError(f"RunPod's API at {self.base} did not answer {method} {path} ({what}): "
                                f"{type(reason).__name__ if isinstance(reason, Exception) else self.redact(str(reason))}",
@@ -231,6 +236,9 @@ class Client:
         return _object(self.call("POST", "/v2/clusters", body, what=f"cluster {body.get('name')!r}", retry=False),
                        "cluster")
 
+    def clusters(self) -> list[dict]:
+        return _listed(self.call("GET", "/v2/clusters", what="your clusters"), "clusters")
+
     def cluster(self, cluster_id: str) -> dict:
         return _object(self.call("GET", f"/v2/clusters/{cluster_id}", what=f"cluster {cluster_id}"), "cluster")
 
@@ -241,48 +249,63 @@ class Client:
         self.call("DELETE", f"/v2/clusters/{cluster_id}", what=f"cluster {cluster_id}")
 
     def logs(self, pod_id: str, *, source: str | None = None, tail: int | None = None, follow: bool = True,
-             last_id: str | None = None, reconnects: int = 5, idle_timeout_s: float = 300) -> Iterator[dict]:
-        """The pod's log events ({source, line, ts}) from the SSE endpoint, each once. A stream that ends is
-        resumed with Last-Event-ID (the last event's id): a dropped connection can end like a whole stream,
-        so without `follow` the end is a resume that brings nothing new. `reconnects` failures in a row at
-        most."""
+             last_id: str | None = None, reconnects: int = 5, idle_timeout_s: float = 300,
+             settle_s: float = 5) -> Iterator[dict]:
+        """The pod's log events ({source, line, ts}) from the SSE endpoint, each once. RunPod holds the
+        stream open after its backlog: without `follow` it ends once nothing has come for `settle_s`. A
+        stream that drops, or that RunPod ends, is resumed with Last-Event-ID (the last event's id; an event
+        repeating it is dropped), and a 429 or 5xx at a connect is waited out: `reconnects` failures in a
+        row at most."""
         failures = 0
         while True:
             query = {"source": source, "tail": None if last_id else tail}
             headers = {"Accept": "text/event-stream"}
             if last_id:
                 headers["Last-Event-ID"] = last_id
-            got = 0
+            got, wait = 0, None
             try:
-                with self._stream(pod_id, query, headers, idle_timeout_s) as r:
+                with self._stream(pod_id, query, headers, idle_timeout_s if follow else settle_s) as r:
                     for event_id, data in sse_events(r):
                         event = _log_event(data)
-                        if event is None:
+                        key = event_id or (event or {}).get("ts") or ""
+                        if event is None or (last_id and key == last_id):
                             continue
                         got += 1
-                        last_id = event_id or event.get("ts") or last_id
+                        last_id = key or last_id
                         yield event
                 if not follow and (got == 0 or not last_id):
                     return  # a resume that brought nothing new: the stream was whole
-            except (urllib.error.URLError, http.client.HTTPException, OSError):  # a drop mid-stream, too
-                failures = 0 if got else failures + 1
-                if failures > reconnects:
-                    raise ApiError(f"the log stream of pod {pod_id} dropped {failures} times in a row",
-                                   "check the network; `podkit deploy logs` resumes where it stopped") from None
-                self.sleep(self.backoff(max(1, failures)))
+            except TimeoutError:
+                if not follow:
+                    return  # the backlog is done: nothing more came for settle_s
+                failures = 0  # a quiet pod, not a failure: ask again from the last event
                 continue
-            failures = 0
-            if follow and not got:
-                self.sleep(2.0)  # RunPod ended a followed stream with nothing new: ask again shortly
+            except ApiError as e:
+                if not (e.status == 429 or e.status >= 500):
+                    raise
+                wait = retry_after(e.detail) if e.status == 429 else None
+            except (urllib.error.URLError, http.client.HTTPException, OSError):  # a drop mid-stream, too
+                pass
+            else:
+                failures = 0
+                if follow and not got:
+                    self.sleep(2.0)  # RunPod ended a followed stream with nothing new: ask again shortly
+                continue
+            failures = 0 if got else failures + 1
+            if failures > reconnects:
+                raise ApiError(f"the log stream of pod {pod_id} failed {failures} times in a row",
+                               "check the network; `podkit deploy logs` resumes where it stopped")
+            self.sleep(wait if wait is not None and wait <= RETRY_AFTER_MAX_S else self.backoff(max(1, failures)))
 
     def _stream(self, pod_id: str, query: dict, headers: dict, timeout_s: float):
         try:
             return self._request("GET", f"/v2/pods/{pod_id}/logs", None, query, headers, timeout_s)
         except urllib.error.HTTPError as e:
             line, detail = problem(e.code, e.read(1 << 16) if e.fp else b"")
+            # A 429's detail is where its Retry-After travels to logs(), which waits it out.
             raise ApiError(f"RunPod answered the log stream of pod {pod_id} with HTTP {e.code}: {self.redact(line)}",
-                           HINTS.get(e.code, "`podkit deploy status` tells whether the pod exists"),
-                           e.code, self.redact(detail)) from None
+                           HINTS.get(e.code, "`podkit deploy status` tells whether the pod exists"), e.code,
+                           e.headers.get("Retry-After", "") if e.code == 429 else self.redact(detail)) from None
 
 
 def retry_after(value: str | None) -> float | None:
@@ -331,7 +354,7 @@ def _object(answer, what: str) -> dict | None:
     if answer is None:
         return None
     if not isinstance(answer, dict):
-        raise ApiError(f"RunPod's answer for a {what} is not an object: {str(answer)[:200]!r}")
+        raise ApiError(f"RunPod's answer for a {what} is not an object: {type(answer).__name__}", status=200)
     return answer
 
 
@@ -339,6 +362,7 @@ def _listed(answer, key: str) -> list[dict]:
     """v2 wraps lists: {"pods": [...]}. Entries that are not objects are dropped, not trusted."""
     items = answer.get(key) if isinstance(answer, dict) else None
     if not isinstance(items, list):
-        raise ApiError(f"RunPod's answer has no {key!r} list: {str(answer)[:200]!r}",
-                       "RunPod's API may have changed; podkit speaks REST API v2")
+        got = f"keys {sorted(map(str, answer))[:8]}" if isinstance(answer, dict) else type(answer).__name__
+        raise ApiError(f"RunPod's answer has no {key!r} list ({got})",
+                       "RunPod's API may have changed; podkit speaks REST API v2", status=200)
     return [i for i in items if isinstance(i, dict)]
