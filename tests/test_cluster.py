@@ -50,6 +50,12 @@ class Cluster:
                                             stderr=subprocess.STDOUT)
         return self.nodes[rank]
 
+    def podkit(self, rank: int, *args: str) -> subprocess.CompletedProcess:
+        """A podkit verb as node `rank` runs it (its config and rank): how its HEALTHCHECK and status run."""
+        env = {**self.env, "PODKIT_CLUSTER_RANK": str(rank), "PODKIT_CLUSTER_NODE_ADDR": ADDRS[rank],
+               "PODKIT_RUN_DIR": str(self.root / f"run{rank}")}
+        return subprocess.run([PYTHON, "-m", "podkit", *args], env=env, capture_output=True, text=True, timeout=60)
+
     def stop(self, rank: int, timeout: float = 180) -> int:
         p = self.nodes[rank]
         p.send_signal(signal.SIGTERM)
@@ -132,6 +138,11 @@ def test_a_two_node_cluster_trains_through_areals_ray_launcher_recovering_a_kill
                       (p.get("checkpoint_step") or 0) >= 2), 300, interval=1, what="step 2's checkpoint")
     gaps = [g["max_abs"] for g in gaps if g]
     assert gaps and max(gaps) < 1e-3, gaps
+    # Each node reports itself: node 1's HEALTHCHECK and status read its own supervisord and records.
+    health = c.podkit(1, "status", "--health")
+    assert health.returncode == 0 and health.stdout.strip() == "healthy", health.stdout + health.stderr
+    own = [json.loads(c.podkit(r, "status", "--json").stdout)["supervisord"]["pid"] for r in (0, 1)]
+    assert own[0] != own[1] and all(own), own
     hb = json.loads((c.ws / ".podkit" / "ranks" / "0.json").read_text())
     assert hb["pid"] in c.ours("ray::"), hb  # the rank is a Ray worker of this cluster
     os.kill(hb["pid"], signal.SIGKILL)

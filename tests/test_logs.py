@@ -58,3 +58,27 @@ def test_state_events_count_starts_and_record_fatal(tmp_path):
         pump.state(f"PROCESS_STATE_{to}", {"processname": "sglang", "pid": "9"})
     rec = json.loads((tmp_path / "programs.json").read_text())["sglang"]
     assert rec["starts"] == 2 and rec["state"] == "FATAL" and "fatal_at" in rec
+
+
+def test_a_trainer_that_exits_0_without_training_is_not_announced_finished(tmp_path, monkeypatch):
+    """An earlier run's "done" is on the volume; this trainer exited 0 without a record of its own (a
+    cluster whose volume was not shared): no "finished", no self-stop. Its own fresh record is finished."""
+    import time as _time
+
+    from podkit import notify
+
+    sent = []
+    monkeypatch.setattr(notify, "send", lambda event, text, state_dir, environ=None: sent.append(event))
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    (state / "progress.json").write_text(json.dumps({"step": 40, "stopped": {"by": "done", "step": 40,
+                                                                             "time": _time.time() - 3600}}))
+    pump = Pump(io.StringIO(), tmp_path, state_dir=state)
+    for to in ("STARTING", "RUNNING"):
+        pump.state(f"PROCESS_STATE_{to}", {"processname": "trainer", "pid": "9"})
+    pump.state("PROCESS_STATE_EXITED", {"processname": "trainer", "pid": "9", "expected": "1"})
+    assert sent == []
+    (state / "progress.json").write_text(json.dumps({"step": 50, "stopped": {"by": "done", "step": 50,
+                                                                             "time": _time.time()}}))
+    pump.state("PROCESS_STATE_EXITED", {"processname": "trainer", "pid": "9", "expected": "1"})
+    assert sent == ["finished"]

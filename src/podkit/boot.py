@@ -170,8 +170,8 @@ def _metrics(cfg, state_dir: Path | None) -> dict | None:
     else:
         host, window = "127.0.0.1", config.SCHEMA["guard"]["window_s"].default
         port = int(_lenient_env("metrics", "port", lambda v: 0 <= int(v) <= 65535))
-    return {"host": host, "port": port, "workspace": state_dir.parent, "window_s": window,
-            "key": os.environ.get(METRICS_KEY_ENV, "")}
+    return {"host": host, "port": port, "workspace": cfg.workspace_path if cfg is not None else state_dir.parent,
+            "window_s": window, "key": os.environ.get(METRICS_KEY_ENV, ""), "state_dir": state_dir}
 
 
 def _stop_pod_after_s(cfg) -> tuple[float, str]:

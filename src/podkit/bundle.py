@@ -209,7 +209,7 @@ def gather(cfg, environ=None) -> Bundle:
     b.part("environment.txt", lambda: b.add("environment.txt", "".join(
         f"{k}={'<redacted>' if secret_name(k) and v else v}\n" for k, v in sorted(environ.items())
         if ENV_NAMES.match(k) or secret_name(k))))
-    b.part("status.json", lambda: _status(b, ws))
+    b.part("status.json", lambda: _status(b, ws, cfg.state_dir))
     b.part("doctor.json", lambda: _doctor(b, cfg, ws))
     _copy_dir(b, cfg.log_dir, "logs", LOG_TAIL, dumps=STACKS_MAX)
     b.part("run/podkit.env", lambda: _run_dir(b, cfg))
@@ -273,10 +273,10 @@ def _config(b: Bundle, cfg) -> None:
         b.copy("config-file.yaml", Path(source), RECORD_MAX, tail=False)
 
 
-def _status(b: Bundle, ws: Path) -> None:
+def _status(b: Bundle, ws: Path, state_dir: Path) -> None:
     from podkit import status
 
-    b.add("status.json", json.dumps(status.collect(ws), indent=2, default=str), "podkit status --json")
+    b.add("status.json", json.dumps(status.collect(ws, state_dir), indent=2, default=str), "podkit status --json")
 
 
 def _doctor(b: Bundle, cfg, ws: Path) -> None:

@@ -35,9 +35,10 @@ class Pod:
     def __init__(self, cfg, workspace: Path) -> None:
         self.cfg = cfg
         self.ws = workspace
-        self.state = workspace / ".podkit"
+        self.state = cfg.state_dir if cfg is not None and Path(cfg.workspace_path) == Path(workspace) else \
+            workspace / ".podkit"
         self.logs = workspace / "logs"
-        self.st = status.collect(workspace)
+        self.st = status.collect(workspace, self.state)
         current = records.CURRENT.read(self.state)
         self.programs = records.PROGRAMS.read(Path(current["run_dir"])) if current.get("run_dir") else {}
         self.progress = records.PROGRESS.read(self.state)

@@ -34,11 +34,12 @@ _log = log.get("metrics")
 class PodCollector:
     """The pod's figures, read at each scrape. `safe_mode` is the waiting boot's own view (no supervisord)."""
 
-    def __init__(self, workspace: Path, window_s: float) -> None:
+    def __init__(self, workspace: Path, window_s: float, state_dir: Path | None = None) -> None:
         self.ws, self.window_s = Path(workspace), window_s
+        self.state = Path(state_dir) if state_dir is not None else self.ws / ".podkit"  # this node's records
 
     def collect(self):
-        st = status.collect(self.ws)
+        st = status.collect(self.ws, self.state)
         now = time.time()  # after the read: a step recorded while status read is not in the future
         safe = st.get("safe_mode") or {}
         g = GaugeMetricFamily("podkit_safe_mode", "1 while the pod waits in safe mode, by the stage that failed",
@@ -83,14 +84,14 @@ class PodCollector:
             info.add_metric([str(code["entry"]), str(code.get("commit") or ""), str(bool(code.get("dirty"))).lower()],
                             1.0)
             yield info
-        boots = records.BOOTS.read(self.ws / ".podkit")
+        boots = records.BOOTS.read(self.state)
         yield GaugeMetricFamily("podkit_boots_in_window", "boots within guard.window_s (the crash-loop guard's count)",
                                 value=float(sum(1 for b in boots if now - b.get("time", 0) <= self.window_s)))
 
 
-def registry(workspace: Path, window_s: float) -> CollectorRegistry:
+def registry(workspace: Path, window_s: float, state_dir: Path | None = None) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(PodCollector(workspace, window_s))
+    reg.register(PodCollector(workspace, window_s, state_dir))
     return reg
 
 
@@ -205,14 +206,15 @@ def server(host: str, port: int, reg: CollectorRegistry, key: str = "") -> Threa
     return _Server((host, port), Handler)
 
 
-def serve_in_background(host: str, port: int, workspace: Path, window_s: float, key: str = "") -> bool:
+def serve_in_background(host: str, port: int, workspace: Path, window_s: float, key: str = "",
+                        state_dir: Path | None = None) -> bool:
     """For the boot waiting in safe mode: the same endpoint from a thread; False when it cannot bind.
     Safe mode may be explaining the very setting that made the endpoint unsafe: then loopback only."""
     if (host, key) != endpoint(host, key):
         _log.warn(f"serving /metrics on 127.0.0.1 only: {host} needs a usable {KEY_ENV}")
         host, key = endpoint(host, key)
     try:
-        httpd = server(host, port, registry(workspace, window_s), key)
+        httpd = server(host, port, registry(workspace, window_s, state_dir), key)
     except OSError as e:
         _log.warn(f"cannot serve metrics on {host}:{port} ({e.strerror})")
         return False
@@ -232,7 +234,7 @@ def main(cfg) -> int:
 
         return idle("metrics", "metrics.port is 0: no metrics endpoint")
     try:
-        httpd = server(m.host, m.port, registry(cfg.workspace_path, cfg.guard.window_s), os.environ.get(KEY_ENV, ""))
+        httpd = server(m.host, m.port, registry(cfg.workspace_path, cfg.guard.window_s, cfg.state_dir), os.environ.get(KEY_ENV, ""))
     except ValueError as e:  # what the boot's check refuses; not served here either
         _log.error(f"{e}; not serving /metrics")
         return 1

@@ -12,8 +12,10 @@ from podkit import health, proc, programs, records, supervisord
 from podkit.supervisord import EXITED, FATAL, RUNNING, UP
 
 
-def collect(workspace: Path) -> dict:
-    state_dir = workspace / ".podkit"
+def collect(workspace: Path, state_dir: Path | None = None) -> dict:
+    """`state_dir`: this node's records (a cluster's other ranks keep theirs in .podkit/node-<rank>, and
+    report themselves, not rank 0); by default the workspace's own."""
+    state_dir = workspace / ".podkit" if state_dir is None else Path(state_dir)
     current = records.CURRENT.read(state_dir)
     out: dict = {"workspace": str(workspace), "supervisord": {"reachable": False}, "programs": {},
                  "trainer": {}, "inference": {}, "safe_mode": records.SAFE_MODE.read(state_dir) or None}
@@ -174,7 +176,7 @@ def health_problem(st: dict, progress_timeout_s: float, multi_node: bool = False
 
 def main(workspace: Path, as_json: bool, health_check: bool = False, progress_timeout_s: float = 1800,
          multi_node: bool = False, cfg=None) -> int:
-    st = collect(workspace)
+    st = collect(workspace, cfg.state_dir if cfg is not None else None)
     if cfg is not None and not health_check:
         from podkit import guardfile
 

@@ -111,6 +111,7 @@ class Pump:
             rec = self.states[name] = {"starts": 0}
         if to == supervisord.STARTING:
             rec["starts"] = rec.get("starts", 0) + 1
+            rec["started_at"] = time.time()
         if to == supervisord.FATAL:
             rec["fatal_at"] = time.time()
             notify.send("fatal", f"{name} gave up after {rec.get('starts', 0)} starts (FATAL); the container stays "
@@ -129,7 +130,12 @@ class Pump:
         """An expected exit after the trainer recorded its end (max_steps for the fake trainer, AReaL's
         total steps): a stop or a stray SIGTERM also exits 0, but records why."""
         prog = records.PROGRESS.read(self.state_dir)
-        if (prog.get("stopped") or {}).get("by") in records.FINISHED:
+        stopped = prog.get("stopped") or {}
+        started = (self.states.get("trainer") or {}).get("started_at")
+        # Only this trainer's own record: an earlier run's "done" on the volume says nothing of a trainer
+        # that exited 0 without training (a cluster whose volume is not shared, one that gave up).
+        fresh = isinstance(stopped.get("time"), (int, float)) and (started is None or stopped["time"] >= started - 1)
+        if stopped.get("by") in records.FINISHED and fresh:
             sent = notify.send("finished", f"training finished at step {prog.get('step')} (last checkpoint at step "
                                f"{prog.get('checkpoint_step')})", self.state_dir)
             if self.guard("stop_pod_when_finished") == "auto":
