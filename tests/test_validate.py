@@ -136,6 +136,12 @@ def test_extra_args_refuse_every_prefix_sglang_reads_as_a_flag_podkit_owns_and_n
     assert "--host" in problem[1] and "inference.host" in problem[2], problem
 
 
+def test_the_flags_the_piecewise_check_reads_are_sglangs_own(verdicts):
+    """checks._piecewise reads three of SGLang's flags from extra_args: each is in the installed parser."""
+    assert {"--disable-piecewise-cuda-graph", "--piecewise-cuda-graph-max-tokens",
+            "--chunked-prefill-size"} <= set(verdicts["sglang_flags"])
+
+
 @pytest.mark.parametrize("name", POD_CONFIGS)
 def test_areal_loads_the_shipped_grpo_config_with_podkits_overrides(verdicts, name):
     v = verdicts["areal"][name]

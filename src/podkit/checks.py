@@ -57,7 +57,46 @@ def sglang(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
     if n != inf.tp:
         out.append(("inference.tp", f"is {inf.tp} but inference.gpus {inf.gpus!r} names {n} GPU(s)",
                     "SGLang runs one tensor-parallel rank per GPU; make them agree"))
-    return out + _shell_words("inference.extra_args", inf.extra_args) + _owned_flags(inf.extra_args)
+    return (out + _shell_words("inference.extra_args", inf.extra_args) + _owned_flags(inf.extra_args)
+            + _piecewise(inf.context_length, inf.extra_args))
+
+
+# SGLang 0.5.10 captures piecewise CUDA graphs (on by default for a text model on CUDA) for token counts up
+# to piecewise_cuda_graph_max_tokens, which defaults to chunked_prefill_size: 4096 on a 48 GB GPU (the A40;
+# server_args.py's memory table), 8192 from 60 GB (H100, A100 80 GB). Its warm-up fails when the context
+# is shorter than the largest of them.
+PIECEWISE_A40_MAX_TOKENS = 4096
+
+
+def _piecewise(context_length: int, extra_args: str) -> list[Problem]:
+    if not context_length:
+        return []
+    try:
+        words = shlex.split(extra_args)
+    except ValueError:
+        return []  # reported as a quoting problem above
+    flags = dict(_flag_values(words))
+    if "--disable-piecewise-cuda-graph" in flags:
+        return []
+    raw = flags.get("--piecewise-cuda-graph-max-tokens") or flags.get("--chunked-prefill-size")
+    largest = int(raw) if raw and raw.isdigit() else PIECEWISE_A40_MAX_TOKENS
+    if context_length >= largest:
+        return []
+    return [("inference.context_length", f"{context_length} is below SGLang's largest piecewise CUDA graph "
+             f"({largest} tokens{'' if raw else ' on an A40; 8192 on a GPU of 60 GB or more'}): its warm-up "
+             "fails at start", f"raise context_length to {largest} or more, or add --disable-piecewise-cuda-graph "
+             f"(or --piecewise-cuda-graph-max-tokens {context_length}) to inference.extra_args")]
+
+
+def _flag_values(words: list[str]):
+    """(flag, value or '') for each --flag of an argv, `--flag=value` and `--flag value` alike."""
+    for i, w in enumerate(words):
+        if not w.startswith("--"):
+            continue
+        name, eq, value = w.partition("=")
+        if not eq and i + 1 < len(words) and not words[i + 1].startswith("--"):
+            value = words[i + 1]
+        yield name, value
 
 
 # SGLang flags that podkit sets from the pod config: extra_args may not set them again (argparse takes

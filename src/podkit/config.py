@@ -129,6 +129,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                        "restart it", "s", minimum=1),
         "startup_deadline_s": Field(float, 1800.0, "longest inference start-up (loading weights, CUDA graph "
                                     "capture, warm-up) before it counts as stuck", "s", minimum=1),
+        "generation_probe_s": Field(float, 300.0, "how often a real one-token generation (/health_generate) "
+                                    "checks inference, one at a time and never during a weight update; "
+                                    "/health is liveness only; 0: never", "s", minimum=0),
     },
     "health": {
         "progress_timeout_s": Field(float, 1800.0, "unhealthy when the trainer has not stepped for this long "
@@ -157,6 +160,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                  minimum=0),
         "standin_update_delay_s": Field(float, 0.0, "stand-in only: extra time each weight update takes "
                                         "(stages a slow update)", "s", minimum=0),
+        "standin_probe_s": Field(float, 0.1, "stand-in only: how long a generation health probe takes (queued "
+                                 "behind a weight update, as SGLang's one-token generation is)", "s", minimum=0),
         "ready_timeout_s": Field(float, 900.0, "how long the trainer waits for inference to be ready", "s",
                                  minimum=1),
         "gpu_free_timeout_s": Field(float, 60.0, "before (re)starting SGLang, wait this long for its GPUs' "

@@ -24,12 +24,28 @@ PHASES = [
 START_MARK = "[podkit:run] starting "
 
 
-def probe(host: str, port: int, timeout: float = 2.0) -> bool:
+def probe(host: str, port: int, timeout: float = 2.0, path: str = "/health") -> bool:
+    """/health: liveness (podkit runs SGLang with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0);
+    /health_generate: a real one-token generation, answered within SGLang's own 20 s."""
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=timeout) as r:
+        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=timeout) as r:
             return r.status == 200
     except (OSError, urllib.error.URLError, ValueError):
         return False
+
+
+UPDATE_BEGIN = re.compile(r"Update engine weights online from disk begin")  # SGLang's model_runner.py
+UPDATE_END = re.compile(r"Update weights end\.")
+
+
+def updating(path: Path) -> bool:
+    """A weight update is in flight: its begin line is the last of the two in the server's log."""
+    for line in reversed(tail(path, 64 * 1024)):
+        if UPDATE_END.search(line):
+            return False
+        if UPDATE_BEGIN.search(line):
+            return True
+    return False
 
 
 def tail(path: Path, max_bytes: int = 256 * 1024) -> list[str]:

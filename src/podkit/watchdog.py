@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import xmlrpc.client
 from pathlib import Path
@@ -85,6 +86,43 @@ def dump_stacks(pid: int, path: Path, stacks_dir: Path) -> str:
     return "+".join(sorted(used)) or "/proc only"
 
 
+# Above SGLang's own SGLANG_HEALTH_CHECK_TIMEOUT (20 s): SGLang answers a generation probe (200 or 503)
+# before the client gives up, so no probe is left queued in its scheduler by podkit going away.
+GENERATION_TIMEOUT_S = 30.0
+
+
+class GenerationProbe:
+    """The rare real check: one /health_generate at a time, in a thread (it may take SGLang's 20 s), never
+    while a weight update is in flight. After a failure it looks again sooner."""
+
+    def __init__(self, host: str, port: int, every_s: float, retry_s: float) -> None:
+        self.host, self.port, self.every_s, self.retry_s = host, port, every_s, retry_s
+        self.thread: threading.Thread | None = None
+        self.started = 0.0
+        self.result: bool | None = None
+        self.failed = False
+
+    def maybe_start(self, now: float, updating: bool) -> None:
+        if not self.every_s or updating or (self.thread is not None and self.thread.is_alive()):
+            return
+        if now - self.started < (min(self.every_s, self.retry_s) if self.failed else self.every_s):
+            return
+        self.started = now
+        self.thread = threading.Thread(target=self._run, name="generation-probe", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.result = health.probe(self.host, self.port, timeout=GENERATION_TIMEOUT_S, path="/health_generate")
+
+    def take(self) -> bool | None:
+        """The result of a probe that finished since the last call, once."""
+        if self.thread is None or self.thread.is_alive() or self.result is None:
+            return None
+        result, self.result = self.result, None
+        self.failed = not result
+        return result
+
+
 class Watchdog:
     def __init__(self, cfg) -> None:
         self.cfg = cfg
@@ -92,6 +130,9 @@ class Watchdog:
         self.inf = cfg.inference
         self.state_dir = cfg.state_dir
         self.unhealthy_since: float | None = None
+        self.generation_failed_since: float | None = None
+        self.gen = GenerationProbe(cfg.inference.host, cfg.inference.port, self.w.generation_probe_s,
+                                   self.w.inference_unhealthy_s / 3)
         self.server = supervisord.rpc(cfg.socket_path)
 
     def record(self, action: str, program: str, reason: str, **extra) -> None:
@@ -143,7 +184,7 @@ class Watchdog:
             return False  # supervisord's own restarts deal with a dead process
         if health.probe(self.inf.host, self.inf.port, timeout=min(5.0, self.w.interval_s * 2)):
             self.unhealthy_since = None
-            return True
+            return self.check_generation(now)
         phase = health.phase_from_log(self.cfg.log_dir / "sglang.log")
         up_for = now - info["start"]
         if phase in STARTUP:
@@ -157,6 +198,25 @@ class Watchdog:
             self.record("restarted", "sglang", f"past start-up ({phase}) but /health has not answered for "
                         f"{now - self.unhealthy_since:.0f}s")
             self.unhealthy_since = None
+            self.restart("sglang")
+        return False
+
+    def check_generation(self, now: float) -> bool:
+        """Live: now the rare generation check. A failed one is unhealthy until one passes; past
+        inference_unhealthy_s of that, inference is restarted."""
+        result = self.gen.take()
+        if result:
+            self.generation_failed_since = None
+        elif result is False:
+            self.generation_failed_since = self.generation_failed_since or now
+            _log.warn("inference answers /health but its one-token generation check (/health_generate) failed")
+        self.gen.maybe_start(now, health.updating(self.cfg.log_dir / "sglang.log"))
+        if self.generation_failed_since is None:
+            return True
+        if now - self.generation_failed_since >= self.w.inference_unhealthy_s:
+            self.record("restarted", "sglang", f"live, but its generation check has failed for "
+                        f"{now - self.generation_failed_since:.0f}s")
+            self.generation_failed_since = None
             self.restart("sglang")
         return False
 

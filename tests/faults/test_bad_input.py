@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import PODKIT, ROOT, free_port, smoke_env, wait_for
-from podkit import records
+from podkit import config, records
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -299,3 +299,28 @@ def test_the_readme_settings_and_shipped_configs_still_load(tmp_path):
 
     for name in ("default.yaml", "smoke.yaml", "a40-1gpu.yaml", "a40-2gpu.yaml", "a40-4gpu.yaml"):
         config.load(ROOT / "configs" / name, environ={"PODKIT_WORKSPACE": str(tmp_path)})
+
+
+@pytest.mark.parametrize("context, extra, refused", [
+    ("2048", "--enable-metrics", True),                            # below the A40's 4096-token bucket
+    ("2048", "--enable-metrics --disable-piecewise-cuda-graph", False),
+    ("2048", "--chunked-prefill-size 2048", False),                # the buckets end at the chunk
+    ("4096", "--enable-metrics", False),                           # the shipped A40 configs
+    ("4096", "--piecewise-cuda-graph-max-tokens=8192", True),
+])
+def test_a_context_shorter_than_sglangs_piecewise_graphs_is_refused_at_boot(procs, tmp_path, context, extra,
+                                                                           refused):
+    """SGLang 0.5.10 captures piecewise CUDA graphs up to chunked_prefill_size tokens (4096 on an A40) and its
+    warm-up crashes when --context-length is below that: found at boot, with the two fixes named."""
+    from podkit import checks
+
+    cfg = config.load(ROOT / "configs" / "a40-1gpu.yaml", environ={
+        "PODKIT_INFERENCE_CONTEXT_LENGTH": context, "PODKIT_INFERENCE_EXTRA_ARGS": extra})
+    assert bool(checks._piecewise(cfg.inference.context_length, cfg.inference.extra_args)) == refused
+    if context == "2048" and refused:
+        env = env_for(tmp_path, PODKIT_CONFIG=str(ROOT / "configs" / "a40-1gpu.yaml"), PODKIT_DEVICES="",
+                      PODKIT_INFERENCE_CONTEXT_LENGTH=context)
+        b = Boot(procs, tmp_path, env)
+        b.safe_mode("inference.context_length: 2048 is below SGLang's largest piecewise CUDA graph (4096 tokens",
+                    "--disable-piecewise-cuda-graph")
+        assert b.stop() == 0

@@ -68,8 +68,14 @@ def compile_caches(cfg, env: dict[str, str]) -> dict[str, str]:
     inductor and triton). Keyed by their own versions, so an image with other pins does not reuse them."""
     base = cfg.workspace_path / "cache"
     for var, sub in (("FLASHINFER_WORKSPACE_BASE", "flashinfer"), ("TRITON_CACHE_DIR", "triton"),
-                     ("TVM_FFI_CACHE_DIR", "tvm-ffi"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
+                     ("TVM_FFI_CACHE_DIR", "tvm-ffi"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                     # SGLang's piecewise CUDA graph compile cache (on by default for text models since 0.5.10).
+                     ("SGLANG_CACHE_DIR", "sglang")):
         env.setdefault(var, str(base / sub))
+    if cfg.multi_node:
+        # AReaL's Ray launcher takes TRITON_CACHE_DIR (and torch's kernel cache) from AREAL_CACHE_DIR, /tmp by
+        # default: on the volume too, one per node, as nodes must not share one Triton directory.
+        env.setdefault("AREAL_CACHE_DIR", str(base / f"areal-{cfg.node or 'node-0'}"))
     return env
 
 

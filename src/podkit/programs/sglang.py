@@ -73,7 +73,14 @@ def environment(cfg, environ: dict[str, str] | None = None) -> dict[str, str]:
     env["CUDA_VISIBLE_DEVICES"] = cfg.inference.gpus
     # Model downloads go to the volume: a restarted pod does not fetch the weights again.
     env.setdefault("HF_HOME", str(cfg.workspace_path / "hf"))
+    # SGLang's /health runs a real one-token generation by default, and one that times out stays queued in
+    # its scheduler: probes at or under its 20 s timeout pile up (sglang#35884). Liveness only; the
+    # watchdog's own rare /health_generate is the generation check.
+    env[HEALTH_GENERATION_ENV] = "0"
     return compile_caches(cfg, env)
+
+
+HEALTH_GENERATION_ENV = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
 
 
 def device_files(cfg) -> list[str]:

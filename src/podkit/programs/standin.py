@@ -34,9 +34,19 @@ class State:
         self.weights_path = model
         self.frozen = threading.Event()  # fault injection: accept connections, never answer
         self.lock = threading.Lock()
+        self.updated = threading.Event()  # clear while a weight update is in flight
+        self.updated.set()
+        self.probes = 0  # generation probes queued or running
 
 
-def make_handler(state: State, update_delay_s: float = 0.0):
+# SGLang's own default: /health is /health_generate (a real generation) unless this is "0".
+HEALTH_GENERATION_ENV = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
+HEALTH_CHECK_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT's default
+
+
+def make_handler(state: State, update_delay_s: float = 0.0, probe_s: float = 0.1):
+    generation_on_health = os.environ.get(HEALTH_GENERATION_ENV, "1").strip().lower() not in ("0", "false", "no")
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "sglang-standin"
@@ -65,12 +75,31 @@ def make_handler(state: State, update_delay_s: float = 0.0):
             while state.frozen.is_set():
                 time.sleep(0.5)
 
+        def _generation_probe(self) -> None:
+            """As SGLang: a one-token generation is queued (behind a weight update in flight) and answered
+            200 once it has run, or 503 after HEALTH_CHECK_TIMEOUT_S, when it stays queued all the same."""
+            with state.lock:
+                state.probes += 1
+                n = state.probes
+            say(f"health check: a one-token generation queued ({n} in flight)")
+            done = threading.Event()
+
+            def generate():
+                state.updated.wait()
+                time.sleep(probe_s)
+                with state.lock:
+                    state.probes -= 1
+                done.set()
+
+            threading.Thread(target=generate, daemon=True).start()
+            self._send(200 if done.wait(HEALTH_CHECK_TIMEOUT_S) else 503, b"")
+
         def do_GET(self) -> None:
             self._maybe_freeze()
-            if self.path == "/health":
+            if self.path == "/health" and not generation_on_health:
                 self._send(200, b"")
-            elif self.path == "/health_generate":
-                self._send(200, b"")
+            elif self.path in ("/health", "/health_generate"):
+                self._generation_probe()
             elif self.path in ("/get_model_info", "/model_info"):  # SGLang serves both
                 with state.lock:
                     self._send(200, {"model_path": state.model, "tokenizer_path": state.model,
@@ -101,14 +130,20 @@ def make_handler(state: State, update_delay_s: float = 0.0):
                     self._send(400, {"success": False, "message": f"Failed to get weights iterator: {path!r} "
                                      "does not exist", "num_paused_requests": 0})
                     return
-                with open(path, "rb") as f:  # really read them, as SGLang would
-                    while f.read(1 << 20):
-                        pass
-                time.sleep(update_delay_s)
-                with state.lock:
-                    state.weights_path = path
-                    state.weight_version = str(body.get("weight_version") or state.weight_version)
-                    version = state.weight_version
+                say(f"Update engine weights online from disk begin. path={path}")  # SGLang's model_runner lines
+                state.updated.clear()
+                try:
+                    with open(path, "rb") as f:  # really read them, as SGLang would
+                        while f.read(1 << 20):
+                            pass
+                    time.sleep(update_delay_s)
+                    with state.lock:
+                        state.weights_path = path
+                        state.weight_version = str(body.get("weight_version") or state.weight_version)
+                        version = state.weight_version
+                finally:
+                    state.updated.set()
+                    say("Update weights end.")
                 say(f"Update weights from disk: {path} (weight_version={version})")
                 self._send(200, {"success": True, "message": "Succeeded to update model weights.",
                                  "num_paused_requests": 0})
@@ -118,7 +153,8 @@ def make_handler(state: State, update_delay_s: float = 0.0):
     return Handler
 
 
-def serve(host: str, port: int, model: str, startup_delay_s: float, update_delay_s: float = 0.0) -> int:
+def serve(host: str, port: int, model: str, startup_delay_s: float, update_delay_s: float = 0.0,
+          probe_s: float = 0.1) -> int:
     print(BANNER, flush=True)
     say(f"server_args=ServerArgs(model_path='{model}', host='{host}', port={port}, stand_in=True)")
     stop = threading.Event()
@@ -138,7 +174,7 @@ def serve(host: str, port: int, model: str, startup_delay_s: float, update_delay
     # SIGUSR1 freezes the server (accepts, never answers), SIGUSR2 thaws it: the fault suite's hang.
     signal.signal(signal.SIGUSR1, lambda *_: state.frozen.set())
     signal.signal(signal.SIGUSR2, lambda *_: state.frozen.clear())
-    return listen(ThreadingHTTPServer((host, port), make_handler(state, update_delay_s)), host, port, stop)
+    return listen(ThreadingHTTPServer((host, port), make_handler(state, update_delay_s, probe_s)), host, port, stop)
 
 
 def listen(httpd: ThreadingHTTPServer, host: str, port: int, stop: threading.Event) -> int:
@@ -155,10 +191,16 @@ def listen(httpd: ThreadingHTTPServer, host: str, port: int, stop: threading.Eve
 
 
 def main(cfg) -> int:
-    os.environ["CUDA_VISIBLE_DEVICES"] = cfg.inference.gpus
+    from podkit.programs import sglang
+
+    env = sglang.environment(cfg)
+    if os.environ.get(HEALTH_GENERATION_ENV) != env[HEALTH_GENERATION_ENV]:
+        # Run under SGLang's own environment (as the real server is exec'd with it): the caches, and /health
+        # as liveness only. Once: the exec'd process finds it already set.
+        os.execve(sys.executable, [sys.executable, "-m", "podkit", "run", "sglang"], env)
     held = hold_devices(cfg)  # noqa: F841 - held for the process's lifetime, as a CUDA server holds its GPU
     inf = cfg.inference
-    return serve(inf.host, inf.port, inf.model, inf.startup_delay_s, inf.standin_update_delay_s)
+    return serve(inf.host, inf.port, inf.model, inf.startup_delay_s, inf.standin_update_delay_s, inf.standin_probe_s)
 
 
 if __name__ == "__main__":
