@@ -58,7 +58,40 @@ def sglang(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
         out.append(("inference.tp", f"is {inf.tp} but inference.gpus {inf.gpus!r} names {n} GPU(s)",
                     "SGLang runs one tensor-parallel rank per GPU; make them agree"))
     return (out + _shell_words("inference.extra_args", inf.extra_args) + _owned_flags(inf.extra_args)
-            + _piecewise(inf.context_length, inf.extra_args))
+            + _piecewise(inf.context_length, inf.extra_args) + sglang_version(cfg, installed_sglang()))
+
+
+SGLANG_SUPPORTED = "0.5.10"  # AReaL 1.0.4's (and 2.0's) pin, and the image's base
+# What changed in SGLang since, on the command line podkit writes (0.5.23's release notes and server_args).
+SGLANG_CHANGES = ((0, 5, 23), "--cuda-graph-max-bs", "inference.cuda_graph_max_bs",
+                  "0.5.23 removed --cuda-graph-max-bs (now set per phase, with no alias); it also needs torch 2.14 "
+                  "and CUDA 13 (a host driver of 580 or later) and renamed its metrics")
+
+
+def installed_sglang() -> str | None:
+    """The SGLang of this environment (the image's), without importing it; None where there is none."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def sglang_version(cfg, version: str | None) -> list[Problem]:
+    """An SGLang podkit's command line would fail on, refused by name rather than by its parser."""
+    if not version or version.startswith(SGLANG_SUPPORTED):
+        return []
+    since, flag, key, what = SGLANG_CHANGES
+    if _release(version) >= since and cfg.inference.cuda_graph_max_bs:
+        return [(key, f"is passed as {flag}, which SGLang {version} (installed) does not have: {what}",
+                 f"podkit supports SGLang {SGLANG_SUPPORTED} (what AReaL pins): use the image built from podkit's "
+                 f"Dockerfile, or set {key}: 0 and pass the new per-phase flags in inference.extra_args")]
+    return []
 
 
 # SGLang 0.5.10 captures piecewise CUDA graphs (on by default for a text model on CUDA) for token counts up

@@ -324,3 +324,20 @@ def test_a_context_shorter_than_sglangs_piecewise_graphs_is_refused_at_boot(proc
         b.safe_mode("inference.context_length: 2048 is below SGLang's largest piecewise CUDA graph (4096 tokens",
                     "--disable-piecewise-cuda-graph")
         assert b.stop() == 0
+
+
+@pytest.mark.parametrize("version, refused", [("0.5.10.post1", False), ("0.5.23", True), ("0.6.1", True),
+                                              ("0.5.12", False)])
+def test_an_sglang_newer_than_podkits_command_line_is_refused_naming_the_flag(version, refused):
+    """SGLang 0.5.23 removed --cuda-graph-max-bs: an image with it is refused by name, not by argparse."""
+    from podkit import checks
+
+    cfg = config.load(ROOT / "configs" / "a40-4gpu.yaml", environ={})
+    problems = checks.sglang_version(cfg, version)
+    assert bool(problems) == refused
+    if refused:
+        [(key, what, hint)] = problems
+        assert key == "inference.cuda_graph_max_bs" and "--cuda-graph-max-bs" in what and version in what
+        assert "0.5.10" in hint
+    off = config.load(ROOT / "configs" / "a40-4gpu.yaml", environ={"PODKIT_INFERENCE_CUDA_GRAPH_MAX_BS": "0"})
+    assert checks.sglang_version(off, version) == []
