@@ -72,10 +72,13 @@ def test_the_real_trainer_trains_pushes_each_version_evaluates_and_resumes_after
     other = {"host": "replacement-pod", "boot_id": "x", "pid": 4242, "start": 1, "since": time.time(),
              "renewed": time.time(), "token": "abc"}
     (s2.workspace / ".podkit" / "lease.json").write_text(json.dumps(other))
-    wait_for(lambda: (s2.progress().get("stopped") or {}).get("by") == "lease-lost", 180, what="the lease-lost stop")
-    assert "lost the workspace to host replacement-pod, pid 4242" in s2.log("trainer")
+    wait_for(lambda: "lost the workspace to host replacement-pod, pid 4242" in s2.log("trainer"), 180,
+             what="the lease-lost stop")
+    frozen = s2.progress()
+    assert frozen.get("stopped") is None, "the holder's progress record is not this pod's to write"
     assert sorted(str(f) for f in s2.workspace.rglob("*") if "recover" in str(f) and f.is_file()) == ckpt_files
     wait_for(lambda: s2.status()["programs"]["trainer"]["state"] == "EXITED", 60, what="the trainer's exit, 0")
+    assert s2.progress() == frozen
 
 
 def test_a_killed_trainer_and_a_restarted_inference_each_end_in_a_resumed_run_of_your_repo(rehearsal, tmp_path):

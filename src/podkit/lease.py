@@ -16,7 +16,9 @@ its /etc/hostname comes from): two containers on host networking share a hostnam
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -56,14 +58,22 @@ def _boot_id() -> str:
 
 
 def read(state_dir: Path) -> dict | None:
-    """The lease, or None when there is none. A lease that cannot be read as one counts as lapsed."""
+    """The lease, or None when there is none. A lease that cannot be read as one counts as lapsed: not a
+    regular file (a FIFO would block the boot for ever, a directory or symlink is planted), not JSON."""
     try:
-        with open(state_dir / NAME, "rb") as f:
-            data = json.loads(f.read(1 << 16).decode())
+        fd = os.open(state_dir / NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError, ValueError):
+    except OSError:
         return {"unreadable": True}
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {"unreadable": True}
+        data = json.loads(os.read(fd, 1 << 16).decode())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return {"unreadable": True}
+    finally:
+        os.close(fd)
     return data if isinstance(data, dict) else {"unreadable": True}
 
 
@@ -82,7 +92,10 @@ def live(holder: dict | None, ttl_s: float, now: float | None = None) -> bool:
         return isinstance(pid, int) and isinstance(start, int) and proc.same_process(pid, start)
     renewed = holder.get("renewed")
     now = time.time() if now is None else now
-    return isinstance(renewed, (int, float)) and now - renewed < ttl_s
+    # A renewal further ahead than one lease (or not a finite time) is no renewal: a planted or badly
+    # skewed lease would hold the workspace until its date, or for ever.
+    return (isinstance(renewed, (int, float)) and not isinstance(renewed, bool) and math.isfinite(renewed)
+            and -ttl_s < now - renewed < ttl_s)
 
 
 def describe(holder: dict, ttl_s: float) -> str:
@@ -109,6 +122,11 @@ def acquire(state_dir: Path, ttl_s: float, pid: int | None = None) -> dict | Non
                 os.rename(path, path.with_name(f"{NAME}.old"))
             except FileNotFoundError:
                 pass
+            except OSError:  # a directory there (or a .old one): set aside under a name of its own
+                try:
+                    os.rename(path, path.with_name(f"{NAME}.aside-{os.urandom(4).hex()}"))
+                except FileNotFoundError:
+                    pass
         lease = {**me(pid), "since": time.time(), "renewed": time.time(), "token": os.urandom(8).hex()}
         if _create(path, lease):
             return None

@@ -157,7 +157,7 @@ def hook_trainer(st: State) -> None:
         st.training = True
         progress = supervise(st, self)
         result = original(*bound.args, **bound.kwargs)
-        if progress is not None:
+        if progress is not None and st.stopped_by != "lease-lost":
             progress.stopped(st.stopped_by or "done")
         return result
 
@@ -296,7 +296,7 @@ def supervise(st: State, trainer) -> Progress | None:
         finally:
             trainer.stats_logger.commit = commit_
         step = global_step + 1  # AReaL pushed these weights as version global_step + 1
-        if progress is not None:
+        if progress is not None and st.stopped_by != "lease-lost":  # the record is the new holder's now
             data = stats.get("data") or {}
             saved = patches.recover_checkpoint_written(trainer, global_step)
             progress.write(step=step, weight_version=str(step),

@@ -208,6 +208,9 @@ class FakeTrainer:
             self.push_weights(latest)
 
     def record(self, loss: float) -> None:
+        # progress.json is the workspace's: once another pod holds it, that pod's record is not this one's.
+        if not self.cfg.multi_node and (holder := lease.lost(self.cfg.state_dir)):
+            raise LeaseLost(holder)
         self.progress.update(step=self.step, loss=loss, checkpoint_step=self.last_ckpt_step,
                              weight_version=self.pushed, resumed_from=self.resumed_from)
 
@@ -268,9 +271,9 @@ class LeaseLost(Exception):
 
 
 def lease_lost(progress, step: int, checkpoint_step: int, holder: str) -> int:
-    """Stop at once, writing nothing: the pod that holds the workspace now resumes from the last checkpoint
-    this one wrote. Exit 0 (supervisord leaves it stopped: a restart would lose it again), not finished."""
-    progress.stopped("lease-lost")
+    """Stop at once, writing nothing on the volume (not even its progress record, which is the holder's
+    now): the pod that holds the workspace resumes from the last checkpoint this one wrote. Exit 0
+    (supervisord leaves it stopped: a restart would lose it again), never counted as finished."""
     _log.error(f"this pod lost the workspace to {holder} (it stalled past guard.lease_s, and a pod took over): "
                f"stopping at step {step} without writing a checkpoint; the latest is step {checkpoint_step}, which "
                "the pod that holds the workspace resumes from. This pod can be stopped")
