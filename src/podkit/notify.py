@@ -11,6 +11,7 @@ once, not per event (`.podkit/notify.json` remembers it across programs), and ag
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -44,7 +45,7 @@ def send(event: str, text: str, state_dir: Path | None, environ=None) -> threadi
             "time": round(time.time(), 3)}
     t = threading.Thread(target=_post, args=(url, body, state_dir), name=f"notify-{event}", daemon=True)
     t.start()
-    _pending.append(t)
+    _pending[:] = [p for p in _pending if p.is_alive()] + [t]
     return t
 
 
@@ -62,7 +63,67 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None  # the 3xx is then an HTTPError, like any other refusal
 
 
-_opener = urllib.request.build_opener(_NoRedirect)
+ANSWER_S = 10.0  # a whole answer within this, however slowly it drips: TIMEOUT_S bounds each read only
+
+
+def _open(req: urllib.request.Request) -> None:
+    """POST and read the answer's start within ANSWER_S in all: a webhook that sends a byte every few
+    seconds never trips the per-read timeout; past the deadline its socket is shut, and the read fails."""
+    socks, expired = [], threading.Event()
+
+    class Conn(http.client.HTTPConnection):
+        def connect(self):
+            super().connect()
+            socks.append(self.sock)
+
+    class TLSConn(http.client.HTTPSConnection):
+        def connect(self):
+            super().connect()
+            socks.append(self.sock)
+
+    class Plain(urllib.request.HTTPHandler):
+        def http_open(self, r):
+            return self.do_open(Conn, r)
+
+    class TLS(urllib.request.HTTPSHandler):
+        def https_open(self, r):
+            return self.do_open(TLSConn, r, context=self._context)
+
+    def cut() -> None:
+        expired.set()
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(ANSWER_S, cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        with urllib.request.build_opener(_NoRedirect, Plain, TLS).open(req, timeout=TIMEOUT_S) as r:
+            r.read(4096)
+    except Exception:
+        if expired.is_set():
+            raise TimeoutError(f"no complete answer in {ANSWER_S:.0f} s") from None
+        raise
+    finally:
+        timer.cancel()
+    if expired.is_set():
+        raise TimeoutError(f"no complete answer in {ANSWER_S:.0f} s")
+
+
+def _reason(e: Exception) -> str:
+    """What went wrong, in words of podkit's or the OS's only: http.client's and urllib's messages quote
+    parts of the URL (a password read as a port, a path with a control character), which is a secret."""
+    reason = getattr(e, "reason", None) or e
+    if isinstance(reason, TimeoutError) and str(reason).startswith("no complete answer"):
+        return str(reason)
+    if isinstance(reason, OSError) and reason.strerror:
+        return f"{type(e).__name__}: {reason.strerror}"
+    if isinstance(e, ValueError | http.client.InvalidURL):
+        return f"{type(e).__name__}: the webhook URL is malformed"
+    return type(reason).__name__ if isinstance(reason, Exception) else type(e).__name__
 
 
 def _scrub(text: str, url: str) -> str:
@@ -88,8 +149,7 @@ def _post(url: str, body: dict, state_dir: Path | None) -> None:
         try:
             req = urllib.request.Request(url, data=data, method="POST", headers={
                 "Content-Type": "application/json", "User-Agent": "podkit-notify"})
-            with _opener.open(req, timeout=TIMEOUT_S) as r:
-                r.read(4096)
+            _open(req)
             _worked(state_dir)
             return
         except urllib.error.HTTPError as e:
@@ -98,8 +158,7 @@ def _post(url: str, body: dict, state_dir: Path | None) -> None:
             if 300 <= e.code < 500 and e.code != 429:
                 break  # a wrong URL, a redirect or a refused payload: trying again changes nothing
         except Exception as e:  # noqa: BLE001 - a malformed URL, no HTTP there, timeouts: recorded, never raised
-            reason = getattr(e, "reason", None) or e
-            error = _scrub(f"{type(e).__name__}: {reason}", url)
+            error = _scrub(_reason(e), url)
             if isinstance(e, ValueError):
                 break  # a malformed URL stays malformed
     _failed(state_dir, body["event"], error)
