@@ -65,6 +65,7 @@ def test_a_bundle_of_a_running_smoke_stack_holds_what_a_bug_report_needs(stack_f
     assert files["config-file.yaml"] == Path(s.env["PODKIT_CONFIG"]).read_bytes()
     assert b"[program:trainer]" in files["supervisord.conf"] and b"PODKIT_TRAINER_KIND=fake" in files["run/podkit.env"]
     assert b"step 1 loss" in files["logs/trainer.log"] and "logs/supervisord.log" in files
+    assert b"MemTotal:" in files["system.txt"] and b"GiB free of" in files["system.txt"]
     manifest = json.loads(files["MANIFEST.json"])
     assert {m["file"] for m in manifest} >= set(files) - {"MANIFEST.json"}
     assert s.stop() == 0

@@ -82,3 +82,26 @@ def test_a_trainer_that_exits_0_without_training_is_not_announced_finished(tmp_p
                                                                              "time": _time.time()}}))
     pump.state("PROCESS_STATE_EXITED", {"processname": "trainer", "pid": "9", "expected": "1"})
     assert sent == ["finished"]
+
+
+def test_a_finished_pods_self_stop_is_called_off_when_the_guard_is_set_to_never_meanwhile(tmp_path, monkeypatch):
+    """RunPod refuses the finished pod's stop, and while podkit tries again the person runs
+    `podkit guard set stop_pod_when_finished=never`: the next try is not made, and it says so."""
+    from podkit import costguard
+    from podkit.programs import logs
+
+    tries = []
+    guards = {"stop_pod_at": 0.0, "stop_pod_when_finished": "auto", "stop_pod_after_s": 0.0}
+
+    def refused(reason, state_dir, notify=True):
+        tries.append(reason)
+        if len(tries) == 2:
+            guards["stop_pod_when_finished"] = "never"
+        return False
+
+    monkeypatch.setattr(costguard, "stop_pod_notified", refused)
+    monkeypatch.setattr(logs, "FINISHED_STOP_FIRST_RETRY_S", 0.01)
+    out = io.StringIO()
+    pump = Pump(out, tmp_path, state_dir=tmp_path, on_runpod=True, guards=SimpleNamespace(values=lambda: guards))
+    pump._stop_pod(None, 12)
+    assert len(tries) == 2 and "self-stop is called off" in out.getvalue()

@@ -305,7 +305,7 @@ def _system(b: Bundle, ws: Path) -> None:
                      f"{st.f_blocks * st.f_frsize / 2**30:.1f} GiB")
     except OSError as e:
         lines.append(f"workspace {ws}: {e.strerror}")
-    data, _ = read_regular(Path("/proc/meminfo"), 4096, tail=False)
+    data, _, _ = read_regular(Path("/proc/meminfo"), 4096, tail=False)
     lines += (data or b"").decode(errors="replace").splitlines()[:3]
     b.add("system.txt", "\n".join(lines) + "\n")
 

@@ -150,7 +150,13 @@ class Pump:
         reason = f"training finished at step {step} (guard.stop_pod_when_finished: auto)"
         delay, until = FINISHED_STOP_FIRST_RETRY_S, time.monotonic() + FINISHED_STOP_RETRY_FOR_S
         first = True
-        while not costguard.stop_pod_notified(reason, self.state_dir, notify=first):
+        while True:
+            if self.guard("stop_pod_when_finished") != "auto":  # `podkit guard set ...=never` while retrying
+                self.say("the finished pod's self-stop is called off: guard.stop_pod_when_finished is now "
+                         f"{self.guard('stop_pod_when_finished')}")
+                return
+            if costguard.stop_pod_notified(reason, self.state_dir, notify=first):
+                return
             first = False
             if time.monotonic() + delay > until:
                 notify.send("pod-stop-failed", f"this pod could not stop itself after {reason} and is still "
