@@ -212,3 +212,19 @@ def test_a_bundle_path_that_cannot_be_written_is_a_clear_error(tmp_path, where):
     r = subprocess.run([*PODKIT, "doctor", "--bundle", where], capture_output=True, text=True, timeout=60,
                        cwd=tmp_path, env={"PATH": os.environ["PATH"], "PODKIT_WORKSPACE": str(tmp_path)})
     assert r.returncode == 1 and "cannot write" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_pieces_and_encodings_of_a_known_secret_are_redacted_too():
+    """A webhook URL's password quoted alone by an error, its token path segment, and a key in base64
+    are the secret as much as the whole value is."""
+    from podkit.redact import Redactor
+
+    scrub = Redactor({"env PODKIT_NOTIFY_WEBHOOK_URL": "http://ntfy:S3cretPassw0rdXYZ@hooks.example/T0/Bxyz0123456789abc",
+                      "env RUNPOD_API_KEY": "rpa_ZYXWVUTSRQPONMLK"})
+    import base64
+
+    text = ("InvalidURL: nonnumeric port: 'S3cretPassw0rdXYZ@hooks.example' path Bxyz0123456789abc key "
+            + base64.b64encode(b"rpa_ZYXWVUTSRQPONMLK").decode())
+    out = scrub(text)
+    for piece in ("S3cretPassw0rdXYZ", "Bxyz0123456789abc", base64.b64encode(b"rpa_ZYXWVUTSRQPONMLK").decode()[:16]):
+        assert piece not in out, out

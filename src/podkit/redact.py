@@ -3,6 +3,7 @@ template, and what `podkit doctor --bundle` removes from everything it gathers."
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 
@@ -79,6 +80,24 @@ def _literal(v: str, name: str) -> str:
     return ""
 
 
+def _url_pieces(value: str) -> list[str]:
+    """The secret-bearing pieces of a URL value: its user and password, and path segments and query
+    values long enough to be tokens (12 characters or more)."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    if "://" not in value:
+        return []
+    try:
+        u = urlsplit(value.strip())
+        user, password = u.username, u.password
+    except ValueError:
+        return []
+    pieces = [p for p in (user, password) if p and len(p) >= 6]
+    pieces += [seg for seg in u.path.split("/") if len(seg) >= 12]
+    pieces += [v for _, v in parse_qsl(u.query) if len(v) >= 12]
+    return pieces
+
+
 class Redactor:
     """Takes every known secret value out of a text, then whatever has a secret's shape: credentials
     inside URLs, known key prefixes, and the value of `key=value` or `"key": "value"` under a secret name."""
@@ -90,9 +109,14 @@ class Redactor:
         for name, v in values.items():
             if not v or len(v) < 6 or _PLAIN.match(v.strip()):
                 continue
-            # The value as a log, a JSON string or a URL may carry it.
-            for form in (v, json.dumps(v)[1:-1], quote(v, safe=""), quote_plus(v)):
-                forms.setdefault(form, name)
+            # The value as a log, a JSON string, a URL or base64 may carry it; a secret URL's pieces travel
+            # alone too (an error quoting its password as a "port", its token path).
+            b64 = base64.b64encode(v.encode()).decode().rstrip("=")
+            for part in (v, *_url_pieces(v)):
+                for form in (part, json.dumps(part)[1:-1], quote(part, safe=""), quote_plus(part)):
+                    forms.setdefault(form, name)
+            forms.setdefault(b64, name)
+            forms.setdefault(b64.replace("+", "-").replace("/", "_"), name)
         # Longest first, so a secret that contains another is replaced whole.
         self.values = sorted(forms.items(), key=lambda x: -len(x[0]))  # (form, name)
         self.longest = max((len(v) for v, _ in self.values), default=0)
