@@ -105,3 +105,24 @@ def test_a_finished_pods_self_stop_is_called_off_when_the_guard_is_set_to_never_
     pump = Pump(out, tmp_path, state_dir=tmp_path, on_runpod=True, guards=SimpleNamespace(values=lambda: guards))
     pump._stop_pod(None, 12)
     assert len(tries) == 2 and "self-stop is called off" in out.getvalue()
+
+
+def test_a_maximum_run_time_moved_later_after_its_stop_says_the_trainer_stays_stopped(tmp_path, monkeypatch):
+    """stop_pod_at came (trainer stopped, the pod's stop refused), then `podkit guard set stop_pod_at=+6h`:
+    the pod is left up, and the listener says once, and notifies, that the trainer stays stopped."""
+    import threading
+    import time as _time
+
+    from podkit import notify
+
+    sent = []
+    monkeypatch.setattr(notify, "send", lambda event, text, state_dir, environ=None: sent.append((event, text)))
+    guards = {"stop_pod_at": _time.time() - 5, "stop_pod_when_finished": "auto", "stop_pod_after_s": 0.0}
+    out = io.StringIO()
+    pump = Pump(out, tmp_path, state_dir=tmp_path, on_runpod=True, guards=SimpleNamespace(values=lambda: guards))
+    pump._deadline = threading.Thread(target=lambda: None)  # the deadline's stop ran; the pod's stop was refused
+    guards["stop_pod_at"] = _time.time() + 6 * 3600
+    pump.deadline(_time.time())
+    pump.deadline(_time.time())
+    assert out.getvalue().count("the trainer stays stopped until `podkit ctl start trainer watchdog`") == 1
+    assert [e for e, _ in sent] == ["guard"]

@@ -66,6 +66,7 @@ class Pump:
         self._deadline_retry_at = 0.0
         self._deadline_done = False
         self._deadline_reason = ""
+        self._deadline_moved = False
         self.trainer_grace_s = trainer_grace_s
         self.state_dir = state_dir
         self.partial: dict[tuple[str, str], str] = {}
@@ -171,6 +172,14 @@ class Pump:
         through supervisord, which gives it stop_grace_s to checkpoint, then the pod. A refused podStop
         is tried again every few minutes. The time is looked up each time: `podkit guard set` moves it."""
         at = self.guard("stop_pod_at")
+        if self._deadline is not None and not self._deadline_done and (not at or now < at):
+            if not self._deadline_moved:  # moved after the trainer was stopped for it: say what is left
+                self._deadline_moved = True
+                msg = ("guard.stop_pod_at moved after the trainer was stopped for it: the pod is not stopped, and "
+                       "the trainer stays stopped until `podkit ctl start trainer watchdog`")
+                self.say(msg)
+                notify.send("guard", msg, self.state_dir)
+            return
         if self._deadline_done or not at or now < at or time.monotonic() < self._deadline_retry_at:
             return
         if self._deadline and self._deadline.is_alive():
