@@ -75,6 +75,7 @@ bench: $(VENV)/.ready sysdeps
 	$(BIN)/python bench/stop.py --runs 3
 	PYTHON=$(PYTHON) $(BIN)/python bench/rehearse.py --steps 8 --runs 3 --env
 	PYTHON=$(PYTHON) $(BIN)/python bench/entry.py --steps 6 --runs 2
+	PYTHON=$(PYTHON) $(BIN)/python bench/startup.py --runs 2
 
 clean:
 	rm -rf $(VENV) workspace

@@ -16,7 +16,8 @@ from conftest import ROOT
 pytestmark = pytest.mark.timeout(660)
 QUICK = {"boot.py": ["--runs", "2"], "reap.py": ["--idle", "20", "--runs", "1"],
          "sync.py": ["--commits", "20", "--runs", "1"], "stop.py": ["--runs", "1"],
-         "rehearse.py": ["--steps", "2", "--runs", "1"], "entry.py": ["--steps", "1", "--runs", "1"]}
+         "rehearse.py": ["--steps", "2", "--runs", "1"], "entry.py": ["--steps", "1", "--runs", "1"],
+         "startup.py": ["--kind", "smoke", "--runs", "1"]}
 # rehearse.py runs the real trainer in the AReaL environment, as tests/test_rehearsal.py does: a cold
 # launch, two steps, a kill -9 and an inference restart, each waited out (~2.5 min here, ~4 min seen in CI).
 # entry.py boots two such pods (podkit's example, examples/my-repo) for a step or two each.

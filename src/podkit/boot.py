@@ -25,14 +25,15 @@ def run_stages(cfg, record: guard.Boot | None = None) -> dict[str, str]:
         safemode.clear(cfg.state_dir)
 
     def stage(name, fn, *args):
+        t0 = time.monotonic()
         try:
             result = fn(*args)
         except PodkitError:
             if record:
-                record.stage(name, "failed")
+                record.stage(name, "failed", time.monotonic() - t0)
             raise
         if record:
-            record.stage(name, "ok")
+            record.stage(name, "ok", time.monotonic() - t0)
         return result
 
     stage("preflight", preflight.run, cfg)   # workspace writable, run dir, supervisord, a config that can train

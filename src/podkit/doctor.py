@@ -227,6 +227,27 @@ def check_startup_phase(pod: Pod, now: float) -> Finding | None:
                    "problem" if late else "info")
 
 
+STARTUP_SLOW_S = 600.0  # boot to first step on an A40 with warm caches: a few minutes
+
+
+def check_startup_slow(pod: Pod, now: float) -> Finding | None:
+    """A start-up past STARTUP_SLOW_S: its slowest phase, and the caches that were cold for it."""
+    from podkit import startup
+
+    t = pod.st.get("startup") or {}
+    if not t.get("phases") or (t.get("total_s") or 0) <= STARTUP_SLOW_S:
+        return None
+    slow = max(t["phases"], key=lambda p: p["took_s"])
+    what, dirs = startup.COLD.get(slow["phase"], (slow["phase"], ()))
+    cold = startup.cold_caches(pod.ws, dirs, t["boot"])
+    return Finding("startup_slow", f"start-up took {t['total_s']:.0f}s to the first step; the longest phase was "
+                   f"{slow['phase'].replace('_', ' ')} ({slow['took_s']:.0f}s): {what}",
+                   [startup.describe(t)] + [f"cold this boot (empty, or all of it written during it): {d}" for d in cold],
+                   "a second start on this volume reuses what this one cached" if cold else
+                   "the caches were warm: the time went to the work itself (model size, GPU, the repo's setup)",
+                   "info")
+
+
 def check_nccl_ifname(pod: Pod, now: float, environ, net_dir: Path) -> Finding | None:
     try:
         ifaces = sorted(os.listdir(net_dir))
@@ -339,6 +360,7 @@ def examine(cfg, workspace: Path, *, environ=None, cgroup_dir: Path = Path("/sys
              *check_workspace(pod, now, min_free_bytes, min_mb_s), check_oom(pod, now, cgroup_dir),
              check_restarts(pod, now, "sglang", "inference"), check_restarts(pod, now, "trainer", "trainer"),
              check_safe_mode(pod, now), check_gpu_busy(pod, now), check_startup_phase(pod, now),
+             check_startup_slow(pod, now),
              check_nccl_ifname(pod, now, environ, net_dir), check_nan_loss(pod, now), check_trainer_config(pod, now),
              check_notify(pod, now), check_last_stop(pod, now), check_cluster(pod, now), check_guard_file(pod, now)]
     return [f for f in found if f is not None]

@@ -37,8 +37,10 @@ class Boot:
         except OSError:
             pass  # read-only or full volume: preflight says so; the guard must not hide it
 
-    def stage(self, name: str, outcome: str) -> None:
+    def stage(self, name: str, outcome: str, took_s: float | None = None) -> None:
         self.rec["stages"][name] = outcome
+        if took_s is not None:  # the start-up timeline's first phases (podkit status, startup.py)
+            self.rec.setdefault("took_s", {})[name] = round(took_s, 3)
         self._write()
 
     def done(self, outcome: str) -> None:

@@ -84,6 +84,14 @@ class PodCollector:
             info.add_metric([str(code["entry"]), str(code.get("commit") or ""), str(bool(code.get("dirty"))).lower()],
                             1.0)
             yield info
+        timeline = st.get("startup") or {}
+        if timeline.get("phases"):
+            g = GaugeMetricFamily("podkit_startup_phase_seconds", "the last start-up, from the boot to the "
+                                  "trainer's first step: how long each phase took (podkit status shows them)",
+                                  labels=["phase"])
+            for p in timeline["phases"]:
+                g.add_metric([p["phase"]], float(p["took_s"]))
+            yield g
         boots = records.BOOTS.read(self.state)
         yield GaugeMetricFamily("podkit_boots_in_window", "boots within guard.window_s (the crash-loop guard's count)",
                                 value=float(sum(1 for b in boots if now - b.get("time", 0) <= self.window_s)))

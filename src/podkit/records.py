@@ -174,7 +174,7 @@ STOPPED = {"by": str, "time": TIME, "step": int, "message": str, "hint": str}
 FINISHED = ("done", "max_steps")  # stopped.by when the trainer ended its run (AReaL's total steps; max_steps)
 # Written by podkit boot (one item per boot; guard.py).
 BOOTS = Record("boots.json", [{"time": TIME, "pid": int, "stages": dict, "outcome": str, "last_stop": str,
-                               "reason": str, "traceback": str}])
+                               "reason": str, "traceback": str, "took_s": dict}])
 # Written by the trainer (both kinds, through Progress below); read by status, health, watchdog, doctor.
 PROGRESS = Record("progress.json", {"kind": str, "step": int, "time": TIME, "loss": NUMBER, "reward": NUMBER,
                                     "pid": int, "checkpoint_step": int, "weight_version": str,
@@ -185,7 +185,8 @@ PROGRESS = Record("progress.json", {"kind": str, "step": int, "time": TIME, "los
                                     "logp_gap": {"max_abs": NUMBER, "avg": NUMBER},
                                     "on_policy_logp_gap": {"max_abs": NUMBER, "avg": NUMBER},
                                     # what trains: trainer.entry, the synced commit and whether the tree was dirty
-                                    "code": {"entry": str, "commit": str, "dirty": bool}})
+                                    "code": {"entry": str, "commit": str, "dirty": bool},
+                                    "first_step_time": TIME})
 # Written by boot just before supervisord starts: where this pod's supervisord listens.
 CURRENT = Record("current.json", {"run_dir": str, "socket": str, "supervisord_pid": int, "started": TIME,
                                   "inference": {"host": str, "port": int}})
@@ -255,6 +256,11 @@ class Progress:
             return False
         self.failed = False
         return True
+
+    def trained(self, **fields) -> bool:
+        """A step this process trained (not one it resumed at): the first one ends the start-up timeline."""
+        self.data.setdefault("first_step_time", time.time())
+        return self.update(**fields)
 
     def stopped(self, by: str) -> bool:
         """The next boot reads this to tell a clean stop from a kill (guard.last_stop)."""

@@ -8,7 +8,7 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
-from podkit import health, proc, programs, records, supervisord
+from podkit import health, proc, programs, records, startup, supervisord
 from podkit.supervisord import EXITED, FATAL, RUNNING, UP
 
 
@@ -39,8 +39,10 @@ def collect(workspace: Path, state_dir: Path | None = None) -> dict:
             "state": info["statename"], "pid": info["pid"] or None,
             "uptime_s": (info["now"] - info["start"]) if running else 0,
             "restarts": max(0, rec.get("starts", 1) - 1), "exitstatus": info["exitstatus"],
-            "fatal": info["statename"] == FATAL,
+            "fatal": info["statename"] == FATAL, "started": info["start"] if info["statename"] in UP and info["start"] else None,
         }
+    out["startup"] = startup.timeline(state_dir, workspace / "logs",
+                                      {n: p["started"] for n, p in out["programs"].items() if p.get("started")})
     out["sync"] = records.SYNC.read(state_dir) or None
     out["watchdog"] = records.WATCHDOG.read(state_dir)[-3:]
     boots = records.BOOTS.read(state_dir)
@@ -122,6 +124,8 @@ def human(st: dict) -> str:
         lines.append(f"code: {code['entry']}" + (f" at {code['commit'][:12]}" if code.get("commit") else "")
                      + (" (with uncommitted changes)" if code.get("dirty") else ""))
     lines.append(f"inference: {st['inference']['phase']}")
+    if st.get("startup", {}).get("phases"):
+        lines.append(startup.describe(st["startup"]))
     for act in st.get("watchdog") or []:
         lines.append(f"watchdog {_ago(act.get('time'))}: {act.get('action')} {act.get('program')}: {act.get('reason')}")
     sync = st.get("sync")

@@ -299,6 +299,7 @@ def supervise(st: State, trainer) -> Progress | None:
         if progress is not None and st.stopped_by != "lease-lost":  # the record is the new holder's now
             data = stats.get("data") or {}
             saved = patches.recover_checkpoint_written(trainer, global_step)
+            progress.data.setdefault("first_step_time", time.time())  # a trained step: the start-up's end
             progress.write(step=step, weight_version=str(step),
                            checkpoint_step=step if saved else progress.data.get("checkpoint_step"),
                            loss=stat(data, "update/loss/avg", "loss/avg"),

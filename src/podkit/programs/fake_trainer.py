@@ -211,7 +211,7 @@ class FakeTrainer:
         # progress.json is the workspace's: once another pod holds it, that pod's record is not this one's.
         if not self.cfg.multi_node and (holder := lease.lost(self.cfg.state_dir)):
             raise LeaseLost(holder)
-        self.progress.update(step=self.step, loss=loss, checkpoint_step=self.last_ckpt_step,
+        self.progress.trained(step=self.step, loss=loss, checkpoint_step=self.last_ckpt_step,
                              weight_version=self.pushed, resumed_from=self.resumed_from)
 
     def run(self) -> int:
