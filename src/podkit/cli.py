@@ -201,6 +201,15 @@ def _resume(cfg, args) -> int:
     return 0
 
 
+@verb("weights", "put inference.model's weights on the volume before the GPU pod needs them: from the hub "
+      "into the volume's HF cache, or --from DIR copied under <workspace>/models",
+      opt("--from", dest="source", help="a local model directory to copy onto the volume"), workspace=True)
+def _weights(cfg, args) -> int:
+    from podkit import weights
+
+    return weights.main(cfg, args.source)
+
+
 @verb("guard", "the cost guards of a running pod, changed without a restart (RunPod restarts a pod whose env is "
       "edited): show | set KEY=VALUE... | clear [KEY...]; keys stop_pod_at (+6h, a Unix time, 0), "
       "stop_pod_when_finished (auto, never), stop_pod_after_s (2h, seconds, 0)",

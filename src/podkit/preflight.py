@@ -98,6 +98,13 @@ def run(cfg) -> None:
     devices = glob.glob(cfg.devices)
     smi = proc.which("nvidia-smi")
     _log.info(f"{len(devices)} device file(s) match {cfg.devices}; nvidia-smi {'found' if smi else 'absent'}")
+    if cfg.inference.kind == "sglang" and (not cfg.multi_node or cfg.cluster.rank == 0):
+        from podkit import weights
+
+        if weights.where(cfg) == "download":
+            _log.warn(f"the weights of {cfg.inference.model} are not on the volume: SGLang downloads them at "
+                      "start, while the GPUs bill; `podkit weights` puts them there ahead (on a cheap pod of "
+                      "the same volume)")
     if os.environ.get("RUNPOD_POD_ID"):
         pod_facts(cfg, os.environ)
 
