@@ -90,6 +90,9 @@ def test_every_compile_cache_is_on_the_volume_and_a_clusters_areal_cache_is_per_
     env = sglang.environment(pod, environ={})
     assert env["SGLANG_CACHE_DIR"] == str(tmp_path / "cache" / "sglang")
     assert env["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "0"
+    trainer = command.environment(pod, environ={})
+    assert env["TRITON_CACHE_DIR"] != trainer["TRITON_CACHE_DIR"], "one Triton directory per program"
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == trainer["TORCHINDUCTOR_CACHE_DIR"]
     assert "AREAL_CACHE_DIR" not in env
     caches = {}
     for rank in (0, 1):

@@ -68,7 +68,7 @@ def environment(cfg, environ: dict[str, str] | None = None) -> dict[str, str]:
                NCCL_CUMEM_ENABLE="0", NCCL_NVLS_ENABLE="0")
     env.setdefault("HF_HOME", str(cfg.workspace_path / "hf"))
     env.setdefault("WANDB_MODE", "disabled")  # opt in with stats_logger.wandb.mode=online in trainer.overrides
-    return compile_caches(cfg, env)
+    return compile_caches(cfg, env, "trainer")
 
 
 

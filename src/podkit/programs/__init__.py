@@ -62,12 +62,15 @@ def refused(cfg, problems: list[tuple[str, str, str]], logger) -> bool:
     return bool(problems)
 
 
-def compile_caches(cfg, env: dict[str, str]) -> dict[str, str]:
+def compile_caches(cfg, env: dict[str, str], program: str = "") -> dict[str, str]:
     """Kernel caches on the volume: a new container reuses what the last one compiled (FlashInfer JITs
     its sm_86 kernels at SGLang's first start; AReaL's torch.compile'd log-prob gather compiles through
     inductor and triton). Keyed by their own versions, so an image with other pins does not reuse them."""
     base = cfg.workspace_path / "cache"
-    for var, sub in (("FLASHINFER_WORKSPACE_BASE", "flashinfer"), ("TRITON_CACHE_DIR", "triton"),
+    # Triton's cache, one per program: processes compiling into one directory at once corrupt entries
+    # (AReaL gave each SGLang server its own for that, #1589).
+    for var, sub in (("FLASHINFER_WORKSPACE_BASE", "flashinfer"),
+                     ("TRITON_CACHE_DIR", f"triton/{program}" if program else "triton"),
                      ("TVM_FFI_CACHE_DIR", "tvm-ffi"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
                      # SGLang's piecewise CUDA graph compile cache (on by default for text models since 0.5.10).
                      ("SGLANG_CACHE_DIR", "sglang")):

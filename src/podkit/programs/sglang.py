@@ -77,7 +77,7 @@ def environment(cfg, environ: dict[str, str] | None = None) -> dict[str, str]:
     # its scheduler: probes at or under its 20 s timeout pile up (sglang#35884). Liveness only; the
     # watchdog's own rare /health_generate is the generation check.
     env[HEALTH_GENERATION_ENV] = "0"
-    return compile_caches(cfg, env)
+    return compile_caches(cfg, env, "sglang")
 
 
 HEALTH_GENERATION_ENV = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
