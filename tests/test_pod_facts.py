@@ -40,6 +40,12 @@ def pod(tmp_path, monkeypatch, capsys):
         environ = {"PODKIT_WORKSPACE": str(tmp_path / "ws"), "PODKIT_RUN_DIR": str(tmp_path / "run"),
                    "PODKIT_DEVICES": gpus(tmp_path, n_gpus), **env}
         cfg = config.load(ROOT / "configs" / name, environ=environ)
+        # The weights on the volume already (`podkit weights`): preflight has no download to warn of.
+        snap = tmp_path / "ws" / "hf" / "hub" / f"models--{cfg.inference.model.replace('/', '--')}" / "snapshots" / "a"
+        snap.mkdir(parents=True, exist_ok=True)
+        (snap / "config.json").write_text("{}")
+        (snap / "model.safetensors").write_bytes(b"\0")
+        monkeypatch.delenv("HF_HOME", raising=False)
         for k, v in runpod.items():
             monkeypatch.setenv(k, v)
         capsys.readouterr()
