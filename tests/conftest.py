@@ -39,6 +39,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def raw_server(answer) -> socket.socket:
+    """A TCP server on 127.0.0.1 that is not an HTTP server (a broken proxy, a tarpit, another protocol):
+    `answer(conn)` speaks to each connection, which is closed after; close the returned socket to end it."""
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            try:
+                answer(c)
+            except OSError:
+                pass
+            c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

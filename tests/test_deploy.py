@@ -13,7 +13,7 @@ import time
 import pytest
 import tomllib
 
-from conftest import ROOT
+from conftest import ROOT, raw_server
 from podkit import config, deploy
 from podkit import runpod as api
 from podkit.errors import ConfigError, PodkitError
@@ -399,25 +399,12 @@ def test_a_start_whose_answer_was_lost_is_done_when_sent_again(runpod_api):
 
 
 def garbled_server(answer: bytes):
-    """A TCP server that answers every request with `answer` as it is (a broken proxy), then closes."""
-    import socket
-    import threading
+    """Answers every request with `answer` as it is (a broken proxy)."""
+    def reply(c):
+        c.recv(65536)
+        c.sendall(answer)
 
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-
-    def serve():
-        while True:
-            try:
-                c, _ = srv.accept()
-            except OSError:
-                return
-            c.recv(65536)
-            c.sendall(answer)
-            c.close()
-
-    threading.Thread(target=serve, daemon=True).start()
+    srv = raw_server(reply)
     return srv, f"http://127.0.0.1:{srv.getsockname()[1]}"
 
 

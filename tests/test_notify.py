@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import PODKIT, wait_for
+from conftest import PODKIT, raw_server, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -174,20 +174,7 @@ def test_a_malformed_redirecting_or_non_http_webhook_is_recorded_as_failing_with
 
     redirect = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
     threading.Thread(target=redirect.serve_forever, daemon=True).start()
-    garbage = socket.socket()
-    garbage.bind(("127.0.0.1", 0))
-    garbage.listen(8)
-
-    def speak_ssh():
-        while True:
-            try:
-                c, _ = garbage.accept()
-            except OSError:
-                return
-            c.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
-            c.close()
-
-    threading.Thread(target=speak_ssh, daemon=True).start()
+    garbage = raw_server(lambda c: c.sendall(b"SSH-2.0-OpenSSH_9.6\r\n"))
     urls = {"malformed": "hooks.example/T0/B0/secret-path-0123",  # no scheme
             "redirect": f"http://127.0.0.1:{redirect.server_port}/T0/B0/secret-path-0123",
             "not-http": f"http://127.0.0.1:{garbage.getsockname()[1]}/T0/B0/secret-path-0123",
@@ -271,26 +258,13 @@ def test_a_webhook_that_drips_its_answer_is_cut_off_and_recorded(tmp_path, monke
 
     monkeypatch.setattr(notify, "ANSWER_S", 2.0)
     monkeypatch.setattr(notify, "ATTEMPTS", 1)
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
+    def drip(c):
+        c.recv(65536)
+        for b in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"x" * 100:
+            c.sendall(bytes([b]))
+            time.sleep(0.5)
 
-    def drip():
-        while True:
-            try:
-                c, _ = srv.accept()
-            except OSError:
-                return
-            c.recv(65536)
-            try:
-                for b in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"x" * 100:
-                    c.sendall(bytes([b]))
-                    time.sleep(0.5)
-            except OSError:
-                pass
-            c.close()
-
-    threading.Thread(target=drip, daemon=True).start()
+    srv = raw_server(drip)
     try:
         t0 = time.monotonic()
         notify._failing_logged.clear()
