@@ -87,8 +87,7 @@ def _last_stop(t: dict, started=None) -> str:
     if not stopped.get("by"):
         return f"the trainer left no stop record: last step {t.get('step')} {_ago(t.get('last_progress'))}, {ckpt}"
     what = {"done": "finished its run", "max_steps": "finished (trainer.max_steps)",
-            "config-error": "stopped by a config error (`podkit doctor`)",
-            "lease-lost": "stopped without a checkpoint: another pod took the workspace (its lease lapsed)"}.get(stopped["by"], f"stopped by {stopped['by']}")
+            "config-error": "stopped by a config error (`podkit doctor`)"}.get(stopped["by"], f"stopped by {stopped['by']}")
     return f"the trainer {what} at step {stopped.get('step')} {_ago(stopped.get('time'))}, {ckpt}"
 
 

@@ -216,7 +216,7 @@ class FakeTrainer:
 
     def run(self) -> int:
         if not self.cfg.multi_node and (holder := lease.lost(self.cfg.state_dir)):
-            return lease_lost(self.progress, self.step, self.last_ckpt_step, holder)
+            return lease_lost(self.step, self.last_ckpt_step, holder)
         self.resume()
         try:
             self.wait_for_inference()
@@ -253,12 +253,12 @@ class FakeTrainer:
         except Stop:
             pass
         except LeaseLost as e:
-            return lease_lost(self.progress, self.step, self.last_ckpt_step, str(e))
+            return lease_lost(self.step, self.last_ckpt_step, str(e))
         try:
             if self.step != self.last_ckpt_step or not self.ckpts.latest_path():
                 self.checkpoint("SIGTERM")
         except LeaseLost as e:
-            return lease_lost(self.progress, self.step, self.last_ckpt_step, str(e))
+            return lease_lost(self.step, self.last_ckpt_step, str(e))
         return stopped_by_sigterm(self.cfg, self.progress, self.step)
 
 
@@ -270,7 +270,7 @@ class LeaseLost(Exception):
     """Another pod holds the workspace now (its holder): this trainer writes nothing more."""
 
 
-def lease_lost(progress, step: int, checkpoint_step: int, holder: str) -> int:
+def lease_lost(step: int, checkpoint_step: int, holder: str) -> int:
     """Stop at once, writing nothing on the volume (not even its progress record, which is the holder's
     now): the pod that holds the workspace resumes from the last checkpoint this one wrote. Exit 0
     (supervisord leaves it stopped: a restart would lose it again), never counted as finished."""
