@@ -88,7 +88,6 @@ def test_a_finished_pods_self_stop_is_called_off_when_the_guard_is_set_to_never_
     """RunPod refuses the finished pod's stop, and while podkit tries again the person runs
     `podkit guard set stop_pod_when_finished=never`: the next try is not made, and it says so."""
     from podkit import costguard
-    from podkit.programs import logs
 
     tries = []
     guards = {"stop_pod_at": 0.0, "stop_pod_when_finished": "auto", "stop_pod_after_s": 0.0}
@@ -100,10 +99,10 @@ def test_a_finished_pods_self_stop_is_called_off_when_the_guard_is_set_to_never_
         return False
 
     monkeypatch.setattr(costguard, "stop_pod_notified", refused)
-    monkeypatch.setattr(logs, "FINISHED_STOP_FIRST_RETRY_S", 0.01)
+    monkeypatch.setattr(costguard, "FIRST_RETRY_S", 0.01)
     out = io.StringIO()
     pump = Pump(out, tmp_path, state_dir=tmp_path, on_runpod=True, guards=SimpleNamespace(values=lambda: guards))
-    pump._stop_pod(None, 12)
+    assert pump.finished_stop(12).run() is False
     assert len(tries) == 2 and "self-stop is called off" in out.getvalue()
 
 

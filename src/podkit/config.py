@@ -200,6 +200,12 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                    "clears <root>/<user>/<experiment>/<trial> (a dead server's address)", "path"),
         "stop_grace_s": Field(int, 8, "supervisord's stopwaitsecs for the trainer (its final checkpoint "
                               "must fit; docker stop gives 10 s)", "s", minimum=1),
+        "max_failures": Field(int, 3, "loop bound: a trainer that fails this many times in a row without a new "
+                              "step stays stopped (status, doctor, a notification; the cost guard stops the pod); "
+                              "0: restart for ever", "", minimum=0, maximum=1000),
+        "restart_delay_s": Field(float, 10.0, "loop bound: the wait before restarting a trainer that failed without "
+                                 "a new step, doubled for each such failure in a row (at most 10 minutes)", "s",
+                                 minimum=0, maximum=600),
     },
 }
 

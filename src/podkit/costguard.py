@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+import time
 from pathlib import Path
 
 from podkit import log
@@ -84,3 +86,83 @@ def stop_pod_notified(reason: str, state_dir: Path | None, notify: bool = True) 
         if t:
             t.join(15)
     return stop_pod(reason)
+
+
+# -- when the pod stops, and how a stop is retried: the one room for both ------------------------------------
+# A refused stop (a 502 as training ends, RunPod busy) is tried again after 2 s, then twice as long each time
+# up to RETRY_MAX_S, for RETRY_FOR_S; then a person is told the pod bills on.
+FIRST_RETRY_S = 2.0
+RETRY_MAX_S = 300.0
+RETRY_FOR_S = 3600.0
+
+
+class Stopper:
+    """One pod stop: notified once, sent, retried. `wanted()` (a reason to call it off, or "") is asked
+    before each attempt: a guard set to never meanwhile, or a trainer started again, ends the retries."""
+
+    def __init__(self, reason: str, state_dir: Path | None, wanted=None, say=None, notified: bool = False) -> None:
+        self.reason, self.state_dir, self.notified = reason, state_dir, notified
+        self.wanted = wanted or (lambda: "")
+        self.say = say or _log.info
+        self.done = False
+        self.thread: threading.Thread | None = None
+
+    def start(self, after: threading.Thread | None = None) -> Stopper:
+        """In a daemon thread (events and signals keep flowing); `after`, a notification to let go out first."""
+        self.thread = threading.Thread(target=self.run, args=(after,), name="pod-stop", daemon=True)
+        self.thread.start()
+        return self
+
+    def running(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def run(self, after: threading.Thread | None = None) -> bool:
+        if after:
+            after.join(15)
+        delay, until, first = FIRST_RETRY_S, time.monotonic() + RETRY_FOR_S, not self.notified
+        while True:
+            off = self.wanted()
+            if off:
+                self.say(f"the pod's self-stop is called off: {off}")
+                return False
+            if stop_pod_notified(self.reason, self.state_dir, notify=first):
+                self.done = True
+                return True
+            first = False
+            if time.monotonic() + delay > until:
+                from podkit import notify as webhook
+
+                webhook.send("pod-stop-failed", f"this pod could not stop itself after {self.reason} and is still "
+                             "billing: stop it from RunPod's console", self.state_dir)
+                return False
+            self.say(f"the pod did not stop; trying again in {delay:.0f} s")
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+
+class WhenIdle:
+    """The rule for a pod that can no longer train (safe mode; the trainer stopped for good by a refusal,
+    the loop bound, or a script that never trained): once that has lasted `after_s`, the pod stops
+    (Stopper). `limits()` gives (after_s, the setting that says so) afresh each time it is looked at, so
+    `podkit guard set` changes it on the waiting pod; `still()` says "" while the pod still cannot train,
+    else why it can again (the trainer was started again)."""
+
+    def __init__(self, state_dir: Path | None, what: str, after_s: float, why: str = "guard.stop_pod_after_s",
+                 limits=None, still=None, say=None) -> None:
+        self.state_dir, self.what, self.after_s, self.why = state_dir, what, after_s, why
+        self.limits, self.still, self.say = limits, still or (lambda: ""), say
+        self.stopper: Stopper | None = None
+
+    def check(self, waited_s: float) -> None:
+        if self.limits:
+            try:
+                self.after_s, self.why = self.limits()
+            except Exception:  # noqa: BLE001 - a bad guard file keeps the limit there was
+                pass
+        if self.stopper is not None or not self.after_s or waited_s < self.after_s:
+            return
+        if not on_runpod():
+            self.stopper = Stopper("", None)  # not a RunPod pod: nothing to stop, never again
+            return
+        self.stopper = Stopper(f"{self.what} for {waited_s:.0f} s ({self.why})", self.state_dir,
+                               wanted=self.still, say=self.say).start()

@@ -162,9 +162,11 @@ def check_oom(pod: Pod, now: float, cgroup_dir: Path) -> Finding | None:
 def check_restarts(pod: Pod, now: float, program: str, what: str) -> Finding | None:
     rec = pod.programs.get(program) if isinstance(pod.programs.get(program), dict) else {}
     starts = rec.get("starts", 0)
-    if starts < 2:
-        return None
-    errors = [ln.strip() for ln in pod.log_tail(program) if ERROR_LINE.search(ln)][-5:]
+    if starts < 2 or program == "trainer" and (pod.progress.get("stopped") or {}).get("by") == "crash-loop":
+        return None  # the loop bound's finding names the cause
+    err = last_error(pod) if program == "trainer" else {}
+    # The rank's own exception when it recorded one: torchrun's ChildFailedError lines say only that a rank failed.
+    errors = error_lines(err) if err else [ln.strip() for ln in pod.log_tail(program) if ERROR_LINE.search(ln)][-5:]
     fatal = rec.get("state") == supervisord.FATAL
     by_watchdog = [a.get("reason") for a in records.WATCHDOG.read(pod.state) if a.get("program") == program]
     return Finding(f"{what}_restarts", f"{what} restarted {starts - 1} time(s)" + (", then gave up (FATAL)"
@@ -280,16 +282,46 @@ def check_nan_loss(pod: Pod, now: float) -> Finding | None:
                    "before it diverged")
 
 
+STOPPED_FOR_GOOD = {
+    "config-error": ("trainer_config_error", "the trainer's config or code cannot train: the trainer is stopped, "
+                     "not looping"),
+    "crash-loop": ("trainer_crash_loop", "your script failed again and again without a new step: the loop bound "
+                   "stopped the trainer"),
+    "never-trained": ("trainer_never_trained", "your script never trained: it ended without calling "
+                      "PPOTrainer.train"),
+}
+
+
+def last_error(pod: Pod) -> dict:
+    """The user's own exception from the trainer's last failure (failure.py), as the loop bound kept it."""
+    rec = records.TRAINER_LOOP.read(pod.state)
+    if rec.get("boot") != records.CURRENT.read(pod.state).get("started"):
+        return {}  # an earlier boot's: this one's trainer has not failed
+    err = rec.get("error") or {}
+    return err if err.get("type") else {}
+
+
+def error_lines(err: dict) -> list[str]:
+    from podkit import failure
+
+    out = [f"{failure.summary(err)}" + (f" (rank {err['rank']})" if err.get("rank") else "")]
+    if err.get("code"):
+        out.append(f"  {err['code']}")
+    tb = [ln for ln in str(err.get("traceback") or "").splitlines() if ln.strip()]
+    return out + [f"traceback: {ln.strip()}" for ln in tb[-4:] if ln.strip().startswith("File ")]
+
+
 def check_trainer_config(pod: Pod, now: float) -> Finding | None:
     stopped = pod.progress.get("stopped") or {}
-    if stopped.get("by") != "config-error":
+    if stopped.get("by") not in STOPPED_FOR_GOOD:
         return None
     lines = [ln for ln in str(stopped.get("message") or "").splitlines() if ln.strip()]
+    if stopped["by"] == "crash-loop":
+        lines = lines[:1] + error_lines(last_error(pod))
     # The trainer records its own hint (a script's import error, an agent workflow); older records have none.
     hint = stopped.get("hint") or ("fix trainer.overrides (a key missing from the YAML needs hydra's +key=value) or "
                                    "trainer.areal_config, then `podkit ctl start trainer`")
-    return Finding("trainer_config_error", "the trainer's config or code cannot train: the trainer is stopped, "
-                   "not looping", lines[:6] or ["(no message recorded)"], hint)
+    return Finding(*STOPPED_FOR_GOOD[stopped["by"]], lines[:8] or ["(no message recorded)"], hint)
 
 
 def check_notify(pod: Pod, now: float) -> Finding | None:

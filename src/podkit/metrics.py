@@ -76,6 +76,20 @@ class PodCollector:
                  t.get("weight_update_s"))):
             if isinstance(value, (int, float)):
                 yield GaugeMetricFamily(metric, doc, value=float(value))
+        stopped = t.get("stopped") or {}
+        trainer_state = (st["programs"].get("trainer") or {}).get("state")
+        g = GaugeMetricFamily("podkit_trainer_stopped_for_good", "1 while the trainer stays stopped because it cannot "
+                              "train (config-error, crash-loop: the loop bound, never-trained), by why",
+                              labels=["by"])
+        for by in records.CANNOT_TRAIN:
+            g.add_metric([by], 1.0 if stopped.get("by") == by and trainer_state == supervisord.EXITED else 0.0)
+        yield g
+        loop = records.TRAINER_LOOP.read(self.state)
+        if loop.get("boot") != records.CURRENT.read(self.state).get("started"):
+            loop = {}  # an earlier boot's count
+        yield GaugeMetricFamily("podkit_trainer_failures_in_a_row", "the trainer's failures in a row without a new "
+                                "step (the loop bound stops it at trainer.max_failures)",
+                                value=float(loop.get("failures") or 0))
         code = t.get("code") or {}
         if code.get("entry"):  # what trains: a run is traceable to its code
             info = GaugeMetricFamily("podkit_trainer_code_info", "1, labelled with the trainer's entry, the synced "

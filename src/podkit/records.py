@@ -172,6 +172,13 @@ def write_json(path: Path, data: object, mode: int = 0o644) -> None:
 # -- the records ------------------------------------------------------------------------------------------
 STOPPED = {"by": str, "time": TIME, "step": int, "message": str, "hint": str}
 FINISHED = ("done", "max_steps")  # stopped.by when the trainer ended its run (AReaL's total steps; max_steps)
+# stopped.by when the trainer stays stopped because it cannot train: AReaL refused its config or the script
+# failed before training (config-error), it failed max_failures times without a new step (crash-loop), or
+# the script ended without training (never-trained). Supervisord leaves it EXITED; the cost guard stops the pod.
+CANNOT_TRAIN = ("config-error", "crash-loop", "never-trained")
+# A rank's exception, in the user's words (failure.py): one per rank in the run dir, the first kept below.
+ERROR = {"type": str, "message": str, "where": str, "code": str, "traceback": str, "hint": str, "rank": int,
+         "time": TIME}
 # Written by podkit boot (one item per boot; guard.py).
 BOOTS = Record("boots.json", [{"time": TIME, "pid": int, "stages": dict, "outcome": str, "last_stop": str,
                                "reason": str, "traceback": str, "took_s": dict}])
@@ -198,6 +205,9 @@ SETUP = Record("setup.json", {"key": str, "python": str, "command": str, "commit
                               "fallback": bool})
 LAST_GOOD_SETUP = Record("last-good.json", {"env": str, "time": TIME})
 RESUME = Record("resume.json", {"time": TIME})
+# The trainer's loop bound (loopbound.py): failures in a row without a new step, in this boot.
+TRAINER_LOOP = Record("trainer-loop.json", {"boot": NUMBER, "failures": int, "best_step": int, "last_failure": TIME,
+                                            "delay_s": NUMBER, "gave_up": bool, "error": ERROR, "starts": int})
 WATCHDOG = Record("watchdog.json", [{"time": TIME, "action": str, "program": str, "reason": str, "dump": str}])
 # In the run dir (local disk): the log listener's view of supervisord's programs, and the AReaL
 # launcher's process groups.
@@ -227,7 +237,7 @@ CLUSTER = Record("cluster.json", {"state": str, "since": TIME, "time": TIME, "wh
                                   "nodes": list, "run": str, "restarts": int})
 CLUSTER_STOP = Record("cluster-stop.json", {"run": str, "time": TIME})  # every rank stops after its step
 RANK_SHAPE = {"rank": int, "pid": int, "start": int, "host": str, "node": str, "run": str, "time": TIME}
-STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG, NOTIFY, CLUSTER)
+STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG, NOTIFY, CLUSTER, TRAINER_LOOP)
 
 
 class Progress:

@@ -60,9 +60,6 @@ def say(text: str) -> None:
 RETRY_EVERY_S = 5
 
 
-STOP_POD_RETRY_S = 300
-
-
 def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", traceback: str = "",
          retry=None, stop_pod_after: tuple[float, str] = (0.0, ""), metrics: dict | None = None,
          stop_pod_limits=None) -> int:
@@ -70,7 +67,7 @@ def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", trace
     SIGUSR1 (`podkit resume`) boots again in place: same pid, so PID 1 stays PID 1; so does `retry()`
     turning true (asked every few seconds: the cause went away by itself, such as another pod's hold
     on the workspace). On RunPod, after `stop_pod_after` (seconds, the setting that says so) the pod
-    stops itself (cost guard); `stop_pod_limits()`, when given, says it again each time it is looked at
+    stops itself (costguard.WhenIdle); `stop_pod_limits()`, when given, says it again each time it is looked at
     (`podkit guard set` changes it on the waiting pod). With
     `metrics` (serve_in_background's arguments), /metrics says so meanwhile. Nothing in here may end
     the process otherwise: a failure of its own falls back to waiting."""
@@ -96,9 +93,20 @@ def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", trace
         except Exception as e:  # noqa: BLE001 - nor may serving metrics
             say(f"[podkit:metrics] cannot serve metrics in safe mode ({type(e).__name__}: {e})")
     last = checked = since = time.monotonic()
-    pod_stop = PodStop(state_dir, stage, *stop_pod_after, limits=stop_pod_limits)
+    pod_stop = None
+    try:
+        from podkit import costguard
+
+        pod_stop = costguard.WhenIdle(state_dir, f"in safe mode ({stage})", *stop_pod_after, limits=stop_pod_limits,
+                                      say=lambda m: say(f"[podkit:costguard] {m}"))
+    except Exception:  # noqa: BLE001 - the cost guard must not be what ends PID 1
+        pass
     while not stopping:
-        pod_stop.check(time.monotonic() - since)
+        try:
+            if pod_stop:
+                pod_stop.check(time.monotonic() - since)
+        except Exception:  # noqa: BLE001 - nor may its check
+            pass
         if retry and time.monotonic() - checked >= RETRY_EVERY_S:
             checked = time.monotonic()
             try:
@@ -123,49 +131,3 @@ def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", trace
             say(f"[podkit:boot] still in safe mode ({stage}: {message})")
             last = time.monotonic()
     return 0
-
-
-class PodStop:
-    """The safe-mode cost guard: once the wait has lasted `after_s` on RunPod, notify and stop the pod,
-    in a thread (PID 1 keeps answering signals); a refused stop is tried again every few minutes.
-    `limits()` gives (after_s, why) afresh each time it is looked at: a change takes effect at once."""
-
-    def __init__(self, state_dir: Path | None, stage: str, after_s: float,
-                 why: str = "guard.stop_pod_after_s", limits=None) -> None:
-        self.state_dir, self.stage, self.after_s, self.why = state_dir, stage, after_s, why
-        self.limits = limits
-        self.notified = self.done = False
-        self.next_at = after_s
-        self.thread = None
-
-    def check(self, waited_s: float) -> None:
-        if self.limits and not self.done:
-            try:
-                after_s, why = self.limits()
-            except Exception:  # noqa: BLE001 - a bad guard file keeps the limit there was
-                after_s, why = self.after_s, self.why
-            if (after_s, why) != (self.after_s, self.why):
-                self.after_s, self.why, self.next_at = after_s, why, after_s
-        if self.done or not self.after_s or waited_s < self.next_at or (self.thread and self.thread.is_alive()):
-            return
-        self.next_at = waited_s + STOP_POD_RETRY_S
-        try:
-            from podkit import costguard  # only after a long safe mode: urllib is not on the boot path
-
-            if not costguard.on_runpod():
-                self.done = True  # not a RunPod pod: nothing to stop, never again
-                return
-            import threading
-
-            self.thread = threading.Thread(target=self._stop, args=(waited_s,), daemon=True)
-            self.thread.start()
-        except Exception:  # noqa: BLE001 - the cost guard must not be what ends PID 1
-            pass
-
-    def _stop(self, waited_s: float) -> None:
-        from podkit import costguard
-
-        first, self.notified = not self.notified, True
-        if costguard.stop_pod_notified(f"in safe mode ({self.stage}) for {waited_s:.0f} s ({self.why})",
-                                       self.state_dir, notify=first):
-            self.done = True

@@ -13,9 +13,12 @@ with `sys.argv` = [script, *argv], cwd = the checkout and `sys.path` = [its dire
 - this file's own directory is taken off `sys.path` first, so none of podkit's modules (launch.py,
   cluster.py, ...) shadows a module of the script's.
 
-A script that fails before training starts because of its code or data (an import that fails, a syntax
-error, a missing file) is a config error: the trainer stops once, naming the file and line, and does
-not restart into the same error.
+Any exception the script raises before training starts (an import, a data field named differently, a
+`main` that takes no argument, a dataset the pod cannot download) is the script's own: the trainer stops
+once, naming the exception, the file and line in the user's code and a hint, and does not restart into
+the same error. Only the distributed or CUDA runtime's failures at start-up (a port taken, out of memory)
+go to the loop bound instead, as they may pass. Every rank's exception, before or during training, is
+recorded in its own words (failure.py) for status, doctor and the notification.
 """
 
 import os
@@ -27,12 +30,19 @@ if sys.path and sys.path[0] and os.path.realpath(sys.path[0]) == _HERE:
 
 import runpy  # noqa: E402 - after the path is cleared
 import subprocess  # noqa: E402
-import traceback  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 EXAMPLE = os.path.join(_HERE, "example", "gsm8k_grpo.py")
-# Raised before training starts, these are the script's code or data, the same on every restart.
-SETUP_ERRORS = (ImportError, SyntaxError, FileNotFoundError, NotADirectoryError)
+# Raised before training, these may pass on a restart: the runtime's, not the script's (matched by name:
+# torch.distributed's DistError family, CUDA's OutOfMemoryError; NCCL and c10d say so in the message).
+RUNTIME_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "OutOfMemoryError")
+RUNTIME_MESSAGES = ("NCCL", "CUDA out of memory", "Address already in use", "c10d")
+
+
+def runtime_error(exc: BaseException) -> bool:
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & set(RUNTIME_ERRORS)) or any(m in str(exc) for m in RUNTIME_MESSAGES)
 
 
 def entry_of(cfg) -> tuple[str, str | None, str | None]:
@@ -75,18 +85,8 @@ def shadowed_areal(paths: list[str]) -> list[str]:
     return [p for p in found if os.path.realpath(p) != installed]
 
 
-def where(exc: BaseException, roots: list[str]) -> str:
-    """file:line of the deepest frame in the script's tree (the user's code), else of the deepest one."""
-    if isinstance(exc, SyntaxError) and exc.filename:
-        return f"{exc.filename}:{exc.lineno}"
-    frames = traceback.extract_tb(exc.__traceback__)
-    mine = [f for f in frames if any(os.path.realpath(f.filename).startswith(r + os.sep) for r in roots)]
-    frame = (mine or frames or [None])[-1]
-    return f"{frame.filename}:{frame.lineno}" if frame else "?"
-
-
 def main(argv: list[str]) -> int:
-    from podkit import config, log
+    from podkit import config, failure, log
     from podkit.areal import hooks
 
     _log = log.get("trainer")
@@ -104,6 +104,7 @@ def main(argv: list[str]) -> int:
     if checkout:
         os.chdir(checkout)
     sys.path[:0] = list(dict.fromkeys(p for p in (script_dir, checkout) if p))
+    target = None
     try:
         if function:
             import importlib
@@ -115,16 +116,25 @@ def main(argv: list[str]) -> int:
             runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except SETUP_ERRORS as e:
-        if st.training:
-            raise
-        at = where(e, roots)
-        st.refuse(f"the training script failed before training started, at {at}", f"{type(e).__name__}: {e}",
-                  "fix it in the repo and push: the next boot syncs it (or fix the checkout, then "
-                  "`podkit ctl start trainer`)")
+    except Exception as e:
+        err = failure.describe(e, roots, str(cfg.workspace_path), call=target)
+        failure.write(cfg.run_path, st.rank, err)
+        if st.training or runtime_error(e):
+            raise  # the loop bound counts it; the record above names it
+        st.refuse(f"the training script failed before training started, at {err['where']}",
+                  f"{type(e).__name__}: {e}" + (f"\n{err['code']}" if err["code"] else ""),
+                  (err["hint"] + "; " if err["hint"] else "") + "fix it in the repo and push: the next boot syncs "
+                  "it (or fix the checkout, then `podkit ctl start trainer`)")
         return 2
     if not st.training:
-        _log.warn(f"{Path(script).name} ended without calling PPOTrainer.train: no steps were recorded")
+        name = Path(script).name + (f":{function}" if function else "")
+        msg = (f"{name} ended without calling PPOTrainer.train: nothing trained (a script that trains otherwise "
+               "records no steps, and a `main` that is defined but never called does nothing)")
+        _log.error(msg)
+        if st.rank == 0:
+            hooks.Progress(cfg).update(stopped={"by": "never-trained", "time": time.time(),
+                                                "message": msg, "hint": "call PPOTrainer(...).train(...) from the "
+                                                "script (as AReaL's examples do under `if __name__ == \"__main__\"`)"})
     return 0
 
 

@@ -1,0 +1,161 @@
+"""The user's exception in its own words: what a failed rank raised, the frame in the user's code, and a
+hint that fits the kind. torchrun's ChildFailedError says only that a rank failed; each rank writes its
+own record (`trainer-error-<rank>.json` in the run dir) and the launcher keeps the first one.
+
+No torch or AReaL here: the launcher, the fake trainer, status and doctor read these records too.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import time
+import traceback
+from pathlib import Path
+
+from podkit import records
+
+MAX_MESSAGE = 1000
+MAX_FIELDS = 20
+
+
+def error_record(rank: int) -> records.Record:
+    return records.Record(f"trainer-error-{rank}.json", records.ERROR)
+
+
+def _in(path: str, roots: list[str]) -> bool:
+    real = os.path.realpath(path)
+    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
+def _row_fields(exc: KeyError, frames: list) -> str:
+    """A KeyError on a dataset row: the fields the row does have, from the locals of the frame that raised."""
+    key = exc.args[0] if exc.args else None
+    for frame in reversed(frames):
+        for name, value in frame.f_locals.items():
+            keys = getattr(value, "keys", None)
+            if name.startswith("__") or not callable(keys) or isinstance(value, type):
+                continue
+            try:
+                fields = [str(k) for k in list(keys())[:MAX_FIELDS + 1]]
+                if key in value:
+                    continue
+            except Exception:  # noqa: BLE001 - a user's object: anything may raise
+                continue
+            if fields:
+                more = ", ..." if len(fields) > MAX_FIELDS else ""
+                return (f"`{name}` has no field {key!r}; its fields are {', '.join(fields[:MAX_FIELDS])}{more}: "
+                        "rename the field in the data or the key in the code")
+    return ""
+
+
+HUB_ERRORS = ("ConnectionError", "ConnectTimeout", "ReadTimeout", "MaxRetryError", "NameResolutionError",
+              "LocalEntryNotFoundError", "OfflineModeIsEnabled", "HfHubHTTPError", "DatasetNotFoundError")
+
+
+def _dataset(frames: list) -> str:
+    for frame in frames:
+        if frame.f_code.co_name == "load_dataset":
+            path = frame.f_locals.get("path")
+            if isinstance(path, str):
+                return path
+    return ""
+
+
+def hint_for(exc: BaseException, frames: list, workspace: str = "/workspace") -> str:
+    """What to do about this kind of failure; "" when nothing more specific than "fix it" fits."""
+    kinds = {c.__name__ for c in type(exc).__mro__}
+    if isinstance(exc, KeyError):
+        return _row_fields(exc, frames)
+    if kinds & set(HUB_ERRORS) or isinstance(exc, ConnectionError):
+        dataset = _dataset(frames)
+        if dataset:
+            return (f"the trainer could not fetch dataset {dataset!r} from the hub: fill its cache on the volume "
+                    f"before the GPU pod (HF_HOME={workspace}/hf python -c \"import datasets; "
+                    f"datasets.load_dataset('{dataset}')\" on any machine with the volume), or put the data in the "
+                    "repo; a pod that cannot reach the hub cannot train on it")
+        return "a connection failed before training: check the address or the token the script uses"
+    if isinstance(exc, ImportError):
+        return hint_for_import()
+    return ""
+
+
+def describe(exc: BaseException, roots: list[str], workspace: str = "/workspace", call=None) -> dict:
+    """The record of `exc`: type, message, where (the deepest frame under `roots`, the user's code), that
+    line of code, the traceback's frames from the user's first one on, and a hint. `call` is the user's
+    function that podkit called, for a TypeError from the call itself (a wrong signature)."""
+    tb = exc.__traceback__
+    frames, summary = [], []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        summary.append(traceback.FrameSummary(tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name))
+        tb = tb.tb_next
+    mine = [i for i, f in enumerate(summary) if _in(f.filename, roots)]
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where, code = f"{exc.filename}:{exc.lineno}", (exc.text or "").strip()
+    elif mine:
+        f = summary[mine[-1]]
+        where, code = f"{f.filename}:{f.lineno}", (linecache.getline(f.filename, f.lineno) or "").strip()
+    elif summary:
+        f = summary[-1]
+        where, code = f"{f.filename}:{f.lineno}", (linecache.getline(f.filename, f.lineno) or "").strip()
+    else:
+        where, code = "?", ""
+    hint = hint_for(exc, frames, workspace)
+    if call is not None and isinstance(exc, TypeError) and len(summary) <= 1:
+        # Raised by the call itself: the function does not take what podkit passes (argv, a list).
+        fn = getattr(call, "__wrapped__", call)
+        c = getattr(fn, "__code__", None)
+        if c is not None:
+            where, code = f"{c.co_filename}:{c.co_firstlineno}", (linecache.getline(c.co_filename, c.co_firstlineno)
+                                                                 or "").strip()
+        hint = (f"podkit calls {getattr(fn, '__name__', 'the function')}(argv) with the command-line arguments as "
+                "a list (as AReaL's own mains take them): give it one parameter, e.g. `def main(argv=None)`")
+    start = mine[0] if mine else max(0, len(summary) - 8)
+    lines = [ln.rstrip() for ln in traceback.format_list(summary[start:])[-12:]]
+    message = str(exc)
+    return {"type": type(exc).__name__, "message": message[:MAX_MESSAGE], "where": where, "code": code[:300],
+            "traceback": "\n".join(lines)[-4000:], "hint": hint, "time": time.time()}
+
+
+def hint_for_import() -> str:
+    return "a missing package goes in the repo's requirements (repo.setup installs them), else a typo in a name"
+
+
+def stop_for_good(state_dir: Path, by: str, message: str, hint: str) -> None:
+    """progress.json's stop record for a trainer that stays stopped (records.CANNOT_TRAIN): the launcher then
+    exits 0, status, doctor and `podkit up` read why, and the cost guard stops the pod."""
+    prog = records.PROGRESS.read(state_dir)
+    prog["stopped"] = {"by": by, "time": time.time(), "step": prog.get("step"), "message": message[:2000],
+                       "hint": hint}
+    try:
+        records.PROGRESS.write(state_dir, prog)
+    except OSError:
+        pass  # the log says it too
+
+
+def summary(err: dict) -> str:
+    """One line: `KeyError: 'question' at train.py:42`."""
+    first = (err.get("message") or "").strip().splitlines()
+    return f"{err.get('type', 'error')}: {first[0] if first else ''}".rstrip(": ") + \
+        (f" at {err['where']}" if err.get("where") else "")
+
+
+def write(run_dir: Path, rank: int, err: dict) -> None:
+    try:
+        error_record(rank).write(run_dir, {**err, "rank": rank}, mode=0o600)
+    except OSError:
+        pass  # the log has the traceback too
+
+
+def first_since(run_dir: Path, since: float) -> dict | None:
+    """The earliest rank record written since `since`: the rank that failed first (the others often fail
+    because it did, in a collective)."""
+    found = []
+    for path in Path(run_dir).glob("trainer-error-*.json"):
+        rank = path.name.removeprefix("trainer-error-").removesuffix(".json")
+        if rank.isdigit():
+            err = error_record(int(rank)).read_owned(run_dir)
+            if isinstance(err.get("time"), (int, float)) and err["time"] >= since:
+                found.append(err)
+    return min(found, key=lambda e: e["time"]) if found else None

@@ -1,0 +1,77 @@
+"""The trainer's loop bound on the smoke stack (real supervisord, the fake trainer with an injected failure,
+`podkit boot`): a trainer that fails again and again without a new step stops once, named everywhere, and
+on RunPod (the loopback stub of tests/runpod_stub.py) the pod stops itself after guard.stop_pod_after_s.
+A failure after new steps restarts at once and resumes. The real trainer's cases: tests/test_your_code.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from conftest import PODKIT, wait_for
+from test_costguard import KEY, STOP, on_runpod, receiver, runpod_api  # noqa: F401 - fixtures
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+
+def starts(s) -> int:
+    return s.log("trainer").count("[podkit:run] starting trainer")
+
+
+def test_a_trainer_failing_at_step_2_on_every_run_stops_after_four_starts_and_the_pod_stops_itself(
+        stack_factory, runpod_api, receiver):  # noqa: F811
+    """Step 1 trains (new evidence), then every run fails at step 2 after resuming at step 1: three failures
+    in a row without a new step, with a growing wait between them, and the trainer stays stopped. After
+    guard.stop_pod_after_s the pod stops; RunPod's first answer is a 502, so the stop is tried again, and
+    announced once."""
+    runpod_api.fail("POST", "/v2/pods/pod-abc123/action", 502, times=2, body=b"Bad Gateway")
+    t0 = time.time()
+    s = stack_factory(FAKE_TRAINER_FAIL_AT_STEP="2", PODKIT_TRAINER_CHECKPOINT_EVERY="1",
+                      PODKIT_TRAINER_RESTART_DELAY_S="3", PODKIT_GUARD_STOP_POD_AFTER_S="3",
+                      PODKIT_NOTIFY_WEBHOOK_URL=receiver.url, **on_runpod(runpod_api.url)).start()
+    stopped = wait_for(lambda: (st := s.progress().get("stopped") or {}).get("by") == "crash-loop" and st, 120,
+                       interval=0.5, what="the loop bound to stop the trainer")
+    took = time.time() - t0
+    assert "failed 3 times in a row after step 1 without a new step" in stopped["message"], stopped
+    assert "RuntimeError: injected failure at step 2" in stopped["message"] and "fake_trainer.py:" in stopped["message"]
+    wait_for(lambda: s.rpc().supervisor.getProcessInfo("trainer")["statename"] == "EXITED", 30,
+             what="the trainer to stay stopped")
+    assert starts(s) == 4, s.log("trainer")
+    log = s.log("trainer")
+    assert "restarting in 3s" in log and "restarting in 6s" in log and "back-off: waiting" in log
+    # Named everywhere: --health, status, doctor, metrics, a notification.
+    health = subprocess.run([*PODKIT, "status", "--health", "--workspace", str(s.workspace)], capture_output=True,
+                            text=True, env=s.env, timeout=30)
+    assert health.returncode == 1 and "stopped for good, crash-loop" in health.stdout, health.stdout
+    human = subprocess.run([*PODKIT, "status", "--workspace", str(s.workspace)], capture_output=True, text=True,
+                           env=s.env, timeout=30).stdout
+    assert "stopped for good by the loop bound" in human and "injected failure at step 2" in human, human
+    doc = json.loads(subprocess.run([*PODKIT, "doctor", "--json", "--workspace", str(s.workspace)],
+                                    capture_output=True, text=True, env=s.env, timeout=60).stdout)
+    finding = next(f for f in doc["findings"] if f["id"] == "trainer_crash_loop")
+    assert any(e.startswith("RuntimeError: injected failure at step 2 (") and "fake_trainer.py:" in e
+               for e in finding["evidence"]), finding
+    assert not any(f["id"] == "trainer_restarts" for f in doc["findings"]), "one finding for one cause"
+    assert "trainer-stopped" in receiver.events()
+    # The cost guard: after stop_pod_after_s, the stop; a 502 first, tried again; one notification.
+    wait_for(lambda: runpod_api.pod("pod-abc123")["status"] == "EXITED", 60, what="the pod's stop")
+    assert runpod_api.calls().count(STOP) >= 3
+    assert receiver.events().count("pod-stop") == 1 and receiver.events().count("trainer-stopped") == 1
+    assert "the trainer stopped for good (crash-loop) for" in receiver.one("pod-stop")["text"]
+    assert "the pod did not stop; trying again in 2 s" in s.stdout()
+    print(f"loop bound: {starts(s)} starts, stopped {took:.0f}s after the boot")
+    assert s.stop() == 0 and KEY not in s.stdout()
+
+
+def test_a_failure_after_new_steps_restarts_at_once_and_the_run_goes_on(stack_factory):
+    """The step that fails once, after steps 1-4, is new evidence: no back-off, no count toward the bound;
+    the next start resumes and trains to the end."""
+    s = stack_factory(FAKE_TRAINER_FAIL_AT_STEP="5:once", PODKIT_TRAINER_CHECKPOINT_EVERY="2",
+                      PODKIT_TRAINER_MAX_STEPS="8", PODKIT_TRAINER_RESTART_DELAY_S="30").start()
+    wait_for(lambda: (s.progress().get("stopped") or {}).get("by") == "max_steps", 90, what="the run's end")
+    assert starts(s) == 2 and "back-off" not in s.log("trainer")
+    assert "resumed from checkpoint" in s.log("trainer")
+    assert s.stop() == 0
