@@ -1,5 +1,6 @@
 """The process table, read from /proc: a process's stat, command line and start time, its parents and
-descendants, the pids podkit must never touch, and stopping a set of processes TERM -> grace -> KILL.
+descendants, the pids podkit must never touch, the processes carrying a program's mark in their environment,
+and stopping a set of processes TERM -> grace -> KILL.
 
 A pid alone names nobody for long: every process here carries its start time (field 22 of
 /proc/<pid>/stat), and a signal goes through a pidfd, or to a pid whose start time still matches, so a
@@ -339,6 +340,64 @@ def stop(targets: list[Target], grace_s: float, kill_wait_s: float, reap_childre
             h.t.seconds = round(time.monotonic() - t0, 2)
     for h in handles:
         h.close()
+
+
+# Inherited by everything the trainer program and the setup command start, whatever session or group it
+# moves to: how their leftovers are found. Not PODKIT_-prefixed: config would warn of an unknown setting.
+OWNER_ENV = "_PODKIT_OWNER"
+
+
+def owner_mark(state_dir, program: str) -> str:
+    """OWNER_ENV's value for `program` ("trainer", "setup") of one pod: its state dir, one per workspace
+    and cluster node. Another workspace's processes on this machine (tests run many side by side), or
+    another simulated node's, carry another."""
+    return f"{program}@{os.path.realpath(state_dir)}"
+
+
+def marked(state_dir, reasons: dict[str, str]) -> list[Target]:
+    """Live processes of this user whose environment carries the mark of one of `reasons`' programs
+    for `state_dir` (program -> why it is stopped), never podkit itself or its ancestors (the trainer's
+    launcher carries the mark). An environment that cannot be read is skipped."""
+    want = {f"{OWNER_ENV}={owner_mark(state_dir, prog)}".encode(): why for prog, why in reasons.items()}
+    key, uid, keep = OWNER_ENV.encode() + b"=", os.getuid(), protected_pids()
+    found = []
+    for pid in all_pids():
+        if pid in keep:
+            continue
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            env = read_all(f"/proc/{pid}/environ")
+        except OSError:
+            continue
+        if key not in env:
+            continue
+        why = next((want[e] for e in env.split(b"\0") if e in want), None)
+        st = read_stat(pid) if why else None
+        if st and not st.gone:
+            found.append(Target.of(st, reason=why))
+    return found
+
+
+def stop_marked(state_dir, reasons: dict[str, str], grace_s: float = 2.0, kill_wait_s: float = 1.0,
+                reap_children=_no_children) -> list[Target]:
+    """Stop (TERM, grace, KILL) what `marked` finds; returns them with their outcomes. The default grace
+    fits in the trainer's stop grace after its own shutdown."""
+    targets = marked(state_dir, reasons)
+    if targets:
+        stop(targets, grace_s, kill_wait_s, reap_children)
+    return targets
+
+
+def told(t: Target) -> str:
+    """The log line for a leftover `stop_marked` dealt with: its pid, command line and why."""
+    cmd = t.cmdline or t.name
+    cmd = cmd if len(cmd) <= 200 else cmd[:199] + "…"
+    if t.outcome == "survived":
+        return f"pid {t.pid} ({cmd}), {t.reason}, survived SIGKILL (state {t.state})"
+    if t.outcome == "vanished":
+        return f"pid {t.pid} ({cmd}), {t.reason}, exited before it was stopped"
+    return f"stopped pid {t.pid} ({cmd}), {t.reason}" + (f", with {t.signal}" if t.signal else "")
 
 
 def kill_groups(groups: list) -> list[int]:

@@ -3,8 +3,9 @@
 Every process holding the device files (fd or mapping, found by gpu.holders) is stopped TERM ->
 grace -> KILL through a pidfd (proc.stop), with its process group when nothing else lives there;
 podkit itself, its ancestors and PID 1 are never touched. Then nvidia-smi must show the memory freed.
-The stage also stops what the previous run of this pod left running (recorded process groups, even
-where GPU reaping is off), clears its supervisord's socket and pid file, and AReaL's discovery
+The stage also stops what the previous run of this pod left running (recorded process groups, and
+whatever carries the trainer's or setup command's mark for this workspace: proc.marked; even where
+GPU reaping is off), clears its supervisord's socket and pid file, and AReaL's discovery
 records of this trial, which would point a new trainer at a dead server.
 
 `podkit reap` runs the same stage; called by a person it is an explicit request (reap.enabled
@@ -21,6 +22,8 @@ from podkit import discovery, gpu, log, pid1, proc, records
 from podkit.errors import StageError
 
 _log = log.get("reap")
+# The programs whose mark (proc.OWNER_ENV) a leftover carries, and what is said of it.
+LEFT_BY = {"trainer": "left running by the previous run's trainer", "setup": "left running by a previous repo.setup"}
 
 
 class Report:
@@ -33,6 +36,7 @@ class Report:
         self.scan_seconds = 0.0
         self.seconds = 0.0
         self.gpus: list[dict] = []
+        self.leftovers: list[proc.Target] = []  # what carried this workspace's trainer or setup mark
 
     @property
     def survivors(self) -> list[gpu.Holder]:
@@ -43,6 +47,7 @@ class Report:
                                            "skipped")}
         d["holders"] = [h.to_dict() for h in self.holders]
         d["survivors"] = [h.pid for h in self.survivors]
+        d["leftovers"] = [t.to_dict() for t in self.leftovers]
         return json.dumps(d, indent=2)
 
 
@@ -63,21 +68,27 @@ def run(cfg, dry_run: bool = False) -> Report:
     """The stage: leftovers of a dead supervisord and AReaL's discovery records, then the GPUs."""
     live_ok = enabled(cfg.reap.enabled)
     t = cfg.trainer
+    marked = proc.marked(cfg.state_dir, LEFT_BY)
     if not dry_run:
         # No supervisord of this pod runs past this point, so its discovery records are stale.
         for line in [*previous_run(cfg.run_path, stop_live=live_ok, grace_s=cfg.reap.grace_s,
-                                   kill_wait_s=cfg.reap.kill_wait_s),
+                                   kill_wait_s=cfg.reap.kill_wait_s, marked=marked),
                      *discovery.clear(t.name_resolve_root, t.experiment, t.trial)]:
             _log.info(line)
+    for m in marked if dry_run else ():
+        m.outcome = "would-kill"
+        _log.info(f"would stop pid {m.pid} ({m.cmdline or m.name}), {m.reason}")
     if not live_ok:
         report = Report(devices=[], dry_run=dry_run)
         report.skipped = ("reap.enabled is never" if cfg.reap.enabled == "never" else
                           "podkit is not the container's entrypoint (PODKIT_REAP_ENABLED=always to free the GPUs "
                           "anyway)")
         _log.info(f"skipped: {report.skipped}")
+        report.leftovers = marked
         return report
     report = free_gpus(cfg.devices, cfg.reap.grace_s, cfg.reap.kill_wait_s, dry_run=dry_run,
                        gpu_timeout_s=cfg.reap.gpu_free_timeout_s)
+    report.leftovers = marked
     if report.survivors and cfg.reap.on_failure == "safe-mode":
         raise ReapFailed("GPU still held by " + ", ".join(h.describe() for h in report.survivors),
                          "restart the pod (not only the container); or PODKIT_REAP_ON_FAILURE=continue", report)
@@ -122,11 +133,13 @@ def free_gpus(devices_glob: str, grace_s: float, kill_wait_s: float, dry_run: bo
     return report
 
 
-def previous_run(run_dir: Path, stop_live: bool, grace_s: float, kill_wait_s: float) -> list[str]:
+def previous_run(run_dir: Path, stop_live: bool, grace_s: float, kill_wait_s: float,
+                 marked: list[proc.Target] = ()) -> list[str]:
     """Stop what the previous run of this pod left running, by what it recorded in the run dir (its
-    supervisord's pid and start time, each program's process group, the torchrun ranks' groups),
-    never by name; then clear its control socket and pid file. A pid recorded by a dead run that
-    now belongs to another process is not stopped: its start time differs. A live supervisord of
+    supervisord's pid and start time, each program's process group, the torchrun ranks' groups) and
+    `marked`, what carries the mark of its trainer or setup command (proc.marked; logged as warnings:
+    the user's own processes), never by name; then clear its control socket and pid file. A pid
+    recorded by a dead run that now belongs to another process is not stopped: its start time differs. A live supervisord of
     this run dir is another podkit on this workspace: refused, or stopped when `stop_live`."""
     done: list[str] = []
     sup = records.RUN.read_owned(run_dir).get("supervisord") or []
@@ -153,10 +166,16 @@ def previous_run(run_dir: Path, stop_live: bool, grace_s: float, kill_wait_s: fl
             targets += [proc.Target.of(p, reason=f"{what} left by the previous run")
                         for p in proc.group_members(pgid, start) if p.pid not in keep]
         rec.path(run_dir).unlink(missing_ok=True)
-    unique = list({t.pid: t for t in targets}.values())
+    unique = list({t.pid: t for t in [*targets, *marked]}.values())
     if unique:
         proc.stop(unique, grace_s, kill_wait_s, reap_children=pid1.collect_children)
-        done += [f"stopped {t.describe()} after {t.signal or t.outcome}" for t in unique]
+        ours = {m.pid for m in marked}
+        for t in unique:
+            if t.pid in ours:
+                if t.outcome != "vanished":
+                    _log.warn(proc.told(t))
+            else:
+                done.append(f"stopped {t.describe()} after {t.signal or t.outcome}")
     done += _clear_socket_and_pidfile(run_dir, stop_live)
     return done
 

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from podkit import log, records
+from podkit import log, pid1, proc, records
 from podkit.errors import StageError
 
 _log = log.get("setup")
@@ -96,7 +96,9 @@ def build(cfg, env: Path, command: str, python: str, log_path: Path) -> tuple[in
     # Inherit the trainer's packages (the image's, or the AReaL environment's when that is itself a venv).
     Path(site, "_podkit_inherit.pth").write_text("\n".join(site_packages(python)) + "\n")
     env_vars = {**os.environ, "VIRTUAL_ENV": str(env), "PATH": f"{env / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
-                "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONNOUSERSITE": "1"}
+                "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONNOUSERSITE": "1",
+                # What the command leaves running (a daemon in a session of its own) is found by it.
+                proc.OWNER_ENV: proc.owner_mark(cfg.state_dir, "setup")}
     env_vars.pop("PYTHONHOME", None)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
@@ -114,7 +116,16 @@ def build(cfg, env: Path, command: str, python: str, log_path: Path) -> tuple[in
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
             raise
+        finally:
+            stop_leftovers(cfg, "left running by repo.setup, which has ended")
     return rc, _tail(log_path)
+
+
+def stop_leftovers(cfg, reason: str) -> None:
+    """Stop whatever carries this workspace's setup mark: the setup command's daemons, in any session."""
+    for t in proc.stop_marked(cfg.state_dir, {"setup": reason}, reap_children=pid1.collect_children):
+        if t.outcome != "vanished":
+            _log.warn(proc.told(t))
 
 
 def _has_pip(python: str) -> bool:

@@ -147,6 +147,8 @@ def supervise(argv: list[str], env: dict[str, str], run_dir: Path) -> int:
     threading.Thread(target=track, daemon=True).start()
 
     def forward(sig, _frame):
+        if done.is_set():  # torchrun was reaped (the program is cleaning up): its pid may be anyone's now
+            return
         ranks = [c.pid for c in proc.children(child.pid)]
         if sig in (signal.SIGTERM, signal.SIGINT):
             _log.info(f"{signal.Signals(sig).name}: passing it to the {len(ranks)} worker process(es), not "

@@ -97,10 +97,17 @@ def run(name: str, cfg) -> int:
         print(f"[podkit:run] starting {name} (pid {os.getpid()})", flush=True)
     log.set_level(cfg.log_level)
     register(cfg, name)
+    if name == "trainer" and not idle_because(cfg, name):
+        stop_own_leftovers(cfg, "left running by the trainer's previous start")  # its launcher may have been killed
+        os.environ[proc.OWNER_ENV] = proc.owner_mark(cfg.state_dir, "trainer")  # what it starts inherits it
     why = idle_because(cfg, name)
     if why:
         return idle(name, why)
-    code = importlib.import_module(module(cfg, name)).main(cfg)
+    try:
+        code = importlib.import_module(module(cfg, name)).main(cfg)
+    finally:
+        if name == "trainer":  # stopped, finished or failed: nothing it started outlives it
+            stop_own_leftovers(cfg, "left running by the trainer, which has ended")
     if name == "trainer" and code == 0:
         from podkit import supervisord  # here: render imports this module on the boot path
 
@@ -108,6 +115,14 @@ def run(name: str, cfg) -> int:
         # failed start, restart it and end FATAL, so it exits only once it counts as started.
         supervisord.wait_started(cfg.socket_path, name)
     return code
+
+
+def stop_own_leftovers(cfg, reason: str) -> None:
+    """Stop every process that carries this workspace's trainer mark: what the trainer started, in any
+    session or group (a reward server, a daemon), where supervisord's killasgroup does not reach."""
+    for t in proc.stop_marked(cfg.state_dir, {"trainer": reason}):
+        if t.outcome != "vanished":
+            log.get("trainer").warn(proc.told(t))
 
 
 def idle_because(cfg, name: str) -> str:
