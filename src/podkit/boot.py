@@ -316,7 +316,9 @@ def _run_ended(cfg, started: float) -> tuple[str, str] | None:
         if info.get("statename") == supervisord.FATAL:
             return "failed", f"{name} is FATAL: supervisord gave up restarting it"
     info = supervisord.process_info(cfg.socket_path, "trainer") or {}
-    if info.get("statename") != supervisord.EXITED or info.get("exitstatus") != 0:
+    # STOPPED: a finished trainer that did not exit, stopped by the watchdog (or a person).
+    state = info.get("statename")
+    if state != supervisord.STOPPED and (state != supervisord.EXITED or info.get("exitstatus") != 0):
         return None  # any other exit code is restarted (exitcodes=0)
     stopped = records.PROGRESS.read(cfg.state_dir).get("stopped") or {}
     if (stopped.get("time") or 0) < started:
@@ -325,6 +327,8 @@ def _run_ended(cfg, started: float) -> tuple[str, str] | None:
         if cfg.multi_node:
             return None  # a cluster's nodes share the run's end: their operator stops each one
         return "finished", f"training finished ({stopped['by']}) at step {stopped.get('step')}"
+    if state == supervisord.STOPPED:
+        return None  # stopped mid-run by a person (`podkit ctl stop`): theirs to start again
     return "failed", f"the trainer stopped for good ({stopped.get('by')}) at step {stopped.get('step')}"
 
 

@@ -9,7 +9,7 @@ import xmlrpc.client
 from pathlib import Path
 
 from podkit import health, proc, programs, records, startup, supervisord
-from podkit.supervisord import EXITED, FATAL, RUNNING, UP
+from podkit.supervisord import EXITED, FATAL, RUNNING, STOPPED, UP
 
 
 def collect(workspace: Path, state_dir: Path | None = None) -> dict:
@@ -152,10 +152,15 @@ def health_problem(st: dict, progress_timeout_s: float, multi_node: bool = False
         return f"safe mode: {st['safe_mode'].get('message')}"
     if not st["supervisord"].get("reachable"):
         return "supervisord is not reachable"
-    finished = (st["trainer"].get("stopped") or {}).get("by") in records.FINISHED
+    stopped = st["trainer"].get("stopped") or {}
+    finished = stopped.get("by") in records.FINISHED
+    # Over too: a finished trainer that did not exit, STOPPED by the watchdog, when the record is this
+    # pod's (st has no start time for a STOPPED program: the last boot's bounds it).
+    booted = ((st.get("boots") or {}).get("last") or {}).get("time") or 0
+    over = (EXITED, STOPPED) if (stopped.get("time") or 0) >= booted else (EXITED,)
     for name in programs.NAMES:
         p = st["programs"].get(name)
-        if name == "trainer" and finished and p and p["state"] == EXITED:
+        if name == "trainer" and finished and p and p["state"] in over:
             continue  # training is over: nothing is wrong with the pod
         if not p or p["state"] not in UP:
             return f"{name} is {p['state'] if p else 'missing'}"

@@ -2,7 +2,9 @@
 
 Trainer: no step for `trainer_stall_s` while inference answers -> its Python stacks (py-spy, where
 installed; else the kernel's view from /proc) go to <workspace>/logs/hang-<time>.txt, then the
-trainer is restarted and resumes from its checkpoint. Inference: past its start-up but not
+trainer is restarted and resumes from its checkpoint. A trainer whose run finished is never restarted:
+one still running `trainer_stall_s` after its finish record (a non-daemon thread keeps the script alive)
+is dumped once and stopped for good, and the run counts as finished. Inference: past its start-up but not
 answering /health for `inference_unhealthy_s` -> restarted. Start-up phases (loading weights, CUDA
 graph capture, warm-up; read from SGLang's own log lines) are not hangs: they have their own
 deadline, `startup_deadline_s` (docs/failures.md: a run "stuck" for 10 minutes was capturing CUDA graphs).
@@ -134,6 +136,7 @@ class Watchdog:
         self.gen = GenerationProbe(cfg.inference.host, cfg.inference.port, self.w.generation_probe_s,
                                    self.w.inference_unhealthy_s / 3)
         self.server = supervisord.rpc(cfg.socket_path)
+        self.finished_stopped: float | None = None  # the finish record whose trainer was stopped
 
     def record(self, action: str, program: str, reason: str, **extra) -> None:
         _log.warn(f"{action} {program}: {reason}")
@@ -220,11 +223,19 @@ class Watchdog:
             self.restart("sglang")
         return False
 
-    def check_trainer(self, now: float) -> None:
+    def check_trainer(self, now: float, inference_ready: bool = True) -> None:
         info = self.info("trainer")
         if info["statename"] != supervisord.RUNNING:
             return
-        last = records.PROGRESS.read(self.state_dir).get("time") or 0
+        prog = records.PROGRESS.read(self.state_dir)
+        stopped = prog.get("stopped") or {}
+        # This trainer's own finish (an earlier run's record on the volume says nothing of it): not a hang,
+        # whatever inference does.
+        if stopped.get("by") in records.FINISHED and (stopped.get("time") or 0) >= info["start"]:
+            return self.check_finished(now, info, stopped)
+        if not inference_ready:
+            return
+        last = prog.get("time") or 0
         if last > now + 60:  # a step stamped ahead of this clock (another's, or this one stepped back)
             last = 0
         floor = info["start"]  # a fresh trainer gets the full window
@@ -245,6 +256,38 @@ class Watchdog:
         else:
             self.kill_and_restart("trainer", info["pid"])
 
+    def check_finished(self, now: float, info: dict, stopped: dict) -> None:
+        """A trainer still running after its finish record: what is left after PPOTrainer.train returned is
+        the script's own end (a last eval, an upload), given as long as a step may take (trainer_stall_s);
+        past that, something (a non-daemon thread) keeps it alive. Dumped once, then stopped for good."""
+        since = now - stopped["time"]
+        if since < self.w.trainer_stall_s or self.finished_stopped == stopped["time"]:
+            return
+        self.finished_stopped = stopped["time"]  # once per run, even if the stop below fails
+        dump = self.cfg.log_dir / f"hang-{time.strftime('%Y%m%d-%H%M%S')}.txt"
+        tool = dump_stacks(info["pid"], dump, self.cfg.log_dir)
+        self.record("stopped", "trainer", f"the run finished at step {stopped.get('step')} but the trainer did not "
+                    f"exit for {since:.0f}s (a non-daemon thread?): stacks ({tool}) in {dump}", dump=str(dump))
+        self.stop_for_good(info["pid"])
+
+    def stop_for_good(self, pid: int) -> None:
+        """supervisord's stop first, so it never restarts the trainer; then SIGKILL for all of its tree:
+        a finished trainer's ranks ignore SIGTERM (the hooks' handler only asks the training loop to stop)
+        and torchrun starts them in sessions of their own, out of reach of supervisord's group kill. What
+        the trainer started elsewhere carries its mark (proc.OWNER_ENV), and no next start will clear it."""
+        procs = proc.processes()
+        mine = {pid, *proc.descendants(pid, procs)}  # taken first: once killed, their children are orphans
+        why = "the finished trainer's"
+        targets = {p.pid: proc.Target.of(p, reason=why) for p in procs if p.pid in mine or p.pgid == pid}
+        targets.update({t.pid: t for t in proc.marked(self.state_dir, {"trainer": why}) if t.pid not in targets})
+        try:
+            self.server.supervisor.stopProcess("trainer", False)
+        except xmlrpc.client.Fault as e:
+            if "NOT_RUNNING" not in e.faultString:
+                raise
+        # Targets carry their start times: a pid that exited meanwhile and was reused is not signalled.
+        proc.stop(list(targets.values()), grace_s=0, kill_wait_s=10)
+
     def run(self) -> int:
         _log.info(f"watching: trainer stall {self.w.trainer_stall_s:.0f}s, inference unhealthy "
                   f"{self.w.inference_unhealthy_s:.0f}s, start-up deadline {self.w.startup_deadline_s:.0f}s")
@@ -255,8 +298,7 @@ class Watchdog:
             now = time.time()
             try:
                 # A cluster's SGLang is AReaL's (in Ray): the trainer's steps are what is left to watch.
-                if self.cfg.multi_node or self.check_inference(now):
-                    self.check_trainer(now)
+                self.check_trainer(now, self.cfg.multi_node or self.check_inference(now))
             except (OSError, xmlrpc.client.Error) as e:
                 _log.warn(f"supervisord did not answer ({e}); trying again")
 

@@ -1,16 +1,19 @@
 """The hang watchdog on the smoke stack: a frozen trainer is dumped and restarted, a frozen server is
-restarted, and a long start-up phase is waited for, not mistaken for a hang."""
+restarted, a long start-up phase is waited for, not mistaken for a hang, and a finished run that does
+not exit is stopped, never restarted."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
 import time
 
 import pytest
 
-from conftest import wait_for
+from conftest import PODKIT, alive, free_port, smoke_env, wait_for
+from test_costguard import STOP, on_runpod, receiver, runpod_api  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 FAST = {"PODKIT_WATCHDOG_INTERVAL_S": "0.5", "PODKIT_WATCHDOG_TRAINER_STALL_S": "10",
@@ -91,3 +94,50 @@ def test_a_start_up_past_its_deadline_is_restarted(stack_factory):
     assert "loading_weights" in act["reason"] or "capturing_cuda_graphs" in act["reason"]
     assert "startup_deadline_s" in act["reason"]
     assert s.stop() == 0
+
+
+# Trains its 12 steps, then a thread it left running keeps it from exiting (the fake trainer's fault knob).
+FINISHED_THEN_HUNG = {"PODKIT_TRAINER_MAX_STEPS": "12", "PODKIT_WATCHDOG_INTERVAL_S": "0.5",
+                      "PODKIT_WATCHDOG_TRAINER_STALL_S": "3", "FAKE_TRAINER_HANG_AFTER_DONE": "1"}
+
+
+def test_a_run_that_trains_to_the_end_then_hangs_is_stopped_once_counted_finished_and_its_pod_stopped(
+        stack_factory, runpod_api, receiver):  # noqa: F811 - fixtures
+    """The watchdog used to dump and restart such a trainer every minute, for ever (it resumed at its
+    last step, finished again and hung again). Now: its stacks dumped once, the trainer stopped (not
+    restarted, started once), the run counted finished: notified, and the pod's self-stop sent once."""
+    s = stack_factory(**FINISHED_THEN_HUNG, PODKIT_NOTIFY_WEBHOOK_URL=receiver.url,
+                      **on_runpod(runpod_api.url)).start()
+    trainer = wait_for(lambda: s.pid("trainer"), 30, what="the trainer")
+    wait_for(lambda: STOP in runpod_api.calls(), 60, what="the pod stop")
+    (act,) = actions(s.workspace)
+    assert act["action"] == "stopped" and act["program"] == "trainer", act
+    assert "the run finished at step 12 but the trainer did not exit" in act["reason"], act
+    dump = open(act["dump"]).read()
+    assert f"pid {trainer}" in dump and ("left-running" in dump or "(py-spy)" not in act["reason"]), dump[:3000]
+    st = s.status()
+    assert st["programs"]["trainer"]["state"] == "STOPPED" and st["programs"]["trainer"]["restarts"] == 0, st
+    assert not alive(trainer)
+    health = subprocess.run([*PODKIT, "status", "--health", "--workspace", str(s.workspace)], env=s.env,
+                            capture_output=True, text=True, timeout=30)
+    assert (health.returncode, health.stdout.strip()) == (0, "healthy"), health.stdout + health.stderr
+    wait_for(lambda: len(receiver.posts) >= 3, 15, what="the notifications")
+    time.sleep(4)  # past another stall limit: nothing more happens
+    assert sorted(receiver.events()) == ["finished", "pod-stop", "watchdog"], receiver.events()
+    assert "training finished at step 12" in receiver.one("finished")["text"]
+    assert runpod_api.calls() == [STOP] and len(actions(s.workspace)) == 1
+    assert len(list((s.workspace / "logs").glob("hang-*.txt"))) == 1
+    assert s.status()["programs"]["trainer"]["state"] == "STOPPED"
+    assert s.stop() == 0
+
+
+def test_up_whose_run_trains_to_the_end_then_hangs_ends_0_as_finished(procs, tmp_path):
+    """`podkit up` (make run) waited for ever on such a run, its trainer restarted every stall limit."""
+    ws = tmp_path / "ws"
+    procs.workspaces.add(str(ws))
+    p = procs.spawn([*PODKIT, "up", "--workspace", str(ws)], env=smoke_env(ws, free_port(), **FINISHED_THEN_HUNG),
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 0, out[-3000:]
+    assert "training finished (max_steps) at step 12: stopping everything" in out, out[-3000:]
+    assert [a["action"] for a in actions(ws)] == ["stopped"], actions(ws)

@@ -293,6 +293,9 @@ def stopped_by_sigterm(cfg, progress, step) -> int:
     return code
 
 
+HANG_AFTER_DONE = "FAKE_TRAINER_HANG_AFTER_DONE"  # not PODKIT_: not a setting
+
+
 def _injected_hang(*_) -> None:
     """Fault injection for the watchdog tests (SIGUSR1): block forever, as a trainer stuck in a
     collective or on a dead rollout socket does. Only SIGKILL ends it."""
@@ -308,4 +311,9 @@ def main(cfg) -> int:
     signal.signal(signal.SIGTERM, trainer.on_sigterm)
     signal.signal(signal.SIGINT, trainer.on_sigterm)
     signal.signal(signal.SIGUSR1, _injected_hang)
-    return trainer.run()
+    code = trainer.run()
+    if os.environ.get(HANG_AFTER_DONE) == "1" and (trainer.progress.data.get("stopped") or {}).get("by") in records.FINISHED:
+        # Fault injection for the watchdog tests: a script that finished and left a non-daemon thread running
+        # never exits (its SIGTERM handler only sets a flag).
+        threading.Thread(target=threading.Event().wait, name="left-running").start()
+    return code

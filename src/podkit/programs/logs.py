@@ -117,7 +117,10 @@ class Pump:
             rec["fatal_at"] = time.time()
             notify.send("fatal", f"{name} gave up after {rec.get('starts', 0)} starts (FATAL); the container stays "
                         "up: `podkit doctor` names the cause", self.state_dir)
-        if to == supervisord.EXITED and name == "trainer" and headers.get("expected") == "1" and self.state_dir:
+        # STOPPED too: a finished trainer that did not exit, stopped by the watchdog. A process ends once (EXITED
+        # or STOPPED), and finished() counts only a record made since its start: one run is told once.
+        if name == "trainer" and self.state_dir and (
+                to == supervisord.STOPPED or to == supervisord.EXITED and headers.get("expected") == "1"):
             self.finished()
         pid = headers.get("pid", "")
         rec.update(state=to, since=time.time(), pid=int(pid) if pid.isdigit() and int(pid) else rec.get("pid"))
