@@ -28,10 +28,12 @@ def _in(path: str, roots: list[str]) -> bool:
     return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
 
 
-def _row_fields(exc: KeyError, frames: list) -> str:
-    """A KeyError on a dataset row: the fields the row does have, from the locals of the frame that raised."""
+def _row_fields(exc: KeyError, frames: list, roots: list[str]) -> str:
+    """A KeyError on a dataset row: the fields the row does have, from the locals of the frame that raised
+    (the user's frames first: a library's own `self` is the row's wrapper, not what the user named)."""
     key = exc.args[0] if exc.args else None
-    for frame in reversed(frames):
+    mine = [f for f in frames if _in(f.f_code.co_filename, roots)]
+    for frame in [*reversed(mine), *reversed(frames)]:
         for name, value in frame.f_locals.items():
             keys = getattr(value, "keys", None)
             if name.startswith("__") or not callable(keys) or isinstance(value, type):
@@ -62,11 +64,11 @@ def _dataset(frames: list) -> str:
     return ""
 
 
-def hint_for(exc: BaseException, frames: list, workspace: str = "/workspace") -> str:
+def hint_for(exc: BaseException, frames: list, workspace: str = "/workspace", roots: list[str] = ()) -> str:
     """What to do about this kind of failure; "" when nothing more specific than "fix it" fits."""
     kinds = {c.__name__ for c in type(exc).__mro__}
     if isinstance(exc, KeyError):
-        return _row_fields(exc, frames)
+        return _row_fields(exc, frames, list(roots))
     if kinds & set(HUB_ERRORS) or isinstance(exc, ConnectionError):
         dataset = _dataset(frames)
         if dataset:
@@ -101,7 +103,7 @@ def describe(exc: BaseException, roots: list[str], workspace: str = "/workspace"
         where, code = f"{f.filename}:{f.lineno}", (linecache.getline(f.filename, f.lineno) or "").strip()
     else:
         where, code = "?", ""
-    hint = hint_for(exc, frames, workspace)
+    hint = hint_for(exc, frames, workspace, roots)
     if call is not None and isinstance(exc, TypeError) and len(summary) <= 1:
         # Raised by the call itself: the function does not take what podkit passes (argv, a list).
         fn = getattr(call, "__wrapped__", call)

@@ -87,8 +87,15 @@ def _last_stop(t: dict, started=None) -> str:
     if not stopped.get("by"):
         return f"the trainer left no stop record: last step {t.get('step')} {_ago(t.get('last_progress'))}, {ckpt}"
     what = {"done": "finished its run", "max_steps": "finished (trainer.max_steps)",
-            "config-error": "stopped by a config error (`podkit doctor`)"}.get(stopped["by"], f"stopped by {stopped['by']}")
-    return f"the trainer {what} at step {stopped.get('step')} {_ago(stopped.get('time'))}, {ckpt}"
+            "config-error": "stopped for good: its config or code cannot train",
+            "crash-loop": "stopped for good by the loop bound (trainer.max_failures)",
+            "never-trained": "stopped for good: the script ended without training"}.get(
+        stopped["by"], f"stopped by {stopped['by']}")
+    out = f"the trainer {what} at step {stopped.get('step')} {_ago(stopped.get('time'))}, {ckpt}"
+    if stopped["by"] in records.CANNOT_TRAIN and stopped.get("message"):
+        out += f"\n    why: {stopped['message'].splitlines()[0]}" + (f"\n    fix: {stopped['hint']}" if stopped.get("hint")
+                                                                   else "") + "\n    (`podkit doctor` says more)"
+    return out
 
 
 def human(st: dict) -> str:
@@ -163,7 +170,9 @@ def health_problem(st: dict, progress_timeout_s: float, multi_node: bool = False
         if name == "trainer" and finished and p and p["state"] in over:
             continue  # training is over: nothing is wrong with the pod
         if not p or p["state"] not in UP:
-            return f"{name} is {p['state'] if p else 'missing'}"
+            why = stopped.get("message", "").splitlines()[:1] if stopped.get("by") in records.CANNOT_TRAIN else []
+            return f"{name} is {p['state'] if p else 'missing'}" + (
+                f" (stopped for good, {stopped['by']}: {why[0]})" if name == "trainer" and why else "")
     if not multi_node and st["inference"]["phase"] != "ready":  # a cluster's SGLang is AReaL's, in Ray
         return f"inference is {st['inference']['phase']}"
     last = st["trainer"].get("last_progress")

@@ -11,16 +11,18 @@ to a dead server; this clears the trial's records before it starts, as the reap 
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
-from podkit import checks, discovery, health, log, proc, records, setup, supervisord
+from podkit import checks, discovery, failure, health, log, proc, records, setup, supervisord
 from podkit.areal import cluster
 from podkit.areal.command import clear_leftovers, command, environment, set_pdeathsig
 from podkit.programs import refused
@@ -65,6 +67,12 @@ def main(cfg) -> int:
     # First: a rank left by a killed launcher trains on (and writes progress) until it is stopped.
     for pid in clear_leftovers(cfg.run_path):
         _log.warn(f"killed pid {pid}, left by a previous torchrun whose launcher was killed")
+    python, why = setup.python_for(cfg)
+    if why:
+        _log.warn(f"{why}: running the image's Python")
+    env = environment(cfg)
+    if precheck(cfg, python, env):  # before the wait: an import error is named now, not after SGLang's start
+        return 0
     why = wait_for_inference(cfg, sglang_state(cfg))
     if why:
         _log.error(why)
@@ -72,15 +80,35 @@ def main(cfg) -> int:
     for line in discovery.clear(cfg.trainer.name_resolve_root, cfg.trainer.experiment, cfg.trainer.trial):
         _log.info(line)
     unpause(cfg)
-    python, why = setup.python_for(cfg)
-    if why:
-        _log.warn(f"{why}: running the image's Python")
-    argv, env = command(cfg, python), environment(cfg)
+    argv = command(cfg, python)
     _log.info(f"starting {shlex.join(argv)} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r}, "
               f"AREAL_LLM_SERVER_ADDRS={env['AREAL_LLM_SERVER_ADDRS']})")
     started = time.time()
     rc = supervise(argv, env, cfg.run_path)
     return outcome(cfg, rc, started)
+
+
+def precheck(cfg, python: str | None, env: dict[str, str]) -> bool:
+    """True when trainer.entry cannot import (recorded as the script's own error, the trainer stopped once)."""
+    if not cfg.trainer.entry:
+        return False  # podkit's own example
+    script = str(Path(__file__).with_name("precheck.py"))
+    try:
+        r = subprocess.run([python or sys.executable, script, cfg.trainer.entry, cfg.repo.dest], env=env,
+                           capture_output=True, text=True, timeout=60)
+        err = json.loads(r.stdout or "{}") if r.returncode == 0 else {}
+    except (OSError, subprocess.SubprocessError, ValueError):
+        err = {}  # the check could not run: the run itself will say
+    if not isinstance(err, dict) or not err.get("type"):
+        return False
+    failure.stop_for_good(cfg.state_dir, "config-error",
+                          f"the training script failed before training started, at {err.get('where')}: "
+                          f"{err['type']}: {err.get('message')}" + (f"\n{err['code']}" if err.get("code") else ""),
+                          (failure.hint_for_import() + "; " if "Import" in err["type"] else "") + "fix it in the repo "
+                          "and push: the next boot syncs it (or fix the checkout, then `podkit ctl start trainer`)")
+    _log.error(f"{err['type']}: {err.get('message')} at {err.get('where')}: the trainer stays stopped (found before "
+               "waiting for inference)")
+    return True
 
 
 def unpause(cfg) -> None:
@@ -107,10 +135,10 @@ def outcome(cfg, rc: int, started: float) -> int:
     if not isinstance(stopped, dict) or not isinstance(stopped.get("time"), (int, float)) or stopped["time"] < started:
         return rc
     by = stopped.get("by")
-    if by == "config-error":
+    if by in records.CANNOT_TRAIN:
         # Exit 0: supervisord leaves the trainer stopped instead of restarting it into the same error;
         # status and doctor show why (progress.json).
-        _log.error("AReaL refused its config: the trainer stays stopped until it is fixed "
+        _log.error(f"{stopped.get('message') or by}: the trainer stays stopped until it is fixed "
                    "(`podkit doctor` shows the error; then `podkit ctl start trainer`)")
         return 0
     if by == "stale-weights":

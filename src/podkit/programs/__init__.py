@@ -104,7 +104,13 @@ def run(name: str, cfg) -> int:
     if why:
         return idle(name, why)
     try:
-        code = importlib.import_module(module(cfg, name)).main(cfg)
+        main = importlib.import_module(module(cfg, name)).main
+        if name == "trainer" and not cfg.multi_node:  # a cluster's launcher bounds its own restarts
+            from podkit import loopbound  # here: render imports this module on the boot path
+
+            code = loopbound.run(cfg, lambda: main(cfg))
+        else:
+            code = main(cfg)
     finally:
         if name == "trainer":  # stopped, finished or failed: nothing it started outlives it
             stop_own_leftovers(cfg, "left running by the trainer, which has ended")

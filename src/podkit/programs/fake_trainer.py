@@ -214,6 +214,13 @@ class FakeTrainer:
         self.progress.trained(step=self.step, loss=loss, checkpoint_step=self.last_ckpt_step,
                              weight_version=self.pushed, resumed_from=self.resumed_from)
 
+    def injected_failure(self) -> tuple[int, Path | None]:
+        """Fault injection for the loop bound's tests: FAKE_TRAINER_FAIL_AT_STEP=N raises at step N on every
+        run (a script's bug), N:once on the first run only (a failure after progress)."""
+        at, _, once = os.environ.get(FAIL_AT_STEP, "").partition(":")
+        n = int(at) if at.isdigit() else 0
+        return n, (self.cfg.state_dir / f"fake-failed-at-{n}" if once == "once" else None)
+
     def run(self) -> int:
         if not self.cfg.multi_node and (holder := lease.lost(self.cfg.state_dir)):
             return lease_lost(self.step, self.last_ckpt_step, holder)
@@ -226,8 +233,13 @@ class FakeTrainer:
                 self.progress.stopped("max_steps")
                 _log.info(f"already at step {self.step} of max_steps {self.max_steps}: done")
                 return 0
+            fail_at, once = self.injected_failure()
             while not self.stopping:
                 t0 = time.monotonic()
+                if fail_at and self.step + 1 == fail_at and not (once and once.exists()):
+                    if once:
+                        once.touch()
+                    raise RuntimeError(f"injected failure at step {fail_at} ({FAIL_AT_STEP})")
                 if self.rollout():
                     self.ensure_served_weights()
                 loss = self.train_step()
@@ -294,6 +306,7 @@ def stopped_by_sigterm(cfg, progress, step) -> int:
 
 
 HANG_AFTER_DONE = "FAKE_TRAINER_HANG_AFTER_DONE"  # not PODKIT_: not a setting
+FAIL_AT_STEP = "FAKE_TRAINER_FAIL_AT_STEP"  # likewise: the loop bound's tests
 
 
 def _injected_hang(*_) -> None:

@@ -22,14 +22,9 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
-from podkit import lease, log, notify, records, supervisord
-from podkit.safemode import STOP_POD_RETRY_S
+from podkit import costguard, lease, log, notify, records, supervisord
 
 READY = b"READY\n"
-# A finished run's self-stop that RunPod refuses (a 502 as training ends) is tried again: after 2 s,
-# then twice as long each time up to STOP_POD_RETRY_S, for an hour; then a person is told it bills on.
-FINISHED_STOP_FIRST_RETRY_S = 2.0
-FINISHED_STOP_RETRY_FOR_S = 3600.0
 OK = b"RESULT 2\nOK"
 GUARDS_OFF = {"stop_pod_at": 0.0, "stop_pod_when_finished": "never", "stop_pod_after_s": 0.0}
 
@@ -67,6 +62,7 @@ class Pump:
         self._deadline_done = False
         self._deadline_reason = ""
         self._deadline_moved = False
+        self._idle: costguard.WhenIdle | None = None
         self.trainer_grace_s = trainer_grace_s
         self.state_dir = state_dir
         self.partial: dict[tuple[str, str], str] = {}
@@ -124,6 +120,8 @@ class Pump:
             self.finished()
         pid = headers.get("pid", "")
         rec.update(state=to, since=time.time(), pid=int(pid) if pid.isdigit() and int(pid) else rec.get("pid"))
+        if name in ("trainer", "sglang") and self.state_dir:
+            self.idle_rule()
         # A program's unfinished last line is flushed when it stops.
         if to in supervisord.GONE:
             self.flush(name)
@@ -143,37 +141,57 @@ class Pump:
             sent = notify.send("finished", f"training finished at step {prog.get('step')} (last checkpoint at step "
                                f"{prog.get('checkpoint_step')})", self.state_dir)
             if self.guard("stop_pod_when_finished") == "auto":
-                threading.Thread(target=self._stop_pod, args=(sent, prog.get("step")), daemon=True).start()
+                self.finished_stop(prog.get("step")).start(after=sent)
 
-    def _stop_pod(self, sent, step) -> None:
+    def finished_stop(self, step) -> costguard.Stopper:
         """The cost guard: the trainer has exited after its last checkpoint; the notification goes first."""
-        from podkit import costguard
+        def wanted() -> str:  # `podkit guard set stop_pod_when_finished=never` while retrying
+            now = self.guard("stop_pod_when_finished")
+            return "" if now == "auto" else f"guard.stop_pod_when_finished is now {now}"
+        return costguard.Stopper(f"training finished at step {step} (guard.stop_pod_when_finished: auto)",
+                                 self.state_dir, wanted=wanted, say=self.say)
 
-        if sent:
-            sent.join(15)
-        reason = f"training finished at step {step} (guard.stop_pod_when_finished: auto)"
-        delay, until = FINISHED_STOP_FIRST_RETRY_S, time.monotonic() + FINISHED_STOP_RETRY_FOR_S
-        first = True
-        while True:
-            if self.guard("stop_pod_when_finished") != "auto":  # `podkit guard set ...=never` while retrying
-                self.say("the finished pod's self-stop is called off: guard.stop_pod_when_finished is now "
-                         f"{self.guard('stop_pod_when_finished')}")
-                return
-            if costguard.stop_pod_notified(reason, self.state_dir, notify=first):
-                return
-            first = False
-            if time.monotonic() + delay > until:
-                notify.send("pod-stop-failed", f"this pod could not stop itself after {reason} and is still "
-                            "billing: stop it from RunPod's console", self.state_dir)
-                return
-            self.say(f"the pod did not stop; trying again in {delay:.0f} s")
-            time.sleep(delay)
-            delay = min(delay * 2, STOP_POD_RETRY_S)
+    def cannot_train(self) -> str:
+        """Why this pod can no longer train, "" while it can: a program FATAL, or the trainer stopped for good
+        (a refusal, the loop bound, a script that never trained) by its own record since its start."""
+        for name in ("trainer", "sglang"):
+            if (self.states.get(name) or {}).get("state") == supervisord.FATAL:
+                return f"{name} FATAL"
+        rec = self.states.get("trainer") or {}
+        if rec.get("state") != supervisord.EXITED:
+            return ""
+        stopped = records.PROGRESS.read(self.state_dir).get("stopped") or {}
+        started = rec.get("started_at")
+        fresh = isinstance(stopped.get("time"), (int, float)) and (started is None or stopped["time"] >= started - 1)
+        return f"the trainer stopped for good ({stopped['by']})" if fresh and stopped.get("by") in \
+            records.CANNOT_TRAIN else ""
+
+    def idle_rule(self) -> None:
+        """The cost guard's rule for a pod that cannot train: after guard.stop_pod_after_s of it (looked up
+        each time), the pod stops; a trainer started again meanwhile calls it off."""
+        why = self.cannot_train()
+        if not why:
+            self._idle = None
+            return
+        if self._idle is not None or not self.guard("stop_pod_after_s"):
+            return
+        rule = self._idle = costguard.WhenIdle(
+            self.state_dir, why, 0.0, limits=lambda: (self.guard("stop_pod_after_s"), "guard.stop_pod_after_s"),
+            still=lambda: "" if self.cannot_train() else "the trainer was started again", say=self.say)
+        self.say(f"{why}: the pod stops itself after guard.stop_pod_after_s ({self.guard('stop_pod_after_s'):g} s) "
+                 "unless the trainer is started again")
+
+        def tick() -> None:
+            since = time.monotonic()
+            while self._idle is rule and rule.stopper is None:
+                rule.check(time.monotonic() - since)
+                time.sleep(1)
+        threading.Thread(target=tick, name="cannot-train", daemon=True).start()
 
     def deadline(self, now: float) -> None:
         """guard.stop_pod_at passed: once, in a thread (events keep flowing), the trainer is stopped
-        through supervisord, which gives it stop_grace_s to checkpoint, then the pod. A refused podStop
-        is tried again every few minutes. The time is looked up each time: `podkit guard set` moves it."""
+        through supervisord, which gives it stop_grace_s to checkpoint, then the pod (costguard.Stopper retries a
+        refused stop). The time is looked up each time: `podkit guard set` moves it."""
         at = self.guard("stop_pod_at")
         if self._deadline is not None and not self._deadline_done and (not at or now < at):
             if not self._deadline_moved:  # moved after the trainer was stopped for it: say what is left
@@ -187,7 +205,7 @@ class Pump:
             return
         if self._deadline and self._deadline.is_alive():
             return
-        self._deadline_retry_at = time.monotonic() + STOP_POD_RETRY_S
+        self._deadline_retry_at = time.monotonic() + costguard.RETRY_MAX_S
         first = self._deadline is None
         if first:
             self._deadline_reason = ("the maximum run time was reached (guard.stop_pod_at, " +
@@ -197,8 +215,6 @@ class Pump:
         self._deadline.start()
 
     def _deadline_stop(self, first: bool) -> None:
-        from podkit import costguard
-
         if first:
             self.say(f"{self._deadline_reason}: stopping the trainer with a checkpoint, then the pod")
             rpc = supervisord.rpc(self.socket_path).supervisor
@@ -211,8 +227,11 @@ class Pump:
                     self.say(f"{name} was not stopped ({e})")
             prog = records.PROGRESS.read(self.state_dir) if self.state_dir else {}
             self._deadline_reason += f"; last checkpoint at step {prog.get('checkpoint_step')}"
-        if costguard.stop_pod_notified(self._deadline_reason, self.state_dir, notify=first):
-            self._deadline_done = True
+        def wanted() -> str:
+            at = self.guard("stop_pod_at")
+            return "" if at and time.time() >= at else "guard.stop_pod_at moved"
+        stop = costguard.Stopper(self._deadline_reason, self.state_dir, wanted=wanted, say=self.say, notified=not first)
+        self._deadline_done = stop.run()
 
     def handle(self, headers: dict[str, str], payload: bytes) -> None:
         event = headers.get("eventname", "")
