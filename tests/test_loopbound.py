@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from conftest import PODKIT, wait_for
+from conftest import PODKIT, ROOT, free_port, smoke_env, wait_for
 from test_costguard import KEY, STOP, on_runpod, receiver, runpod_api  # noqa: F401 - fixtures
+from test_metrics import scrape
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -28,8 +29,8 @@ def test_a_trainer_failing_at_step_2_on_every_run_stops_after_four_starts_and_th
     guard.stop_pod_after_s the pod stops; RunPod's first answer is a 502, so the stop is tried again, and
     announced once."""
     runpod_api.fail("POST", "/v2/pods/pod-abc123/action", 502, times=2, body=b"Bad Gateway")
-    t0 = time.time()
-    s = stack_factory(FAKE_TRAINER_FAIL_AT_STEP="2", PODKIT_TRAINER_CHECKPOINT_EVERY="1",
+    t0, port = time.time(), free_port()
+    s = stack_factory(FAKE_TRAINER_FAIL_AT_STEP="2", PODKIT_METRICS_PORT=str(port), PODKIT_TRAINER_CHECKPOINT_EVERY="1",
                       PODKIT_TRAINER_RESTART_DELAY_S="3", PODKIT_GUARD_STOP_POD_AFTER_S="3",
                       PODKIT_NOTIFY_WEBHOOK_URL=receiver.url, **on_runpod(runpod_api.url)).start()
     stopped = wait_for(lambda: (st := s.progress().get("stopped") or {}).get("by") == "crash-loop" and st, 120,
@@ -56,6 +57,10 @@ def test_a_trainer_failing_at_step_2_on_every_run_stops_after_four_starts_and_th
                for e in finding["evidence"]), finding
     assert not any(f["id"] == "trainer_restarts" for f in doc["findings"]), "one finding for one cause"
     assert "trainer-stopped" in receiver.events()
+    m = scrape(port)
+    assert m[("podkit_trainer_stopped_for_good", (("by", "crash-loop"),))] == 1.0
+    assert m[("podkit_trainer_stopped_for_good", (("by", "config-error"),))] == 0.0
+    assert m[("podkit_trainer_failures_in_a_row", ())] == 3.0
     # The cost guard: after stop_pod_after_s, the stop; a 502 first, tried again; one notification.
     wait_for(lambda: runpod_api.pod("pod-abc123")["status"] == "EXITED", 60, what="the pod's stop")
     assert runpod_api.calls().count(STOP) >= 3
@@ -75,3 +80,21 @@ def test_a_failure_after_new_steps_restarts_at_once_and_the_run_goes_on(stack_fa
     assert starts(s) == 2 and "back-off" not in s.log("trainer")
     assert "resumed from checkpoint" in s.log("trainer")
     assert s.stop() == 0
+
+
+def test_up_whose_trainer_fails_before_its_first_step_every_time_ends_by_itself_with_exit_1(tmp_path):
+    """`podkit up` (make run, make rehearse) is never left waiting: the loop bound stops the trainer after
+    three failures, and up ends with 1 and doctor's finding, the user's exception in it."""
+    ws = tmp_path / "ws"
+    e = smoke_env(ws, free_port(), FAKE_TRAINER_FAIL_AT_STEP="1", PODKIT_TRAINER_RESTART_DELAY_S="1")
+    e.pop("PODKIT_CONFIG")
+    t0 = time.time()
+    r = subprocess.run([*PODKIT, "up", "--smoke", "--workspace", str(ws)], env=e, capture_output=True, text=True,
+                       timeout=150, cwd=ROOT)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "the trainer stopped for good (crash-loop)" in r.stdout, r.stdout[-3000:]
+    assert "PROBLEM: your script failed again and again without a new step" in r.stdout
+    assert "RuntimeError: injected failure at step 1 (FAKE_TRAINER_FAIL_AT_STEP) at " in r.stdout
+    assert "failed 3 times in a row before its first step" in r.stdout
+    assert (ws / "logs" / "trainer.log").read_text().count("[podkit:run] starting trainer") == 3
+    print(f"up: exit 1 after {time.time() - t0:.0f}s")

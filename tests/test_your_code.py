@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -71,19 +72,52 @@ def _refusal(s, since: float, timeout: float = 240) -> dict:
     return stopped
 
 
+# A failure during training in the user's own code, the same on every run: the data is read lazily (a
+# transform on access, in the dataloader's worker processes), and row 40's answer is not a number. In the
+# file's order the first steps train; then every run, resumed, reads that row again before a new step.
+LAZY_ROWS = ('''def jsonl_dataset(path: str, hint: str):
+    """Rows read as they are used."""
+    rows = load_dataset("json", data_files=path, split="train")
+
+    def to_prompt(batch):
+        return {"messages": [[{"role": "user", "content": f"{q}\\n{hint}"}] for q in batch["question"]],
+                "answer": [str(int(a)) for a in batch["answer"]]}
+
+    return rows.with_transform(to_prompt)
+''')
+IN_ORDER = "++train_dataset.shuffle=false"
+BAD_ROW = 40
+
+
+def lazy_rows_with_a_bad_row(checkout) -> None:
+    train = (EXAMPLE / "train.py").read_text()
+    start = train.index("def jsonl_dataset")
+    end = train.index("def main")
+    (checkout / "train.py").write_text(train[:start] + LAZY_ROWS + "\n\n" + train[end:])
+    rows = (EXAMPLE / "data" / "train.jsonl").read_text().splitlines()
+    bad = json.loads(rows[BAD_ROW])
+    bad["answer"] = "n/a"
+    rows[BAD_ROW] = json.dumps(bad)
+    (checkout / "data" / "train.jsonl").write_text("\n".join(rows) + "\n")
+
+
 def test_a_script_that_cannot_train_stops_the_trainer_once_naming_the_file_and_line(rehearsal, tmp_path):
-    """An import error, a dataset that is not there, an agent workflow (SPMD mode has no proxy workers):
-    each found before the first step, each a config error once, never a restart loop. The user fixes
-    the checkout and starts the trainer again, as the hint says."""
+    """An import error (found before the wait for inference), a dataset that is not there, an agent workflow
+    (SPMD mode has no proxy workers): each found before the first step, each a config error once, never a
+    restart loop. Then a script that raises at step 2 on every run: the loop bound stops it after at most 4
+    starts, in the script's own words. The user fixes the checkout and starts the trainer again, as the
+    hint says."""
     broken = (EXAMPLE / "train.py").read_text().replace("from my_reward import", "from my_rewards import", 1)
     remote = example_remote(tmp_path, **{"train.py": broken})
     since = time.time()
-    s = rehearsal(**repo_env(remote)).start()
+    s = rehearsal(**repo_env(remote, PODKIT_TRAINER_RESTART_DELAY_S="1",
+                             PODKIT_TRAINER_OVERRIDES=f"{CPU_OVERRIDES} {IN_ORDER}")).start()
     checkout = s.workspace / "repo"
     stopped = _refusal(s, since)
     line = broken.splitlines().index("from my_rewards import boxed_answer_reward") + 1
     assert f"{checkout / 'train.py'}:{line}" in stopped["message"] and "my_rewards" in stopped["message"], stopped
     assert "push" in stopped["hint"], stopped
+    assert "found before waiting for inference" in s.log("trainer") and "torch.distributed.run" not in s.log("trainer")
     doc = json.loads(s.podkit("doctor", "--json").stdout)
     finding = next(f for f in doc["findings"] if f["id"] == "trainer_config_error")
     assert any("my_rewards" in e for e in finding["evidence"]) and finding["fix"] == stopped["hint"], finding
@@ -109,6 +143,28 @@ def test_a_script_that_cannot_train_stops_the_trainer_once_naming_the_file_and_l
     assert "agent workflow" in stopped["message"] and "SPMD" in stopped["hint"], stopped
     assert s.progress().get("step") is None  # refused before the first step
     assert s.log("trainer").count("[podkit:run] starting trainer") == 3  # once per start: no loop
+
+    # The first steps train, then every run fails before a new step (after its resume): stopped after 4 starts.
+    lazy_rows_with_a_bad_row(checkout)
+    since = time.time()
+    s.rpc().supervisor.startProcess("trainer", False)
+    stopped = wait_for(lambda: (st := s.progress().get("stopped") or {}).get("by") == "crash-loop"
+                       and st.get("time", 0) > since and st, 400, interval=1, what="the loop bound")
+    took = time.time() - since
+    starts = s.log("trainer").count("[podkit:run] starting trainer") - 3
+    assert starts == 4, s.log("trainer")[-5000:]
+    assert re.search(r"failed 3 times in a row after step \d+ without a new step", stopped["message"]), stopped
+    assert "ValueError: invalid literal for int() with base 10: 'n/a'" in stopped["message"], stopped
+    line = (checkout / "train.py").read_text().splitlines().index(
+        '                "answer": [str(int(a)) for a in batch["answer"]]}') + 1
+    doc = json.loads(s.podkit("doctor", "--json").stdout)
+    finding = next(f for f in doc["findings"] if f["id"] == "trainer_crash_loop")
+    assert any(e.startswith("ValueError: invalid literal for int() with base 10: 'n/a' at "
+                            f"{checkout / 'train.py'}:{line}") for e in finding["evidence"]), finding
+    assert not any("ChildFailedError" in e for e in finding["evidence"]), finding
+    health = s.podkit("status", "--health")
+    assert health.returncode == 1 and "crash-loop" in health.stdout, health.stdout
+    print(f"a bad row every run: {starts} starts, stopped after {took:.0f}s; doctor: {finding['evidence'][1]}")
     assert s.stop() == 0
 
 
@@ -173,3 +229,53 @@ def test_the_bootstrap_runs_a_module_function_entry_from_the_checkout_with_nothi
     assert got["path"][0] == str(repo) and str(ROOT / "src" / "podkit" / "areal") not in got["path"], got["path"]
     said = r.stdout + r.stderr
     assert f"{repo / 'areal'} is not used" in said and "without calling PPOTrainer.train" in said, said[-2000:]
+
+
+# The bootstrap in one process, entry after entry (AReaL imported once): each failure before training stops
+# the trainer once, in the script's own words.
+WALK = """
+import json, os, sys
+sys.path.insert(0, os.environ["SRC"])
+from podkit import records
+from podkit.areal import bootstrap
+out = []
+for entry in sys.argv[1:]:
+    os.environ["PODKIT_TRAINER_ENTRY"] = entry
+    rc = bootstrap.main(["--config", "x.yaml"])
+    out.append({"entry": entry, "rc": rc, **records.PROGRESS.read(os.environ["PODKIT_WORKSPACE"] + "/.podkit")})
+print(json.dumps(out))
+"""
+
+
+def test_an_exception_before_training_is_the_scripts_own_named_with_its_line_and_a_hint_that_fits(tmp_path):
+    """A `main` that takes no argument, a data field named differently, a hub dataset the pod cannot reach,
+    a script that never trains: each stops once (exit 2, or 0 for the script that ended), recorded with the
+    exception, the file and line in the user's code, and a hint for that kind."""
+    repo = tmp_path / "ws" / "repo"
+    repo.mkdir(parents=True)
+    (repo / "noargs.py").write_text("import sys\n\n\ndef main():\n    print('never called')\n")
+    (repo / "data.jsonl").write_text('{"problem": "1+1", "answer": 2}\n{"problem": "2+2", "answer": 4}\n')
+    (repo / "rows.py").write_text("from datasets import load_dataset\n\n"
+                                  "rows = load_dataset('json', data_files='data.jsonl', split='train')\n"
+                                  "rows = rows.map(lambda r: {'prompt': r['question']})\n")
+    (repo / "hub.py").write_text("from datasets import load_dataset\n\n"
+                                 "train = load_dataset('openai/gsm8k', 'main', split='train')\n")
+    (repo / "never.py").write_text("def main(argv):\n    pass\n")
+    env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
+           "PODKIT_REPO_URL": "https://example.invalid/r.git", "PODKIT_RUN_DIR": str(tmp_path / "run"),
+           "RANK": "0", "SRC": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
+           "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets")}
+    r = areal_run("-c", WALK, "noargs:main", "rows.py", "hub.py", "never.py", env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    noargs, rows, hub, never = (p["stopped"] for p in json.loads(r.stdout.strip().splitlines()[-1]))
+    assert noargs["by"] == "config-error" and f"{repo / 'noargs.py'}:4" in noargs["message"], noargs
+    assert "TypeError: main() takes 0 positional arguments but 1 was given" in noargs["message"], noargs
+    assert "podkit calls main(argv)" in noargs["hint"] and "def main(argv=None)" in noargs["hint"], noargs
+    assert f"{repo / 'rows.py'}:4" in rows["message"] and "KeyError: 'question'" in rows["message"], rows
+    assert "`r` has no field 'question'; its fields are problem, answer" in rows["hint"], rows
+    assert f"{repo / 'hub.py'}:3" in hub["message"] and "ConnectionError" in hub["message"], hub
+    assert "could not fetch dataset 'openai/gsm8k' from the hub" in hub["hint"] and "HF_HOME=" in hub["hint"], hub
+    assert never["by"] == "never-trained" and "never.py ended without calling PPOTrainer.train" in never["message"]
+    # Each rank's own record, for doctor: the exception and the user's frame, not torchrun's wrapper.
+    err = json.loads((tmp_path / "run" / "trainer-error-0.json").read_text())
+    assert err["type"] == "ConnectionError" and err["where"] == f"{repo / 'hub.py'}:3", err

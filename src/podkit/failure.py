@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import re
 import time
 import traceback
 from pathlib import Path
@@ -82,10 +83,54 @@ def hint_for(exc: BaseException, frames: list, workspace: str = "/workspace", ro
     return ""
 
 
+def _frames(exc: BaseException) -> list:
+    out, tb = [], exc.__traceback__
+    while tb is not None:
+        out.append(tb)
+        tb = tb.tb_next
+    return out
+
+
+def own(exc: BaseException, roots: list[str]) -> BaseException:
+    """The exception to name: `exc`, or the one it wraps (AReaL re-raises a background thread's exception as
+    RuntimeError("Background thread failed") from it) when only that one went through the user's code."""
+    seen, e = set(), exc
+    while e is not None and id(e) not in seen and len(seen) < 8:
+        seen.add(id(e))
+        if any(_in(tb.tb_frame.f_code.co_filename, roots) for tb in _frames(e)):
+            return e
+        e = e.__cause__ or e.__context__
+    return exc
+
+
+TEXT_FRAME = re.compile(r'^\s*(?:\[rank\d+\]:\s*)?File "([^"]+)", line (\d+)')
+TEXT_ERROR = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$")
+
+
+def from_text(text: str, roots: list[str]) -> dict | None:
+    """A traceback that reached this process as text: torch's DataLoader workers re-raise a worker's
+    exception with its traceback in the message ("Original Traceback ..."). The user's frame and the
+    exception from it, when the text has them."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if "Original Traceback" in ln), -1)
+    frames = [(i, m) for i, ln in enumerate(lines) if i > start and (m := TEXT_FRAME.match(ln))]
+    mine = [(i, m) for i, m in frames if _in(m.group(1), roots)]
+    if not mine:
+        return None
+    i, m = mine[-1]
+    error = next((e for ln in reversed(lines) if (e := TEXT_ERROR.match(ln.strip()))), None)
+    path, lineno = m.group(1), int(m.group(2))
+    return {"type": error.group(1).rsplit(".", 1)[-1] if error else "Error",
+            "message": (error.group(2) if error else lines[-1])[:MAX_MESSAGE], "where": f"{path}:{lineno}",
+            "code": (linecache.getline(path, lineno) or "").strip()[:300],
+            "traceback": "\n".join(ln for ln in lines[i:] if ln.strip())[-4000:]}
+
+
 def describe(exc: BaseException, roots: list[str], workspace: str = "/workspace", call=None) -> dict:
     """The record of `exc`: type, message, where (the deepest frame under `roots`, the user's code), that
     line of code, the traceback's frames from the user's first one on, and a hint. `call` is the user's
     function that podkit called, for a TypeError from the call itself (a wrong signature)."""
+    exc = own(exc, roots) if roots else exc
     tb = exc.__traceback__
     frames, summary = [], []
     while tb is not None:
@@ -113,6 +158,10 @@ def describe(exc: BaseException, roots: list[str], workspace: str = "/workspace"
                                                                  or "").strip()
         hint = (f"podkit calls {getattr(fn, '__name__', 'the function')}(argv) with the command-line arguments as "
                 "a list (as AReaL's own mains take them): give it one parameter, e.g. `def main(argv=None)`")
+    for e in (exc, exc.__cause__, exc.__context__) if roots else ():
+        told = from_text(str(e), roots) if e is not None and "Traceback" in str(e) else None
+        if told:  # a worker process's exception, raised here as text: its frame is the deeper one
+            return {**told, "hint": hint_for(e, frames, workspace, roots), "time": time.time()}
     start = mine[0] if mine else max(0, len(summary) - 8)
     lines = [ln.rstrip() for ln in traceback.format_list(summary[start:])[-12:]]
     message = str(exc)

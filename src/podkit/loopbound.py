@@ -61,6 +61,8 @@ class Bound:
 
     def after(self, code: int, started: float, err: dict | None = None) -> int:
         """The exit code for supervisord once the trainer's run ended with `code`."""
+        if code == 0:
+            self.stopped_for_good(started)
         if code in (0, supervisord.EXIT_RESTART):
             return code
         prog = records.PROGRESS.read(self.state_dir)
@@ -68,9 +70,9 @@ class Bound:
         if stopped.get("by") == "SIGTERM" and (stopped.get("time") or 0) >= started:
             return code
         sglang = supervisord.process_info(self.cfg.socket_path, "sglang") or {}
-        if (sglang.get("start") or 0) > started:
-            _log.warn(f"the trainer failed (exit {code}) while inference was restarted: not counted as a failure "
-                      "of the script")
+        if sglang and ((sglang.get("start") or 0) > started or sglang.get("statename") != supervisord.RUNNING):
+            _log.warn(f"the trainer failed (exit {code}) while inference was restarted or down: not counted as a "
+                      "failure of the script")
             return code
         step = prog.get("step") if (prog.get("time") or 0) >= started else None
         best = self.rec.get("best_step")
@@ -94,6 +96,17 @@ class Bound:
         _log.error(f"the trainer failed {at} without a new step ({failures} of {limit or 'unbounded'} in a row): "
                    f"{what}; restarting in {self.rec['delay_s']:.0f}s")
         return code
+
+    def stopped_for_good(self, started: float) -> None:
+        """A refusal (the script's own error, AReaL's config) or a script that never trained: said once, as the
+        loop bound's own stop is."""
+        stopped = records.PROGRESS.read(self.state_dir).get("stopped") or {}
+        if stopped.get("by") in ("config-error", "never-trained") and (stopped.get("time") or 0) >= started:
+            first = (stopped.get("message") or "").splitlines()[:1]
+            sent = notify.send("trainer-stopped", f"the trainer stopped for good ({stopped['by']}): "
+                               f"{first[0] if first else ''} | fix: {stopped.get('hint', '')}", self.state_dir)
+            if sent:
+                sent.join(5)
 
     def give_up(self, failures: int, at: str, what: str, err: dict | None) -> int:
         self.rec["gave_up"] = True

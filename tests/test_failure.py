@@ -1,0 +1,159 @@
+"""The user's exception in its own words (failure.py) and the import check before the wait for inference
+(areal/precheck.py, run as the launcher runs it: a separate Python on a checkout)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import ROOT
+from podkit import doctor, failure
+
+pytestmark = pytest.mark.timeout(60)
+PRECHECK = ROOT / "src" / "podkit" / "areal" / "precheck.py"
+
+
+def raised(repo, source: str, call: str = "run"):
+    """Run `call()` from a module written in `repo` (the user's code) and return what it raised."""
+    path = repo / "user_code.py"
+    path.write_text(textwrap.dedent(source))
+    ns: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), ns)  # noqa: S102 - the test's own source
+    try:
+        ns[call]()
+    except Exception as e:  # noqa: BLE001
+        return e
+    raise AssertionError("did not raise")
+
+
+def test_a_keyerror_on_a_row_names_the_rows_fields_from_the_users_frame(tmp_path):
+    e = raised(tmp_path, """
+        def prompt(row):
+            return row["question"] + "?"
+        def run():
+            return [prompt(r) for r in [{"problem": "1+1", "answer": 2}]]
+    """)
+    err = failure.describe(e, [str(tmp_path)])
+    assert err["type"] == "KeyError" and err["where"] == f"{tmp_path / 'user_code.py'}:3", err
+    assert err["code"] == 'return row["question"] + "?"'
+    assert err["hint"].startswith("`row` has no field 'question'; its fields are problem, answer"), err["hint"]
+    assert failure.summary(err) == f"KeyError: 'question' at {tmp_path / 'user_code.py'}:3"
+
+
+def test_the_exception_a_wrapper_raised_from_is_named_not_the_wrapper(tmp_path):
+    """AReaL re-raises a background thread's exception as RuntimeError("Background thread failed") from it:
+    only the cause went through the user's code."""
+    repo, lib = tmp_path / "repo", tmp_path / "lib"
+    repo.mkdir()
+    lib.mkdir()
+    (lib / "executor.py").write_text(
+        "def run_task(fn, arg):\n"
+        "    try:\n"
+        "        fn(arg)\n"
+        "    except ValueError as inner:\n"
+        "        raise RuntimeError(f'Background thread failed: {inner}') from inner\n")
+    (repo / "parse.py").write_text("def parse(a):\n    return int(a)\n")
+    sys.path[:0] = [str(lib), str(repo)]
+    try:
+        import executor
+        import parse
+
+        try:
+            executor.run_task(parse.parse, "n/a")
+        except RuntimeError as e:
+            err = failure.describe(e, [str(repo)])
+    finally:
+        del sys.path[:2]
+        sys.modules.pop("executor", None)
+        sys.modules.pop("parse", None)
+    assert err["type"] == "ValueError" and err["where"] == f"{repo / 'parse.py'}:2", err
+
+
+def test_a_dataloader_workers_exception_arriving_as_text_is_read_for_the_users_frame(tmp_path):
+    user = tmp_path / "train.py"
+    user.write_text("def to_prompt(batch):\n    return [int(a) for a in batch]\n")
+    text = ("Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+            '  File "/site-packages/torch/utils/data/_utils/worker.py", line 349, in _worker_loop\n'
+            "    data = fetcher.fetch(index)\n"
+            f'  File "{user}", line 2, in to_prompt\n'
+            "    return [int(a) for a in batch]\n"
+            "ValueError: invalid literal for int() with base 10: 'n/a'\n")
+    err = failure.describe(ValueError(text), [str(tmp_path)])
+    assert err["where"] == f"{user}:2" and err["code"] == "return [int(a) for a in batch]", err
+    assert (err["type"], err["message"]) == ("ValueError", "invalid literal for int() with base 10: 'n/a'"), err
+
+
+def test_a_main_that_takes_no_argument_is_named_at_its_def_with_how_podkit_calls_it(tmp_path):
+    path = tmp_path / "entry.py"
+    path.write_text("import sys\n\n\ndef main():\n    pass\n")
+    ns: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), ns)  # noqa: S102
+    try:
+        ns["main"](["--config", "x.yaml"])
+    except TypeError as e:
+        err = failure.describe(e, [str(tmp_path)], call=ns["main"])
+    assert err["where"] == f"{path}:4" and "def main(argv=None)" in err["hint"], err
+
+
+def test_a_hub_dataset_that_cannot_be_fetched_is_named_with_how_to_fill_its_cache(tmp_path):
+    e = raised(tmp_path, """
+        def load_dataset(path, name=None, split=None):  # as datasets' own: the frame doctor reads
+            raise ConnectionError(f"Couldn't reach {path!r} on the Hub (LocalEntryNotFoundError)")
+        def run():
+            load_dataset("openai/gsm8k", "main", split="train")
+    """)
+    hint = failure.describe(e, [str(tmp_path)], workspace="/workspace")["hint"]
+    assert "could not fetch dataset 'openai/gsm8k'" in hint and "HF_HOME=/workspace/hf" in hint, hint
+
+
+def precheck(repo, entry: str) -> dict:
+    r = subprocess.run([sys.executable, str(PRECHECK), entry, str(repo)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_the_import_check_finds_a_missing_module_a_missing_name_and_a_syntax_error_without_running_anything(
+        tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "mod.py").write_text("import json\n\ndef reward(x):\n    return 1\n")
+    (tmp_path / "side_effect.py").write_text("open('RAN', 'w').write('x')\n")
+    (tmp_path / "train.py").write_text("import os\nimport side_effect\nfrom pkg.mod import reward\n"
+                                       "from my_rewards import f\n")
+    err = precheck(tmp_path, "train.py")
+    assert err == {"type": "ModuleNotFoundError", "message": "No module named 'my_rewards'",
+                   "where": f"{tmp_path / 'train.py'}:4", "code": "from my_rewards import f"}, err
+    assert not (tmp_path / "RAN").exists(), "nothing of the user's code runs"
+    (tmp_path / "train.py").write_text("from pkg.mod import reward, rewards\n")
+    assert precheck(tmp_path, "train.py")["message"].startswith("cannot import name 'rewards' from 'pkg.mod'")
+    (tmp_path / "train.py").write_text("def main(:\n")
+    assert precheck(tmp_path, "train.py")["type"] == "SyntaxError"
+    assert precheck(tmp_path, "pkg.mod:main")["message"] == "module 'pkg.mod' has no attribute 'main'"
+    assert precheck(tmp_path, "pkg.mod:reward") == {}
+
+
+def test_the_import_check_leaves_alone_what_it_cannot_tell(tmp_path):
+    """A script that changes sys.path, an import in a try, a vendored areal/ (the bootstrap ignores it)."""
+    (tmp_path / "areal").mkdir()
+    (tmp_path / "areal" / "__init__.py").write_text("from nothing_here import x\n")
+    (tmp_path / "train.py").write_text("import sys\nsys.path.insert(0, 'lib')\nimport from_lib\n")
+    assert precheck(tmp_path, "train.py") == {}
+    (tmp_path / "train.py").write_text("try:\n    import optional_dep\nexcept ImportError:\n    pass\nimport json\n")
+    assert precheck(tmp_path, "train.py") == {}
+
+
+def test_doctor_names_a_script_that_never_trained_and_a_loop_bound_stop():
+    pod = SimpleNamespace(progress={"stopped": {"by": "never-trained", "message": "train.py ended without calling "
+                                                "PPOTrainer.train: nothing trained", "hint": "call it"}},
+                          state=ROOT / "no-such-state-dir")
+    f = doctor.check_trainer_config(pod, 0)
+    assert f.id == "trainer_never_trained" and f.title.startswith("your script never trained") and f.fix == "call it"
+    pod.progress["stopped"]["by"] = "crash-loop"
+    assert doctor.check_trainer_config(pod, 0).id == "trainer_crash_loop"
+    pod.progress["stopped"]["by"] = "SIGTERM"
+    assert doctor.check_trainer_config(pod, 0) is None
