@@ -138,13 +138,32 @@ def test_the_import_check_finds_a_missing_module_a_missing_name_and_a_syntax_err
 
 
 def test_the_import_check_leaves_alone_what_it_cannot_tell(tmp_path):
-    """A script that changes sys.path, an import in a try, a vendored areal/ (the bootstrap ignores it)."""
+    """Every one of these scripts runs: a working script is never refused. A sys.path change (in the entry or
+    in a module it imports first), an import in a try, a vendored areal/ (the bootstrap ignores it), an
+    extension module, names made by globals() or inside a match, an entry in a subdirectory."""
     (tmp_path / "areal").mkdir()
     (tmp_path / "areal" / "__init__.py").write_text("from nothing_here import x\n")
-    (tmp_path / "train.py").write_text("import sys\nsys.path.insert(0, 'lib')\nimport from_lib\n")
-    assert precheck(tmp_path, "train.py") == {}
-    (tmp_path / "train.py").write_text("try:\n    import optional_dep\nexcept ImportError:\n    pass\nimport json\n")
-    assert precheck(tmp_path, "train.py") == {}
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "from_lib.py").write_text("X = 1\n")
+    (tmp_path / "paths.py").write_text("import os, sys\nsys.path.insert(0, os.path.join(os.path.dirname(__file__), "
+                                       "'lib'))\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "_ext.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
+    (tmp_path / "conf.py").write_text("globals().update(LR=1e-5)\n")
+    (tmp_path / "cfgmod.py").write_text("import sys\nmatch sys.platform:\n    case _:\n        X = 1\n")
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "helpers.py").write_text("def h():\n    pass\n")
+    scripts = {"a.py": "import sys\nsys.path.insert(0, 'lib')\nimport from_lib\n",
+               "b.py": "import paths\nimport from_lib\n",
+               "c.py": "try:\n    import optional_dep\nexcept ImportError:\n    pass\nimport json\nimport areal\n",
+               "d.py": "from pkg import _ext\n",
+               "e.py": "from conf import LR\n",
+               "f.py": "from cfgmod import X\n",
+               "scripts/g.py": "from helpers import h\nimport pkg\n"}
+    for name, text in scripts.items():
+        (tmp_path / name).write_text(text)
+        assert precheck(tmp_path, name) == {}, name
 
 
 def test_doctor_names_a_script_that_never_trained_and_a_loop_bound_stop():
@@ -157,3 +176,30 @@ def test_doctor_names_a_script_that_never_trained_and_a_loop_bound_stop():
     assert doctor.check_trainer_config(pod, 0).id == "trainer_crash_loop"
     pod.progress["stopped"]["by"] = "SIGTERM"
     assert doctor.check_trainer_config(pod, 0) is None
+
+
+def test_describing_a_hostile_exception_never_raises_and_never_hides_it(tmp_path):
+    """It runs in the handler of the user's exception: an exception whose str() raises, a local whose
+    attribute lookup raises, a huge message."""
+    e = raised(tmp_path, """
+        class Loud(Exception):
+            def __str__(self):
+                raise RuntimeError("no str for you")
+        class Trap:
+            def __getattr__(self, name):
+                raise RuntimeError("no attributes either")
+        def run():
+            trap = Trap()
+            raise KeyError("x" * 100000) if trap else Loud()
+    """)
+    err = failure.describe(e, [str(tmp_path)])
+    assert err["type"] == "KeyError" and len(err["message"]) <= failure.MAX_MESSAGE, err
+    e = raised(tmp_path, """
+        class Loud(Exception):
+            def __str__(self):
+                raise RuntimeError("no str for you")
+        def run():
+            raise Loud()
+    """)
+    err = failure.describe(e, [str(tmp_path)])
+    assert err["type"] == "Loud" and err["where"].endswith("user_code.py:6") and err["code"] == "raise Loud()", err

@@ -98,3 +98,50 @@ def test_up_whose_trainer_fails_before_its_first_step_every_time_ends_by_itself_
     assert "failed 3 times in a row before its first step" in r.stdout
     assert (ws / "logs" / "trainer.log").read_text().count("[podkit:run] starting trainer") == 3
     print(f"up: exit 1 after {time.time() - t0:.0f}s")
+
+
+def bound_cfg(tmp_path, **trainer):
+    from types import SimpleNamespace
+
+    (tmp_path / "run").mkdir(exist_ok=True)
+    return SimpleNamespace(state_dir=tmp_path, run_path=tmp_path / "run", socket_path=str(tmp_path / "no.sock"),
+                           workspace_path=tmp_path,
+                           trainer=SimpleNamespace(**{"max_failures": 3, "restart_delay_s": 0.0, **trainer}))
+
+
+def test_a_planted_loop_record_neither_crashes_the_start_nor_makes_it_wait(tmp_path, monkeypatch):
+    """A count no run makes and a last failure a day ahead: the start goes on, without a day's sleep."""
+    from podkit import loopbound, records
+
+    records.TRAINER_LOOP.write(tmp_path, {"failures": 10**7, "outside": 5000, "last_failure": time.time() + 80000})
+    slept = []
+    monkeypatch.setattr(loopbound.time, "sleep", slept.append)
+    assert loopbound.Bound(bound_cfg(tmp_path, restart_delay_s=10.0)).hold_off()
+    assert all(s <= loopbound.MAX_DELAY_S for s in slept), slept
+
+
+def test_a_trainer_killed_on_every_run_without_a_new_step_stops_too_only_later(tmp_path):
+    """The watchdog's hang restart (or an OOM kill) ends a run with no word from it: not the script's failure,
+    so counted apart, against three times trainer.max_failures."""
+    from podkit import loopbound, records
+
+    cfg = bound_cfg(tmp_path)
+    for start in range(1, 11):  # the first start has no run before it; each next one finds the last killed
+        went_on = loopbound.Bound(cfg).hold_off()
+        assert went_on == (start < 10), start
+    stopped = records.PROGRESS.read(tmp_path)["stopped"]
+    assert stopped["by"] == "crash-loop" and "ended 9 times in a row before its first step" in stopped["message"]
+    assert "watchdog" in stopped["hint"]
+    assert loopbound.Bound(cfg).hold_off(), "`podkit ctl start trainer` after the stop counts from zero"
+
+
+def test_a_resume_is_not_a_new_step_but_a_step_trained_after_it_is(tmp_path):
+    from podkit import loopbound, records
+
+    cfg = bound_cfg(tmp_path)
+    b = loopbound.Bound(cfg)
+    started = time.time() - 1
+    records.PROGRESS.write(tmp_path, {"step": 50, "resumed_at": 50, "time": time.time()})
+    assert b.after(1, started) == 1 and b.rec["failures"] == 1, "resumed at 50, failed before 51"
+    records.PROGRESS.write(tmp_path, {"step": 51, "resumed_at": 50, "time": time.time()})
+    assert b.after(1, started) == 1 and b.rec["failures"] == 0 and b.rec["best_step"] == 51

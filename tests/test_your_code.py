@@ -249,7 +249,8 @@ print(json.dumps(out))
 
 def test_an_exception_before_training_is_the_scripts_own_named_with_its_line_and_a_hint_that_fits(tmp_path):
     """A `main` that takes no argument, a data field named differently, a hub dataset the pod cannot reach,
-    a script that never trains: each stops once (exit 2, or 0 for the script that ended), recorded with the
+    a script that never trains (returning, or by sys.exit(0)): each stops once (exit 2, or 0 for the script that
+    ended), recorded with the
     exception, the file and line in the user's code, and a hint for that kind."""
     repo = tmp_path / "ws" / "repo"
     repo.mkdir(parents=True)
@@ -261,13 +262,14 @@ def test_an_exception_before_training_is_the_scripts_own_named_with_its_line_and
     (repo / "hub.py").write_text("from datasets import load_dataset\n\n"
                                  "train = load_dataset('openai/gsm8k', 'main', split='train')\n")
     (repo / "never.py").write_text("def main(argv):\n    pass\n")
+    (repo / "exits.py").write_text("import sys\n\n\ndef main():\n    return 0\n\n\nsys.exit(main())\n")
     env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
            "PODKIT_REPO_URL": "https://example.invalid/r.git", "PODKIT_RUN_DIR": str(tmp_path / "run"),
            "RANK": "0", "SRC": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
            "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets")}
-    r = areal_run("-c", WALK, "noargs:main", "rows.py", "hub.py", "never.py", env=env, cwd=tmp_path)
+    r = areal_run("-c", WALK, "noargs:main", "rows.py", "hub.py", "never.py", "exits.py", env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    noargs, rows, hub, never = (p["stopped"] for p in json.loads(r.stdout.strip().splitlines()[-1]))
+    noargs, rows, hub, never, exits = (p["stopped"] for p in json.loads(r.stdout.strip().splitlines()[-1]))
     assert noargs["by"] == "config-error" and f"{repo / 'noargs.py'}:4" in noargs["message"], noargs
     assert "TypeError: main() takes 0 positional arguments but 1 was given" in noargs["message"], noargs
     assert "podkit calls main(argv)" in noargs["hint"] and "def main(argv=None)" in noargs["hint"], noargs
@@ -276,6 +278,7 @@ def test_an_exception_before_training_is_the_scripts_own_named_with_its_line_and
     assert f"{repo / 'hub.py'}:3" in hub["message"] and "ConnectionError" in hub["message"], hub
     assert "could not fetch dataset 'openai/gsm8k' from the hub" in hub["hint"] and "HF_HOME=" in hub["hint"], hub
     assert never["by"] == "never-trained" and "never.py ended without calling PPOTrainer.train" in never["message"]
+    assert exits["by"] == "never-trained" and "exits.py ended without" in exits["message"], "sys.exit(0) too"
     # Each rank's own record, for doctor: the exception and the user's frame, not torchrun's wrapper.
     err = json.loads((tmp_path / "run" / "trainer-error-0.json").read_text())
     assert err["type"] == "ConnectionError" and err["where"] == f"{repo / 'hub.py'}:3", err

@@ -7,6 +7,7 @@ No torch or AReaL here: the launcher, the fake trainer, status and doctor read t
 
 from __future__ import annotations
 
+import itertools
 import linecache
 import os
 import re
@@ -34,13 +35,15 @@ def _row_fields(exc: KeyError, frames: list, roots: list[str]) -> str:
     (the user's frames first: a library's own `self` is the row's wrapper, not what the user named)."""
     key = exc.args[0] if exc.args else None
     mine = [f for f in frames if _in(f.f_code.co_filename, roots)]
-    for frame in [*reversed(mine), *reversed(frames)]:
-        for name, value in frame.f_locals.items():
-            keys = getattr(value, "keys", None)
-            if name.startswith("__") or not callable(keys) or isinstance(value, type):
-                continue
+    for frame in [*reversed(mine), *reversed(frames)][:8]:
+        if frame.f_code.co_name == "<module>":
+            continue  # a module's globals are not the row
+        for name, value in list(frame.f_locals.items())[:200]:
             try:
-                fields = [str(k) for k in list(keys())[:MAX_FIELDS + 1]]
+                keys = getattr(value, "keys", None)
+                if name.startswith("__") or not callable(keys) or isinstance(value, type):
+                    continue
+                fields = [safe_str(k, 80) for k in itertools.islice(keys(), MAX_FIELDS + 1)]
                 if key in value:
                     continue
             except Exception:  # noqa: BLE001 - a user's object: anything may raise
@@ -126,10 +129,32 @@ def from_text(text: str, roots: list[str]) -> dict | None:
             "traceback": "\n".join(ln for ln in lines[i:] if ln.strip())[-4000:]}
 
 
+def safe_str(value, limit: int = MAX_MESSAGE) -> str:
+    """str() of a user's object, which may raise or be huge."""
+    try:
+        text = str(value)
+    except Exception:  # noqa: BLE001
+        try:
+            text = repr(value)
+        except Exception:  # noqa: BLE001
+            text = f"<{type(value).__name__} that cannot be printed>"
+    return text[:limit]
+
+
 def describe(exc: BaseException, roots: list[str], workspace: str = "/workspace", call=None) -> dict:
     """The record of `exc`: type, message, where (the deepest frame under `roots`, the user's code), that
     line of code, the traceback's frames from the user's first one on, and a hint. `call` is the user's
-    function that podkit called, for a TypeError from the call itself (a wrong signature)."""
+    function that podkit called, for a TypeError from the call itself (a wrong signature). Never raises: it
+    runs in the handler of the user's exception, which it must not hide."""
+    try:
+        return _describe(exc, roots, workspace, call)
+    except Exception as e:  # noqa: BLE001
+        return {"type": type(exc).__name__, "message": safe_str(exc), "where": "?", "code": "", "traceback": "",
+                "hint": "", "time": time.time(), "note": f"podkit could not read the traceback ({type(e).__name__})"}
+
+
+def _describe(exc: BaseException, roots: list[str], workspace: str, call) -> dict:
+    linecache.checkcache()  # the file as it is now, not as an earlier read of it cached it
     exc = own(exc, roots) if roots else exc
     tb = exc.__traceback__
     frames, summary = [], []
@@ -159,14 +184,26 @@ def describe(exc: BaseException, roots: list[str], workspace: str = "/workspace"
         hint = (f"podkit calls {getattr(fn, '__name__', 'the function')}(argv) with the command-line arguments as "
                 "a list (as AReaL's own mains take them): give it one parameter, e.g. `def main(argv=None)`")
     for e in (exc, exc.__cause__, exc.__context__) if roots else ():
-        told = from_text(str(e), roots) if e is not None and "Traceback" in str(e) else None
+        text = safe_str(e, 64 * 1024) if e is not None else ""
+        told = from_text(text, roots) if "Traceback" in text else None
         if told:  # a worker process's exception, raised here as text: its frame is the deeper one
             return {**told, "hint": hint_for(e, frames, workspace, roots), "time": time.time()}
     start = mine[0] if mine else max(0, len(summary) - 8)
     lines = [ln.rstrip() for ln in traceback.format_list(summary[start:])[-12:]]
-    message = str(exc)
-    return {"type": type(exc).__name__, "message": message[:MAX_MESSAGE], "where": where, "code": code[:300],
+    return {"type": type(exc).__name__, "message": safe_str(exc), "where": where, "code": code[:300],
             "traceback": "\n".join(lines)[-4000:], "hint": hint, "time": time.time()}
+
+
+def clean(err: dict, cfg) -> dict:
+    """`err` with the pod's secrets taken out: a user's exception may quote a URL with its token, and the
+    record goes to status, doctor, the bundle and the webhook."""
+    from podkit.redact import Redactor
+
+    try:
+        r = Redactor.for_pod(cfg, os.environ)
+        return {k: r(v) if isinstance(v, str) else v for k, v in err.items()}
+    except Exception:  # noqa: BLE001 - never lose the record for want of redaction
+        return err
 
 
 def hint_for_import() -> str:

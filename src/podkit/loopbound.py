@@ -6,9 +6,10 @@ restarted for ever. Here a failure without progress (no step past the best this 
 `trainer.restart_delay_s`, doubled for each such failure in a row, before the next start; after
 `trainer.max_failures` of them the trainer stays stopped (`stopped.by: crash-loop` with the user's own
 exception), named by status, --health, metrics, doctor and a notification, and `podkit up` ends. A
-failure after a new step is new evidence and restarts at once. What podkit itself causes is not counted:
-a stop (SIGTERM), the stale-weights restart (exit 75), the watchdog's kill (the launcher dies with it
-and counts nothing) and a failure while inference was restarted under the trainer.
+failure after a new step is new evidence and restarts at once. A stop (SIGTERM) and the stale-weights restart
+(exit 75) are not failures. Ends that are not the script's (a failure while inference was restarted or
+down, the trainer killed: the watchdog's hang restart, out of memory) are counted apart, against
+OUTSIDE_FACTOR times the bound: a hang at the same place on every run ends too, only later.
 
 `podkit ctl start trainer` after the bound, or a new boot (a push synced), starts from zero.
 """
@@ -23,6 +24,10 @@ from podkit import failure, log, notify, records, supervisord
 
 _log = log.get("trainer")
 MAX_DELAY_S = 600.0
+# Ends that are not the script's (inference down or restarted under it; the trainer killed: the watchdog's
+# hang restart, out of memory) are not counted toward trainer.max_failures, but they are not free either:
+# this many times that bound in a row, without a new step, and the trainer stays stopped too.
+OUTSIDE_FACTOR = 3
 
 
 class Bound:
@@ -37,7 +42,7 @@ class Bound:
             _log.info(f"started again after the loop bound stopped it ({rec.get('failures')} failures without a new "
                       "step): counting from zero")
             rec = {"best_step": rec.get("best_step")}
-        self.rec = {"boot": self.boot, "failures": 0, **rec}
+        self.rec = {"boot": self.boot, "failures": 0, "outside": 0, **rec}
 
     def save(self) -> None:
         try:
@@ -45,56 +50,101 @@ class Bound:
         except OSError as e:
             _log.warn(f"cannot record the trainer's failures ({e.strerror}): the loop bound forgets them")
 
-    def delay_s(self, failures: int) -> float:
-        return min(self.cfg.trainer.restart_delay_s * 2 ** max(failures - 1, 0), MAX_DELAY_S) if failures else 0.0
+    def count(self, key: str) -> int:
+        n = self.rec.get(key)
+        return n if isinstance(n, int) and 0 <= n < 10**6 else 0  # a record is data: a planted count is none
 
-    def hold_off(self) -> None:
-        """Before a start that follows failures without progress: wait out the back-off."""
-        self.rec["starts"] = self.rec.get("starts", 0) + 1
+    def delay_s(self, n: int) -> float:
+        return min(self.cfg.trainer.restart_delay_s * 2 ** min(max(n - 1, 0), 16), MAX_DELAY_S) if n else 0.0
+
+    def hold_off(self) -> bool:
+        """Before a start that follows failures without progress: wait out the back-off. A start whose previous
+        run never reached after() was killed (the watchdog's hang restart, out of memory): counted apart.
+        False when the trainer stays stopped instead."""
+        self.rec["starts"] = self.count("starts") + 1
+        ran = self.rec.pop("running", None)
+        if isinstance(ran, (int, float)) and not self.outside_end(
+                "it was killed (the watchdog's hang restart, out of memory, or a stop past its grace)", ran):
+            return False
+        n = self.count("failures") + self.count("outside")
+        delay = self.delay_s(n)
+        last = self.rec.get("last_failure") or 0
+        wait = min(max(0.0, delay - (time.time() - last)), delay)  # a last failure "in the future" waits no more
         self.save()
-        failures = self.rec.get("failures") or 0
-        wait = self.delay_s(failures) - (time.time() - (self.rec.get("last_failure") or 0))
-        if failures and wait > 0:
-            _log.info(f"back-off: waiting {wait:.0f}s before this start (failure {failures} of "
-                      f"{self.cfg.trainer.max_failures} in a row without a new step)")
+        if wait > 0:
+            _log.info(f"back-off: waiting {wait:.0f}s before this start ({self.count('failures')} failure(s) of "
+                      f"{self.cfg.trainer.max_failures} in a row without a new step"
+                      + (f", {self.count('outside')} end(s) not the script's" if self.count("outside") else "") + ")")
             time.sleep(wait)
+        self.rec["running"] = time.time()
+        self.save()
+        return True
+
+    def new_step(self, prog: dict, since: float) -> bool:
+        """A step past the best this boot has seen, trained by this run (a resume's own step is not one)."""
+        step = prog.get("step") if (prog.get("time") or 0) >= since else None
+        if not isinstance(step, int) or step == prog.get("resumed_at"):
+            return False
+        best = self.rec.get("best_step")
+        if isinstance(best, int) and step <= best:
+            return False
+        # New evidence: the run got further than ever in this boot, so what failed now starts a new count.
+        self.rec.update(best_step=step, failures=0, outside=0)
+        return True
+
+    def outside_end(self, why: str, since: float) -> bool:
+        """An end not blamed on the script; False when the trainer now stays stopped."""
+        if self.new_step(records.PROGRESS.read(self.state_dir), since):
+            return True
+        n = self.rec["outside"] = self.count("outside") + 1
+        self.rec["last_failure"] = time.time()
+        limit = self.cfg.trainer.max_failures * OUTSIDE_FACTOR
+        _log.warn(f"the trainer's run ended because {why}: not counted as a failure of the script ({n} in a row "
+                  "without a new step)")
+        if limit and n >= limit:
+            self.give_up(n, self.at(), f"each time for a cause outside the script, the last: {why}", None,
+                         outside=True)
+            return False
+        return True
+
+    def at(self) -> str:
+        best = self.rec.get("best_step")
+        return f"after step {best}" if isinstance(best, int) else "before its first step"
 
     def after(self, code: int, started: float, err: dict | None = None) -> int:
         """The exit code for supervisord once the trainer's run ended with `code`."""
+        self.rec.pop("running", None)
         if code == 0:
             self.stopped_for_good(started)
         if code in (0, supervisord.EXIT_RESTART):
+            self.save()
             return code
         prog = records.PROGRESS.read(self.state_dir)
         stopped = prog.get("stopped") or {}
         if stopped.get("by") == "SIGTERM" and (stopped.get("time") or 0) >= started:
+            self.save()
             return code
         sglang = supervisord.process_info(self.cfg.socket_path, "sglang") or {}
         if sglang and ((sglang.get("start") or 0) > started or sglang.get("statename") != supervisord.RUNNING):
-            _log.warn(f"the trainer failed (exit {code}) while inference was restarted or down: not counted as a "
-                      "failure of the script")
-            return code
-        step = prog.get("step") if (prog.get("time") or 0) >= started else None
-        best = self.rec.get("best_step")
+            kept = self.outside_end(f"inference was restarted or down (exit {code})", started)
+            self.save()
+            return code if kept else 0
         err = err or failure.first_since(self.cfg.run_path, started)
         if err:
             self.rec["error"] = err
-        if isinstance(step, int) and (best is None or step > best):
-            # New evidence: the run got further than ever in this boot, so this failure starts a new count.
-            self.rec.update(best_step=step, failures=0)
+        if self.new_step(prog, started):
             self.save()
             return code
-        failures = self.rec["failures"] = (self.rec.get("failures") or 0) + 1
+        failures = self.rec["failures"] = self.count("failures") + 1
         self.rec["last_failure"] = time.time()
         limit = self.cfg.trainer.max_failures
         what = failure.summary(err) if err else f"exit {code} (no exception recorded: `podkit doctor`)"
-        at = f"after step {best}" if best is not None else "before its first step"
         if limit and failures >= limit:
-            return self.give_up(failures, at, what, err)
-        self.rec["delay_s"] = self.delay_s(failures)
+            return self.give_up(failures, self.at(), what, err)
+        delay = self.delay_s(failures + self.count("outside"))
         self.save()
-        _log.error(f"the trainer failed {at} without a new step ({failures} of {limit or 'unbounded'} in a row): "
-                   f"{what}; restarting in {self.rec['delay_s']:.0f}s")
+        _log.error(f"the trainer failed {self.at()} without a new step ({failures} of {limit or 'unbounded'} in a "
+                   f"row): {what}; restarting in {delay:.0f}s")
         return code
 
     def stopped_for_good(self, started: float) -> None:
@@ -108,11 +158,14 @@ class Bound:
             if sent:
                 sent.join(5)
 
-    def give_up(self, failures: int, at: str, what: str, err: dict | None) -> int:
+    def give_up(self, failures: int, at: str, what: str, err: dict | None, outside: bool = False) -> int:
         self.rec["gave_up"] = True
         self.save()
-        message = f"the trainer failed {failures} times in a row {at} without a new step: {what}"
-        hint = ((err or {}).get("hint") or "fix it in the repo and push: the next boot syncs it") + \
+        message = f"the trainer {'ended' if outside else 'failed'} {failures} times in a row {at} without a new " \
+                  f"step: {what}"
+        hint = ("`podkit doctor` names what ended it (inference's log, the watchdog's dumps in logs/hang-*.txt); "
+                "then `podkit ctl start trainer`") if outside else \
+            ((err or {}).get("hint") or "fix it in the repo and push: the next boot syncs it") + \
             " (or fix the checkout, then `podkit ctl start trainer`)"
         failure.stop_for_good(self.state_dir, "crash-loop", message, hint)
         _log.error(f"{message}. The trainer stays stopped (trainer.max_failures {self.cfg.trainer.max_failures}); "
@@ -126,13 +179,14 @@ class Bound:
 def run(cfg, main) -> int:
     """Run the trainer program's `main()` under the bound (a single pod; a cluster's launcher has its own)."""
     bound = Bound(cfg)
-    bound.hold_off()
+    if not bound.hold_off():
+        return 0
     started = time.time()
     err = None
     try:
         code = main()
     except Exception as e:  # noqa: BLE001 - the fake trainer runs in-process: its exception is the failure
         traceback.print_exc()
-        err = failure.describe(e, [], str(cfg.workspace_path))
+        err = failure.clean(failure.describe(e, [], str(cfg.workspace_path)), cfg)
         code = 1
     return bound.after(code, started, err)

@@ -207,7 +207,8 @@ LAST_GOOD_SETUP = Record("last-good.json", {"env": str, "time": TIME})
 RESUME = Record("resume.json", {"time": TIME})
 # The trainer's loop bound (loopbound.py): failures in a row without a new step, in this boot.
 TRAINER_LOOP = Record("trainer-loop.json", {"boot": NUMBER, "failures": int, "best_step": int, "last_failure": TIME,
-                                            "delay_s": NUMBER, "gave_up": bool, "error": ERROR, "starts": int})
+                                            "outside": int, "running": TIME, "gave_up": bool, "error": ERROR,
+                                            "starts": int})
 WATCHDOG = Record("watchdog.json", [{"time": TIME, "action": str, "program": str, "reason": str, "dump": str}])
 # In the run dir (local disk): the log listener's view of supervisord's programs, and the AReaL
 # launcher's process groups.

@@ -28,7 +28,8 @@ _HERE = os.path.dirname(os.path.realpath(__file__))
 if sys.path and sys.path[0] and os.path.realpath(sys.path[0]) == _HERE:
     del sys.path[0]
 
-import runpy  # noqa: E402 - after the path is cleared
+import errno  # noqa: E402 - after the path is cleared
+import runpy  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -36,13 +37,18 @@ from pathlib import Path  # noqa: E402
 EXAMPLE = os.path.join(_HERE, "example", "gsm8k_grpo.py")
 # Raised before training, these may pass on a restart: the runtime's, not the script's (matched by name:
 # torch.distributed's DistError family, CUDA's OutOfMemoryError; NCCL and c10d say so in the message).
-RUNTIME_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "OutOfMemoryError")
-RUNTIME_MESSAGES = ("NCCL", "CUDA out of memory", "Address already in use", "c10d")
+RUNTIME_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "OutOfMemoryError",
+                  "MemoryError", "AcceleratorError")
+RUNTIME_MESSAGES = ("NCCL", "CUDA out of memory", "CUDA error", "CUDA-capable device", "Address already in use",
+                    "c10d", "Gloo", "gloo")
+# A volume that hiccups (a network volume's I/O error, a stale handle, a full disk): not the script's code.
+RUNTIME_ERRNOS = (errno.EIO, errno.ESTALE, errno.ENOSPC, errno.EDQUOT)
 
 
-def runtime_error(exc: BaseException) -> bool:
+def runtime_error(exc: BaseException, message: str) -> bool:
     names = {c.__name__ for c in type(exc).__mro__}
-    return bool(names & set(RUNTIME_ERRORS)) or any(m in str(exc) for m in RUNTIME_MESSAGES)
+    return bool(names & set(RUNTIME_ERRORS)) or any(m in message for m in RUNTIME_MESSAGES) or \
+        isinstance(exc, OSError) and exc.errno in RUNTIME_ERRNOS
 
 
 def entry_of(cfg) -> tuple[str, str | None, str | None]:
@@ -115,14 +121,17 @@ def main(argv: list[str]) -> int:
             sys.argv = [script, *argv]
             runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if code or st.training or isinstance(e, hooks.Refused):
+            return code
+        # sys.exit(0) (or sys.exit(main())) without training: as a script that ended, below.
     except Exception as e:
-        err = failure.describe(e, roots, str(cfg.workspace_path), call=target)
+        err = failure.clean(failure.describe(e, roots, str(cfg.workspace_path), call=target), cfg)
         failure.write(cfg.run_path, st.rank, err)
-        if st.training or runtime_error(e):
+        if st.training or runtime_error(e, err["message"]):
             raise  # the loop bound counts it; the record above names it
         st.refuse(f"the training script failed before training started, at {err['where']}",
-                  f"{type(e).__name__}: {e}" + (f"\n{err['code']}" if err["code"] else ""),
+                  f"{err['type']}: {err['message']}" + (f"\n{err['code']}" if err["code"] else ""),
                   (err["hint"] + "; " if err["hint"] else "") + "fix it in the repo and push: the next boot syncs "
                   "it (or fix the checkout, then `podkit ctl start trainer`)")
         return 2

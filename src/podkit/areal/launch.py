@@ -101,6 +101,7 @@ def precheck(cfg, python: str | None, env: dict[str, str]) -> bool:
         err = {}  # the check could not run: the run itself will say
     if not isinstance(err, dict) or not err.get("type"):
         return False
+    err = failure.clean({k: str(v) for k, v in err.items()}, cfg)
     failure.stop_for_good(cfg.state_dir, "config-error",
                           f"the training script failed before training started, at {err.get('where')}: "
                           f"{err['type']}: {err.get('message')}" + (f"\n{err['code']}" if err.get("code") else ""),

@@ -14,10 +14,21 @@ Stdlib only: it runs in the user's environment, whatever it has.
 from __future__ import annotations
 
 import ast
+import importlib.machinery
 import importlib.util
 import json
 import os
 import sys
+
+
+class CannotTell(Exception):
+    """The code changes how imports resolve (sys.path, site, import hooks, globals()): the run decides."""
+
+
+# Text that makes a static answer unsafe, in any module the check reads: none of it is refused, all is left
+# to the run. A working script must never be refused here.
+DYNAMIC = (b"sys.path", b"site.", b"pyximport", b"globals()", b"__path__", b"importlib", b"sys.modules",
+           b"exec(", b"__import__")
 
 
 class Unresolved(Exception):
@@ -34,9 +45,15 @@ def local(name: str, roots: list[str]) -> str | None:
         return None  # the bootstrap runs the installed, patched AReaL, never a checkout's copy
     for root in roots:
         base = os.path.join(root, *parts)
-        for path in (base + ".py", os.path.join(base, "__init__.py")):
-            if os.path.isfile(path):
-                return path
+        init = os.path.join(base, "__init__.py")
+        if os.path.isfile(base + ".py"):
+            return base + ".py"
+        if os.path.isfile(init):
+            return init
+        # A compiled or extension module (.so, .pyc, .pyd): it resolves; there is nothing to read.
+        for suffix in importlib.machinery.all_suffixes():
+            if os.path.isfile(base + suffix):
+                return base + suffix
         if os.path.isdir(base):  # a namespace package
             return base
     return None
@@ -57,8 +74,8 @@ def defined(tree: ast.Module) -> set[str] | None:
             if any(a.name == "*" for a in node.names):
                 return None
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
-            return None  # names defined conditionally: not told statically
+        elif not isinstance(node, (ast.Expr, ast.Pass, ast.Assert)):
+            return None  # anything else (if, try, with, match, a loop, type, del...): not told statically
     return names
 
 
@@ -69,13 +86,13 @@ class Checker:
     def parse(self, path: str) -> ast.Module | None:
         with open(path, "rb") as f:
             source = f.read()
-        if b"sys.path" in source:
-            return None  # it changes where imports come from: leave it to the run
+        if any(d in source for d in DYNAMIC):
+            raise CannotTell(path)
         return ast.parse(source, path)  # a SyntaxError names its own file and line
 
     def module(self, path: str) -> None:
-        if path in self.seen or os.path.isdir(path):
-            return
+        if path in self.seen or not path.endswith(".py"):
+            return  # a namespace package's directory or an extension: nothing to read
         self.seen.add(path)
         tree = self.parse(path)
         if tree is None:
@@ -86,7 +103,7 @@ class Checker:
                     self.resolve(alias.name, path, node)
             elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
                 found = self.resolve(node.module, path, node)
-                if found and not os.path.isdir(found):
+                if found and found.endswith(".py"):
                     self.names(found, node, path)
 
     def names(self, found: str, node: ast.ImportFrom, path: str) -> None:
@@ -127,7 +144,7 @@ def check(entry: str, checkout: str) -> dict:
             c.resolve(module, checkout, None)
             return {}  # installed, not the checkout's: the run imports it
         c.module(path)
-        if function and not os.path.isdir(path):
+        if function and path.endswith(".py"):
             tree = c.parse(path)
             have = defined(tree) if tree is not None else None
             if have is not None and function not in have:
@@ -145,8 +162,8 @@ def check(entry: str, checkout: str) -> dict:
                 pass
         return {"type": e.type, "message": e.message, "where": f"{e.path}:{e.lineno}" if e.lineno else e.path,
                 "code": code}
-    except (OSError, ValueError, RecursionError):
-        return {}  # cannot be read here: the run will say
+    except (CannotTell, OSError, ValueError, RecursionError):
+        return {}  # cannot be told, or read, here: the run will say
     return {}
 
 

@@ -181,10 +181,15 @@ class Pump:
         self.say(f"{why}: the pod stops itself after guard.stop_pod_after_s ({self.guard('stop_pod_after_s'):g} s) "
                  "unless the trainer is started again")
 
+        # Counted from the state change itself: a listener restarted since does not start the wait again.
+        name = next((n for n in ("trainer", "sglang") if (self.states.get(n) or {}).get("state") == supervisord.FATAL),
+                    "trainer")
+        since = (self.states.get(name) or {}).get("since")
+        since = since if isinstance(since, (int, float)) and since <= time.time() else time.time()
+
         def tick() -> None:
-            since = time.monotonic()
             while self._idle is rule and rule.stopper is None:
-                rule.check(time.monotonic() - since)
+                rule.check(time.time() - since)
                 time.sleep(1)
         threading.Thread(target=tick, name="cannot-train", daemon=True).start()
 
@@ -251,6 +256,7 @@ class Pump:
                 lease.renew(self.state_dir)
             except OSError as e:
                 self.say(f"cannot renew the workspace lease ({e.strerror})")
+            self.idle_rule()  # a guard set on the pod since, or a listener restarted after the trainer stopped
 
 
 # What the listener, the last program to stop, waits for a notification in flight: docker stop's default
@@ -266,6 +272,7 @@ def main(cfg) -> int:
     pump = Pump(sys.stderr, Path(cfg.run_path), state_dir=cfg.state_dir, trainer_grace_s=cfg.trainer.stop_grace_s,
                 on_runpod=costguard.on_runpod(), socket_path=cfg.socket_path)
     pump.guards = guardfile.Live(cfg.workspace_path, {k: getattr(cfg.guard, k) for k in guardfile.KEYS}, pump.say)
+    pump.idle_rule()  # a listener restarted after the trainer stopped for good: the rule holds still
 
     def stop(*_):
         pump.flush()
