@@ -249,9 +249,8 @@ print(json.dumps(out))
 
 def test_an_exception_before_training_is_the_scripts_own_named_with_its_line_and_a_hint_that_fits(tmp_path):
     """A `main` that takes no argument, a data field named differently, a hub dataset the pod cannot reach,
-    a script that never trains (returning, or by sys.exit(0)): each stops once (exit 2, or 0 for the script that
-    ended), recorded with the
-    exception, the file and line in the user's code, and a hint for that kind."""
+    a script that never trains (returning, or by sys.exit(0)): each stops once (exit 2, or 0 for the script
+    that ended), recorded with the exception, the file and line in the user's code, and a hint for that kind."""
     repo = tmp_path / "ws" / "repo"
     repo.mkdir(parents=True)
     (repo / "noargs.py").write_text("import sys\n\n\ndef main():\n    print('never called')\n")
