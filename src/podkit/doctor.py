@@ -43,6 +43,7 @@ class Pod:
         self.programs = records.PROGRAMS.read(Path(current["run_dir"])) if current.get("run_dir") else {}
         self.progress = records.PROGRESS.read(self.state)
         self.boots = records.BOOTS.read(self.state)
+        self.loop = records.TRAINER_LOOP.read(self.state)
 
     def log_tail(self, program: str, n: int = 400) -> list[str]:
         return health.tail(self.logs / f"{program}.log")[-n:]
@@ -294,7 +295,7 @@ STOPPED_FOR_GOOD = {
 
 def last_error(pod: Pod) -> dict:
     """The user's own exception from the trainer's last failure (failure.py), as the loop bound kept it."""
-    rec = records.TRAINER_LOOP.read(pod.state)
+    rec = getattr(pod, "loop", None) or {}
     if rec.get("boot") != records.CURRENT.read(pod.state).get("started"):
         return {}  # an earlier boot's: this one's trainer has not failed
     err = rec.get("error") or {}

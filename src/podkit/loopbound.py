@@ -125,7 +125,7 @@ class Bound:
             self.save()
             return code
         sglang = supervisord.process_info(self.cfg.socket_path, "sglang") or {}
-        if sglang and ((sglang.get("start") or 0) > started or sglang.get("statename") != supervisord.RUNNING):
+        if sglang and ((sglang.get("start") or 0) > started or sglang.get("statename") not in supervisord.UP):
             kept = self.outside_end(f"inference was restarted or down (exit {code})", started)
             self.save()
             return code if kept else 0

@@ -8,7 +8,7 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
-from podkit import health, proc, programs, records, startup, supervisord
+from podkit import failure, health, proc, programs, records, startup, supervisord
 from podkit.supervisord import EXITED, FATAL, RUNNING, STOPPED, UP
 
 
@@ -55,6 +55,12 @@ def collect(workspace: Path, state_dir: Path | None = None) -> dict:
                       "stopped": prog.get("stopped"), "kind": prog.get("kind"), "reward": prog.get("reward"),
                       "resumed_from_step": prog.get("resumed_at"), "logp_gap": prog.get("logp_gap"),
                       "code": prog.get("code")}
+    loop = records.TRAINER_LOOP.read(state_dir)
+    if loop.get("boot") == current.get("started") and (loop.get("failures") or loop.get("outside")):
+        # The loop bound's count in this boot: failures in a row without a new step.
+        out["trainer"]["loop"] = {"failures": loop.get("failures") or 0, "outside": loop.get("outside") or 0,
+                                  "last": (loop.get("error") or {}).get("type") and failure.summary(loop["error"]),
+                                  "gave_up": bool(loop.get("gave_up"))}
     inf = current.get("inference") or {}
     host, port = inf.get("host", "127.0.0.1"), inf.get("port", 30000)
     sglang = out["programs"].get("sglang")
@@ -122,6 +128,11 @@ def human(st: dict) -> str:
     lines.append(f"trainer: step {t.get('step')}, last progress {_ago(t.get('last_progress'))}, "
                  f"checkpoint at step {t.get('checkpoint_step')}, weights v{t.get('weight_version')}"
                  + (f", resumed at step {t['resumed_from_step']}" if t.get("resumed_from_step") else ""))
+    loop = t.get("loop") or {}
+    if loop and not loop.get("gave_up"):
+        lines.append(f"  loop bound: {loop['failures']} failure(s) in a row without a new step"
+                     + (f" (and {loop['outside']} end(s) not the script's)" if loop.get("outside") else "")
+                     + (f"; the last: {loop['last']}" if loop.get("last") else ""))
     trainer_state = (st["programs"].get("trainer") or {}).get("state")
     if trainer_state in ("EXITED", "STOPPED", "FATAL") and (t.get("stopped") or {}).get("by"):
         lines.append("  " + _last_stop(t))
