@@ -73,7 +73,7 @@ def _refusal(s, since: float, timeout: float = 240) -> dict:
 
 
 # A failure during training in the user's own code, the same on every run: the data is read lazily (a
-# transform on access, in the dataloader's worker processes), and row 40's answer is not a number. In the
+# transform on access, in the dataloader's worker processes), and row 8's answer is not a number. In the
 # file's order the first steps train; then every run, resumed, reads that row again before a new step.
 LAZY_ROWS = ('''def jsonl_dataset(path: str, hint: str):
     """Rows read as they are used."""
@@ -86,7 +86,7 @@ LAZY_ROWS = ('''def jsonl_dataset(path: str, hint: str):
     return rows.with_transform(to_prompt)
 ''')
 IN_ORDER = "++train_dataset.shuffle=false"
-BAD_ROW = 40
+BAD_ROW = 8
 
 
 def lazy_rows_with_a_bad_row(checkout) -> None:
