@@ -329,7 +329,9 @@ def _run_ended(cfg, started: float) -> tuple[str, str] | None:
         return "finished", f"training finished ({stopped['by']}) at step {stopped.get('step')}"
     if state == supervisord.STOPPED:
         return None  # stopped mid-run by a person (`podkit ctl stop`): theirs to start again
-    return "failed", f"the trainer stopped for good ({stopped.get('by')}) at step {stopped.get('step')}"
+    at = f"at step {stopped['step']}" if isinstance(stopped.get("step"), int) else "before its first step"
+    first = str(stopped.get("message") or "").strip().splitlines()[:1]
+    return "failed", f"the trainer stopped for good ({stopped.get('by')}) {at}" + (f": {first[0]}" if first else "")
 
 
 def _print_findings(cfg) -> None:
