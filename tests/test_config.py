@@ -217,3 +217,20 @@ def test_a_cluster_node_that_cannot_tell_who_it_is_gets_a_config_error(tmp_path,
     with pytest.raises(ConfigError) as e:
         config.load(ROOT / "configs" / "cluster-2x8.yaml", environ={"PODKIT_WORKSPACE": str(tmp_path), **env})
     assert e.value.key == key and words in e.value.message + e.value.hint, (e.value.key, e.value.message)
+
+
+@pytest.mark.parametrize("name", ["/abs/path", "../x", "a/b", "..", ".hidden", "", "x" * 200, "run id"])
+def test_a_run_name_that_is_a_path_is_a_config_error_naming_the_key(tmp_path, name):
+    """The names become directories that boot clears (<root>/<user>/<experiment>/<trial>): an absolute path
+    would make every boot remove <experiment>/run outside podkit's own directories."""
+    (tmp_path / "keep").mkdir()
+    for key in ("EXPERIMENT", "TRIAL"):
+        with pytest.raises(ConfigError, match=rf"env PODKIT_TRAINER_{key}: trainer\.{key.lower()}: .* is not a name"):
+            config.load(None, environ={f"PODKIT_TRAINER_{key}": name, "PODKIT_WORKSPACE": str(tmp_path)})
+    assert (tmp_path / "keep").is_dir()
+
+
+def test_podkit_run_id_is_known_and_a_plain_name_is_a_name():
+    cfg = config.load(None, environ={"PODKIT_RUN_ID": "run-1a2b", "PODKIT_TRAINER_EXPERIMENT": "myrepo-v2",
+                                     "PODKIT_TRAINER_TRIAL": "t1.bigger_model"})
+    assert cfg.warnings == [] and (cfg.trainer.experiment, cfg.trainer.trial) == ("myrepo-v2", "t1.bigger_model")

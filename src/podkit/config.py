@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 from podkit import records
@@ -20,7 +21,7 @@ from podkit.errors import ConfigError
 ENV_PREFIX = "PODKIT_"
 # Env vars with the prefix that are not settings (they select or locate a config).
 NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID", "PODKIT_NOTIFY_WEBHOOK_URL",
-                   "PODKIT_METRICS_KEY",
+                   "PODKIT_METRICS_KEY", "PODKIT_RUN_ID",  # `podkit deploy` names each run (guardfile.RUN_ENV)
                    # rendered beside the settings (render.environment) and set for a cluster's driver and ranks
                    "PODKIT_LOG_DIR", "PODKIT_RAY_STOP_WAIT_S", "PODKIT_CLUSTER_RUN", "PODKIT_RAY_ADDRESS",
                    "PODKIT_RAY_STANDIN_LM"}
@@ -209,6 +210,18 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                  minimum=0, maximum=600),
     },
 }
+
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def _check_name(value: str, source: str, key: str) -> None:
+    """AReaL's run names become directories (checkpoints, name_resolve records that boot clears): one safe
+    path component each, or a clear of `<experiment>/<trial>` could reach outside podkit's own directories."""
+    if not NAME.match(value) or value in (".", ".."):
+        raise ConfigError(source, key, f"{value!r} is not a name: one path component of letters, digits, '_', "
+                          "'.' and '-', not starting with '.' or '-'",
+                          hint=f"{key} names the run's directories (e.g. myrepo-v2), never a path")
 
 
 def is_stop_time(at: float) -> bool:
@@ -666,6 +679,8 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
             raise ConfigError(origins.get(key, "defaults"), key, str(e),
                               hint="comma-separated GPU indexes, e.g. \"1,2,3\"") from None
     _check_stop_time(values["guard"]["stop_pod_at"], origins.get("guard.stop_pod_at", "defaults"))
+    for key in ("experiment", "trial"):
+        _check_name(values["trainer"][key], origins.get(f"trainer.{key}", "defaults"), f"trainer.{key}")
     top = values[""]
     top["workspace"] = os.path.abspath(top["workspace"])
     _resolve_cluster(values["cluster"], environ, origins)
