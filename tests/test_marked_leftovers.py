@@ -24,9 +24,15 @@ pytestmark = pytest.mark.timeout(60)
 DEAF = ("import os, signal, time; os.setsid(); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
         "print('ready', flush=True); time.sleep(600)")
 POLITE = "import os, time; os.setsid(); print('ready', flush=True); time.sleep(600)"
-# A daemon as a training script or setup.sh starts one: forked twice, reparented, deaf to SIGTERM.
+# A daemon as a training script or setup.sh starts one: forked twice, reparented, deaf to SIGTERM. Its
+# starter returns once the daemon is up (its pid file written), as a start script waits for its server:
+# without that wait the daemon may be stopped before it has written its pid.
 DAEMON = """import os, signal, sys, time
 if os.fork():
+    for _ in range(300):
+        if os.path.exists(sys.argv[1]):
+            break
+        time.sleep(0.05)
     os._exit(0)
 os.setsid()
 if os.fork():
