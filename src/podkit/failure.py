@@ -156,12 +156,10 @@ def describe(exc: BaseException, roots: list[str], workspace: str = "/workspace"
 def _describe(exc: BaseException, roots: list[str], workspace: str, call) -> dict:
     linecache.checkcache()  # the file as it is now, not as an earlier read of it cached it
     exc = own(exc, roots) if roots else exc
-    tb = exc.__traceback__
-    frames, summary = [], []
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        summary.append(traceback.FrameSummary(tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name))
-        tb = tb.tb_next
+    tbs = _frames(exc)
+    frames = [tb.tb_frame for tb in tbs]
+    summary = [traceback.FrameSummary(tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name)
+               for tb in tbs]
     mine = [i for i, f in enumerate(summary) if _in(f.filename, roots)]
     if isinstance(exc, SyntaxError) and exc.filename:
         where, code = f"{exc.filename}:{exc.lineno}", (exc.text or "").strip()

@@ -153,10 +153,8 @@ class Bound:
         stopped = records.PROGRESS.read(self.state_dir).get("stopped") or {}
         if stopped.get("by") in ("config-error", "never-trained") and (stopped.get("time") or 0) >= started:
             first = (stopped.get("message") or "").splitlines()[:1]
-            sent = notify.send("trainer-stopped", f"the trainer stopped for good ({stopped['by']}): "
-                               f"{first[0] if first else ''} | fix: {stopped.get('hint', '')}", self.state_dir)
-            if sent:
-                sent.join(5)
+            self.tell(f"the trainer stopped for good ({stopped['by']}): {first[0] if first else ''} | fix: "
+                      f"{stopped.get('hint', '')}")
 
     def give_up(self, failures: int, at: str, what: str, err: dict | None, outside: bool = False) -> int:
         self.rec["gave_up"] = True
@@ -170,10 +168,14 @@ class Bound:
         failure.stop_for_good(self.state_dir, "crash-loop", message, hint)
         _log.error(f"{message}. The trainer stays stopped (trainer.max_failures {self.cfg.trainer.max_failures}); "
                    f"hint: {hint}")
-        sent = notify.send("trainer-stopped", f"the trainer stopped for good: {message} | fix: {hint}", self.state_dir)
+        self.tell(f"the trainer stopped for good: {message} | fix: {hint}")
+        return 0  # supervisord leaves an expected exit stopped
+
+    def tell(self, text: str) -> None:
+        """The trainer-stopped notification, given a moment to go out before the process ends."""
+        sent = notify.send("trainer-stopped", text, self.state_dir)
         if sent:
             sent.join(5)
-        return 0  # supervisord leaves an expected exit stopped
 
 
 def run(cfg, main) -> int:

@@ -400,6 +400,13 @@ def told(t: Target) -> str:
     return f"stopped pid {t.pid} ({cmd}), {t.reason}" + (f", with {t.signal}" if t.signal else "")
 
 
+def tell(targets: list[Target], logger) -> None:
+    """Warn of each leftover stopped (or that survived); one that exited by itself is not news."""
+    for t in targets:
+        if t.outcome != "vanished":
+            logger.warn(told(t))
+
+
 def kill_groups(groups: list) -> list[int]:
     """SIGKILL every process still in the recorded [pgid, start time] groups; a pid reused by a
     younger process is not theirs and is left alone. Returns the pids signalled."""

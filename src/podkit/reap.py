@@ -170,12 +170,8 @@ def previous_run(run_dir: Path, stop_live: bool, grace_s: float, kill_wait_s: fl
     if unique:
         proc.stop(unique, grace_s, kill_wait_s, reap_children=pid1.collect_children)
         ours = {m.pid for m in marked}
-        for t in unique:
-            if t.pid in ours:
-                if t.outcome != "vanished":
-                    _log.warn(proc.told(t))
-            else:
-                done.append(f"stopped {t.describe()} after {t.signal or t.outcome}")
+        proc.tell([t for t in unique if t.pid in ours], _log)
+        done += [f"stopped {t.describe()} after {t.signal or t.outcome}" for t in unique if t.pid not in ours]
     done += _clear_socket_and_pidfile(run_dir, stop_live)
     return done
 

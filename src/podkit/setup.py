@@ -123,9 +123,7 @@ def build(cfg, env: Path, command: str, python: str, log_path: Path) -> tuple[in
 
 def stop_leftovers(cfg, reason: str) -> None:
     """Stop whatever carries this workspace's setup mark: the setup command's daemons, in any session."""
-    for t in proc.stop_marked(cfg.state_dir, {"setup": reason}, reap_children=pid1.collect_children):
-        if t.outcome != "vanished":
-            _log.warn(proc.told(t))
+    proc.tell(proc.stop_marked(cfg.state_dir, {"setup": reason}, reap_children=pid1.collect_children), _log)
 
 
 def _has_pip(python: str) -> bool:

@@ -97,12 +97,12 @@ def run(name: str, cfg) -> int:
         print(f"[podkit:run] starting {name} (pid {os.getpid()})", flush=True)
     log.set_level(cfg.log_level)
     register(cfg, name)
-    if name == "trainer" and not idle_because(cfg, name):
-        stop_own_leftovers(cfg, "left running by the trainer's previous start")  # its launcher may have been killed
-        os.environ[proc.OWNER_ENV] = proc.owner_mark(cfg.state_dir, "trainer")  # what it starts inherits it
     why = idle_because(cfg, name)
     if why:
         return idle(name, why)
+    if name == "trainer":
+        stop_own_leftovers(cfg, "left running by the trainer's previous start")  # its launcher may have been killed
+        os.environ[proc.OWNER_ENV] = proc.owner_mark(cfg.state_dir, "trainer")  # what it starts inherits it
     try:
         main = importlib.import_module(module(cfg, name)).main
         if name == "trainer" and not cfg.multi_node:  # a cluster's launcher bounds its own restarts
@@ -126,9 +126,7 @@ def run(name: str, cfg) -> int:
 def stop_own_leftovers(cfg, reason: str) -> None:
     """Stop every process that carries this workspace's trainer mark: what the trainer started, in any
     session or group (a reward server, a daemon), where supervisord's killasgroup does not reach."""
-    for t in proc.stop_marked(cfg.state_dir, {"trainer": reason}):
-        if t.outcome != "vanished":
-            log.get("trainer").warn(proc.told(t))
+    proc.tell(proc.stop_marked(cfg.state_dir, {"trainer": reason}), log.get("trainer"))
 
 
 def idle_because(cfg, name: str) -> str:
