@@ -33,10 +33,30 @@ def wait_for(cond, timeout: float, interval: float = 0.1, what: str = "condition
         time.sleep(interval)
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, never one this session handed out before, and on an xdist worker only ports of
+    its own lane. Two calls in a row may otherwise get the same port back (the kernel reuses a
+    port just closed), and a smoke env's inference and metrics ports then collide: a config error."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    lanes = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1), 1)
+    lane = int(worker[2:]) % lanes if worker[2:].isdigit() else 0
+    held = []  # kept bound while looking, so the kernel offers another port each time
+    try:
+        for _ in range(1000):
+            s = socket.socket()
+            held.append(s)
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            if port // 2 % lanes == lane and port not in _HANDED_OUT:  # Linux gives bind() even ports
+                _HANDED_OUT.add(port)
+                return port
+    finally:
+        for s in held:
+            s.close()
+    raise RuntimeError("no free port found in 1000 tries")
 
 
 def raw_server(answer) -> socket.socket:

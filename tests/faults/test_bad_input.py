@@ -171,7 +171,10 @@ def test_a_corrupt_record_is_treated_as_missing_and_kept_aside(tmp_path, record,
     state.mkdir(parents=True)
     data = CORRUPTIONS[kind] if kind != "wrong-shape" else wrong_shape(record)
     (state / record).write_bytes(data)
-    r = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60)
+    try:
+        r = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired as e:  # safe mode waits: say why
+        raise AssertionError(f"boot did not reach supervisord:\n{(e.stdout or b'').decode(errors='replace')}") from None
     assert r.returncode == 0 and "REACHED" in r.stdout, r.stdout + r.stderr
     assert "Traceback" not in r.stdout + r.stderr
     (state / record).write_bytes(data)  # boot rewrites some records itself (current, safe mode)
