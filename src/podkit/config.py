@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from pathlib import Path
 
-from podkit import records
+from podkit import discovery, records
 from podkit.errors import ConfigError
 
 # Boot-path module: stdlib only at import time (yaml, difflib, hashlib load when needed), and no
@@ -212,7 +211,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
 }
 
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+NAME = discovery.NAME  # one path component of safe characters
 
 
 def _check_name(value: str, source: str, key: str) -> None:

@@ -9,7 +9,10 @@ Only discovery records live there, never user data: removing a trial's directory
 from __future__ import annotations
 
 import getpass
+import re
 from pathlib import Path
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # config.NAME: one path component
 
 
 def trial_dir(root: str, experiment: str, trial: str) -> Path:
@@ -18,6 +21,9 @@ def trial_dir(root: str, experiment: str, trial: str) -> Path:
 
 
 def clear(root: str, experiment: str, trial: str) -> list[str]:
+    if not all(NAME.match(n) and n not in (".", "..") for n in (experiment, trial)):
+        return [f"name_resolve records of {experiment!r}/{trial!r} not cleared: not names (nothing outside "
+                f"{root} is ever removed)"]
     d = trial_dir(root, experiment, trial)
     if not d.exists() and not d.is_symlink():
         return []

@@ -64,6 +64,16 @@ def enabled(setting: str) -> bool:
     return pid1.is_entrypoint()
 
 
+def _names(cfg) -> tuple[str, str]:
+    """The run's names as the last checkout's AReaL YAML gives them (the sync stage comes after)."""
+    if cfg.trainer.kind != "areal":
+        return cfg.trainer.experiment, cfg.trainer.trial
+    from podkit.areal import identity
+
+    run = identity.names(cfg)
+    return (run.experiment, run.trial) if not run.problems() else (cfg.trainer.experiment, cfg.trainer.trial)
+
+
 def run(cfg, dry_run: bool = False) -> Report:
     """The stage: leftovers of a dead supervisord and AReaL's discovery records, then the GPUs."""
     live_ok = enabled(cfg.reap.enabled)
@@ -73,7 +83,7 @@ def run(cfg, dry_run: bool = False) -> Report:
         # No supervisord of this pod runs past this point, so its discovery records are stale.
         for line in [*previous_run(cfg.run_path, stop_live=live_ok, grace_s=cfg.reap.grace_s,
                                    kill_wait_s=cfg.reap.kill_wait_s, marked=marked),
-                     *discovery.clear(t.name_resolve_root, t.experiment, t.trial)]:
+                     *discovery.clear(t.name_resolve_root, *_names(cfg))]:
             _log.info(line)
     for m in marked if dry_run else ():
         m.outcome = "would-kill"

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from podkit import proc, records
+from podkit.areal import identity
 from podkit.programs import compile_caches
 
 HERE = Path(__file__).resolve().parent
@@ -38,7 +39,8 @@ def overrides(cfg) -> list[str]:
     `++key=value` sets a key whether or not the YAML has it (a user's YAML may leave a section to
     AReaL's defaults, where `key=value` fails); the user's trainer.overrides come last, as written."""
     t, model, root = cfg.trainer, cfg.inference.model, fileroot(cfg)
-    own = [f"experiment_name={t.experiment}", f"trial_name={t.trial}",
+    run = identity.names(cfg)  # the user's names, passed back so that podkit and AReaL read the same
+    own = [f"experiment_name={run.experiment}", f"trial_name={run.trial}",
            f"cluster.fileroot={update_root(cfg)}", f"saver.fileroot={root}", f"recover.fileroot={root}",
            f"stats_logger.fileroot={root}", f"evaluator.fileroot={root}",
            "cluster.name_resolve.type=nfs", f"cluster.name_resolve.nfs_record_root={t.name_resolve_root}",

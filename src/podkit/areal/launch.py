@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from podkit import checks, discovery, failure, health, log, proc, records, setup, supervisord
-from podkit.areal import cluster
+from podkit.areal import cluster, identity
 from podkit.areal.command import clear_leftovers, command, environment, set_pdeathsig
 from podkit.programs import refused
 
@@ -77,7 +77,9 @@ def main(cfg) -> int:
     if why:
         _log.error(why)
         return 1
-    for line in discovery.clear(cfg.trainer.name_resolve_root, cfg.trainer.experiment, cfg.trainer.trial):
+    run = identity.names(cfg)
+    _log.info(f"run {run} (experiment_name {run.origins['experiment'][0]}, trial_name {run.origins['trial'][0]})")
+    for line in discovery.clear(cfg.trainer.name_resolve_root, run.experiment, run.trial):
         _log.info(line)
     unpause(cfg)
     argv = command(cfg, python)
