@@ -222,6 +222,9 @@ def areal(cfg, synced: bool = True) -> list[Problem]:
     out += _shell_words("trainer.overrides", t.overrides)
     if t.areal_config and not later and os.path.isfile(t.areal_config):
         out += _backends(cfg)
+        from podkit.areal import identity  # the names as AReaL will read them: YAML, settings, overrides
+
+        out += identity.names(cfg).problems()
     return out
 
 

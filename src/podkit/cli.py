@@ -201,6 +201,15 @@ def _resume(cfg, args) -> int:
     return 0
 
 
+@verb("start-over", "move this run's AReaL checkpoints aside (kept, never deleted), so that its trainer starts "
+      "from step 0 (e.g. it found another run's checkpoint under its names); then start the trainer",
+      opt("--dry-run", action="store_true"), workspace=True)
+def _start_over(cfg, args) -> int:
+    from podkit.areal import identity
+
+    return identity.start_over(cfg, args.dry_run)
+
+
 @verb("weights", "put inference.model's weights on the volume before the GPU pod needs them: from the hub "
       "into the volume's HF cache, or --from DIR copied under <workspace>/models",
       opt("--from", dest="source", help="a local model directory to copy onto the volume"), workspace=True)

@@ -214,7 +214,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
 NAME = discovery.NAME  # one path component of safe characters
 
 
-def _check_name(value: str, source: str, key: str) -> None:
+def check_name(value: str, source: str, key: str) -> None:
     """AReaL's run names become directories (checkpoints, name_resolve records that boot clears): one safe
     path component each, or a clear of `<experiment>/<trial>` could reach outside podkit's own directories."""
     if not NAME.match(value) or value in (".", ".."):
@@ -679,7 +679,7 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
                               hint="comma-separated GPU indexes, e.g. \"1,2,3\"") from None
     _check_stop_time(values["guard"]["stop_pod_at"], origins.get("guard.stop_pod_at", "defaults"))
     for key in ("experiment", "trial"):
-        _check_name(values["trainer"][key], origins.get(f"trainer.{key}", "defaults"), f"trainer.{key}")
+        check_name(values["trainer"][key], origins.get(f"trainer.{key}", "defaults"), f"trainer.{key}")
     top = values[""]
     top["workspace"] = os.path.abspath(top["workspace"])
     _resolve_cluster(values["cluster"], environ, origins)

@@ -34,7 +34,7 @@ import time
 import urllib.error
 import urllib.request
 
-from podkit import lease, log, records
+from podkit import config, lease, log, records
 from podkit.checks import API_KEY_ENV
 
 _log = log.get("trainer")
@@ -70,6 +70,7 @@ class State:
         self.sigterm, self.stale = threading.Event(), threading.Event()
         self.stopped_by: str | None = None
         self.training = False  # train() was entered: an error from here on is a training failure
+        self.run: tuple | None = None  # (save root, record): the run that owns its checkpoints (check_run)
 
     def on_sigterm(self, *_) -> None:
         self.sigterm.set()
@@ -125,17 +126,51 @@ def hook_config_loader(st: State) -> None:
 
     def load_expr_config(argv, config_cls):
         try:
-            return original(argv, config_cls)
+            loaded = original(argv, config_cls)
         except Exception as e:  # noqa: BLE001 - hydra, omegaconf and AReaL's own checks raise their own types
             # The same on every restart: a restart loop re-importing torch every 20 s fixes nothing.
             raise st.refuse("AReaL rejected its config", f"{type(e).__name__}: {e}".strip(),
                             "fix trainer.areal_config or trainer.overrides, then `podkit ctl start trainer`") from e
+        check_run(st, loaded[0] if isinstance(loaded, tuple) else loaded)
+        return loaded
 
     load_expr_config._podkit = True
     load_expr_config.__wrapped__ = original
     for mod in list(sys.modules.values()):
         if mod is not None and mod.__name__.startswith("areal") and getattr(mod, "load_expr_config", None) is original:
             mod.load_expr_config = load_expr_config
+
+
+def check_run(st: State, config_) -> None:
+    """Before PPOTrainer loads a recover checkpoint: the run's names are names, and the checkpoint under
+    them is this run's own (identity.py). Another run's is not resumed: the trainer stops once, saying
+    which checkpoint, how it differs, and the two ways on."""
+    from podkit.areal import identity
+
+    names = (getattr(config_, "experiment_name", None), getattr(config_, "trial_name", None))
+    recover, actor = getattr(config_, "recover", None), getattr(config_, "actor", None)
+    if not all(isinstance(n, str) for n in names) or recover is None:
+        return  # not an experiment config with a recover section: nothing of AReaL's to resume
+    for name, key in zip(names, ("experiment_name", "trial_name"), strict=True):
+        try:
+            config.check_name(name, "AReaL's loaded config", key)
+        except config.ConfigError as e:
+            raise st.refuse("the run's names are not names", f"{key} {e.problem}",
+                            f"{key} names the run's directories: set a plain name (e.g. myrepo-v2) in the AReaL "
+                            "YAML or trainer.overrides") from None
+    entry = st.cfg.trainer.entry or "podkit:gsm8k_grpo"
+    repo = st.cfg.repo.url if st.cfg.trainer.entry else ""
+    root = identity.save_root(recover.fileroot, *names)
+    st.run = (root, identity.record_for(names, entry, getattr(actor, "path", "") or "", repo,
+                                        (st.code or {}).get("commit", "")))
+    if getattr(recover, "mode", "auto") in ("disabled", "off") or not identity.has_checkpoint(root):
+        return
+    why = identity.differences(st.run[1], identity.read_record(root), root)
+    if why:
+        raise st.refuse(f"the recover checkpoint in {root} belongs to another run", "; ".join(why),
+                        f"give this run its own trial name (trial_name in the AReaL YAML, or trainer.trial): it starts "
+                        f"from step 0 beside the other; or run `podkit start-over` to move {root} aside (kept, not "
+                        "deleted) and train this run from step 0 under the same names")
 
 
 # --- the trainer -----------------------------------------------------------------------------------
@@ -155,6 +190,10 @@ def hook_trainer(st: State) -> None:
         refuse_what_spmd_cannot_run(st, self, bound.arguments)
         signal.signal(signal.SIGTERM, st.on_sigterm)  # taken back from the script's own handler
         st.training = True
+        if st.rank == 0 and st.run is not None:  # this run owns its checkpoints from here on
+            from podkit.areal import identity
+
+            identity.write_record(*st.run)
         progress = supervise(st, self)
         result = original(*bound.args, **bound.kwargs)
         if progress is not None and st.stopped_by != "lease-lost":

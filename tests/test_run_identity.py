@@ -1,0 +1,177 @@
+"""Run identity: a volume holds many runs, and each resumes only itself. The names AReaL reads are the user's
+(their YAML, podkit's settings when set, trainer.overrides last); a checkpoint under those names that another
+run wrote is not resumed. podkit's side here; AReaL's loader and a real torch checkpoint in test_areal_*
+below (AReaL's environment); the real trainer in tests/test_your_code.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from areal_stack import CPU_OVERRIDES, EXAMPLE, PYTHON, areal_run
+from conftest import PODKIT, ROOT
+from podkit import config, discovery
+from podkit.areal import identity
+from podkit.errors import ConfigError
+
+
+def cfg_for(tmp_path, yaml_names: dict | None = None, base=EXAMPLE / "config.yaml", **env):
+    """The CPU rehearsal's pod config over a copy of an AReaL YAML (the example repo's) with `yaml_names`."""
+    text = base.read_text()
+    text = "\n".join(ln for ln in text.splitlines() if not ln.startswith(("experiment_name:", "trial_name:")))
+    text = "".join(f"{k}: {v}\n" for k, v in (yaml_names or {}).items()) + text
+    (tmp_path / "config.yaml").write_text(text)
+    environ = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"),
+               "PODKIT_WORKSPACE": str(tmp_path / "ws"), "PODKIT_TRAINER_AREAL_CONFIG": str(tmp_path / "config.yaml"),
+               **env}
+    return config.load(None, environ=environ)
+
+
+def test_the_users_yaml_names_the_run_unless_a_setting_or_an_override_says_otherwise(tmp_path):
+    assert str(identity.names(cfg_for(tmp_path))) == "podkit/run"  # no names in the YAML: podkit's
+    mine = {"experiment_name": "myrepo", "trial_name": "t0"}
+    assert str(identity.names(cfg_for(tmp_path, mine))) == "myrepo/t0"
+    assert str(identity.names(cfg_for(tmp_path, mine, PODKIT_TRAINER_TRIAL="t1"))) == "myrepo/t1"
+    run = identity.names(cfg_for(tmp_path, mine, PODKIT_TRAINER_TRIAL="t1",
+                                 PODKIT_TRAINER_OVERRIDES="++trial_name=t2 actor.dtype=float32"))
+    assert str(run) == "myrepo/t2" and run.origins["trial"] == ("trainer.overrides", "trainer.overrides")
+    # What the launcher passes AReaL is what podkit reads (the user's overrides still come last).
+    from podkit.areal.command import overrides
+
+    argv = overrides(cfg_for(tmp_path, mine))
+    assert "++experiment_name=myrepo" in argv and "++trial_name=t0" in argv, argv
+
+
+@pytest.mark.parametrize("bad", ["/abs/path", "../x", "a/b", ".", "-x", "a b"])
+def test_a_name_that_is_a_path_is_a_config_error_naming_the_key_and_nothing_outside_is_touched(tmp_path, bad):
+    # podkit's setting: refused when the config loads.
+    with pytest.raises(ConfigError) as e:
+        cfg_for(tmp_path, PODKIT_TRAINER_EXPERIMENT=bad)
+    assert e.value.key == "trainer.experiment" and "not a name" in e.value.problem
+    # The YAML's own name: the check that boot and the launcher run names the file's key.
+    from podkit import checks
+
+    cfg = cfg_for(tmp_path, {"experiment_name": json.dumps(bad), "trial_name": "t0"})
+    found = [p for p in checks.areal(cfg) if "experiment_name" in p[1]]
+    assert found and found[0][0] == "trainer.areal_config" and "not a name" in found[0][1], checks.areal(cfg)
+    assert str(tmp_path / "config.yaml") in found[0][1]
+    # And the discovery records of such a name are never cleared: nothing outside the root goes.
+    outside = tmp_path / "outside" / "run"
+    outside.mkdir(parents=True)
+    lines = discovery.clear(str(tmp_path / "root" / "x"), str(outside.parent), "run")
+    assert outside.is_dir() and "not cleared" in lines[0]
+
+
+def test_a_repo_is_the_same_repo_with_or_without_credentials_or_dot_git():
+    assert identity.repo_of("https://tok@GitHub.com/me/r.git/") == identity.repo_of("https://github.com/me/r") \
+        == "https://github.com/me/r"
+    assert identity.repo_of("git@github.com:me/r.git") == "git@github.com:me/r"
+
+
+def test_start_over_moves_the_runs_checkpoints_aside_and_deletes_nothing(tmp_path):
+    cfg = cfg_for(tmp_path, {"experiment_name": "myrepo", "trial_name": "t0"})
+    root = identity.save_root(str(cfg.workspace_path / "areal"), "myrepo", "t0")
+    (root / "recover_info").mkdir(parents=True)
+    (root / "recover_info" / "step_info.json").write_text("{}")
+    other = identity.save_root(str(cfg.workspace_path / "areal"), "myrepo", "t1")
+    other.mkdir(parents=True)
+    env = {**os.environ, "PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"),
+           "PODKIT_TRAINER_AREAL_CONFIG": str(tmp_path / "config.yaml"), "PYTHONPATH": str(ROOT / "src")}
+    r = subprocess.run([*PODKIT, "start-over", "--workspace", str(cfg.workspace_path)], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    aside = [p for p in root.parent.iterdir() if p.name.startswith("t0.set-aside-")]
+    assert not root.exists() and len(aside) == 1 and (aside[0] / "recover_info" / "step_info.json").is_file()
+    assert other.is_dir() and "nothing deleted" in r.stdout, r.stdout
+    r = subprocess.run([*PODKIT, "start-over", "--workspace", str(cfg.workspace_path)], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "starts from step 0 as it is" in r.stdout, r.stdout + r.stderr
+
+
+# The bootstrap in one process (AReaL imported once), one case after another: a script that loads its config
+# through AReaL's own loader and ends; podkit's check runs inside that loader, before PPOTrainer would load a
+# checkpoint. A case the check lets through ends as "never trained"; one it refuses is a config error.
+CHECKS = """
+import json, os, sys, shutil
+sys.path.insert(0, os.environ["SRC"])
+from podkit import config, records
+from podkit.areal import bootstrap, identity
+from podkit.areal.command import overrides
+out = []
+for case in json.loads(sys.argv[1]):
+    os.environ.update(case.get("env", {}))
+    cfg = config.load()
+    root = identity.save_root(str(cfg.workspace_path / "areal"), *case["names"])
+    shutil.rmtree(root, ignore_errors=True)
+    if case.get("checkpoint"):
+        (root / "recover_info").mkdir(parents=True)
+        (root / "recover_info" / "step_info.json").write_text("{}")
+    if case.get("record"):
+        identity.write_record(root, identity.record_for(*case["record"]))
+    if case.get("shape"):  # a checkpoint from before podkit recorded its run: torch's own format
+        import torch, torch.distributed.checkpoint as dcp
+        vocab, hidden, layers = case["shape"]
+        state = {"dcp.model.model.embed_tokens.weight": torch.zeros(vocab, hidden)}
+        state.update({f"dcp.model.model.layers.{i}.mlp.weight": torch.zeros(2, 2) for i in range(layers)})
+        dcp.save(state, checkpoint_id=str(root / "default" / "recover_checkpoint"))
+    rc = bootstrap.main(["--config", cfg.trainer.areal_config, *overrides(cfg)])
+    out.append({"rc": rc, "stopped": records.PROGRESS.read(cfg.state_dir).get("stopped"),
+                "kept": (root / "recover_info" / "step_info.json").is_file()})
+print(json.dumps(out))
+"""
+
+LOADS = ("import sys\n\nfrom areal.api.cli_args import GRPOConfig, load_expr_config\n\n"
+         "load_expr_config(sys.argv[1:], GRPOConfig)\n")
+
+
+@pytest.mark.rehearsal
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not PYTHON and not os.environ.get("CI"), reason="no AReaL environment (AREAL_PYTHON)")
+def test_areals_loader_refuses_another_runs_checkpoint_and_resumes_its_own_across_commits(tmp_path):
+    """Under the names myrepo/t0: no checkpoint, trains; this run's checkpoint at another commit, resumes;
+    a checkpoint of another entry, of another repo, or (without a record) of a model of another shape:
+    stopped once, saying which and why, nothing removed. A name AReaL's loader ends up with that is a path
+    (the user's override) is refused there too."""
+    repo = tmp_path / "ws" / "repo"
+    repo.mkdir(parents=True)
+    (repo / "load.py").write_text(LOADS)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 224}))
+    cfg_for(tmp_path, {"experiment_name": "myrepo", "trial_name": "t0"},  # writes config.yaml
+            base=ROOT / "configs" / "areal" / "grpo-cpu.yaml")
+    url = "https://example.invalid/me/r.git"
+    names, mine = ["myrepo", "t0"], str(model)
+    cases = [
+        {"names": names},
+        {"names": names, "checkpoint": True, "record": [names, "load.py", mine, url, "0" * 40]},
+        {"names": names, "checkpoint": True, "record": [names, "other.py", mine, url, "0" * 40]},
+        {"names": names, "checkpoint": True, "record": [names, "load.py", mine, "https://example.invalid/x/y"]},
+        {"names": names, "checkpoint": True, "shape": [224, 32, 4]},
+        {"names": names, "checkpoint": True, "shape": [224, 64, 2]},
+        {"names": ["myrepo", "t0"], "env": {"PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES + " ++trial_name=../t0"}},
+    ]
+    env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
+           "PODKIT_TRAINER_AREAL_CONFIG": str(tmp_path / "config.yaml"), "PODKIT_TRAINER_ENTRY": "load.py",
+           "PODKIT_REPO_URL": url, "PODKIT_INFERENCE_MODEL": mine, "PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES,
+           "PODKIT_RUN_DIR": str(tmp_path / "run"), "RANK": "0", "SRC": str(ROOT / "src")}
+    r = areal_run("-c", CHECKS, json.dumps(cases), env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    fresh, same, entry, repo_, shape, shape_ok, path = json.loads(r.stdout.strip().splitlines()[-1])
+    for ok in (fresh, same, shape_ok):
+        assert ok["stopped"]["by"] == "never-trained", ok  # let through to the script, which ends
+    root = identity.save_root(str(tmp_path / "ws" / "areal"), "myrepo", "t0")
+    for bad, why in ((entry, "it was trained by other.py, this run runs load.py"),
+                     (repo_, "it came from the repo https://example.invalid/x/y, this run from "
+                             "https://example.invalid/me/r"),
+                     (shape, "its model has hidden_size 32 (this model: 64), layers 4 (this model: 2)")):
+        assert bad["rc"] == 2 and bad["stopped"]["by"] == "config-error" and bad["kept"], bad
+        assert f"the recover checkpoint in {root} belongs to another run" in bad["stopped"]["message"], bad
+        assert why in bad["stopped"]["message"], bad["stopped"]["message"]
+        assert "own trial name" in bad["stopped"]["hint"] and "podkit start-over" in bad["stopped"]["hint"]
+    assert path["stopped"]["by"] == "config-error" and "trial_name '../t0' is not a name" in \
+        path["stopped"]["message"], path
+    assert not (tmp_path / "ws" / "areal" / "checkpoints" / "t0").exists()
