@@ -16,6 +16,7 @@ import pytest
 from areal_stack import CPU_OVERRIDES, EXAMPLE, PYTHON, areal_run, example_remote, repo_env
 from conftest import ROOT, wait_for, wheel
 from podkit import records
+from podkit.areal import identity
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"), pytest.mark.timeout(600),
               pytest.mark.skipif(not PYTHON and not os.environ.get("CI"),
@@ -30,35 +31,72 @@ OWN_SIGTERM = ("import os, signal\n"
 VENDORED_AREAL = 'raise ImportError("the vendored copy of areal was imported")\n'
 
 
-def test_your_repo_trains_from_its_checkout_stops_with_a_checkpoint_despite_its_own_sigterm_handler_and_resumes(
+def test_your_repo_trains_under_its_own_names_stops_with_a_checkpoint_despite_its_sigterm_handler_and_resumes_only_itself(
         rehearsal, tmp_path):
+    """The repo's YAML names the run myrepo/t0: AReaL's directories carry the names, and the checkpoint a
+    record of its run. The pod's stop ends the step in flight with a checkpoint, whatever the script's own
+    SIGTERM handler says; a new commit of the repo resumes it. Another entry on the same volume under the
+    same names does not: it stops once, saying why, and `podkit start-over` moves the old run aside (kept)
+    and trains from step 1."""
     # Its own requirement (a wheel in the repo: no index here), installed by the setup stage.
     train = (EXAMPLE / "train.py").read_text().replace(
         "import sys\n", "import sys\n" + OWN_SIGTERM + "import podkit_demo_dep  # from requirements.txt\n", 1)
+    yaml = (EXAMPLE / "config.yaml").read_text().replace("experiment_name: podkit\ntrial_name: run\n",
+                                                         "experiment_name: myrepo\ntrial_name: t0\n", 1)
     remote = example_remote(tmp_path, with_files=lambda work: wheel(work / "wheels"),
-                            **{"train.py": train, "areal/__init__.py": VENDORED_AREAL,
+                            **{"train.py": train, "other.py": train, "config.yaml": yaml,
+                               "areal/__init__.py": VENDORED_AREAL,
                                "requirements.txt": "./wheels/podkit_demo_dep-1.0-py3-none-any.whl\n"})
     s = rehearsal(**repo_env(remote, PODKIT_REPO_SETUP="pip install --no-index -r requirements.txt")).start()
     p = s.wait_step(3, timeout=300)
     # The synced commit trains, and says so.
     assert p["code"] == {"entry": "train.py", "commit": remote.head(), "dirty": False}, p
     log = s.log("trainer")
+    assert "run myrepo/t0 (experiment_name " in log
     assert f"running {s.workspace / 'repo' / 'train.py'} under podkit's hooks" in log
     env_python = json.loads((s.workspace / ".podkit" / "setup.json").read_text())["python"]
     assert f"starting {env_python} -m torch.distributed.run" in log  # the repo's env, not the image's Python
     assert f"{s.workspace / 'repo' / 'areal'} is not used" in log  # the vendored copy, named
     assert isinstance(p.get("reward"), float) and p.get("on_policy_logp_gap"), p
+    root = identity.save_root(str(s.workspace / "areal"), "myrepo", "t0")
+    owner = json.loads((root / identity.RECORD).read_text())
+    assert owner["names"] == ["myrepo", "t0"] and owner["entry"] == "train.py", owner
+    assert owner["model"]["shape"] == {"hidden_size": 64, "layers": 2, "vocab": 224}, owner
     # The pod's stop: the step in flight ends with its recover checkpoint, whatever the script's handler says.
     assert s.stop() == 0
     p = s.progress()
     assert p["stopped"]["by"] == "SIGTERM" and p["checkpoint_step"] == p["step"], p
+    assert identity.has_checkpoint(root) and (s.workspace / "areal" / "logs" / "root" / "myrepo" / "t0").is_dir()
     stopped_at = p["step"]
-    # The next boot syncs the same commit and resumes from that checkpoint.
+    # A fix pushed meanwhile: the next boot syncs the new commit and resumes the run from that checkpoint.
+    fixed = remote.commit("README.md", "fixed\n")
     again = time.time()
     s.start()
     p = s.wait_fresh_step(stopped_at + 1, again, timeout=300)
-    assert p["resumed_at"] == stopped_at and p["code"]["commit"] == remote.head(), p
+    assert p["resumed_at"] == stopped_at and p["code"]["commit"] == fixed, p
     assert "[podkit:setup] reusing" in s.stdout()  # installed once
+    assert s.stop() == 0
+    # Another script under the same names on this volume: not resumed from this run's checkpoint.
+    s.env["PODKIT_TRAINER_ENTRY"] = "other.py"
+    since = time.time()
+    s.start()
+    stopped = _refusal(s, since)
+    assert f"the recover checkpoint in {root} belongs to another run" in stopped["message"], stopped
+    assert "it was trained by train.py, this run runs other.py" in stopped["message"], stopped
+    assert "own trial name" in stopped["hint"] and "podkit start-over" in stopped["hint"], stopped
+    assert identity.has_checkpoint(root)  # nothing removed, and one start: no loop
+    assert s.log("trainer").count(f"running {s.workspace / 'repo' / 'other.py'} under") == 1
+    # The second way on: the old run set aside (kept), this one trains from the start.
+    moved = time.time()
+    r = s.podkit("start-over")
+    assert r.returncode == 0 and "nothing deleted" in r.stdout and "started the trainer" in r.stdout, r.stdout + r.stderr
+    kept = [d for d in root.parent.iterdir() if d.name.startswith("t0.set-aside-")]
+    assert len(kept) == 1 and identity.has_checkpoint(kept[0]), kept
+    # Training started from scratch (not resumed) and the run's record is the new run's.
+    p = wait_for(lambda: (p := s.progress()).get("time", 0) > moved and (p.get("code") or {}).get("entry") ==
+                 "other.py" and "resumed_at" in p and p, 240, interval=0.5, what="the new run to start training")
+    assert p["resumed_at"] is None and p.get("step", 0) <= 1, p
+    assert json.loads((root / identity.RECORD).read_text())["entry"] == "other.py"
     assert s.stop() == 0
 
 

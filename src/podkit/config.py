@@ -223,6 +223,9 @@ def check_name(value: str, source: str, key: str) -> None:
                           hint=f"{key} names the run's directories (e.g. myrepo-v2), never a path")
 
 
+UNLESS_SET = ("trainer.experiment", "trainer.trial")  # passed on only when set (areal/identity.py)
+
+
 def is_stop_time(at: float) -> bool:
     """A guard.stop_pod_at that is a time: from 2001 on (smaller is a duration by mistake), finite."""
     return 1e9 <= at < float("inf")
@@ -330,6 +333,8 @@ class Config:
         out = {}
         for section, keys in self.values.items():
             for key, value in keys.items():
+                if f"{section}.{key}" in UNLESS_SET and self.origin(f"{section}.{key}") == "defaults":
+                    continue  # the programs must see it unset too: the AReaL YAML's own names come first
                 out[env_name(section, key)] = _format(value)
         return out
 
