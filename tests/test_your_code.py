@@ -62,6 +62,7 @@ def test_your_repo_trains_under_its_own_names_stops_with_a_checkpoint_despite_it
     owner = json.loads((root / identity.RECORD).read_text())
     assert owner["names"] == ["myrepo", "t0"] and owner["entry"] == "train.py", owner
     assert owner["model"]["shape"] == {"hidden_size": 64, "layers": 2, "vocab": 224}, owner
+    assert p["run"] == "myrepo/t0" and "; run myrepo/t0" in s.podkit("status").stdout, p
     # The pod's stop: the step in flight ends with its recover checkpoint, whatever the script's handler says.
     assert s.stop() == 0
     p = s.progress()

@@ -194,8 +194,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                          "limit)", "s", minimum=0.1),
         "stale_weights_check_s": Field(float, 30.0, "AReaL trainer: how often rank 0 asks inference which weights "
                                        "it serves (a restarted SGLang serves the base model)", "s", minimum=1),
-        "experiment": Field(str, "podkit", "AReaL experiment_name: names the discovery records to clear"),
-        "trial": Field(str, "run", "AReaL trial_name"),
+        "experiment": Field(str, "podkit", "AReaL experiment_name, when set: else the AReaL YAML's own "
+                            "experiment_name (this default only when it has none); names the run's directories"),
+        "trial": Field(str, "run", "AReaL trial_name, when set: else the AReaL YAML's own trial_name; a new "
+                       "trial name is a new run (its own checkpoints and W&B run)"),
         "name_resolve_root": Field(str, "", "AReaL's name_resolve file root; empty: <run_dir>/name_resolve (private: a "
                                    "record planted in a shared /tmp would send the trainer to another server); boot "
                                    "clears <root>/<user>/<experiment>/<trial> (a dead server's address)", "path"),

@@ -186,7 +186,7 @@ BOOTS = Record("boots.json", [{"time": TIME, "pid": int, "stages": dict, "outcom
 PROGRESS = Record("progress.json", {"kind": str, "step": int, "time": TIME, "loss": NUMBER, "reward": NUMBER,
                                     "pid": int, "checkpoint_step": int, "weight_version": str,
                                     "checkpoint_time": TIME, "weight_update_s": NUMBER,
-                                    "resumed_from": str, "resumed_at": int, "stopped": STOPPED,
+                                    "resumed_from": str, "resumed_at": int, "run": str, "stopped": STOPPED,
                                     "eval_reward": NUMBER, "eval_step": int,
                                     # AReaL: inference's log-probs against the trainer's (hooks.logp_gap)
                                     "logp_gap": {"max_abs": NUMBER, "avg": NUMBER},

@@ -54,7 +54,7 @@ def collect(workspace: Path, state_dir: Path | None = None) -> dict:
                       "checkpoint_step": prog.get("checkpoint_step"), "weight_version": prog.get("weight_version"),
                       "stopped": prog.get("stopped"), "kind": prog.get("kind"), "reward": prog.get("reward"),
                       "resumed_from_step": prog.get("resumed_at"), "logp_gap": prog.get("logp_gap"),
-                      "code": prog.get("code")}
+                      "code": prog.get("code"), "run": prog.get("run")}
     loop = records.TRAINER_LOOP.read(state_dir)
     if loop.get("boot") == current.get("started") and (loop.get("failures") or loop.get("outside")):
         # The loop bound's count in this boot: failures in a row without a new step.
@@ -139,7 +139,8 @@ def human(st: dict) -> str:
     code = t.get("code") or {}
     if code.get("entry"):
         lines.append(f"code: {code['entry']}" + (f" at {code['commit'][:12]}" if code.get("commit") else "")
-                     + (" (with uncommitted changes)" if code.get("dirty") else ""))
+                     + (" (with uncommitted changes)" if code.get("dirty") else "")
+                     + (f"; run {t['run']}" if t.get("run") else ""))
     lines.append(f"inference: {st['inference']['phase']}")
     if st.get("startup", {}).get("phases"):
         lines.append(startup.describe(st["startup"]))

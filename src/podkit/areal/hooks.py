@@ -397,7 +397,8 @@ def supervise(st: State, trainer) -> Progress | None:
                          daemon=True).start()
     if progress is not None:
         fresh = {"resumed_from": None, "resumed_at": None, "stopped": None, "logp_gap": None,
-                 "on_policy_logp_gap": None, "code": st.code}
+                 "on_policy_logp_gap": None, "code": st.code,
+                 "run": f"{config_.experiment_name}/{config_.trial_name}"}  # the names AReaL uses
         if trainer.recover_info is not None:
             # AReaL pushed the recovered weights as version global_step + 1.
             resumed = trainer.recover_info.last_step_info.global_step + 1
