@@ -244,3 +244,62 @@ def test_a_pod_waiting_in_safe_mode_stops_itself_sooner_when_stop_pod_after_s_is
     assert p.poll() is None, "safe mode goes on"
     p.send_signal(signal.SIGTERM)
     assert p.wait(20) == 0
+
+
+def test_a_console_started_pod_obeys_no_earlier_runs_guards_and_keeps_its_own_across_a_restart(stack_factory):
+    """A pod started from RunPod's console (RUNPOD_POD_ID, no PODKIT_RUN_ID) on a volume whose guards.json
+    earlier runs wrote: a maximum run time two days past (a run without a run id, as a console pod was) and
+    stop_pod_when_finished=never (another pod's). It stopped the new pod a second after its boot; now both are
+    said stale, the trainer trains on, and the pod's own run id (pod-<RUNPOD_POD_ID>) is shown. A guard set on
+    this pod holds across its restart (RunPod keeps the pod's id); deploy's PODKIT_RUN_ID wins over both."""
+    now = time.time()
+    s = stack_factory(**on_runpod())
+    p = guardfile.path(s.workspace)
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps({
+        "stop_pod_at": {"value": now - 2 * 86400, "over": 0.0, "time": now - 2 * 86400 - 60, "run": ""},
+        "stop_pod_when_finished": {"value": "never", "over": "auto", "time": now - 86400, "run": "pod-other456"}}))
+    p.chmod(0o644)
+    s.start()
+    s.wait_step(3)
+    assert not s.progress().get("stopped") and s.status()["programs"]["trainer"]["state"] in ("STARTING", "RUNNING")
+    out = s.stdout()
+    assert "maximum run time was reached" not in out
+    assert ("guard.stop_pod_at was set by another run (one without a run id; this one is pod-pod-guard123): the "
+            "pod's setting holds") in out
+    assert "guard.stop_pod_when_finished was set by another run (pod-other456; this one is pod-pod-guard123)" in out
+    rep = json.loads(guard(s.workspace, "show", "--json", env=s.env).stdout)
+    assert rep["run"] == "pod-pod-guard123" and "RUNPOD_POD_ID" in rep["run_from"]
+    g = rep["guards"]
+    assert g["stop_pod_at"]["value"] == 0 and g["stop_pod_when_finished"]["value"] == "auto"
+    assert g["stop_pod_at"]["stale"] and g["stop_pod_when_finished"]["stale"]
+
+    r = guard(s.workspace, "set", "stop_pod_at=+1h", env=s.env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("run id: pod-pod-guard123  [RUNPOD_POD_ID: a pod started without podkit deploy]")
+    assert json.loads(p.read_text())["stop_pod_at"]["run"] == "pod-pod-guard123"
+    wait_for(lambda: "guard.stop_pod_at is now" in s.stdout(), 20, what="the new maximum run time taken")
+    assert s.stop() == 0
+
+    seen = len(s.stdout())
+    s.start()  # the same pod restarted: RunPod keeps RUNPOD_POD_ID
+    wait_for(lambda: "guard.stop_pod_at is now" in s.stdout()[seen:], 30, what="the guard read at the restart")
+    assert f"from {p} (`podkit guard set`)" in s.stdout()[seen:]
+    g = json.loads(guard(s.workspace, "show", "--json", env=s.env).stdout)["guards"]["stop_pod_at"]
+    assert g["stale"] is None and g["value"] > time.time() + 3000 and "podkit guard set" in g["from"]
+    assert s.stop() == 0
+
+    deployed = {**s.env, "PODKIT_RUN_ID": "run-deploy1"}  # `podkit deploy` names the run: it wins
+    rep = json.loads(guard(s.workspace, "show", "--json", env=deployed).stdout)
+    assert rep["run"] == "run-deploy1" and rep["run_from"] == "PODKIT_RUN_ID, set by podkit deploy"
+    assert "(pod-pod-guard123; this one is run-deploy1)" in rep["guards"]["stop_pod_at"]["stale"]
+
+
+def test_the_run_id_is_the_deploys_else_the_runpod_pods_else_none():
+    """One place decides it: a valid PODKIT_RUN_ID; else pod-<RUNPOD_POD_ID>, cut to a run id's characters and
+    length; else none (compose, a local box)."""
+    assert guardfile.run_id({"PODKIT_RUN_ID": "a1b2", "RUNPOD_POD_ID": "xyz"}) == "a1b2"
+    assert guardfile.run_id({"PODKIT_RUN_ID": "no/good", "RUNPOD_POD_ID": "xyz"}) == "pod-xyz"
+    assert guardfile.run_id({"RUNPOD_POD_ID": "ab c.d/" + "e" * 80}) == ("pod-ab_c_d_" + "e" * 80)[:64]
+    assert guardfile.RUN_ID.match(guardfile.run_id({"RUNPOD_POD_ID": "é" * 70}))
+    assert guardfile.run_id({"RUNPOD_POD_ID": " "}) == "" and guardfile.run_id({}) == ""

@@ -291,3 +291,23 @@ def test_no_part_of_a_malformed_webhook_url_reaches_the_log_or_the_record(tmp_pa
     assert records.NOTIFY.read(tmp_path).get("error")
     for piece in ("S3cret", "Passw0rdXYZ"):
         assert piece not in out.out + out.err + rec, out.out + out.err + rec
+
+
+def test_a_dead_webhook_is_logged_again_by_the_next_pod_on_a_reused_volume(stack_factory):
+    """An earlier pod on the volume found the webhook dead and recorded so (notify.json). The next pod on the
+    volume (a new run started from the console, the webhook still dead) logged nothing: the earlier record
+    read as "said already". Each boot's log says it once, and the record is this boot's."""
+    from podkit import records
+
+    url = dead_url()
+    s = stack_factory(PODKIT_TRAINER_MAX_STEPS="3", PODKIT_NOTIFY_WEBHOOK_URL=url, RUNPOD_POD_ID="pod-old111").start()
+    wait_for(lambda: "did not take the 'finished'" in s.stdout(), 60, what="the earlier pod's failure logged")
+    assert s.stop() == 0
+    earlier = records.NOTIFY.read(s.workspace / ".podkit")["failing_since"]
+    seen = len(s.stdout())
+    s.env.update(PODKIT_TRAINER_MAX_STEPS="6", RUNPOD_POD_ID="pod-new222")
+    s.start()
+    wait_for(lambda: "did not take the 'finished'" in s.stdout()[seen:], 60, what="the new pod's failure logged")
+    assert s.progress()["step"] == 6 and s.stdout()[seen:].count("did not take the") == 1
+    assert records.NOTIFY.read(s.workspace / ".podkit")["failing_since"] > earlier
+    assert s.stop() == 0 and url not in s.stdout()

@@ -8,7 +8,8 @@ and safe mode (guard.stop_pod_after_s, guard.stop_pod_at).
 
 Each entry names the value it replaced (`over`): it holds while the pod's own setting (config file or
 env) is still that value. An env edit on a stopped pod is newer than the file, so it wins at the pod's
-next start, and the stale entry is ignored, saying so.
+next start, and the stale entry is ignored, saying so. Each entry also names the run that set it
+(run_id()): an earlier run's or an earlier pod's file on a reused volume is stale, said, not obeyed.
 
 The file is data on a volume, not trusted: a symlink, a file that is not this user's or that others may
 write, more than MAX_BYTES, or any key or value the config itself would refuse, and the whole file is
@@ -31,7 +32,7 @@ from podkit.errors import ConfigError, PodkitError
 NAME = "guards.json"
 KEYS = ("stop_pod_at", "stop_pod_when_finished", "stop_pod_after_s")
 ENTRY_FIELDS = ("value", "over", "time", "run")
-RUN_ENV = "PODKIT_RUN_ID"  # `podkit deploy` gives each run one; its watch's replacements keep it
+RUN_ENV = "PODKIT_RUN_ID"  # `podkit deploy` gives each run one; its watch's replacements keep it (run_id())
 RUN_ID = re.compile(r"^[A-Za-z0-9_-]{0,64}$")
 MAX_BYTES = 4096  # three entries take a few hundred bytes
 LOOK_EVERY_S = 1.0  # the enforcers look often (every event, every 0.2 s): one stat a second at most
@@ -111,14 +112,21 @@ def _entry(key: str, e: object, source: str) -> dict:
 
 
 def run_id(environ=None) -> str:
-    """This run's id (PODKIT_RUN_ID, which `podkit deploy` sets), '' without one (compose, a local box)."""
-    raw = (os.environ if environ is None else environ).get(RUN_ENV, "")
-    return raw if RUN_ID.match(raw) else ""
+    """This run's id, the one place it is decided: PODKIT_RUN_ID (`podkit deploy` sets it, and its watch's
+    replacements keep it); else on RunPod `pod-<RUNPOD_POD_ID>`: a pod started from the console is a run of
+    its own, and RunPod keeps a pod's id across its restarts, so its own guards hold over a restart and an
+    earlier pod's on the volume do not; else '' (compose, a local box: the cost guards are off there)."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(RUN_ENV, "")
+    if raw and RUN_ID.match(raw):
+        return raw
+    pod = environ.get("RUNPOD_POD_ID", "").strip()
+    return re.sub(r"[^A-Za-z0-9_-]", "_", f"pod-{pod}")[:64] if pod else ""
 
 
 def resolve(entries: dict, base: dict, run: str | None = None) -> tuple[dict, dict]:
     """(the values in force, {key: why an entry is not used}) for the pod's settings `base`. An entry of
-    another run (an earlier run's file on a reused volume) is not this run's to obey."""
+    another run (an earlier run's file on a reused volume, an earlier pod's) is not this run's to obey."""
     run = run_id() if run is None else run
     values, stale = dict(base), {}
     for key, e in entries.items():
@@ -158,6 +166,7 @@ class Live:
 
     def __init__(self, workspace, base: dict, say) -> None:
         self.path, self.base, self.say = path(workspace), dict(base), say
+        self.run = run_id()
         self.sig: object = "unread"
         self.entries: dict = {}
         self.stale: dict = {}
@@ -203,7 +212,7 @@ class Live:
                       f"({'; '.join(f'guard.{k} {show(k, v)}' for k, v in self.base.items())})")
             entries = {}
         self.entries = entries
-        self.current, self.stale = resolve(entries, self.base)
+        self.current, self.stale = resolve(entries, self.base, self.run)
         stale = self.stale
         for key, why in stale.items():
             self._say(f"{self.path}: guard.{key} {why}")
@@ -273,7 +282,8 @@ def report(cfg) -> dict:
     base = {k: v for k, (v, _) in settings.items()}
     p = path(cfg.workspace_path)
     entries, problem = read(p)
-    values, stale = resolve(entries, base)
+    run = run_id()
+    values, stale = resolve(entries, base, run)
     guards = {}
     for key in KEYS:
         e = entries.get(key)
@@ -284,11 +294,24 @@ def report(cfg) -> dict:
         guards[key] = {"value": values[key], "shown": show(key, values[key]), "from": src,
                        "setting": base[key], "stale": stale.get(key)}
     return {"file": str(p), "problem": f"{p} {problem}: ignored, the pod's settings hold" if problem else None,
-            "guards": guards}
+            "run": run, "run_from": run_source(), "guards": guards}
+
+
+def run_source(environ=None) -> str:
+    """Where run_id() took this run's id from, in words."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(RUN_ENV, "")
+    if raw and RUN_ID.match(raw):
+        return f"{RUN_ENV}, set by podkit deploy"
+    why = f" ({RUN_ENV} {raw[:40]!r} is not a run id)" if raw else ""
+    if environ.get("RUNPOD_POD_ID", "").strip():
+        return f"RUNPOD_POD_ID: a pod started without podkit deploy{why}"
+    return f"none: not on RunPod{why}"
 
 
 def human(rep: dict) -> list[str]:
-    lines = [f"guard.{k:<24} {g['shown']}  [{g['from']}]" for k, g in rep["guards"].items()]
+    lines = [f"run id: {rep['run'] or '(none)'}  [{rep['run_from']}]"]
+    lines += [f"guard.{k:<24} {g['shown']}  [{g['from']}]" for k, g in rep["guards"].items()]
     lines += [f"  WARNING: guard.{k} in {rep['file']} {g['stale']}" for k, g in rep["guards"].items() if g["stale"]]
     if rep["problem"]:
         lines.append(f"  WARNING: {rep['problem']}")
@@ -334,8 +357,9 @@ def _set(cfg, p: Path, items: list[str]) -> None:
         print(f"podkit: warning: {p} {problem}: replaced", flush=True)
         entries = {}
     data = {k: {f: e[f] for f in ENTRY_FIELDS if f in e} for k, e in entries.items()}
+    run = run_id()
     for key, value in new.items():
-        data[key] = {"value": value, "over": base[key], "time": now, "run": run_id()}
+        data[key] = {"value": value, "over": base[key], "time": now, "run": run}
     _write(p, data)
 
 

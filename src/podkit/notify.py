@@ -6,7 +6,7 @@ line, shown as is.
 The URL is a secret (anyone with it can post to the channel): it comes from the environment only (an
 env file, a RunPod secret), never a config file, so a boot whose config does not load still has it.
 Sending never blocks boot or training: a daemon thread, a few brief attempts. A dead webhook is logged
-once, not per event (`.podkit/notify.json` remembers it across programs), and again when it works.
+once per boot, not per event (`.podkit/notify.json` remembers it across programs), and again when it works.
 """
 
 from __future__ import annotations
@@ -169,7 +169,10 @@ _failing_logged = []
 
 def _failed(state_dir: Path | None, event: str, error: str) -> None:
     rec = records.NOTIFY.read(state_dir) if state_dir else {}
-    if rec.get("failing_since") or _failing_logged:
+    # Once per boot, not per run: each boot is a new container log, where a person looks for it. An earlier
+    # boot's record (an earlier run's, on a reused volume) must not keep this boot's failure out of its log.
+    since = rec.get("failing_since")
+    if _failing_logged or since and since >= _boot_started(state_dir):
         return
     _failing_logged.append(1)
     _log.warn(f"the webhook ({ENV}) did not take the {event!r} notification: {error}; further failures are "
@@ -179,6 +182,14 @@ def _failed(state_dir: Path | None, event: str, error: str) -> None:
             records.NOTIFY.write(state_dir, {"failing_since": time.time(), "error": error})
         except OSError:
             pass
+
+
+def _boot_started(state_dir: Path | None) -> float:
+    """When this pod's boot began (its boots.json entry, which every boot writes first, safe mode too); 0
+    without one (`podkit deploy watch`, a state dir no boot wrote)."""
+    boots = records.BOOTS.read(state_dir) if state_dir else []
+    t = boots[-1].get("time") if boots else None
+    return t if isinstance(t, (int, float)) else 0.0
 
 
 def _worked(state_dir: Path | None) -> None:
