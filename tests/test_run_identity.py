@@ -98,7 +98,7 @@ CHECKS = """
 import json, os, sys, shutil
 sys.path.insert(0, os.environ["SRC"])
 from podkit import config, records
-from podkit.areal import bootstrap, identity
+from podkit.areal import bootstrap, hooks, identity
 from podkit.areal.command import overrides
 out = []
 for case in json.loads(sys.argv[1]):
@@ -118,8 +118,9 @@ for case in json.loads(sys.argv[1]):
         state.update({f"dcp.model.model.layers.{i}.mlp.weight": torch.zeros(2, 2) for i in range(layers)})
         dcp.save(state, checkpoint_id=str(root / "default" / "recover_checkpoint"))
     rc = bootstrap.main(["--config", cfg.trainer.areal_config, *overrides(cfg)])
+    run = hooks.state().run  # the save root the check looked in, as AReaL's loader named it
     out.append({"rc": rc, "stopped": records.PROGRESS.read(cfg.state_dir).get("stopped"),
-                "kept": (root / "recover_info" / "step_info.json").is_file()})
+                "kept": (root / "recover_info" / "step_info.json").is_file(), "root": str(run[0]) if run else None})
 print(json.dumps(out))
 """
 
@@ -132,6 +133,7 @@ LOADS = ("import sys\n\nfrom areal.api.cli_args import GRPOConfig, load_expr_con
 @pytest.mark.skipif(not PYTHON and not os.environ.get("CI"), reason="no AReaL environment (AREAL_PYTHON)")
 def test_areals_loader_refuses_another_runs_checkpoint_and_resumes_its_own_across_commits(tmp_path):
     """Under the names myrepo/t0: no checkpoint, trains; this run's checkpoint at another commit, resumes;
+    trial t1 beside it starts in its own directory;
     a checkpoint of another entry, of another repo, or (without a record) of a model of another shape:
     stopped once, saying which and why, nothing removed. A name AReaL's loader ends up with that is a path
     (the user's override) is refused there too."""
@@ -152,7 +154,8 @@ def test_areals_loader_refuses_another_runs_checkpoint_and_resumes_its_own_acros
         {"names": names, "checkpoint": True, "record": [names, "load.py", mine, "https://example.invalid/x/y"]},
         {"names": names, "checkpoint": True, "shape": [224, 32, 4]},
         {"names": names, "checkpoint": True, "shape": [224, 64, 2]},
-        {"names": ["myrepo", "t0"], "env": {"PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES + " ++trial_name=../t0"}},
+        {"names": ["myrepo", "t1"], "env": {"PODKIT_TRAINER_TRIAL": "t1"}},  # t0's checkpoint stays beside it
+        {"names": ["myrepo", "unused"], "env": {"PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES + " ++trial_name=../t0"}},
     ]
     env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
            "PODKIT_TRAINER_AREAL_CONFIG": str(tmp_path / "config.yaml"), "PODKIT_TRAINER_ENTRY": "load.py",
@@ -160,10 +163,12 @@ def test_areals_loader_refuses_another_runs_checkpoint_and_resumes_its_own_acros
            "PODKIT_RUN_DIR": str(tmp_path / "run"), "RANK": "0", "SRC": str(ROOT / "src")}
     r = areal_run("-c", CHECKS, json.dumps(cases), env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    fresh, same, entry, repo_, shape, shape_ok, path = json.loads(r.stdout.strip().splitlines()[-1])
-    for ok in (fresh, same, shape_ok):
+    fresh, same, entry, repo_, shape, shape_ok, t1, path = json.loads(r.stdout.strip().splitlines()[-1])
+    for ok in (fresh, same, shape_ok, t1):
         assert ok["stopped"]["by"] == "never-trained", ok  # let through to the script, which ends
     root = identity.save_root(str(tmp_path / "ws" / "areal"), "myrepo", "t0")
+    assert fresh["root"] == str(root) and t1["root"] == str(root.with_name("t1")), (fresh, t1)
+    assert identity.has_checkpoint(root)  # a new trial starts beside the other run, which stays
     for bad, why in ((entry, "it was trained by other.py, this run runs load.py"),
                      (repo_, "it came from the repo https://example.invalid/x/y, this run from "
                              "https://example.invalid/me/r"),

@@ -125,6 +125,7 @@ def hook_config_loader(st: State) -> None:
         return
 
     def load_expr_config(argv, config_cls):
+        st = _state  # installed once per process: the current install's state, not the first's
         try:
             loaded = original(argv, config_cls)
         except Exception as e:  # noqa: BLE001 - hydra, omegaconf and AReaL's own checks raise their own types
