@@ -20,7 +20,8 @@ BOOT_MODULES = {"podkit", "podkit.boot", "podkit.checks", "podkit.cli", "podkit.
                 "podkit.errors", "podkit.gpu", "podkit.guard", "podkit.lease", "podkit.log", "podkit.pid1",
                 "podkit.preflight",
                 "podkit.proc", "podkit.programs", "podkit.reap", "podkit.records", "podkit.render",
-                "podkit.safemode"}
+                "podkit.safemode",
+                "podkit.areal", "podkit.areal.identity"}  # the run's names: the reap stage clears its records
 NEVER = {"torch", "areal", "sglang", "transformers", "runpod", "requests", "supervisor", "numpy", "argparse",
          "subprocess", "dataclasses", "shutil", "socket", "tempfile", "typing", "asyncio", "logging", "email",
          "http", "xmlrpc", "urllib.request", "difflib", "podkit.sync", "podkit.status", "podkit.doctor",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -65,10 +66,40 @@ def test_a_name_that_is_a_path_is_a_config_error_naming_the_key_and_nothing_outs
     assert outside.is_dir() and "not cleared" in lines[0]
 
 
-def test_a_repo_is_the_same_repo_with_or_without_credentials_or_dot_git():
-    assert identity.repo_of("https://tok@GitHub.com/me/r.git/") == identity.repo_of("https://github.com/me/r") \
-        == "https://github.com/me/r"
-    assert identity.repo_of("git@github.com:me/r.git") == "git@github.com:me/r"
+def test_a_repo_or_a_model_written_another_way_is_the_same_one():
+    """A fix pushed over ssh to a repo cloned over https, a model moved from the hub to the volume: the same
+    run, resumed (a false 'another run' would send it back to step 0)."""
+    same = {identity.repo_of(u) for u in ("https://tok@GitHub.com/me/r.git/", "git@github.com:Me/R.git",
+                                          "ssh://git@github.com:22/me/r.git", "http://github.com/me/r")}
+    assert same == {"github.com/me/r"}
+    assert identity.repo_of("https://github.com/me/other") != "github.com/me/r"
+    names = {identity.model_name(m) for m in ("Qwen/Qwen2.5-0.5B-Instruct", "/workspace/models/qwen2.5-0.5b-instruct",
+                                             "/ws/hf/hub/models--Qwen--Qwen2.5-0.5B-Instruct/snapshots/7ae557/")}
+    assert names == {"qwen2.5-0.5b-instruct"}
+    mine = identity.record_for(["e", "t"], "train.py", "Qwen/Qwen2.5-0.5B-Instruct", "https://github.com/me/r.git")
+    moved = identity.record_for(["e", "t"], "train.py", "/workspace/models/Qwen2.5-0.5B-Instruct",
+                                "git@github.com:me/r.git")
+    assert identity.differences(moved, mine, Path("/nonexistent")) == []
+    base = identity.record_for(["e", "t"], "train.py", "Qwen/Qwen2.5-0.5B", "https://github.com/me/r")
+    assert identity.differences(base, mine, Path("/nonexistent")) == [
+        "its model is Qwen/Qwen2.5-0.5B-Instruct, this run's Qwen/Qwen2.5-0.5B"]
+
+
+def test_names_only_areals_loader_can_tell_are_left_to_it(tmp_path):
+    """A Hydra defaults list, an interpolation, a value YAML types (a date, a boolean): podkit passes no name
+    of its own over them (AReaL's loader decides; the trainer checks what it decided)."""
+    from podkit.areal.command import overrides
+
+    for yaml_names in ({"defaults": "[base, _self_]"}, {"experiment_name": "myrepo", "trial_name": "${oc.env:T,t0}"},
+                       {"experiment_name": "myrepo", "trial_name": "2026-01-05"},
+                       {"experiment_name": "myrepo", "trial_name": "off"}):
+        cfg = cfg_for(tmp_path, yaml_names)
+        run = identity.names(cfg)
+        assert run.trial is None and run.problems() == [], (yaml_names, run.origins)
+        assert not any(o.startswith("++trial_name=") for o in overrides(cfg)), yaml_names
+        assert "AReaL decides" in str(run)
+    # Set explicitly, podkit's setting wins even then.
+    assert str(identity.names(cfg_for(tmp_path, {"defaults": "[base]"}, PODKIT_TRAINER_TRIAL="t3"))).endswith("/t3")
 
 
 def test_start_over_moves_the_runs_checkpoints_aside_and_deletes_nothing(tmp_path):
@@ -76,6 +107,9 @@ def test_start_over_moves_the_runs_checkpoints_aside_and_deletes_nothing(tmp_pat
     root = identity.save_root(str(cfg.workspace_path / "areal"), "myrepo", "t0")
     (root / "recover_info").mkdir(parents=True)
     (root / "recover_info" / "step_info.json").write_text("{}")
+    cfg.state_dir.mkdir(parents=True)
+    (cfg.state_dir / "trainer-loop.json").write_text(json.dumps({"best_step": 500, "failures": 1}))
+    (cfg.state_dir / "progress.json").write_text(json.dumps({"step": 500, "checkpoint_step": 500, "run": "myrepo/t0"}))
     other = identity.save_root(str(cfg.workspace_path / "areal"), "myrepo", "t1")
     other.mkdir(parents=True)
     env = {**os.environ, "PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"),
@@ -89,6 +123,34 @@ def test_start_over_moves_the_runs_checkpoints_aside_and_deletes_nothing(tmp_pat
     r = subprocess.run([*PODKIT, "start-over", "--workspace", str(cfg.workspace_path)], env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "starts from step 0 as it is" in r.stdout, r.stdout + r.stderr
+    # The old run's steps no longer count for the loop bound or show in status.
+    assert not (cfg.state_dir / "trainer-loop.json").exists()
+    assert json.loads((cfg.state_dir / "progress.json").read_text())["step"] is None
+
+
+def test_start_over_refuses_a_workspace_another_pod_holds_and_a_linked_save_root(tmp_path):
+    import time
+
+    cfg = cfg_for(tmp_path, {"experiment_name": "myrepo", "trial_name": "t0"})
+    root = identity.save_root(str(cfg.workspace_path / "areal"), "myrepo", "t0")
+    (root / "recover_info").mkdir(parents=True)
+    env = {**os.environ, "PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"),
+           "PODKIT_TRAINER_AREAL_CONFIG": str(tmp_path / "config.yaml"), "PYTHONPATH": str(ROOT / "src")}
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.state_dir / "lease.json").write_text(json.dumps({"host": "gpu-pod-7f3a", "pid": 1, "since": time.time(),
+                                                          "renewed": time.time()}))
+    r = subprocess.run([*PODKIT, "start-over", "--workspace", str(cfg.workspace_path)], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "another pod holds this workspace (host gpu-pod-7f3a" in r.stderr, r.stderr
+    assert root.is_dir()
+    (cfg.state_dir / "lease.json").unlink()
+    elsewhere = tmp_path / "elsewhere"
+    root.rename(elsewhere)
+    root.symlink_to(elsewhere)
+    r = subprocess.run([*PODKIT, "start-over", "--workspace", str(cfg.workspace_path)], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "is a symbolic link" in r.stderr, r.stderr
+    assert root.is_symlink() and (elsewhere / "recover_info").is_dir()
 
 
 # The bootstrap in one process (AReaL imported once), one case after another: a script that loads its config
@@ -155,6 +217,12 @@ def test_areals_loader_refuses_another_runs_checkpoint_and_resumes_its_own_acros
         {"names": names, "checkpoint": True, "shape": [224, 32, 4]},
         {"names": names, "checkpoint": True, "shape": [224, 64, 2]},
         {"names": ["myrepo", "t1"], "env": {"PODKIT_TRAINER_TRIAL": "t1"}},  # t0's checkpoint stays beside it
+        # Recovery off: resumes nothing, so another run's checkpoint is no matter, and it claims none.
+        {"names": ["myrepo", "t1"], "checkpoint": True, "record": [["myrepo", "t1"], "other.py", mine, url],
+         "env": {"PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES + " ++recover.mode=disabled"}},
+        # AReaL recovers by recover.experiment_name/trial_name: the check looks there.
+        {"names": ["myrepo", "t9"], "checkpoint": True, "record": [["myrepo", "t9"], "other.py", mine, url],
+         "env": {"PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES + " ++recover.trial_name=t9"}},
         {"names": ["myrepo", "unused"], "env": {"PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES + " ++trial_name=../t0"}},
     ]
     env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
@@ -163,15 +231,16 @@ def test_areals_loader_refuses_another_runs_checkpoint_and_resumes_its_own_acros
            "PODKIT_RUN_DIR": str(tmp_path / "run"), "RANK": "0", "SRC": str(ROOT / "src")}
     r = areal_run("-c", CHECKS, json.dumps(cases), env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    fresh, same, entry, repo_, shape, shape_ok, t1, path = json.loads(r.stdout.strip().splitlines()[-1])
-    for ok in (fresh, same, shape_ok, t1):
+    fresh, same, entry, repo_, shape, shape_ok, t1, off, t9, path = json.loads(r.stdout.strip().splitlines()[-1])
+    for ok in (fresh, same, shape_ok, t1, off):
         assert ok["stopped"]["by"] == "never-trained", ok  # let through to the script, which ends
     root = identity.save_root(str(tmp_path / "ws" / "areal"), "myrepo", "t0")
     assert fresh["root"] == str(root) and t1["root"] == str(root.with_name("t1")), (fresh, t1)
     assert identity.has_checkpoint(root)  # a new trial starts beside the other run, which stays
+    assert off["root"] is None and off["kept"], off  # no record of its own will be written over the other's
+    assert t9["stopped"]["by"] == "config-error" and str(root.with_name("t9")) in t9["stopped"]["message"], t9
     for bad, why in ((entry, "it was trained by other.py, this run runs load.py"),
-                     (repo_, "it came from the repo https://example.invalid/x/y, this run from "
-                             "https://example.invalid/me/r"),
+                     (repo_, "it came from the repo example.invalid/x/y, this run from example.invalid/me/r"),
                      (shape, "its model has hidden_size 32 (this model: 64), layers 4 (this model: 2)")):
         assert bad["rc"] == 2 and bad["stopped"]["by"] == "config-error" and bad["kept"], bad
         assert f"the recover checkpoint in {root} belongs to another run" in bad["stopped"]["message"], bad

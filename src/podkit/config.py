@@ -194,10 +194,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                          "limit)", "s", minimum=0.1),
         "stale_weights_check_s": Field(float, 30.0, "AReaL trainer: how often rank 0 asks inference which weights "
                                        "it serves (a restarted SGLang serves the base model)", "s", minimum=1),
-        "experiment": Field(str, "podkit", "AReaL experiment_name, when set: else the AReaL YAML's own "
-                            "experiment_name (this default only when it has none); names the run's directories"),
-        "trial": Field(str, "run", "AReaL trial_name, when set: else the AReaL YAML's own trial_name; a new "
-                       "trial name is a new run (its own checkpoints and W&B run)"),
+        "experiment": Field(str, "", "AReaL experiment_name; empty: the AReaL YAML's own (podkit when it has "
+                            "none). Names the run's directories"),
+        "trial": Field(str, "", "AReaL trial_name; empty: the AReaL YAML's own (run when it has none). A new "
+                       "trial name is a new run: its own checkpoints and W&B run"),
         "name_resolve_root": Field(str, "", "AReaL's name_resolve file root; empty: <run_dir>/name_resolve (private: a "
                                    "record planted in a shared /tmp would send the trainer to another server); boot "
                                    "clears <root>/<user>/<experiment>/<trial> (a dead server's address)", "path"),
@@ -223,9 +223,6 @@ def check_name(value: str, source: str, key: str) -> None:
         raise ConfigError(source, key, f"{value!r} is not a name: one path component of letters, digits, '_', "
                           "'.' and '-', not starting with '.' or '-'",
                           hint=f"{key} names the run's directories (e.g. myrepo-v2), never a path")
-
-
-UNLESS_SET = ("trainer.experiment", "trainer.trial")  # passed on only when set (areal/identity.py)
 
 
 def is_stop_time(at: float) -> bool:
@@ -335,8 +332,6 @@ class Config:
         out = {}
         for section, keys in self.values.items():
             for key, value in keys.items():
-                if f"{section}.{key}" in UNLESS_SET and self.origin(f"{section}.{key}") == "defaults":
-                    continue  # the programs must see it unset too: the AReaL YAML's own names come first
                 out[env_name(section, key)] = _format(value)
         return out
 
@@ -686,7 +681,8 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
                               hint="comma-separated GPU indexes, e.g. \"1,2,3\"") from None
     _check_stop_time(values["guard"]["stop_pod_at"], origins.get("guard.stop_pod_at", "defaults"))
     for key in ("experiment", "trial"):
-        check_name(values["trainer"][key], origins.get(f"trainer.{key}", "defaults"), f"trainer.{key}")
+        if values["trainer"][key]:  # empty: the AReaL YAML's own name
+            check_name(values["trainer"][key], origins.get(f"trainer.{key}", "defaults"), f"trainer.{key}")
     top = values[""]
     top["workspace"] = os.path.abspath(top["workspace"])
     _resolve_cluster(values["cluster"], environ, origins)

@@ -20,6 +20,18 @@ def trial_dir(root: str, experiment: str, trial: str) -> Path:
     return Path(root) / getpass.getuser() / experiment / trial
 
 
+def clear_user(root: str) -> list[str]:
+    """Every trial's records under a root that is podkit's own (the private run dir's): when only AReaL's
+    loader can tell the run's names, all of this user's go; nothing else uses that root."""
+    d = Path(root) / getpass.getuser()
+    if d.is_symlink() or not d.is_dir():
+        return []
+    import shutil
+
+    shutil.rmtree(d, ignore_errors=True)
+    return [f"cleared stale name_resolve records {d}"]
+
+
 def clear(root: str, experiment: str, trial: str) -> list[str]:
     if not all(NAME.match(n) and n not in (".", "..") for n in (experiment, trial)):
         return [f"name_resolve records of {experiment!r}/{trial!r} not cleared: not names (nothing outside "

@@ -18,7 +18,7 @@ import json
 import time
 from pathlib import Path
 
-from podkit import discovery, gpu, log, pid1, proc, records
+from podkit import gpu, log, pid1, proc, records
 from podkit.errors import StageError
 
 _log = log.get("reap")
@@ -64,26 +64,23 @@ def enabled(setting: str) -> bool:
     return pid1.is_entrypoint()
 
 
-def _names(cfg) -> tuple[str, str]:
-    """The run's names as the last checkout's AReaL YAML gives them (the sync stage comes after)."""
-    if cfg.trainer.kind != "areal":
-        return cfg.trainer.experiment, cfg.trainer.trial
+def _clear_discovery(cfg) -> list[str]:
+    """The run's discovery records, by its names as the last checkout's AReaL YAML gives them (the sync
+    stage comes after)."""
     from podkit.areal import identity
 
-    run = identity.names(cfg)
-    return (run.experiment, run.trial) if not run.problems() else (cfg.trainer.experiment, cfg.trainer.trial)
+    return identity.clear_discovery(cfg, identity.names(cfg))
 
 
 def run(cfg, dry_run: bool = False) -> Report:
     """The stage: leftovers of a dead supervisord and AReaL's discovery records, then the GPUs."""
     live_ok = enabled(cfg.reap.enabled)
-    t = cfg.trainer
     marked = proc.marked(cfg.state_dir, LEFT_BY)
     if not dry_run:
         # No supervisord of this pod runs past this point, so its discovery records are stale.
         for line in [*previous_run(cfg.run_path, stop_live=live_ok, grace_s=cfg.reap.grace_s,
                                    kill_wait_s=cfg.reap.kill_wait_s, marked=marked),
-                     *discovery.clear(t.name_resolve_root, *_names(cfg))]:
+                     *_clear_discovery(cfg)]:
             _log.info(line)
     for m in marked if dry_run else ():
         m.outcome = "would-kill"

@@ -40,7 +40,7 @@ def overrides(cfg) -> list[str]:
     AReaL's defaults, where `key=value` fails); the user's trainer.overrides come last, as written."""
     t, model, root = cfg.trainer, cfg.inference.model, fileroot(cfg)
     run = identity.names(cfg)  # the user's names, passed back so that podkit and AReaL read the same
-    own = [f"experiment_name={run.experiment}", f"trial_name={run.trial}",
+    own = [*(f"{k}={v}" for k, v in (("experiment_name", run.experiment), ("trial_name", run.trial)) if v),
            f"cluster.fileroot={update_root(cfg)}", f"saver.fileroot={root}", f"recover.fileroot={root}",
            f"stats_logger.fileroot={root}", f"evaluator.fileroot={root}",
            "cluster.name_resolve.type=nfs", f"cluster.name_resolve.nfs_record_root={t.name_resolve_root}",

@@ -148,23 +148,31 @@ def check_run(st: State, config_) -> None:
     which checkpoint, how it differs, and the two ways on."""
     from podkit.areal import identity
 
-    names = (getattr(config_, "experiment_name", None), getattr(config_, "trial_name", None))
     recover, actor = getattr(config_, "recover", None), getattr(config_, "actor", None)
-    if not all(isinstance(n, str) for n in names) or recover is None:
+    if recover is None or not hasattr(config_, "experiment_name"):
         return  # not an experiment config with a recover section: nothing of AReaL's to resume
-    for name, key in zip(names, ("experiment_name", "trial_name"), strict=True):
+    # AReaL's recovery reads recover.experiment_name/trial_name (the YAMLs interpolate the top level's).
+    named = {f"{part}{key}": getattr(obj, key, None) for part, obj in (("", config_), ("recover.", recover))
+             for key in ("experiment_name", "trial_name")}
+    for key, name in named.items():
         try:
+            if not isinstance(name, str):
+                raise config.ConfigError("", key, f"is {name!r}, not a string")
             config.check_name(name, "AReaL's loaded config", key)
         except config.ConfigError as e:
             raise st.refuse("the run's names are not names", f"{key} {e.problem}",
-                            f"{key} names the run's directories: set a plain name (e.g. myrepo-v2) in the AReaL "
-                            "YAML or trainer.overrides") from None
+                            f"{key} names the run's directories: set a plain name (e.g. myrepo-v2; quote one that "
+                            "YAML would read as a boolean or a number) in the AReaL YAML or trainer.overrides") from None
+    names = (named["recover.experiment_name"], named["recover.trial_name"])
     entry = st.cfg.trainer.entry or "podkit:gsm8k_grpo"
     repo = st.cfg.repo.url if st.cfg.trainer.entry else ""
     root = identity.save_root(recover.fileroot, *names)
     st.run = (root, identity.record_for(names, entry, getattr(actor, "path", "") or "", repo,
                                         (st.code or {}).get("commit", "")))
-    if getattr(recover, "mode", "auto") in ("disabled", "off") or not identity.has_checkpoint(root):
+    if getattr(recover, "mode", "disabled") in ("disabled", "off"):
+        st.run = None  # writes no recover checkpoint: owns none, and must not claim another run's
+        return
+    if not identity.has_checkpoint(root):
         return
     why = identity.differences(st.run[1], identity.read_record(root), root)
     if why:

@@ -2,9 +2,10 @@
 
 A network volume outlives pods and holds many runs. AReaL names every directory of a run (checkpoints,
 recover info, logs, W&B's id) by `experiment_name` and `trial_name`, so those names, the user's, are the
-run's identity. They come from, last wins: podkit's defaults (trainer.experiment/trial), the AReaL YAML's
-own names, podkit's trainer.experiment/trial when the user set them (config file or env), and
-trainer.overrides. The launcher passes the result to AReaL, so both read the same names.
+run's identity. They come from, last wins: podkit/run (a YAML without names), the AReaL YAML's own names,
+trainer.experiment/trial when set (empty by default), and trainer.overrides. The launcher passes the
+result to AReaL, so both read the same names; a name only AReaL's loader can tell (Hydra `defaults:`, an
+interpolation, a value YAML types) is left to it, and the trainer checks what it decided.
 
 Names of one run can still meet another run's checkpoint (AReaL's example YAML and the user's own script
 both called gsm8k-grpo/trial0): each run's checkpoint directory carries a record of what trained it
@@ -29,20 +30,32 @@ RECORD = "podkit-run.json"  # in AReaL's save root of the run: <fileroot>/checkp
 NAME_KEYS = {"experiment": "experiment_name", "trial": "trial_name"}
 
 
-class Names:
-    """The run's names and where each came from: {name: (where, key)} for the log line and a config error."""
+DEFAULTS = {"experiment": "podkit", "trial": "run"}  # a YAML without names (AReaL requires both)
 
-    def __init__(self, experiment: str, trial: str, origins: dict[str, tuple[str, str]]) -> None:
+
+class Names:
+    """The run's names and where each came from: {name: (where, key)} for the log line and a config error.
+    A name is None where only AReaL's loader can tell it (a Hydra `defaults:` list, an interpolation, a
+    value YAML types as a date, a float or a boolean): podkit then passes none, and the trainer checks the
+    name AReaL ends up with (hooks.check_run)."""
+
+    def __init__(self, experiment: str | None, trial: str | None, origins: dict[str, tuple[str, str]]) -> None:
         self.experiment, self.trial, self.origins = experiment, trial, origins
 
     def __str__(self) -> str:
-        return f"{self.experiment}/{self.trial}"
+        return f"{self.experiment or '(AReaL decides)'}/{self.trial or '(AReaL decides)'}"
+
+    @property
+    def known(self) -> bool:
+        return self.experiment is not None and self.trial is not None
 
     def problems(self) -> list[tuple[str, str, str]]:
         """(key, what, hint) for each name that is not one safe path component."""
         out = []
         for ours, theirs in NAME_KEYS.items():
             where, key = self.origins[ours]
+            if getattr(self, ours) is None:
+                continue
             try:
                 config.check_name(getattr(self, ours), where, theirs)
             except config.ConfigError as e:
@@ -51,21 +64,35 @@ class Names:
         return out
 
 
-def _yaml_names(cfg) -> dict:
-    """The AReaL YAML's top-level names, when it can be read ({} otherwise: the checks say why)."""
+def _plain(value) -> bool:
+    """A name AReaL's loader reads as podkit does: a string without interpolation, or an integer."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or isinstance(value, str) and "${" not in value
+
+
+def _yaml_names(cfg) -> tuple[dict, dict]:
+    """The AReaL YAML's top-level names ({key: value}) and those only AReaL can tell ({key: why})."""
     if cfg.trainer.kind != "areal" or not cfg.trainer.areal_config:
-        return {}
+        return {}, {}
     try:
         import yaml
 
         with open(cfg.trainer.areal_config, encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except Exception:  # noqa: BLE001 - unreadable YAML: checks.areal names it; the names fall back
-        return {}
+        return {}, {}
     if not isinstance(data, dict):
-        return {}
-    return {k: data[k] for k in NAME_KEYS.values() if isinstance(data.get(k), (str, int)) and not
-            isinstance(data.get(k), bool)}
+        return {}, {}
+    found, undecided = {}, {}
+    for key in NAME_KEYS.values():
+        if key in data and _plain(data[key]):
+            found[key] = str(data[key])
+        elif key in data:
+            undecided[key] = f"{cfg.trainer.areal_config}: {key} {data[key]!r:.60} (as AReaL's loader reads it)"
+        elif "defaults" in data:
+            undecided[key] = f"{cfg.trainer.areal_config}: {key} from its Hydra defaults"
+    return found, undecided
 
 
 def _override_names(overrides: str) -> dict:
@@ -85,15 +112,18 @@ def _override_names(overrides: str) -> dict:
 def names(cfg) -> Names:
     """The run's names: see the module's docstring for the order."""
     t = cfg.trainer
-    found = {ours: (getattr(t, ours), ("podkit's default", f"trainer.{ours}")) for ours in NAME_KEYS}
-    from_yaml, from_overrides = _yaml_names(cfg), _override_names(t.overrides)
+    found = {ours: (DEFAULTS[ours], ("podkit's default", f"trainer.{ours}")) for ours in NAME_KEYS}
+    (from_yaml, undecided), from_overrides = _yaml_names(cfg), _override_names(t.overrides)
     for ours, theirs in NAME_KEYS.items():
         if theirs in from_yaml:
-            found[ours] = (str(from_yaml[theirs]), (f"{t.areal_config}", "trainer.areal_config"))
-        if cfg.origin(f"trainer.{ours}") != "defaults":
+            found[ours] = (from_yaml[theirs], (f"{t.areal_config}", "trainer.areal_config"))
+        elif theirs in undecided:
+            found[ours] = (None, (undecided[theirs], "trainer.areal_config"))
+        if getattr(t, ours):
             found[ours] = (getattr(t, ours), (cfg.origin(f"trainer.{ours}"), f"trainer.{ours}"))
         if theirs in from_overrides:
-            found[ours] = (from_overrides[theirs], ("trainer.overrides", "trainer.overrides"))
+            value = from_overrides[theirs]
+            found[ours] = (value if "${" not in value else None, ("trainer.overrides", "trainer.overrides"))
     return Names(found["experiment"][0], found["trial"][0], {k: v[1] for k, v in found.items()})
 
 
@@ -106,19 +136,44 @@ def save_root(fileroot: str, experiment: str, trial: str, user: str | None = Non
 
 
 def repo_of(url: str) -> str:
-    """A repo URL as an identity: no credentials, no trailing '.git' or '/', host in lower case."""
+    """A repo URL as an identity, however it is written: host/path in lower case, without the scheme
+    (https, http, ssh, scp-like git@host:path), credentials, port, '.git' or a trailing '/'."""
     url = url.strip()
     if "://" in url:
-        scheme, _, rest = url.partition("://")
-        host, slash, path = rest.partition("/")
-        url = f"{scheme}://{host.rpartition('@')[2].lower()}{slash}{path}"
-    return url.rstrip("/").removesuffix(".git")
+        rest = url.partition("://")[2]
+        host, _, path = rest.partition("/")
+        host = host.rpartition("@")[2].partition(":")[0]
+    elif re.match(r"^[^/]+@[^/:]+:", url) or re.match(r"^[A-Za-z0-9.-]+\.[A-Za-z]+:[^/]", url):
+        host, _, path = url.rpartition("@")[2].partition(":")
+    else:
+        return url.rstrip("/").removesuffix(".git")  # a local path: as written
+    return f"{host}/{path.strip('/').removesuffix('.git')}".lower()
+
+
+def model_name(path: str) -> str:
+    """Which model a path names: the hub's name for a hub id or a hub cache snapshot
+    (models--Org--Name/snapshots/<sha>), else the directory's name; in lower case."""
+    parts = Path(path.rstrip("/")).parts
+    for i, part in enumerate(parts):
+        if part.startswith("models--") and i + 1 < len(parts) and parts[i + 1] == "snapshots":
+            return part.split("--")[-1].lower()
+    return (parts[-1] if parts else path).lower()
 
 
 def model_shape(path: str) -> dict:
-    """hidden size, layers and vocabulary from a local model's config.json ({} when not local or unreadable)."""
+    """hidden size, layers and vocabulary from a model's config.json: a local directory's, or a hub id's
+    from the hub cache (HF_HOME, on the volume; never downloaded here). {} when it cannot be read."""
+    local = os.path.join(path, "config.json")
+    if not os.path.isfile(local) and re.match(r"^[\w.-]+/[\w.-]+$", path):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(path, "config.json")
+            local = cached if isinstance(cached, str) else local
+        except Exception:  # noqa: BLE001 - no hub library, or a cache it cannot read
+            pass
     try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        with open(local, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError):
         return {}
@@ -195,9 +250,9 @@ def differences(mine: dict, theirs: dict | None, root: Path) -> list[str]:
             out.append(f"its names are {'/'.join(theirs['names'])}, this run's {'/'.join(mine['names'])}")
         if theirs["entry"] != mine["entry"]:
             out.append(f"it was trained by {theirs['entry']}, this run runs {mine['entry']}")
-        if Path(theirs["model"]["path"]).name != Path(mine["model"]["path"]).name:
+        if model_name(theirs["model"]["path"]) != model_name(mine["model"]["path"]):
             out.append(f"its model is {theirs['model']['path']}, this run's {mine['model']['path']}")
-        if theirs["repo"] != mine["repo"]:
+        if repo_of(theirs["repo"]) != repo_of(mine["repo"]):
             out.append(f"it came from the repo {theirs['repo'] or '(none: podkit example)'}, this run from "
                        f"{mine['repo'] or '(none: podkit example)'}")
         shape = theirs["model"].get("shape") or {}
@@ -215,19 +270,34 @@ def start_over(cfg, dry_run: bool = False, say=print) -> int:
     """`podkit start-over`: this run's checkpoints (AReaL's save root under its names) moved aside beside
     them, kept, never deleted; then the trainer started again if the pod runs. For a run that found
     another run's checkpoint under its names (check_run in hooks.py), or a user who wants step 0."""
-    from podkit import supervisord
+    from podkit import lease, records, supervisord
     from podkit.areal.command import fileroot
     from podkit.errors import ConfigError, PodkitError
 
+    if cfg.multi_node and cfg.cluster.rank != 0:
+        raise PodkitError("this is not the cluster's rank 0, whose trainer owns the run", "run it on rank 0's pod")
+    holder = lease.read(cfg.state_dir)
+    if lease.live(holder, cfg.guard.lease_s) and not lease.same_container(holder):
+        raise PodkitError(f"another pod holds this workspace ({lease.describe(holder, cfg.guard.lease_s)}): its "
+                          "trainer may be using these checkpoints", "run it on that pod, or stop that pod first")
     run = names(cfg)
+    last = records.PROGRESS.read(cfg.state_dir).get("run") or ""
+    if not run.known and last.count("/") == 1:  # only AReaL's loader can tell: the names it last used
+        run = Names(*last.split("/"), run.origins)
     for key, what, hint in run.problems():
         raise ConfigError(cfg.origin(key), key, what, hint=hint)
+    if not run.known:
+        raise PodkitError(f"the run's names are AReaL's to tell ({run}) and no trainer has said them yet",
+                          "start the trainer once (it names the run in its log), or set trainer.trial")
     root = save_root(fileroot(cfg), run.experiment, run.trial)
     info = supervisord.process_info(cfg.socket_path, "trainer")
     if info and info.get("statename") not in supervisord.STOPPED_STATES:
         raise PodkitError(f"the trainer of run {run} is {info.get('statename')}: its checkpoints are in use",
                           "stop it first (`podkit ctl stop trainer`), then run `podkit start-over` again")
-    if not root.is_dir() or root.is_symlink():
+    if root.is_symlink():
+        raise PodkitError(f"{root} is a symbolic link: podkit moves only a directory of its own",
+                          "move it aside by hand (AReaL follows the link and finds the checkpoint)")
+    if not root.is_dir():
         say(f"run {run} has no checkpoints at {root}: it starts from step 0 as it is")
         return 0
     aside = root.with_name(f"{root.name}.set-aside-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -236,6 +306,13 @@ def start_over(cfg, dry_run: bool = False, say=print) -> int:
         return 0
     os.rename(root, aside)  # one directory, same filesystem: all of it or nothing
     say(f"moved the checkpoints of run {run} aside: {aside} (nothing deleted; move it back to resume it)")
+    # The old run's steps are not the new one's: the loop bound would count every step below them as no
+    # progress, and status would show them.
+    records.TRAINER_LOOP.path(cfg.state_dir).unlink(missing_ok=True)
+    progress = records.PROGRESS.read(cfg.state_dir)
+    if progress:
+        records.PROGRESS.write(cfg.state_dir, {**progress, "step": None, "checkpoint_step": None,
+                                               "resumed_at": None, "resumed_from": None})
     if info is not None:
         try:
             supervisord.rpc(cfg.socket_path).supervisor.startProcess("trainer", False)
@@ -243,3 +320,16 @@ def start_over(cfg, dry_run: bool = False, say=print) -> int:
         except Exception as e:  # noqa: BLE001 - xmlrpc faults and socket errors alike: the move stands
             say(f"could not start the trainer ({e}): `podkit ctl start trainer`")
     return 0
+
+
+def clear_discovery(cfg, run: Names) -> list[str]:
+    """AReaL's discovery records of the run (a dead server's address, a used weight-update key). Names
+    only AReaL can tell: every record under the root when it is podkit's private one, else none."""
+    from podkit import discovery
+
+    root = cfg.trainer.name_resolve_root
+    if run.known and not run.problems():
+        return discovery.clear(root, run.experiment, run.trial)
+    if os.path.normpath(root) == os.path.normpath(cfg.run_path / "name_resolve"):
+        return discovery.clear_user(root)
+    return [f"name_resolve records under {root} not cleared: the run's names are AReaL's to tell ({run})"]

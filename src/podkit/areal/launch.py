@@ -22,7 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from podkit import checks, discovery, failure, health, log, proc, records, setup, supervisord
+from podkit import checks, failure, health, log, proc, records, setup, supervisord
 from podkit.areal import cluster, identity
 from podkit.areal.command import clear_leftovers, command, environment, set_pdeathsig
 from podkit.programs import refused
@@ -79,7 +79,7 @@ def main(cfg) -> int:
         return 1
     run = identity.names(cfg)
     _log.info(f"run {run} (experiment_name {run.origins['experiment'][0]}, trial_name {run.origins['trial'][0]})")
-    for line in discovery.clear(cfg.trainer.name_resolve_root, run.experiment, run.trial):
+    for line in identity.clear_discovery(cfg, run):
         _log.info(line)
     unpause(cfg)
     argv = command(cfg, python)
