@@ -40,18 +40,20 @@ areal-env:
 # The CPU rehearsal of a pod: podkit up with AReaL's real GRPO trainer (configs/cpu-rehearsal.yaml) on a
 # tiny local model and GSM8K-shaped data, against the generating stand-in for SGLang. STEPS=0: until
 # Ctrl-C. Run it again on the same WORKSPACE and it resumes from the last recover checkpoint.
-# Your own code: REPO=<url or path> ENTRY=<script in it> [CONFIG=<its AReaL YAML>] [REF=<branch>] trains
-# your entry on the tiny model, your YAML with rehearse/cpu-overrides on top (a directory is rehearsed as
-# its files are now: rehearse/repo.py).
-CONFIG ?= config.yaml
-REF    ?= main
+# Your own code: REPO=<url or path> ENTRY=<script in it> [CONFIG=<its AReaL YAML>] [REF=<branch of a URL>]
+# [OVERRIDES=<AReaL overrides>] trains your entry on the tiny model, your YAML with rehearse/cpu-overrides,
+# then PODKIT_TRAINER_OVERRIDES and OVERRIDES on top. A path is rehearsed as its files are now: a git
+# checkout at its own HEAD with its uncommitted changes (rehearse/repo.py).
+CONFIG    ?= config.yaml
+REF       ?= main
+OVERRIDES ?=
 rehearse: sysdeps
 	py=$$(PYTHON=$(PYTHON) sh rehearse/env.sh) && \
 	$$py rehearse/assets.py $(WORKSPACE)/rehearsal && \
-	$(if $(REPO),url=$$($$py rehearse/repo.py '$(REPO)' $(WORKSPACE)/rehearsal-repo) && \
-	  export PODKIT_REPO_URL="$$url" PODKIT_REPO_REF='$(REF)' \
+	$(if $(REPO),set -- $$($$py rehearse/repo.py '$(REPO)' $(WORKSPACE)/rehearsal-repo '$(REF)') && \
+	  export PODKIT_REPO_URL="$$1" PODKIT_REPO_REF="$$2" \
 	    PODKIT_TRAINER_ENTRY='$(ENTRY)' PODKIT_TRAINER_AREAL_CONFIG='$(CONFIG)' \
-	    PODKIT_TRAINER_OVERRIDES="$$(grep -v '^#' rehearse/cpu-overrides | tr '\n' ' ')" && ,) \
+	    PODKIT_TRAINER_OVERRIDES="$$(grep -v '^#' rehearse/cpu-overrides | tr '\n' ' ') $${PODKIT_TRAINER_OVERRIDES:-} $(OVERRIDES)" && ,) \
 	PYTHONPATH=$(CURDIR)/src $$py -m podkit --config configs/cpu-rehearsal.yaml up --workspace $(WORKSPACE) \
 	  $(if $(filter-out 0,$(STEPS)),--steps $(STEPS))
 

@@ -1,11 +1,15 @@
-"""The training repo for `make rehearse REPO=...`: prints the URL podkit's sync stage clones.
+"""The training repo for `make rehearse REPO=...`: prints the URL podkit's sync stage clones and its ref.
 
-    python rehearse/repo.py REPO OUT_DIR
+    python rehearse/repo.py REPO OUT_DIR [REF]
 
-A URL (or a path to a git repository) is printed as it is. A directory that is not the top of a git
-repository (examples/my-repo, a tree being edited) is rehearsed as its files are now: they are
-committed, as one snapshot, to the branch main of OUT_DIR/repo.git (a bare repository, made again
-each time), whose path is printed. Nothing in the directory is changed.
+A URL, or a path to a bare repository, is printed as it is, with REF (default main). A directory is
+rehearsed as its files are now, on the branch main of OUT_DIR/repo.git (a bare repository, made again
+each time):
+- a git checkout at its own HEAD, whatever branch or tag it is on: that commit itself when nothing is
+  changed, else a snapshot commit of its working tree (uncommitted edits and new files that are not
+  ignored) whose parent is HEAD, so the run's recorded commit leads back to it;
+- any other directory (examples/my-repo, a tree being edited): one snapshot commit of its files.
+Nothing in the directory is changed (the checkout's own index, branches and stashes stay as they are).
 """
 
 from __future__ import annotations
@@ -41,18 +45,47 @@ def snapshot(src: Path, out: Path) -> str:
     return str(bare)
 
 
+def checkout(src: Path, out: Path) -> str:
+    """A git checkout as it is: HEAD, or a commit of its working tree on top of HEAD (a throwaway index)."""
+    run = lambda *a, **kw: subprocess.run(["git", "-C", str(src), *a], capture_output=True, text=True,  # noqa: E731
+                                          check=True, timeout=300, **kw).stdout.strip()
+    head = run("rev-parse", "HEAD")
+    where = run("rev-parse", "--abbrev-ref", "HEAD")
+    commit = head
+    if run("status", "--porcelain", "--untracked-files=normal"):
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index"),
+                   "GIT_AUTHOR_NAME": "podkit rehearse", "GIT_AUTHOR_EMAIL": "rehearse@podkit.invalid",
+                   "GIT_COMMITTER_NAME": "podkit rehearse", "GIT_COMMITTER_EMAIL": "rehearse@podkit.invalid"}
+            run("read-tree", "HEAD", env=env)
+            run("add", "-A", env=env)
+            tree = run("write-tree", env=env)
+            commit = run("commit-tree", tree, "-p", head, "-m",
+                         f"rehearsal snapshot of {src} at {head[:12]} ({where}) with its uncommitted changes", env=env)
+    bare = out / "repo.git"
+    shutil.rmtree(bare, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    git("init", "-q", "--bare", "-b", "main", str(bare), cwd=out)
+    run("push", "-q", str(bare), f"{commit}:refs/heads/main")
+    print(f"rehearsing {src} at {head[:12]} ({where})" + (f" with its uncommitted changes as {commit[:12]}"
+                                                          if commit != head else ""), file=sys.stderr)
+    return str(bare)
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
+    if len(argv) not in (2, 3):
         print(__doc__, file=sys.stderr)
         return 2
-    repo, out = argv
+    repo, out, ref = argv[0], argv[1], argv[2] if len(argv) == 3 and argv[2] else "main"
     path = Path(repo).expanduser()
-    if path.is_dir() and not (path / ".git").exists() and not (path / "HEAD").is_file():
-        print(snapshot(path.resolve(), Path(out).resolve()))
+    if path.is_dir() and (path / ".git").exists():
+        print(checkout(path.resolve(), Path(out).resolve()), "main")
+    elif path.is_dir() and not (path / "HEAD").is_file():
+        print(snapshot(path.resolve(), Path(out).resolve()), "main")
     elif path.exists():
-        print(path.resolve())
+        print(path.resolve(), ref)
     else:
-        print(repo)
+        print(repo, ref)
     return 0
 
 

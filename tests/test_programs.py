@@ -68,22 +68,53 @@ def test_preflight_names_the_file_and_key_of_a_program_problem(tmp_path):
     assert "also serve inference" in e.value.problem
 
 
-def test_an_areal_config_that_cannot_resume_or_survive_an_sglang_restart_is_refused(tmp_path):
+def areal_shaped(tmp_path) -> Path:
+    """An AReaL config shaped like AReaL's own examples: recovery off, xccl weight updates, and backends
+    sized for 8 GPUs (d4 + d4)."""
     import yaml
 
-    for section, key, value, words in (("recover", "mode", "disabled", "from scratch"),
-                                       ("actor", "weight_update_mode", "xccl", "hangs when SGLang restarts")):
-        data = yaml.safe_load((ROOT / "configs/areal/grpo-a40-4gpu.yaml").read_text())
-        data[section][key] = value
-        path = tmp_path / f"{key}.yaml"
-        path.write_text(yaml.safe_dump(data))
-        problems = checks.programs(load(PODKIT_TRAINER_AREAL_CONFIG=str(path)))
-        assert any(k == "trainer.areal_config" and words in what for k, what, _ in problems), problems
+    data = yaml.safe_load((ROOT / "configs/areal/grpo-a40-4gpu.yaml").read_text())
+    data["recover"]["mode"] = "disabled"
+    data["actor"]["weight_update_mode"] = "xccl"
+    data["actor"]["backend"] = "fsdp:d4p1t1"
+    data["rollout"]["backend"] = "sglang:d4p1t1"
+    del data["actor"]["attn_impl"]  # AReaL's default, flash_attention_2
+    path = tmp_path / "gsm8k_grpo.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_an_areal_example_shaped_config_runs_as_it_is_with_what_podkit_depends_on_set_and_named(tmp_path):
+    cfg = load(PODKIT_TRAINER_AREAL_CONFIG=str(areal_shaped(tmp_path)))
+    assert checks.programs(cfg) == []
+    changed = {s.key: (s.was, s.value) for s in checks.settings(cfg)[0]}
+    assert changed == {"recover.mode": ("disabled", "auto"), "actor.weight_update_mode": ("xccl", "disk"),
+                       "actor.backend": ("fsdp:d4p1t1", "fsdp:d3"), "rollout.backend": ("sglang:d4p1t1", "sglang:d1"),
+                       "actor.attn_impl": (None, "sdpa")}
+    from podkit.areal.command import overrides
+
+    argv = overrides(cfg)
+    assert {"++recover.mode=auto", "++actor.weight_update_mode=disk", "++actor.backend=fsdp:d3",
+            "++rollout.backend=sglang:d1"} <= set(argv), argv
+    # podkit's own YAMLs already say so: nothing to set, nothing to say.
+    assert checks.settings(load())[0] == []
+
+
+def test_user_overrides_that_contradict_what_podkit_depends_on_are_refused_all_at_once(tmp_path):
+    cfg = load(tmp_path=tmp_path / "ws", PODKIT_TRAINER_AREAL_CONFIG=str(areal_shaped(tmp_path)), PODKIT_DEVICES="",
+               PODKIT_RUN_DIR=str(tmp_path / "run"), PODKIT_TRAINER_OVERRIDES="actor.weight_update_mode=xccl ++recover.mode=disabled actor.backend=fsdp:d4")
+    with pytest.raises(ConfigError) as e:
+        preflight.run(cfg)
+    msg = e.value.message
+    assert e.value.key == "trainer.overrides" and "sets recover.mode=disabled, but podkit needs auto" in msg, msg
+    assert "sets actor.weight_update_mode=xccl, but podkit needs disk" in msg, msg
+    assert "sets actor.backend=fsdp:d4, but podkit needs fsdp:d3: trainer.gpus '1,2,3' gives the trainer 3" in msg
 
 
 @pytest.mark.parametrize("env, key, words", [
     ({"PODKIT_INFERENCE_TP": "2"}, "inference.tp", "names 1 GPU"),
-    ({"PODKIT_TRAINER_GPUS": "1,2"}, "trainer.gpus", "'fsdp:d3' (3 GPU(s))"),
+    ({"PODKIT_TRAINER_GPUS": "1,2", "PODKIT_TRAINER_OVERRIDES": "actor.backend=fsdp:d3"}, "trainer.overrides",
+     "sets actor.backend=fsdp:d3, but podkit needs fsdp:d2"),
     ({"PODKIT_TRAINER_AREAL_CONFIG": "/nonexistent.yaml"}, "trainer.areal_config", "does not exist"),
     ({"PODKIT_INFERENCE_KIND": "standin"}, "trainer.kind", "needs a server that generates"),
     ({"PODKIT_TRAINER_KIND": "fake"}, "trainer.kind", "sglang cannot load"),

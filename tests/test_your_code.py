@@ -33,7 +33,8 @@ VENDORED_AREAL = 'raise ImportError("the vendored copy of areal was imported")\n
 
 def test_your_repo_trains_under_its_own_names_stops_with_a_checkpoint_despite_its_sigterm_handler_and_resumes_only_itself(
         rehearsal, tmp_path):
-    """The repo's YAML names the run myrepo/t0: AReaL's directories carry the names, and the checkpoint a
+    """The repo's YAML, shaped like AReaL's own examples, runs as it is (podkit sets what it depends on and
+    says so), and names the run myrepo/t0: AReaL's directories carry the names, and the checkpoint a
     record of its run. The pod's stop ends the step in flight with a checkpoint, whatever the script's own
     SIGTERM handler says; a new commit of the repo resumes it. Another entry on the same volume under the
     same names does not: it stops once, saying why, and `podkit start-over` moves the old run aside (kept)
@@ -41,8 +42,9 @@ def test_your_repo_trains_under_its_own_names_stops_with_a_checkpoint_despite_it
     # Its own requirement (a wheel in the repo: no index here), installed by the setup stage.
     train = (EXAMPLE / "train.py").read_text().replace(
         "import sys\n", "import sys\n" + OWN_SIGTERM + "import podkit_demo_dep  # from requirements.txt\n", 1)
-    yaml = (EXAMPLE / "config.yaml").read_text().replace("experiment_name: podkit\ntrial_name: run\n",
-                                                         "experiment_name: myrepo\ntrial_name: t0\n", 1)
+    # The repo's YAML is shaped like AReaL's own examples: recovery off, xccl, backends for 8 GPUs.
+    yaml = areal_shaped((EXAMPLE / "config.yaml").read_text()).replace(
+        "experiment_name: podkit\ntrial_name: run\n", "experiment_name: myrepo\ntrial_name: t0\n", 1)
     remote = example_remote(tmp_path, with_files=lambda work: wheel(work / "wheels"),
                             **{"train.py": train, "other.py": train, "config.yaml": yaml,
                                "areal/__init__.py": VENDORED_AREAL,
@@ -53,6 +55,9 @@ def test_your_repo_trains_under_its_own_names_stops_with_a_checkpoint_despite_it
     assert p["code"] == {"entry": "train.py", "commit": remote.head(), "dirty": False}, p
     log = s.log("trainer")
     assert "run myrepo/t0 (experiment_name " in log
+    assert (f"podkit sets over {s.workspace / 'repo' / 'config.yaml'}: recover.mode disabled -> auto (podkit resumes "
+            "every restart") in log and "actor.weight_update_mode xccl -> disk (" in log, log[-3000:]
+    assert "actor.backend fsdp:d4p1t1 -> fsdp:d1 (trainer.cpu_ranks 1 gives" in log, log[-3000:]
     assert f"running {s.workspace / 'repo' / 'train.py'} under podkit's hooks" in log
     env_python = json.loads((s.workspace / ".podkit" / "setup.json").read_text())["python"]
     assert f"starting {env_python} -m torch.distributed.run" in log  # the repo's env, not the image's Python
@@ -99,6 +104,16 @@ def test_your_repo_trains_under_its_own_names_stops_with_a_checkpoint_despite_it
     assert p["resumed_at"] is None and p.get("step", 0) <= 1, p
     assert json.loads((root / identity.RECORD).read_text())["entry"] == "other.py"
     assert s.stop() == 0
+
+
+def areal_shaped(yaml: str) -> str:
+    """A podkit-ready AReaL YAML made like AReaL's own examples, which podkit runs as they are."""
+    for ours, theirs in (('backend: "sglang:d1"', 'backend: "sglang:d4p1t1"'),
+                         ('backend: "fsdp:d1"', 'backend: "fsdp:d4p1t1"'),
+                         ("weight_update_mode: disk", "weight_update_mode: xccl"), ("mode: auto", "mode: disabled")):
+        assert ours in yaml, ours
+        yaml = yaml.replace(ours, theirs, 1)
+    return yaml
 
 
 def _refusal(s, since: float, timeout: float = 240) -> dict:
@@ -168,6 +183,8 @@ def test_a_script_that_cannot_train_stops_the_trainer_once_naming_the_file_and_l
     s.rpc().supervisor.startProcess("trainer", False)
     stopped = _refusal(s, since)
     assert "agent workflow" in stopped["message"] and "SPMD" in stopped["hint"], stopped
+    line = next(i for i, ln in enumerate(agent.splitlines(), 1) if "trainer.train(" in ln)
+    assert f"train(workflow=...) at {checkout / 'train.py'}:{line}" in stopped["message"], stopped  # the user's line
     assert s.progress().get("step") is None  # refused before the first step
     assert s.log("trainer").count("[podkit:run] starting trainer") == 2  # once per start: no loop
 
@@ -316,3 +333,16 @@ def test_an_exception_before_training_is_the_scripts_own_named_with_its_line_and
     # entry's).
     err = json.loads((tmp_path / "run" / "trainer-error-0.json").read_text())
     assert err["type"] == "ConnectionError" and err["where"] == f"{repo / 'hub.py'}:3", err
+
+
+def test_a_workflow_whose_own_dependency_is_missing_is_told_apart_from_a_wrong_import_path(tmp_path):
+    (tmp_path / "mywf.py").write_text("import not_installed_dep  # the workflow's own dependency\n\nclass W:\n    pass\n")
+    code = ("import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+            "from podkit.areal.hooks import _import_error\n"
+            "print(json.dumps([_import_error('mywf.W'), _import_error('mywff.W')]))")
+    r = areal_run("-c", code, str(tmp_path), str(ROOT / "src"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    dep, path = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "No module named 'not_installed_dep'" in dep[0] and "imports not_installed_dep, which is not installed" \
+        in dep[1], dep
+    assert "fix the import path" in path[1], path

@@ -63,8 +63,9 @@ def sync_stage(cfg) -> None:
     sync.run(cfg, ref=ref)
     # What preflight could not look for before the checkout was there: trainer.entry and a YAML in it.
     if cfg.trainer.kind == "areal" and cfg.trainer.entry:
-        for key, what, hint in checks.programs(cfg, synced=True):
-            raise ConfigError(cfg.origin(key), key, what, hint=hint)
+        problems = checks.programs(cfg, synced=True)
+        if problems:
+            raise checks.config_error(cfg, problems)
 
 
 def _shared_checkout(cfg) -> bool:

@@ -246,30 +246,91 @@ def _backends(cfg) -> list[Problem]:
     if not isinstance(data, dict):
         return [("trainer.areal_config", f"{cfg.trainer.areal_config} is not a mapping of AReaL settings",
                  "an AReaL experiment config is a YAML mapping (configs/areal/ has examples)")]
-    out = []
-    for section, key, bad, why in (
-            ("recover", "mode", ("disabled", "off"), "every restart (a SIGTERM, stale weights, a crash) would start "
-             "training from scratch"),
-            ("actor", "weight_update_mode", ("xccl", "nccl"), "an NCCL group ties the trainer to one SGLang "
-             "process: it hangs when SGLang restarts alone, and the served version stays 'default'")):
-        part = data.get(section)
-        value = part.get(key) if isinstance(part, dict) else None
-        if value in bad:
-            out.append(("trainer.areal_config", f"{cfg.trainer.areal_config} sets {section}.{key}: {value}: {why}",
-                        f"use {section}.{key}: {'auto' if section == 'recover' else 'disk'}, as configs/areal/ do"))
-    t = cfg.trainer
-    sections = [("actor", "trainer.cpu_ranks", t.cpu_ranks) if t.cpu_ranks else
-                ("actor", "trainer.gpus", len(cfg.gpus["trainer"]))]
-    if cfg.inference.kind == "sglang":  # a stand-in serves whatever the rollout backend says
-        sections.append(("rollout", "inference.gpus", len(cfg.gpus["inference"])))
-    for section, pod_key, want in sections:
-        part = data.get(section)
-        backend = str((part.get("backend") if isinstance(part, dict) else None) or "")
-        have = backend_gpus(backend)
-        if have is not None and have != want:
-            out.append((pod_key, f"names {want} rank(s) but {cfg.trainer.areal_config} has {section}.backend "
-                        f"{backend!r} ({have} GPU(s))", f"make {section}.backend and {pod_key} agree"))
+    return settings(cfg, data)[1]
+
+
+class Setting:
+    """A setting of the AReaL config that podkit depends on: what the YAML says, what podkit sets, why."""
+
+    def __init__(self, key: str, was, value: str, why: str) -> None:
+        self.key, self.was, self.value, self.why = key, was, value, why
+
+    def __str__(self) -> str:
+        return f"{self.key} {self.was if self.was not in (None, '') else '(unset)'} -> {self.value} ({self.why})"
+
+
+def config_error(cfg, problems: list[Problem]):
+    """One ConfigError that names every problem (the first one's key and hint first): a user fixes them
+    all in one round, not one boot each."""
+    from podkit.errors import ConfigError
+
+    (key, what, hint), rest = problems[0], problems[1:]
+    for k, w, h in rest:
+        what += f"\n  and {cfg.origin(k)}: {k}: {w} (fix: {h})"
+    return ConfigError(cfg.origin(key), key, what, hint=hint)
+
+
+def overridden(text: str) -> dict[str, str]:
+    """trainer.overrides as {key: value} (Hydra's key=, +key=, ++key=; the last wins)."""
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        return {}
+    out = {}
+    for word in words:
+        key, eq, value = word.partition("=")
+        if eq and not key.startswith("~"):
+            out[key.lstrip("+")] = value
     return out
+
+
+def _dotted(data: dict, key: str):
+    node = data
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def settings(cfg, data: dict | None = None) -> tuple[list[Setting], list[Problem]]:
+    """What podkit sets in the AReaL config over the YAML (it depends on them: it resumes after every
+    restart, restarts inference alone, and knows the pod's GPUs), and the problems where the user's own
+    trainer.overrides contradict one on purpose (there podkit cannot decide for them). AReaL's own example
+    YAMLs (recover disabled, xccl, backends for 8 GPUs) thus run as they are."""
+    if data is None:
+        data = _areal_yaml(cfg)
+        data = data if isinstance(data, dict) else {}
+    t, user = cfg.trainer, overridden(cfg.trainer.overrides)
+    wants = [("recover.mode", "auto", lambda v: v not in ("disabled", "off"),
+              "podkit resumes every restart (a SIGTERM, stale weights, a crash) from the recover checkpoint", ""),
+             ("actor.weight_update_mode", "disk", lambda v: v not in ("xccl", "nccl"),
+              "an NCCL group ties the trainer to one SGLang process: it hangs when SGLang restarts alone", ""),
+             # Only where the YAML leaves it to AReaL's default (flash_attention_2): the image has no flash-attn 2.
+             ("actor.attn_impl", "sdpa", lambda v: True, "AReaL's default flash_attention_2 needs the flash-attn "
+              "package, which the image does not have; sdpa is torch's own", "")]
+    if not cfg.multi_node:  # a cluster's backends are AReaL's Ray launcher's (checks.cluster)
+        ranks = t.cpu_ranks or len(cfg.gpus["trainer"])
+        kind = str(_dotted(data, "actor.backend") or "fsdp:").partition(":")[0] or "fsdp"
+        pod_key = f"trainer.cpu_ranks {t.cpu_ranks}" if t.cpu_ranks else f"trainer.gpus {t.gpus!r}"
+        wants.append(("actor.backend", f"{kind}:d{ranks}", lambda v: backend_gpus(str(v)) == ranks,
+                      f"{pod_key} gives the trainer {ranks} rank(s)", pod_key.split()[0]))
+        tp = cfg.inference.tp if cfg.inference.kind == "sglang" else 1
+        wants.append(("rollout.backend", f"sglang:d1t{tp}" if tp > 1 else "sglang:d1",
+                      lambda v: str(v).startswith("sglang:") and backend_gpus(str(v)) == tp,
+                      f"podkit runs one SGLang server on {tp} GPU(s) (inference.gpus {cfg.inference.gpus!r})"
+                      if cfg.inference.kind == "sglang" else
+                      f"podkit runs one server ({cfg.inference.kind}) that AReaL reaches as SGLang", "inference.gpus"))
+    changes, problems = [], []
+    for key, value, fits, why, pod_key in wants:
+        if key in user and not fits(user[key]):
+            problems.append(("trainer.overrides", f"sets {key}={user[key]}, but podkit needs {value}: {why}",
+                             f"drop {key} from trainer.overrides (podkit sets {value} itself)"
+                             + (f", or change {pod_key} to match" if pod_key else "")))
+            continue
+        was = user.get(key, _dotted(data, key))
+        if key in user or (was is not None and fits(was)):
+            continue  # the user's own value, and it fits
+        changes.append(Setting(key, was, value, why))
+    return changes, problems
 
 
 METRICS_KEY_ENV = "PODKIT_METRICS_KEY"  # a secret, like SGLANG_API_KEY

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from podkit import checks, lease, log, proc
-from podkit.errors import ConfigError, StageError
+from podkit.errors import StageError
 
 _log = log.get("preflight")
 MIN_FREE_BYTES = 2 << 30  # below this a checkpoint write can fail mid-file
@@ -93,8 +93,9 @@ def run(cfg) -> None:
     if cfg.inference.kind == "standin" and not checks.loopback(cfg.inference.host):
         raise StageError("preflight", f"inference.host {cfg.inference.host} is not loopback",
                          "the stand-in binds 127.0.0.1 only; set PODKIT_INFERENCE_HOST=127.0.0.1")
-    for key, what, hint in checks.programs(cfg):
-        raise ConfigError(cfg.origin(key), key, what, hint=hint)
+    problems = checks.programs(cfg)
+    if problems:
+        raise checks.config_error(cfg, problems)
     devices = glob.glob(cfg.devices)
     smi = proc.which("nvidia-smi")
     _log.info(f"{len(devices)} device file(s) match {cfg.devices}; nvidia-smi {'found' if smi else 'absent'}")

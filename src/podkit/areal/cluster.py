@@ -316,8 +316,8 @@ class Cluster:
         if by in records.FINISHED:
             self.note("finished", f"training finished at step {stopped.get('step')}")
             return 0
-        if by == "config-error":
-            self.note("stopped", "AReaL refused its config")
+        if by == "config-error":  # AReaL's refusal or podkit's: the record says whose, in its words
+            self.note("stopped", str(stopped.get("message") or "the trainer cannot train").splitlines()[0][:300])
             return 0
         if by == "SIGTERM" or self.stopping.is_set():
             self.note("stopped", "stopped by SIGTERM")

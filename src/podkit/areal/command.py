@@ -45,6 +45,9 @@ def overrides(cfg) -> list[str]:
            f"stats_logger.fileroot={root}", f"evaluator.fileroot={root}",
            "cluster.name_resolve.type=nfs", f"cluster.name_resolve.nfs_record_root={t.name_resolve_root}",
            f"actor.path={model}", f"tokenizer_path={model}", f"sglang.model_path={model}"]
+    from podkit import checks
+
+    own += [f"{s.key}={s.value}" for s in checks.settings(cfg)[0]]  # what podkit depends on, over the YAML
     return [*(f"++{o}" for o in own), *shlex.split(t.overrides)]
 
 

@@ -196,7 +196,10 @@ def hook_trainer(st: State) -> None:
     def train(self, *args, **kwargs):
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
-        refuse_what_spmd_cannot_run(st, self, bound.arguments)
+        caller = inspect.currentframe().f_back  # the user's line that calls train(workflow=...)
+        where = f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller else "the training script"
+        del caller
+        refuse_what_spmd_cannot_run(st, self, bound.arguments, where)
         signal.signal(signal.SIGTERM, st.on_sigterm)  # taken back from the script's own handler
         st.training = True
         if st.rank == 0 and st.run is not None:  # this run owns its checkpoints from here on
@@ -214,41 +217,55 @@ def hook_trainer(st: State) -> None:
     PPOTrainer.train = train
 
 
-def _import_error(target: str) -> str | None:
+def _import_error(target: str) -> tuple[str, str] | None:
+    """(why, hint) when `target` (module.attr) does not import: its own path wrong, or a module it
+    imports missing (a dependency to install, not a path to fix)."""
     from areal.utils.dynamic_import import import_from_string
 
     try:
         import_from_string(target)
     except Exception as e:  # noqa: BLE001 - whatever importing the user's module raises
-        return f"{target!r} cannot be imported: {type(e).__name__}: {e}"
+        why = f"{target!r} cannot be imported: {type(e).__name__}: {e}"
+        cause = e  # AReaL wraps the import's own error in an ImportError of its own
+        for _ in range(10):  # a bounded walk: a chain may loop
+            if cause is None or isinstance(cause, ModuleNotFoundError):
+                break
+            cause = cause.__cause__ or cause.__context__
+        missing = getattr(cause, "name", None)
+        module = target.rpartition(".")[0] if "." in target else target
+        if missing and not (module == missing or module.startswith(missing + ".")):
+            return why, (f"{target} imports {missing}, which is not installed: add it to the repo's requirements "
+                         "(repo.setup installs them)")
+        return why, "fix the import path in the training script"
     return None
 
 
-def refuse_what_spmd_cannot_run(st: State, trainer, arguments: dict) -> None:
+def refuse_what_spmd_cannot_run(st: State, trainer, arguments: dict, where: str = "the training script") -> None:
     """AReaL checks only `workflow` when train() starts; an agent eval_workflow would fail at the first
-    evaluation, an epoch in. A reward or workflow string that does not import fails at the first step."""
+    evaluation, an epoch in. A reward or workflow string that does not import fails at the first step.
+    Each refusal names `where`, the user's line that calls train()."""
     hint_agent = ("podkit runs AReaL in SPMD mode, which has no proxy workers for agent workflows or online mode: "
                   "pass a RolloutWorkflow (e.g. areal.workflow.rlvr.RLVRWorkflow or a subclass)")
     for name in ("workflow", "eval_workflow"):
         workflow = arguments.get(name)
         if workflow is None:
             if name == "workflow":
-                raise st.refuse("the script's train() has no workflow", "online mode (rollout.agent.mode online)",
-                                hint_agent)
+                raise st.refuse(f"the script's train() at {where} has no workflow",
+                                "online mode (rollout.agent.mode online)", hint_agent)
             continue
         if isinstance(workflow, str):
-            why = _import_error(workflow)
-            if why:
-                raise st.refuse(f"train({name}=...)", why, "fix the import path in the training script")
+            failed = _import_error(workflow)
+            if failed:
+                raise st.refuse(f"train({name}=...) at {where}", *failed)
         if trainer._requires_proxy_workflow(workflow):
-            raise st.refuse(f"train({name}=...)", f"{workflow!r} is an agent workflow, not a RolloutWorkflow",
-                            hint_agent)
+            raise st.refuse(f"train({name}=...) at {where}", f"{workflow!r} is an agent workflow, not a "
+                            "RolloutWorkflow", hint_agent)
         kwargs = arguments.get(f"{name}_kwargs") or {}
         reward = kwargs.get("reward_fn")
         if isinstance(reward, str):
-            why = _import_error(reward)
-            if why:
-                raise st.refuse(f"train({name}_kwargs reward_fn)", why, "fix the import path in the training script")
+            failed = _import_error(reward)
+            if failed:
+                raise st.refuse(f"train({name}_kwargs reward_fn) at {where}", *failed)
 
 
 def stat(stats, *suffixes: str):

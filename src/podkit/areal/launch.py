@@ -77,6 +77,9 @@ def main(cfg) -> int:
     if why:
         _log.error(why)
         return 1
+    changed = checks.settings(cfg)[0]
+    if changed:  # AReaL's own example YAMLs run as they are: what podkit set over them, and why
+        _log.info(f"podkit sets over {cfg.trainer.areal_config}: " + "; ".join(map(str, changed)))
     run = identity.names(cfg)
     _log.info(f"run {run} (experiment_name {run.origins['experiment'][0]}, trial_name {run.origins['trial'][0]})")
     for line in identity.clear_discovery(cfg, run):
