@@ -372,15 +372,7 @@ def cluster_shape(cfg) -> dict:
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
         out[key] = node
-    try:
-        words = shlex.split(cfg.trainer.overrides)
-    except ValueError:
-        words = []
-    for word in words:
-        key, eq, value = word.partition("=")
-        key = key.lstrip("+")  # hydra's +key=value and ++key=value set it too
-        if eq and key in SHAPE_KEYS:
-            out[key] = value
+    out.update({k: v for k, v in overridden(cfg.trainer.overrides).items() if k in SHAPE_KEYS})
     for key in ("cluster.n_nodes", "cluster.n_gpus_per_node"):
         try:
             out[key] = int(out[key])

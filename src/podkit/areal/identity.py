@@ -19,7 +19,6 @@ import getpass
 import json
 import os
 import re
-import shlex
 import time
 from pathlib import Path
 
@@ -96,17 +95,10 @@ def _yaml_names(cfg) -> tuple[dict, dict]:
 
 
 def _override_names(overrides: str) -> dict:
-    """experiment_name / trial_name set in trainer.overrides (Hydra: key=, +key=, ++key=; the last wins)."""
-    try:
-        words = shlex.split(overrides)
-    except ValueError:
-        return {}
-    out = {}
-    for w in words:
-        key, eq, value = w.lstrip("+").partition("=")
-        if eq and key in NAME_KEYS.values():
-            out[key] = value
-    return out
+    """experiment_name / trial_name set in trainer.overrides (the last wins)."""
+    from podkit import checks
+
+    return {k: v for k, v in checks.overridden(overrides).items() if k in NAME_KEYS.values()}
 
 
 def names(cfg) -> Names:
