@@ -15,7 +15,7 @@ import yaml
 from conftest import ROOT
 from podkit import checks, config, discovery
 from podkit.areal import cluster as areal_cluster
-from podkit.areal import command
+from podkit.areal import command, identity
 from podkit.programs import sglang
 
 PYTHON = os.environ.get("AREAL_PYTHON")
@@ -72,6 +72,11 @@ def verdicts(tmp_path_factory):
         tmp, four, lambda d: d["actor"].update(weight_update="disk"))}
     cases["areal"]["bad-override"] = {"config": str(ROOT / "configs/areal" / four),
                                       "overrides": ["actor.weight_update_mode=nccl"]}
+    shaped = with_changes(tmp, four, lambda d: (d["recover"].update(mode="disabled"), d["actor"].pop("attn_impl"),
+                                               d["actor"].update(weight_update_mode="xccl", backend="fsdp:d4p1t1"),
+                                               d["rollout"].update(backend="sglang:d4p1t1")))
+    cases["areal"]["areal-example-shaped"] = {"config": shaped, "overrides": command.overrides(
+        pod("a40-4gpu.yaml", PODKIT_TRAINER_AREAL_CONFIG=shaped))}
     for name, env in CLUSTER_CONFIGS.items():
         cfg = pod(name, **env)
         cases["areal"][name] = {"config": cfg.trainer.areal_config, "overrides": areal_cluster.overrides(cfg)}
@@ -153,7 +158,8 @@ def test_areal_loads_the_shipped_grpo_config_with_podkits_overrides(verdicts, na
     assert v["rollout_gpus"] == v["combined_gen_gpus"] == n_inf == cfg.inference.tp
     assert (v["actor_backend"], v["rollout_backend"]) == ("fsdp", "sglang")
     # What podkit reads elsewhere (reap's name_resolve path, the volume) is what AReaL will use.
-    assert (v["experiment_name"], v["trial_name"]) == (cfg.trainer.experiment, cfg.trainer.trial)
+    run = identity.names(cfg)  # what podkit reads is what AReaL loaded
+    assert (v["experiment_name"], v["trial_name"]) == (run.experiment, run.trial) == ("podkit", "run")
     assert v["name_resolve_root"] == cfg.trainer.name_resolve_root
     assert str(discovery.trial_dir(v["name_resolve_root"], v["experiment_name"], v["trial_name"])).startswith(
         cfg.trainer.name_resolve_root)
@@ -231,3 +237,12 @@ def test_a_cluster_config_the_ray_launcher_would_misplace_is_refused(change, key
     cfg = pod("cluster-2x8.yaml", NODE_RANK="0", PRIMARY_ADDR="10.65.0.2", PODKIT_TRAINER_OVERRIDES=change)
     problems = checks.cluster(cfg)
     assert any(k == key and words in what + hint for k, what, hint in problems), problems
+
+
+def test_areal_loads_an_example_shaped_yaml_as_it_is_with_what_podkit_sets_over_it(verdicts):
+    """Recovery off, xccl, no attn_impl and backends for 8 GPUs, as AReaL's own example YAMLs have them: AReaL's
+    loader, given podkit's overrides, ends up with what the pod runs."""
+    v = verdicts["areal"]["areal-example-shaped"]
+    assert v["ok"], v["error"]
+    assert v["recover_mode"] == "auto" and v["weight_update_mode"] == "disk", v
+    assert v["actor_gpus"] == 3 and v["rollout_gpus"] == 1 and v["attn_impl"] == "sdpa", v
