@@ -58,7 +58,7 @@ def main() -> int:
     if r.returncode:
         raise SystemExit(f"rehearse/assets.py failed:\n{r.stderr[-3000:]}")
     repo = subprocess.run([python, str(ROOT / "rehearse" / "repo.py"), str(EXAMPLE), str(root / "remote")],
-                          capture_output=True, text=True, check=True).stdout.strip()
+                          capture_output=True, text=True, check=True).stdout.split()[0]  # "URL REF": its branch main
     print(f"AReaL python {python}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; {root}")
     a, b = [], []
     for i in range(args.runs):
