@@ -1,0 +1,138 @@
+"""The user's own code, in-process: the bootstrap and podkit's hooks run under AReaL's Python without a pod
+(no supervisord, no server, no trainer steps), so these share no stack and run beside the real-trainer
+lane. The real trainer on the same code: tests/test_your_code.py."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from areal_stack import CPU_OVERRIDES, EXAMPLE, PYTHON, areal_run
+from conftest import ROOT
+from test_your_code import VENDORED_AREAL
+
+pytestmark = [pytest.mark.rehearsal, pytest.mark.timeout(300),
+              pytest.mark.skipif(not PYTHON and not os.environ.get("CI"),
+                                 reason="no AReaL environment: run `make test` (or set AREAL_PYTHON="
+                                        "$(sh rehearse/env.sh))")]
+
+
+def test_the_example_repos_yaml_loads_into_its_own_config_class_through_areals_loader(tmp_path):
+    """AReaL's own loader is the judge of the repo's YAML, with the CPU overrides on top."""
+    code = ("import sys; sys.path.insert(0, '.'); from train import MyConfig; "
+            "from areal.api.cli_args import load_expr_config; "
+            "c, _ = load_expr_config(sys.argv[1:], MyConfig); "
+            "print('|'.join(map(str, (type(c).__name__, c.hint, c.train_dataset.path, c.train_dataset.batch_size, "
+            "c.actor.dtype))))")
+    over = [*CPU_OVERRIDES.split(), f"++cluster.fileroot={tmp_path}", f"++stats_logger.fileroot={tmp_path}"]
+    r = areal_run("-c", code, "--config", "config.yaml", *over, cwd=EXAMPLE, env={"RANK": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = r.stdout.strip().splitlines()[-1]
+    assert got == "MyConfig|Please put your final answer within \\boxed{}.|data/train.jsonl|4|float32", got
+
+
+def test_the_bootstrap_runs_a_module_function_entry_from_the_checkout_with_nothing_of_podkits_shadowing(tmp_path):
+    """trainer.entry package.module:function is called with argv, cwd the checkout, the checkout first on
+    sys.path: its own `launch.py` (a name podkit/areal also has) is the one imported, and its vendored
+    areal/ is not (the installed AReaL is, named in a warning). A script that never calls PPOTrainer.train
+    is told that no steps were recorded."""
+    repo = tmp_path / "ws" / "repo"
+    (repo / "mytrain").mkdir(parents=True)
+    (repo / "areal").mkdir()
+    (repo / "areal" / "__init__.py").write_text(VENDORED_AREAL)
+    (repo / "launch.py").write_text("WHO = 'the repo'\n")
+    (repo / "mytrain" / "__init__.py").write_text("")
+    (repo / "mytrain" / "cli.py").write_text(
+        "import json, os, sys\n"
+        "import areal, launch\n"
+        "def main(argv):\n"
+        "    json.dump({'argv': argv, 'cwd': os.getcwd(), 'launch': launch.WHO, 'areal': areal.__file__,\n"
+        "               'path': sys.path},\n"
+        "              open(os.environ['OUT'], 'w'))\n")
+    out = tmp_path / "out.json"
+    env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
+           "PODKIT_TRAINER_ENTRY": "mytrain.cli:main", "PODKIT_REPO_URL": "https://example.invalid/r.git",
+           "PODKIT_RUN_DIR": str(tmp_path / "run"), "OUT": str(out), "RANK": "0"}
+    r = areal_run(str(ROOT / "src" / "podkit" / "areal" / "bootstrap.py"), "--config", "x.yaml", "a=1",
+                  env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["argv"] == ["--config", "x.yaml", "a=1"] and got["cwd"] == str(repo), got
+    assert got["launch"] == "the repo" and "site-packages" in got["areal"], got
+    assert got["path"][0] == str(repo) and str(ROOT / "src" / "podkit" / "areal") not in got["path"], got["path"]
+    said = r.stdout + r.stderr
+    assert f"{repo / 'areal'} is not used" in said and "without calling PPOTrainer.train" in said, said[-2000:]
+
+
+# The bootstrap in one process, entry after entry (AReaL imported once): each failure before training stops
+# the trainer once, in the script's own words.
+WALK = """
+import json, os, sys
+sys.path.insert(0, os.environ["SRC"])
+from podkit import records
+from podkit.areal import bootstrap
+out = []
+for entry in sys.argv[1:]:
+    os.environ["PODKIT_TRAINER_ENTRY"] = entry
+    rc = bootstrap.main(["--config", "x.yaml"])
+    out.append({"entry": entry, "rc": rc, **records.PROGRESS.read(os.environ["PODKIT_WORKSPACE"] + "/.podkit")})
+print(json.dumps(out))
+"""
+
+
+def test_an_exception_before_training_is_the_scripts_own_named_with_its_line_and_a_hint_that_fits(tmp_path):
+    """A `main` that takes no argument, a data field named differently, a hub dataset the pod cannot reach, a
+    data file that is not in the checkout, a script that never trains (returning, or by sys.exit(0)): each
+    stops once (exit 2, or 0 for the script that ended), recorded with the exception, the file and line in
+    the user's code, and a hint for that kind."""
+    repo = tmp_path / "ws" / "repo"
+    repo.mkdir(parents=True)
+    (repo / "noargs.py").write_text("import sys\n\n\ndef main():\n    print('never called')\n")
+    (repo / "data.jsonl").write_text('{"problem": "1+1", "answer": 2}\n{"problem": "2+2", "answer": 4}\n')
+    (repo / "rows.py").write_text("from datasets import load_dataset\n\n"
+                                  "rows = load_dataset('json', data_files='data.jsonl', split='train')\n"
+                                  "rows = rows.map(lambda r: {'prompt': r['question']})\n")
+    (repo / "hub.py").write_text("from datasets import load_dataset\n\n"
+                                 "train = load_dataset('openai/gsm8k', 'main', split='train')\n")
+    (repo / "never.py").write_text("def main(argv):\n    pass\n")
+    (repo / "exits.py").write_text("import sys\n\n\ndef main():\n    return 0\n\n\nsys.exit(main())\n")
+    (repo / "nofile.py").write_text("from datasets import load_dataset\n\n"
+                                    "rows = load_dataset('json', data_files='data/missing.jsonl', split='train')\n")
+    env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
+           "PODKIT_REPO_URL": "https://example.invalid/r.git", "PODKIT_RUN_DIR": str(tmp_path / "run"),
+           "RANK": "0", "SRC": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
+           "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets")}
+    r = areal_run("-c", WALK, "noargs:main", "rows.py", "nofile.py", "never.py", "exits.py", "hub.py", env=env,
+                  cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    noargs, rows, nofile, never, exits, hub = (p["stopped"] for p in json.loads(r.stdout.strip().splitlines()[-1]))
+    assert noargs["by"] == "config-error" and f"{repo / 'noargs.py'}:4" in noargs["message"], noargs
+    assert "TypeError: main() takes 0 positional arguments but 1 was given" in noargs["message"], noargs
+    assert "podkit calls main(argv)" in noargs["hint"] and "def main(argv=None)" in noargs["hint"], noargs
+    assert f"{repo / 'rows.py'}:4" in rows["message"] and "KeyError: 'question'" in rows["message"], rows
+    assert "`r` has no field 'question'; its fields are problem, answer" in rows["hint"], rows
+    assert f"{repo / 'hub.py'}:3" in hub["message"] and "ConnectionError" in hub["message"], hub
+    assert "could not fetch dataset 'openai/gsm8k' from the hub" in hub["hint"] and "HF_HOME=" in hub["hint"], hub
+    assert never["by"] == "never-trained" and "never.py ended without calling PPOTrainer.train" in never["message"]
+    assert exits["by"] == "never-trained" and "exits.py ended without" in exits["message"], "sys.exit(0) too"
+    assert nofile["by"] == "config-error" and f"{repo / 'nofile.py'}:3" in nofile["message"], nofile
+    assert "FileNotFoundError" in nofile["message"] and "missing.jsonl" in nofile["message"], nofile
+    # Each rank's own record, for doctor: the exception and the user's frame, not torchrun's wrapper (the last
+    # entry's).
+    err = json.loads((tmp_path / "run" / "trainer-error-0.json").read_text())
+    assert err["type"] == "ConnectionError" and err["where"] == f"{repo / 'hub.py'}:3", err
+
+
+def test_a_workflow_whose_own_dependency_is_missing_is_told_apart_from_a_wrong_import_path(tmp_path):
+    (tmp_path / "mywf.py").write_text("import not_installed_dep  # the workflow's own dependency\n\nclass W:\n    pass\n")
+    code = ("import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+            "from podkit.areal.hooks import _import_error\n"
+            "print(json.dumps([_import_error('mywf.W'), _import_error('mywff.W')]))")
+    r = areal_run("-c", code, str(tmp_path), str(ROOT / "src"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    dep, path = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "No module named 'not_installed_dep'" in dep[0] and "imports not_installed_dep, which is not installed" \
+        in dep[1], dep
+    assert "fix the import path" in path[1], path
