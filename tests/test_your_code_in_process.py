@@ -1,6 +1,7 @@
 """The user's own code, in-process: the bootstrap and podkit's hooks run under AReaL's Python without a pod
 (no supervisord, no server, no trainer steps), so these share no stack and run beside the real-trainer
-lane. The real trainer on the same code: tests/test_your_code.py."""
+lane. The real trainer on the same code: tests/test_your_code.py. With them, AReaL's code that podkit
+patches, checked in-process (the rehearsals run it: tests/test_rehearsal.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 import pytest
 
 from areal_stack import CPU_OVERRIDES, EXAMPLE, PYTHON, areal_run
-from conftest import ROOT
+from conftest import ROOT, free_port
 from test_your_code import VENDORED_AREAL
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.timeout(300),
@@ -136,3 +137,33 @@ def test_a_workflow_whose_own_dependency_is_missing_is_told_apart_from_a_wrong_i
     assert "No module named 'not_installed_dep'" in dep[0] and "imports not_installed_dep, which is not installed" \
         in dep[1], dep
     assert "fix the import path" in path[1], path
+
+
+def test_patches_still_match_the_areal_they_were_written_for():
+    r = areal_run("-c", "import json; from podkit.areal import patches as p; "
+                  "print(json.dumps({'version': p.areal_version(), 'hashes': p.check(), 'pinned': p.PINNED}))")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["version"] == "1.0.4"
+    assert got["hashes"] == got["pinned"], "AReaL code that podkit patches changed: re-read areal_patches.py"
+
+
+def test_packed_micro_batches_get_per_sequence_attention_with_sdpa_and_eager():
+    r = areal_run(str(ROOT / "tests" / "rehearsal" / "packed_mask.py"), str(free_port()))
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    for impl in ("sdpa", "eager"):
+        assert max(got[impl]["patched"]) < 1e-5, got
+        # Without the patch the second and third packed sequences see the first (the bug is real here).
+        assert min(got[impl]["unpatched"][1:]) > 1e-2, got
+
+
+def test_the_cpu_config_differs_from_the_a40_one_only_where_marked():
+    a40 = (ROOT / "configs/areal/grpo-a40-1gpu.yaml").read_text().splitlines()
+    cpu = (ROOT / "configs/areal/grpo-cpu.yaml").read_text().splitlines()
+    body = lambda lines: [ln for ln in lines if not ln.startswith("#")]  # noqa: E731
+    a40, cpu = body(a40), body(cpu)
+    assert len(a40) == len(cpu)
+    changed = [(a, c) for a, c in zip(a40, cpu, strict=True) if a != c]
+    assert changed and all("# CPU:" in c for _, c in changed), changed
+    assert len(changed) <= 10
