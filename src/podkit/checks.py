@@ -233,9 +233,9 @@ def _areal_yaml(cfg):
     import yaml  # the AReaL YAML is read only where an AReaL trainer is configured
 
     try:
-        with open(cfg.trainer.areal_config) as f:
+        with open(cfg.trainer.areal_config, encoding="utf-8") as f:
             return yaml.safe_load(f) or {}
-    except (OSError, yaml.YAMLError) as e:
+    except (OSError, ValueError, yaml.YAMLError) as e:  # ValueError: bytes that are not UTF-8
         return e
 
 

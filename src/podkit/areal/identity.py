@@ -72,15 +72,11 @@ def _plain(value) -> bool:
 
 def _yaml_names(cfg) -> tuple[dict, dict]:
     """The AReaL YAML's top-level names ({key: value}) and those only AReaL can tell ({key: why})."""
+    from podkit import checks
+
     if cfg.trainer.kind != "areal" or not cfg.trainer.areal_config:
         return {}, {}
-    try:
-        import yaml
-
-        with open(cfg.trainer.areal_config, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except Exception:  # noqa: BLE001 - unreadable YAML: checks.areal names it; the names fall back
-        return {}, {}
+    data = checks._areal_yaml(cfg)  # an unreadable YAML is checks.areal's to name; the names fall back
     if not isinstance(data, dict):
         return {}, {}
     found, undecided = {}, {}
