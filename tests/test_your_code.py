@@ -127,7 +127,10 @@ def _refusal(s, since: float, timeout: float = 240) -> dict:
 
 # A failure during training in the user's own code, the same on every run: the data is read lazily (a
 # transform on access, in the dataloader's worker processes), and row 8's answer is not a number. In the
-# file's order the first steps train; then every run, resumed, reads that row again before a new step.
+# file's order, with no generation ahead of the trainer (max_head_offpolicyness 0), AReaL reads batch 2
+# (rows 8-11) only once step 1's weights are served, after step 1's record: step 1 trains, and every run,
+# resumed at step 1, reads that batch again before a new step. (The example's offpolicyness 2 lets AReaL
+# read batches ahead while step 1 is still waiting, and a run could fail before its first step.)
 LAZY_ROWS = ('''def jsonl_dataset(path: str, hint: str):
     """Rows read as they are used."""
     rows = load_dataset("json", data_files=path, split="train")
@@ -138,7 +141,7 @@ LAZY_ROWS = ('''def jsonl_dataset(path: str, hint: str):
 
     return rows.with_transform(to_prompt)
 ''')
-IN_ORDER = "++train_dataset.shuffle=false"
+IN_ORDER = "++train_dataset.shuffle=false ++rollout.max_head_offpolicyness=0"
 BAD_ROW = 8
 
 
