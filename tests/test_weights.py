@@ -52,3 +52,85 @@ def test_weights_from_a_local_directory_are_copied_onto_the_volume_and_never_ove
     r = subprocess.run([*PODKIT, "weights", "--from", str(tmp_path / "nothing")], capture_output=True, text=True,
                        env=env, timeout=60)
     assert r.returncode == 2 and "--from" in r.stderr and "not a model directory" in r.stderr
+
+
+def weights_cli(src, ws):
+    env = {**os.environ, "PODKIT_CONFIG": str(ROOT / "configs" / "a40-1gpu.yaml"), "PODKIT_WORKSPACE": str(ws)}
+    return subprocess.run([*PODKIT, "weights", "--from", str(src)], capture_output=True, text=True, env=env,
+                          timeout=60)
+
+
+def test_a_model_directory_with_a_link_loop_and_links_out_of_it_is_copied_once_and_the_links_are_named(tmp_path):
+    """`loop -> .` once made 41 copies of the model in a hidden .copying directory; links out of the
+    directory would copy whatever they point at (a home directory, /)."""
+    src = model_dir(tmp_path / "my-model")
+    (src / "tokenizer.json").write_text("{}")
+    (src / "loop").symlink_to(".")
+    (src / "up").symlink_to("..")
+    (src / "sub").mkdir()
+    (src / "sub" / "again").symlink_to("..")
+    (src / "same").symlink_to("sub")  # a second path to a directory copied anyway
+    (src / "secret").symlink_to(tmp_path / "elsewhere.txt")
+    (tmp_path / "elsewhere.txt").write_text("not the model's")
+    (src / "alias.safetensors").symlink_to("model.safetensors")  # a file link inside: copied as the file
+    os.mkfifo(src / "pipe")  # copying it would block for ever
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    r = weights_cli(src, ws)
+    assert r.returncode == 0, r.stderr
+    dest = ws / "models" / "my-model"
+    files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*"))
+    assert files == ["alias.safetensors", "config.json", "model.safetensors", "sub", "tokenizer.json"], files
+    assert not (dest / "alias.safetensors").is_symlink()
+    out = r.stdout + r.stderr
+    for name, why in (("loop", "a loop"), ("up", "a loop"), ("again", "a loop"), ("same", "a second path"),
+                      ("secret", "a link out of"), ("pipe", "not a regular file")):
+        assert f"{name} " in out and why in out, (name, out)
+    assert [p.name for p in (ws / "models").iterdir()] == ["my-model"], "a hidden directory was left behind"
+
+
+def test_a_copy_that_fails_removes_its_own_temporary_directory_and_no_one_elses(tmp_path, monkeypatch):
+    """A model whose weights are only links out of it, and a volume that fills up mid-copy: an error naming
+    what failed, no hidden .copying left, and another copy's temporary directory untouched."""
+    import shutil
+
+    ws = tmp_path / "ws"
+    other = ws / "models" / ".my-model.copying"  # another `podkit weights` copying the same model now
+    other.mkdir(parents=True)
+    (other / "config.json").write_text("{}")
+    src = tmp_path / "my-model"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "model.safetensors").symlink_to(model_dir(tmp_path / "outside") / "model.safetensors")
+    r = weights_cli(src, ws)
+    assert r.returncode == 1 and "link out of" in r.stderr and "not a model" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in (ws / "models").iterdir()) == [".my-model.copying"]
+    assert (other / "config.json").exists()
+
+    full = model_dir(tmp_path / "full")
+    real = shutil.copyfile
+
+    def enospc(a, b, **kw):
+        if str(a).endswith(".safetensors"):
+            raise OSError(28, "No space left on device")
+        return real(a, b, **kw)
+
+    monkeypatch.setattr(shutil, "copyfile", enospc)
+    with pytest.raises(weights.PodkitError, match="No space left on device"):
+        weights.fill(pod(ws), str(full))
+    assert sorted(p.name for p in (ws / "models").iterdir()) == [".my-model.copying"]
+
+
+def test_a_hugging_face_cache_snapshot_is_copied_through_its_links_into_the_repos_blobs(tmp_path):
+    repo = tmp_path / "hub" / "models--me--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    snap = repo / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    for name, data in (("config.json", b"{}"), ("model.safetensors", b"\1" * 64)):
+        (repo / "blobs" / name.upper()).write_bytes(data)
+        (snap / name).symlink_to(f"../../blobs/{name.upper()}")
+    ws = tmp_path / "ws"
+    r = weights_cli(snap, ws)
+    assert r.returncode == 0, r.stderr
+    assert (ws / "models" / "abc123" / "model.safetensors").read_bytes() == b"\1" * 64

@@ -57,24 +57,9 @@ def where(cfg, environ=None) -> str:
 
 def fill(cfg, source: str | None = None, environ=None) -> str:
     """Put inference.model's weights on the volume; returns what inference.model should name."""
-    import shutil  # here: preflight imports this module on the boot path, and shutil pulls in compressors
-
     model = cfg.inference.model
     if source:
-        src = Path(source)
-        if not src.is_dir() or not has_weights(src):
-            raise ConfigError("command line", "--from", f"{source}: not a model directory (config.json and weights)",
-                              hint="a directory as save_pretrained writes it")
-        dest = cfg.workspace_path / "models" / src.resolve().name
-        if dest.exists():
-            raise PodkitError(f"{dest} exists: it is kept (nothing on the volume is overwritten)",
-                              f"set inference.model: {dest}, or remove it yourself first")
-        tmp = dest.with_name(f".{dest.name}.copying")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp, symlinks=False)
-        os.rename(tmp, dest)  # a copy cut short leaves a hidden .copying directory, never a half model
-        _log.info(f"copied {src} to {dest}: set inference.model: {dest} (PODKIT_INFERENCE_MODEL)")
-        return str(dest)
+        return str(copy_in(cfg, Path(source)))
     if is_local(model):
         _log.info(f"inference.model {model} is a directory: nothing to fetch")
         return model
@@ -91,6 +76,100 @@ def fill(cfg, source: str | None = None, environ=None) -> str:
     path = snapshot_download(model, cache_dir=str(home / "hub"))
     _log.info(f"{model} is on the volume: {path}")
     return model
+
+
+def _kept(dest: Path) -> None:
+    if dest.exists():
+        raise PodkitError(f"{dest} exists: it is kept (nothing on the volume is overwritten)",
+                          f"set inference.model: {dest}, or remove it yourself first")
+
+
+def copy_in(cfg, src: Path) -> Path:
+    """Copy a local model directory to <workspace>/models/<name>, each file once: a link to a directory (a
+    loop back up, or a second path to what is copied anyway) and a link out of the directory are skipped and
+    named; a failed copy removes its own temporary directory and nothing else."""
+    import shutil  # here: preflight imports this module on the boot path, and shutil pulls in compressors
+    import tempfile
+
+    if not src.is_dir() or not has_weights(src):
+        raise ConfigError("command line", "--from", f"{src}: not a model directory (config.json and weights)",
+                          hint="a directory as save_pretrained writes it")
+    dest = cfg.workspace_path / "models" / src.resolve().name
+    _kept(dest)
+    tmp = None
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        # Its own name: another copy of the same model in progress keeps its directory.
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".copying", dir=dest.parent))
+        tmp.chmod(0o755)  # mkdtemp's 0700 would keep the model from a server running as another user
+        skipped = _copy_tree(src, tmp, shutil.copyfile)
+        for what in skipped:
+            _log.warn(f"not copied: {what}")
+        if not has_weights(tmp):
+            raise PodkitError(f"{src}: without the {len(skipped)} link(s) skipped it is not a model (config.json "
+                              f"and weights): {'; '.join(skipped[:3])}", "copy the files themselves into the "
+                              "directory, not links to elsewhere")
+        _kept(dest)  # made meanwhile: a rename would replace an empty directory
+        os.rename(tmp, dest)
+    except BaseException as e:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):  # a full volume, an unreadable file
+            raise PodkitError(f"copying {src} to {dest} failed: {e}", "free space on the volume (df -h "
+                              f"{dest.parent}) or fix what is named, then run it again") from None
+        raise
+    _log.info(f"copied {src} to {dest}: set inference.model: {dest} (PODKIT_INFERENCE_MODEL)")
+    return dest
+
+
+def _copy_tree(src: Path, dst: Path, copyfile) -> list[str]:
+    """src's regular files and directories into dst (made); a link to a file is copied as that file when
+    the file is inside src, or in the blobs of the Hugging Face cache repo src is a snapshot of (the cache's
+    own layout). Returns what was skipped, each with why."""
+    root = os.path.realpath(src)
+    inside = [root]
+    if Path(root).parent.name == "snapshots" and Path(root).parent.parent.name.startswith("models--"):
+        inside.append(str(Path(root).parent.parent / "blobs"))
+    skipped: list[str] = []
+    seen: set[tuple[int, int]] = set()  # a directory mounted inside itself is walked once
+    todo = [(src, dst)]
+    while todo:
+        here, there = todo.pop()
+        st = os.stat(here, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) in seen:
+            skipped.append(f"{here} (the same directory as one already copied)")
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        with os.scandir(here) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for e in entries:
+            path, to = Path(e.path), there / e.name
+            if e.is_symlink():
+                target = os.path.realpath(path)
+                if os.path.isdir(target):
+                    why = "a loop: a link back to a directory above it" if \
+                        os.path.commonpath([target, os.path.realpath(here)]) == target else \
+                        ("a second path to a directory copied at its own place" if _under(target, [root])
+                         else f"a link to a directory out of {src}")
+                    skipped.append(f"{path} -> {target} ({why})")
+                elif not _under(target, inside):
+                    skipped.append(f"{path} -> {target} (a link out of {src})")
+                elif not os.path.isfile(target):
+                    skipped.append(f"{path} -> {target} (broken, or not a regular file)")
+                else:
+                    copyfile(target, to)
+            elif e.is_dir(follow_symlinks=False):
+                to.mkdir()
+                todo.append((path, to))
+            elif e.is_file(follow_symlinks=False):
+                copyfile(path, to)
+            else:
+                skipped.append(f"{path} (not a regular file: a pipe, socket or device)")
+    return skipped
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r + os.sep) for r in roots)
 
 
 def main(cfg, source: str | None) -> int:
