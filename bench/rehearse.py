@@ -1,7 +1,7 @@
 """The CPU rehearsal's real GRPO trainer (configs/cpu-rehearsal.yaml, booted by `podkit boot` in the
 AReaL environment, against the generating stand-in for SGLang): step time and recovery times.
 
-    python bench/rehearse.py [--steps 6] [--runs 2] [--workspace DIR] [--env]
+    python bench/rehearse.py [--steps 6] [--runs 2] [--workspace DIR] [--env] [--smoke]
 
 1. Cold launch (boot until progress.json records step 1), then seconds per step in steady state
    (--steps steps after the first).
@@ -14,6 +14,11 @@ AReaL environment, against the generating stand-in for SGLang): step time and re
 
 Recovery times are given as ratios against the cold launch -> first step and the steady-state step
 time of the same run. The AReaL python is $AREAL_PYTHON, else what `sh rehearse/env.sh` prints.
+
+--smoke runs the same measurements on the smoke stack (configs/smoke.yaml: the fake-data trainer and
+the SGLang stand-in, podkit's own python, seconds): the suite's check that this script still runs
+(tests/test_bench.py), beside the real-trainer tests rather than on their lane. Its figures are the
+smoke stack's, not the real trainer's.
 """
 
 from __future__ import annotations
@@ -98,11 +103,11 @@ class Pod:
     """configs/cpu-rehearsal.yaml under `podkit boot` on one workspace; every process it starts carries
     PODKIT_WORKSPACE=<workspace>, which is how `close` finds what supervisord left (by pid)."""
 
-    def __init__(self, python: str, workspace: Path, log: Path) -> None:
+    def __init__(self, python: str, workspace: Path, log: Path, config_: str = "cpu-rehearsal.yaml") -> None:
         self.python, self.workspace, self.log_path = python, workspace, log
         self.port = free_port()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
-        self.env.update(PODKIT_CONFIG=str(ROOT / "configs" / "cpu-rehearsal.yaml"),
+        self.env.update(PODKIT_CONFIG=str(ROOT / "configs" / config_),
                         PODKIT_WORKSPACE=str(workspace), PODKIT_INFERENCE_HOST="127.0.0.1",
                         PODKIT_INFERENCE_PORT=str(self.port), PODKIT_METRICS_PORT=str(free_port()),
                         PYTHONPATH=str(ROOT / "src"),
@@ -271,33 +276,39 @@ def main() -> int:
                     help="a new or empty directory, kept (default: a temporary one, removed)")
     ap.add_argument("--env", action="store_true",
                     help="also build the AReaL environment fresh (~3 min, downloads)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the smoke stack (fake trainer, stand-in) instead of the real trainer: checks the script")
     args = ap.parse_args()
     if args.steps < 1 or args.runs < 0:
         ap.error("--steps must be >= 1 and --runs >= 0")
+    if args.smoke and args.env:
+        ap.error("--env measures the AReaL environment, which --smoke does not use")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops what this started
     if args.workspace and any((args.workspace / d).exists() for d in ("areal", ".podkit")):
         ap.error(f"--workspace {args.workspace} holds a previous run (areal/, .podkit/): it would resume, "
                  "not launch cold; pass a new directory")
     tmp = None if args.workspace else Path(tempfile.mkdtemp(prefix="podkit-bench-rehearse-"))
     ws = args.workspace.resolve() if args.workspace else tmp / "ws"
-    python = areal_python()
+    python = sys.executable if args.smoke else areal_python()
     t0 = time.perf_counter()
     ws.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run([python, str(ROOT / "rehearse" / "assets.py"), str(ws / "rehearsal")],
-                       capture_output=True, text=True)
-    if r.returncode:
-        raise SystemExit(f"rehearse/assets.py failed:\n{r.stderr[-3000:]}")
+    if not args.smoke:
+        r = subprocess.run([python, str(ROOT / "rehearse" / "assets.py"), str(ws / "rehearsal")],
+                           capture_output=True, text=True)
+        if r.returncode:
+            raise SystemExit(f"rehearse/assets.py failed:\n{r.stderr[-3000:]}")
     assets_s = time.perf_counter() - t0
     load = os.getloadavg()[0]
-    pod = Pod(python, ws, ws.parent / f"{ws.name}-boot.log")
+    pod = Pod(python, ws, ws.parent / f"{ws.name}-boot.log", "smoke.yaml" if args.smoke else "cpu-rehearsal.yaml")
     kills, restarts, trains, done = [], [], [], False
     try:
         pod.boot()
         health = wait_for(lambda: pod.healthy() and time.time(), 300, "the stand-in's /health") - pod.launched
         st = steady(pod, args.steps)
         cold, step_s = st["cold"], st["step"]
-        print(f"AReaL python {python}; workspace {ws}; tiny model and data built in {assets_s:.1f} s; "
-              f"{os.cpu_count()} CPUs, load average {load:.2f} before the boot")
+        print("SMOKE STACK (fake trainer, SGLang stand-in): these figures are not the real trainer's"
+              if args.smoke else f"AReaL python {python}; tiny model and data built in {assets_s:.1f} s")
+        print(f"workspace {ws}; {os.cpu_count()} CPUs, load average {load:.2f} before the boot")
         print(f"cold launch -> inference /health  {health:6.1f} s")
         print(f"cold launch -> trainer set up     {st['ready']:6.1f} s  (its first progress record)")
         print(f"cold launch -> step 1             {cold:6.1f} s")

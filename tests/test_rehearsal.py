@@ -83,7 +83,8 @@ def test_the_real_trainer_trains_pushes_each_version_evaluates_and_resumes_after
 
 def test_a_killed_trainer_and_a_restarted_inference_each_end_in_a_resumed_run_of_your_repo(rehearsal, tmp_path):
     """The user's repo (examples/my-repo as trainer.entry, synced from a bare remote) through both
-    recoveries; podkit's example goes through the same ones in bench/rehearse.py (tests/test_bench.py)."""
+    recoveries (podkit's example takes the same hooks and recover path: its own test resumes after SIGTERM;
+    `make bench` times both recoveries on it with bench/rehearse.py)."""
     s = rehearsal(**repo_env(example_remote(tmp_path / "remote"))).start()
     assert s.wait_step(2, timeout=240)["code"]["entry"] == "train.py"
     launcher = s.pid("trainer")
