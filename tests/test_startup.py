@@ -55,3 +55,70 @@ def test_doctor_names_the_slowest_phase_of_a_slow_start_and_the_cache_that_was_c
     pod.st["startup"]["total_s"] = 200.0
     assert doctor.check_startup_slow(pod, time.time()) is None
     assert json.dumps(f.to_dict())
+
+
+def planted_log(ws, *lines):
+    """A boot on record a minute ago and inference's log since its start, with `lines` in it."""
+    from podkit import health, records
+
+    boot = time.time() - 60
+    records.BOOTS.write(ws / ".podkit", [{"time": boot, "took_s": {"preflight": 1.0, "reap": 0.5}}])
+    (ws / "logs").mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(boot + 30))
+    (ws / "logs" / "sglang.log").write_text("\n".join([f"{health.START_MARK}sglang", *lines,
+                                                        f"[{stamp}] Load weight end. mem usage=1 GB"]) + "\n")
+    return boot
+
+
+def test_a_malformed_stamp_in_the_inference_log_is_skipped_and_named_and_status_metrics_and_doctor_still_work(
+        tmp_path):
+    """One line `[2026-02-30 12:00:00] Load weight end` raised in the timeline and took down `podkit status`,
+    `--health`, doctor and the whole /metrics scrape. Now the line is skipped (the next good one is the
+    phase) and the timeline says what it could not read; so is a stamp years ahead and one before year 1."""
+    from prometheus_client import generate_latest
+
+    from podkit import metrics, startup, status
+
+    boot = planted_log(tmp_path, "[2026-02-30 12:00:00] Load weight end", "[9999-12-31 23:59:59] Load weight end",
+                       "[0000-01-01 00:00:00] Capture cuda graph end \x1b[2J")
+    t = startup.timeline(tmp_path / ".podkit", tmp_path / "logs", {})
+    took = {p["phase"]: p["at"] for p in t["phases"]}
+    assert abs(took["weights_loaded"] - (boot + 30)) <= 1 and "graphs_captured" not in took, t
+    assert len(t["unread"]) == 3 and "2026-02-30" in t["unread"][0] and "day is out of range" in t["unread"][0], t
+    human = status.human(status.collect(tmp_path))
+    assert "could not read sglang.log: '[2026-02-30 12:00:00] Load weight end'" in human, human
+    assert "\x1b" not in human, "a planted escape sequence reached the terminal"
+    assert 'podkit_startup_phase_seconds{phase="weights_loaded"}' in generate_latest(
+        metrics.registry(tmp_path, 600)).decode()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+    for verb in (["status", "--health"], ["status", "--json"], ["doctor"]):
+        r = subprocess.run([*PODKIT, *verb, "--workspace", str(tmp_path)], capture_output=True, text=True,
+                           env=env, timeout=60)
+        assert r.returncode in (0, 1) and "Traceback" not in r.stderr, (verb, r.stderr[-2000:])
+
+
+def test_a_boot_record_with_absurd_stage_times_and_a_pipe_or_dev_zero_as_the_log_do_not_hang_or_break_status(
+        tmp_path):
+    """boots.json's stage durations are data too (NaN, infinity, negative, a list); a pipe in the log's place
+    blocked every reader, and /dev/zero would have filled memory."""
+    from podkit import records, startup, status
+
+    planted_log(tmp_path)
+    boots = records.BOOTS.read(tmp_path / ".podkit")
+    boots[-1]["took_s"] = {"preflight": float("nan"), "reap": float("inf"), "sync": -5, "setup": [1], "render": 2}
+    records.BOOTS.write(tmp_path / ".podkit", boots)
+    t = startup.timeline(tmp_path / ".podkit", tmp_path / "logs", {})
+    assert [p["phase"] for p in t["phases"]] == ["render", "weights_loaded"], t
+    assert json.loads(json.dumps(t, allow_nan=False))
+    log = tmp_path / "logs" / "sglang.log"
+    for planted in ("pipe", "/dev/zero"):
+        log.unlink()
+        os.mkfifo(log) if planted == "pipe" else log.symlink_to(planted)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+        r = subprocess.run([*PODKIT, "status", "--json", "--workspace", str(tmp_path)], capture_output=True,
+                           text=True, timeout=30, env=env)
+        assert "Traceback" not in r.stderr and json.loads(r.stdout)["startup"]["phases"], (planted, r.stderr[-2000:])
+        r = subprocess.run([*PODKIT, "doctor", "--workspace", str(tmp_path)], capture_output=True, text=True,
+                           timeout=30, env=env)
+        assert r.returncode in (0, 1) and "Traceback" not in r.stderr, (planted, r.stderr[-2000:])
+    assert status.collect(tmp_path)["inference"]["phase"] in ("unknown", "down", "ready")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -49,14 +50,25 @@ def updating(path: Path) -> bool:
 
 
 def tail(path: Path, max_bytes: int = 256 * 1024) -> list[str]:
+    """The log's last lines. Only a regular file is read, and no more than max_bytes of it: a log is data,
+    and a pipe or /dev/zero put in its place would block or fill memory."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            return f.read().decode(errors="replace").splitlines()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return []
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return []
+        os.lseek(fd, max(0, st.st_size - max_bytes), os.SEEK_SET)
+        data = b""
+        while len(data) < max_bytes and (chunk := os.read(fd, max_bytes - len(data))):
+            data += chunk
+        return data.decode(errors="replace").splitlines()
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
 
 
 def phase_from_log(path: Path) -> str:

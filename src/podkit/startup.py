@@ -14,7 +14,9 @@ status.json, and doctor names the slowest phase of a slow start with the cache t
 from __future__ import annotations
 
 import itertools
+import math
 import re
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -28,36 +30,55 @@ LOG_PHASES = (("weights_loaded", re.compile(r"Load weight end")),
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)?(?: [^\]]*)?\]")
 
 
-def log_times(path: Path) -> dict[str, float]:
-    """When each start-up line of inference's log appeared since its last start (first of each)."""
+def log_times(path: Path, unread: list[str] | None = None) -> dict[str, float]:
+    """When each start-up line of inference's log appeared since its last start (first of each). The log is
+    data (a torn write, a planted line): a start-up line whose stamp is not a time is skipped, and said in
+    `unread`, never raised."""
     lines = health.tail(path)
     for i in range(len(lines) - 1, -1, -1):
         if health.START_MARK in lines[i]:
             lines = lines[i:]
             break
     seen: dict[str, float] = {}
+    ahead = time.time() + records.FUTURE_SKEW_S
     for line in lines:
         m = STAMP.match(line)
         if not m:
             continue
         for name, pattern in LOG_PHASES:
             if name not in seen and pattern.search(line):
-                seen[name] = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp()  # local, as SGLang
+                try:  # local time, as SGLang writes it
+                    t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
+                    if t > ahead:
+                        raise ValueError("a day or more in the future")
+                except (ValueError, OverflowError, OSError) as e:
+                    if unread is not None and len(unread) < 3:
+                        unread.append(f"{path.name}: {line[:120]!r} ({e})")
+                    continue
+                seen[name] = t
     return seen
 
 
+def _seconds(v) -> bool:
+    """A stage's duration as boots.json holds it: a finite number of seconds, not negative."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v < 1e9
+
+
 def timeline(state_dir: Path, log_dir: Path, program_starts: dict[str, float]) -> dict:
-    """{"phases": [{"phase", "at", "took_s"}...] in order, "total_s": boot to first step or None}."""
+    """{"phases": [{"phase", "at", "took_s"}...] in order, "total_s": boot to first step or None, and, when
+    there are any, "unread": the log lines skipped because their time could not be read}."""
     boots = records.BOOTS.read(state_dir)
     boot = boots[-1] if boots else {}
     start = boot.get("time")
     if not isinstance(start, (int, float)):
         return {"phases": [], "total_s": None}
     marks: list[tuple[str, float]] = []
+    unread: list[str] = []
     at = start
+    took_s = boot.get("took_s") or {}
     for name in STAGES:
-        took = (boot.get("took_s") or {}).get(name)
-        if isinstance(took, (int, float)):
+        took = took_s.get(name)
+        if _seconds(took):
             at += took
             marks.append((name, at))
     current = records.CURRENT.read(state_dir)
@@ -68,7 +89,7 @@ def timeline(state_dir: Path, log_dir: Path, program_starts: dict[str, float]) -
         t = program_starts.get(key)
         if isinstance(t, (int, float)) and t >= start - 1:  # supervisord's start times are whole seconds
             marks.append((name, max(t, at)))
-    for name, t in log_times(log_dir / "sglang.log").items():
+    for name, t in log_times(log_dir / "sglang.log", unread).items():
         if t >= start - 1:  # the log's stamps have whole seconds
             marks.append((name, t))
     first = records.PROGRESS.read(state_dir).get("first_step_time")
@@ -80,7 +101,8 @@ def timeline(state_dir: Path, log_dir: Path, program_starts: dict[str, float]) -
         phases.append({"phase": name, "at": round(t, 3), "took_s": round(max(0.0, t - before), 3)})
         before = max(before, t)
     done = next((p["at"] for p in phases if p["phase"] == "first_step"), None)
-    return {"phases": phases, "total_s": round(done - start, 3) if done else None, "boot": start}
+    out = {"phases": phases, "total_s": round(done - start, 3) if done else None, "boot": start}
+    return {**out, "unread": unread} if unread else out
 
 
 def describe(t: dict) -> str:
@@ -89,7 +111,8 @@ def describe(t: dict) -> str:
     parts = ", ".join(f"{p['phase'].replace('_', ' ')} +{p['took_s']:.1f}s" for p in t["phases"])
     end = f"; {t['total_s']:.0f}s from boot to the first step" if t.get("total_s") is not None else \
         "; no first step yet"
-    return f"start-up: {parts}{end}"
+    unread = "".join(f"; could not read {u}" for u in t.get("unread") or ())
+    return f"start-up: {parts}{end}{unread}"
 
 
 # Which cache or download a slow phase points at (doctor): phase -> (what, directories under the workspace)
@@ -109,7 +132,7 @@ def cold_caches(workspace: Path, dirs: tuple[str, ...], boot: float) -> list[str
     for d in dirs:
         p = workspace / d
         try:
-            warm = any(c.stat().st_mtime < boot - 1 for c in itertools.islice(p.iterdir(), 1000))
+            warm = any(c.lstat().st_mtime < boot - 1 for c in itertools.islice(p.iterdir(), 1000))
         except OSError:
             warm = False
         if not warm:
