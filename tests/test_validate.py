@@ -246,3 +246,26 @@ def test_areal_loads_an_example_shaped_yaml_as_it_is_with_what_podkit_sets_over_
     assert v["ok"], v["error"]
     assert v["recover_mode"] == "auto" and v["weight_update_mode"] == "disk", v
     assert v["actor_gpus"] == 3 and v["rollout_gpus"] == 1 and v["attn_impl"] == "sdpa", v
+
+
+def test_an_entry_that_is_a_link_out_of_the_checkout_is_refused_naming_where_it_leads(tmp_path):
+    """The check was lexical: `train.py` (or `sub/train.py` with `sub` a link) leading to a file outside the
+    checkout was accepted, and would have run that file. A link inside the checkout is fine."""
+    repo, outside = tmp_path / "repo", tmp_path / "elsewhere"
+    repo.mkdir()
+    outside.mkdir()
+    (outside / "train.py").write_text("print('not from the repo')\n")
+    (repo / "train.py").symlink_to(outside / "train.py")
+    (repo / "sub").symlink_to(outside)
+    (repo / "real.py").write_text("")
+    (repo / "alias.py").symlink_to("real.py")
+    for entry in ("train.py", "sub/train.py"):
+        cfg = config.load(ROOT / "configs/a40-4gpu.yaml", environ={
+            "PODKIT_WORKSPACE": str(tmp_path), "PODKIT_REPO_URL": "https://example.invalid/me/repo",
+            "PODKIT_REPO_DEST": str(repo), "PODKIT_TRAINER_ENTRY": entry})
+        found = [what for key, what, _ in checks.entry(cfg) if key == "trainer.entry"]
+        assert found and f"leads to {outside / 'train.py'}, outside the checkout" in found[0], (entry, found)
+    cfg = config.load(ROOT / "configs/a40-4gpu.yaml", environ={
+        "PODKIT_WORKSPACE": str(tmp_path), "PODKIT_REPO_URL": "https://example.invalid/me/repo",
+        "PODKIT_REPO_DEST": str(repo), "PODKIT_TRAINER_ENTRY": "alias.py"})
+    assert checks.entry(cfg) == []

@@ -186,6 +186,10 @@ def entry(cfg, synced: bool = True) -> list[Problem]:
     if os.path.isabs(e) or ".." in Path(e).parts:
         return [("trainer.entry", f"{e!r} is not a path inside the checkout", hint)]
     script = os.path.join(cfg.repo.dest, e)
+    real = os.path.realpath(script)  # a link in the checkout may lead anywhere: where it leads is what runs
+    if synced and os.path.lexists(script) and not real.startswith(os.path.realpath(cfg.repo.dest) + os.sep):
+        return [("trainer.entry", f"{e!r} leads to {real}, outside the checkout {cfg.repo.dest} (a link)",
+                 "commit the script itself to the training repo, not a link out of it")]
     if synced and not os.path.isfile(script):
         return [("trainer.entry", f"{script} does not exist in the checkout of {cfg.repo.url or cfg.repo.dest} "
                  f"at {cfg.repo.ref}", hint)]
