@@ -85,8 +85,12 @@ def test_a_password_in_a_url_git_cannot_pass_it_to_is_a_config_error_that_does_n
     (f"https://{TOKEN}:{{{{ RUNPOD_SECRET_GIT_PASSWORD }}}}@github.com/x/y", "a token as a URL's user"),
     ("https://{{ RUNPOD_SECRET_GIT_USER }}:hunter2hunter2@github.com/x/y", "credentials inside a URL"),
     ("hf_abcdefghijklmnopqrstu {{ RUNPOD_SECRET_HF_TOKEN }}", "hf_... beside a RunPod secret reference"),
-    ("{{ RUNPOD_SECRET_HF_USER }}:a1b2c3d4e5f6a7b8c9d0e1f2", "a long value under HF_TOKEN"),
-    ("abcdefghijklmnopqrstuvwx==", "a long value under HF_TOKEN"),  # padding is part of the value
+    ("{{ RUNPOD_SECRET_HF_USER }}:a1b2c3d4e5f6a7b8c9d0e1f2", "a literal value under HF_TOKEN"),
+    ("{{ RUNPOD_SECRET_HF_USER }}:hunter2", "a literal value under HF_TOKEN"),
+    ("abcdefghijklmnopqrstuvwx==", "a literal value under HF_TOKEN"),  # padding is part of the value
+    # Whatever its length: the rule for a literal under a secret name is not a guess at entropy.
+    ("hunter2pass", "a literal value under HF_TOKEN"),
+    ("pw", "a literal value under HF_TOKEN"),
 ])
 def test_deploy_refuses_a_literal_secret_in_the_template(tmp_path, value, why):
     tpl = tmp_path / "t.yaml"
@@ -106,9 +110,22 @@ def test_deploy_refuses_a_literal_secret_in_the_template(tmp_path, value, why):
                                          ("PODKIT_REPO_URL", "https://{{ RUNPOD_SECRET_GH }}@github.com/x/y"),
                                          ("PODKIT_NOTIFY_WEBHOOK_URL", "https://hooks.example.com/{{ RUNPOD_SECRET_HOOK }}"),
                                          ("AUTH_TOKEN", "Bearer {{RUNPOD_SECRET_A}}"),
-                                         ("HF_TOKEN", "{{ RUNPOD_SECRET_hf-token.v2 }}")])
+                                         ("HF_TOKEN", "{{ RUNPOD_SECRET_hf-token.v2 }}"),
+                                         ("TOKENIZERS_PARALLELISM", "false"), ("MAX_TOKENS", "4096"),
+                                         ("HF_TOKEN_PATH", "/workspace/hf/token")])
 def test_deploy_accepts_references_and_plain_values(name, value):
     assert deploy.literal_secret(value, name) == ""
+
+
+def test_a_short_literal_sglang_api_key_is_refused_by_deploy(tmp_path):
+    """SGLANG_API_KEY: hunter2pass (11 characters) in the template is a literal secret RunPod would show in
+    the pod's settings: refused, exit 2, naming the key and the reference to use instead."""
+    tpl = tmp_path / "t.yaml"
+    tpl.write_text((ROOT / "runpod" / "template.yaml").read_text() + "  SGLANG_API_KEY: hunter2pass\n")
+    r = subprocess.run([*PODKIT, "deploy", "--template", str(tpl), "--dry-run"], capture_output=True, text=True,
+                       timeout=60, env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
+    assert r.returncode == 2 and "env.SGLANG_API_KEY" in r.stderr and "hunter2pass" not in r.stderr, r.stderr
+    assert "RUNPOD_SECRET_SGLANG_API_KEY" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_the_sglang_api_key_reaches_sglang_through_a_private_file_not_its_command_line(tmp_path):

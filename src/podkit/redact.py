@@ -39,13 +39,14 @@ _PLAIN = re.compile(r"^(?:true|false|yes|no|on|off|none|null|-?\d+(?:\.\d+)?)$",
 _REFERENCE = re.compile(r"\{\{\s*RUNPOD_SECRET_[\w.-]+\s*\}\}")
 _REF = "\x00"  # what a reference becomes while the rest of the value is read
 _URL_USERINFO = re.compile(r"://([^/\s@'\"]*)@")
-_OPAQUE = re.compile(r"(?=[^\d]*\d)(?=.*[A-Za-z])[A-Za-z0-9_\-]{16,}")
+_PATH = re.compile(r"^(?:/|~/|\./)[^\s]*$")  # HF_TOKEN_PATH: /workspace/hf/token names a file, not a secret
+_OPAQUE = re.compile(r"(?=[^\d]*\d)(?=.*[A-Za-z])[A-Za-z0-9_\-]{6,}")  # letters and digits: a key, not a word
 
 
 def literal_secret(value: str, name: str = "") -> str:
     """Why `value` looks like a secret written literally ('' when it does not): credentials inside a
-    URL, a known key prefix (also with spaces or quotes around it), or a long opaque value under a
-    name that says it is secret. RunPod secret references are never one, but what is written beside
+    URL, a known key prefix (also with spaces or quotes around it), or any value under a name that says
+    it is secret (a setting such as true or 4096, or a file's path, aside). RunPod secret references are never one, but what is written beside
     them is read as a value of its own (a literal token as a URL's user beside a referenced password)."""
     v = _REFERENCE.sub(_REF, value).strip().strip("'\"").strip()
     if not v.replace(_REF, "").strip():
@@ -62,9 +63,8 @@ def literal_secret(value: str, name: str = "") -> str:
         for prefix in SECRET_PREFIXES:
             if piece.startswith(prefix) and len(piece) >= len(prefix) + 8:
                 return f"starts with {prefix}" if piece == v else f"{prefix}... beside a RunPod secret reference"
-        if name and secret_name(name) and len(piece) >= 16 and " " not in piece and (
-                piece == v or _OPAQUE.fullmatch(piece)):
-            return f"a long value under {name}"
+        if name and secret_name(name) and _OPAQUE.fullmatch(piece):
+            return f"a literal value under {name}"
     return ""
 
 
@@ -75,8 +75,8 @@ def _literal(v: str, name: str) -> str:
     for prefix in SECRET_PREFIXES:
         if v.startswith(prefix) and len(v) >= len(prefix) + 8:
             return f"starts with {prefix}"
-    if name and secret_name(name) and len(v) >= 16 and " " not in v:
-        return f"a long value under {name}"
+    if name and secret_name(name) and not _PLAIN.match(v) and not _PATH.match(v):
+        return f"a literal value under {name}"  # whatever its length: a short password is still one
     return ""
 
 
