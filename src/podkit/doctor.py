@@ -277,7 +277,7 @@ def check_nan_loss(pod: Pod, now: float) -> Finding | None:
     loss = pod.progress.get("loss")
     if loss is None or (isinstance(loss, (int, float)) and math.isfinite(loss)):
         return None
-    return Finding("nan_loss", f"the training loss is {loss} at step {pod.progress.get('step')}",
+    return Finding("nan_loss", f"the training loss is {loss} {records.at_step(pod.progress.get('step'))}",
                    [f"progress.json: step {pod.progress.get('step')}, loss {loss}"],
                    "lower the learning rate or clip gradients (max_grad_norm); resume from a checkpoint taken "
                    "before it diverged")

@@ -55,7 +55,7 @@ def last_stop(state_dir: Path, previous: dict | None) -> str:
     progress = records.PROGRESS.read(state_dir)
     stopped = progress.get("stopped") or {}
     if stopped.get("time", 0) > previous.get("time", 0):
-        return f"{stopped.get('by', 'stop')}: trainer stopped cleanly at step {progress.get('step')}"
+        return f"{stopped.get('by', 'stop')}: trainer stopped cleanly {records.at_step(progress.get('step'))}"
     if previous.get("outcome") == "safe-mode":
         return f"stopped in safe mode ({previous.get('reason', '')})"
     return "unknown: no clean stop recorded (killed, crashed, OOM, or the container was restarted)"

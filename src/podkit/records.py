@@ -176,6 +176,18 @@ FINISHED = ("done", "max_steps")  # stopped.by when the trainer ended its run (A
 # failed before training (config-error), it failed max_failures times without a new step (crash-loop), or
 # the script ended without training (never-trained). Supervisord leaves it EXITED; the cost guard stops the pod.
 CANNOT_TRAIN = ("config-error", "crash-loop", "never-trained")
+
+
+def at_step(step) -> str:
+    """A record's step in words: "at step 3", or "before its first step" for a run that recorded none
+    (a step is data: anything but a count reads as none)."""
+    return f"at step {step}" if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else \
+        "before its first step"
+
+
+def checkpoint_at(step) -> str:
+    return f"last checkpoint at step {step}" if isinstance(step, int) and not isinstance(step, bool) and step > 0 \
+        else "no checkpoint"
 # A rank's exception, in the user's words (failure.py): one per rank in the run dir, the first kept below.
 ERROR = {"type": str, "message": str, "where": str, "code": str, "traceback": str, "hint": str, "rank": int,
          "time": TIME}
@@ -227,8 +239,9 @@ def group(program: str) -> Record:
 # One workspace, one pod (lease.py writes it with link(2), not through Record.write).
 # Its times stay plain numbers: another pod's clock is the lease's own question (lease.py), and a lease
 # moved aside as bad would let a second pod in.
-LEASE = Record("lease.json", {"host": str, "boot_id": str, "container": str, "pid": int, "start": int, "since": NUMBER,
-                              "renewed": NUMBER, "token": str})
+LEASE = Record("lease.json", {"host": str, "boot_id": str, "container": str, "pidns": str, "timens": str, "pid": int,
+                              "start": int, "since": NUMBER, "renewed": NUMBER, "boottime": NUMBER, "beat": int,
+                              "token": str})
 # podkit's own parse of the pod config (config.py): trusted only when owned by this user (read_owned).
 CONFIG_CACHE = Record("config-cache.json", {"key": list, "data": dict})
 # A webhook that does not take notifications (notify.py): logged once, by whichever program saw it first.

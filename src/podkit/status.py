@@ -65,8 +65,9 @@ def collect(workspace: Path, state_dir: Path | None = None) -> dict:
     host, port = inf.get("host", "127.0.0.1"), inf.get("port", 30000)
     sglang = out["programs"].get("sglang")
     if out["supervisord"].get("exited"):
-        # The pod is not running: its log's last phase is history, not a server gone unhealthy.
-        out["inference"] = {"phase": "ready" if health.probe(host, port) else "stopped"}
+        # The pod is not running, so neither is its server: its log's last phase is history, and whatever
+        # answers on its port now is not this pod's.
+        out["inference"] = {"phase": "stopped"}
     else:
         out["inference"] = {"phase": health.inference_phase(host, port, workspace / "logs" / "sglang.log",
                                                             running=None if sglang is None else sglang["state"] in UP)}
@@ -86,18 +87,19 @@ def _last_stop(t: dict, started=None) -> str:
     """How the trainer's last run ended, in words, from its own record; a record older than the pod's
     start is an earlier run's."""
     stopped = t.get("stopped") or {}
-    ckpt = f"checkpoint at step {t.get('checkpoint_step')}" if t.get("checkpoint_step") else "no checkpoint"
+    ckpt = records.checkpoint_at(t.get("checkpoint_step"))
     if stopped.get("by") and isinstance(started, (int, float)) and (stopped.get("time") or 0) < started:
         return (f"the trainer recorded no stop since the pod started {_ago(started)} (killed, out of memory or "
-                f"crashed: `podkit doctor`); last step {t.get('step')}, {ckpt}")
+                f"crashed: `podkit doctor`); last {records.at_step(t.get('step')).removeprefix('at ')}, {ckpt}")
     if not stopped.get("by"):
-        return f"the trainer left no stop record: last step {t.get('step')} {_ago(t.get('last_progress'))}, {ckpt}"
+        return (f"the trainer left no stop record: last {records.at_step(t.get('step')).removeprefix('at ')} "
+                f"{_ago(t.get('last_progress'))}, {ckpt}")
     what = {"done": "finished its run", "max_steps": "finished (trainer.max_steps)",
             "config-error": "stopped for good: its config or code cannot train",
             "crash-loop": "stopped for good by the loop bound (trainer.max_failures)",
             "never-trained": "stopped for good: the script ended without training"}.get(
         stopped["by"], f"stopped by {stopped['by']}")
-    out = f"the trainer {what} at step {stopped.get('step')} {_ago(stopped.get('time'))}, {ckpt}"
+    out = f"the trainer {what} {records.at_step(stopped.get('step'))} {_ago(stopped.get('time'))}, {ckpt}"
     if stopped["by"] in records.CANNOT_TRAIN and stopped.get("message"):
         out += f"\n    why: {stopped['message'].splitlines()[0]}" + (f"\n    fix: {stopped['hint']}" if stopped.get("hint")
                                                                    else "") + "\n    (`podkit doctor` says more)"
@@ -125,8 +127,9 @@ def human(st: dict) -> str:
         lines.append(f"  {name:<8} {p['state']:<9} pid {p['pid'] or '-':<7} up {p['uptime_s']:>6}s "
                      f"restarts {p['restarts']}")
     t = st["trainer"]
-    lines.append(f"trainer: step {t.get('step')}, last progress {_ago(t.get('last_progress'))}, "
-                 f"checkpoint at step {t.get('checkpoint_step')}, weights v{t.get('weight_version')}"
+    lines.append(f"trainer: {records.at_step(t.get('step')).removeprefix('at ')}, last progress "
+                 f"{_ago(t.get('last_progress'))}, {records.checkpoint_at(t.get('checkpoint_step'))}, "
+                 + (f"weights v{t['weight_version']}" if t.get("weight_version") not in (None, "") else "no weights pushed")
                  + (f", resumed at step {t['resumed_from_step']}" if t.get("resumed_from_step") else ""))
     loop = t.get("loop") or {}
     if loop and not loop.get("gave_up"):

@@ -287,10 +287,10 @@ class Cluster:
                 self.tell_once(("gave-up", run), "cluster", why, "error")
                 return 0  # supervisord would start it again into the same failure
             if why == "node-lost":
-                self.tell_once(("lost", run), "cluster", f"the run stopped at step {step}: "
+                self.tell_once(("lost", run), "cluster", f"the run stopped {records.at_step(step)}: "
                                f"{self.describe(self.lost_nodes() or [{'rank': '?', 'addr': '?', 'why': 'lost'}])}; "
                                "it resumes from its checkpoint when the node is back")
-                if not self.wait_for_nodes(f"a node was lost at step {step}"):
+                if not self.wait_for_nodes(f"a node was lost {records.at_step(step)}"):
                     return self.outcome(rc, started)
             else:
                 _log.warn(f"{why}: AReaL's launcher would wait for ever; restarting it from the recover checkpoint")
@@ -314,7 +314,7 @@ class Cluster:
         fresh = isinstance(stopped, dict) and isinstance(stopped.get("time"), (int, float)) and stopped["time"] >= started
         by = stopped.get("by") if fresh else None
         if by in records.FINISHED:
-            self.note("finished", f"training finished at step {stopped.get('step')}")
+            self.note("finished", f"training finished {records.at_step(stopped.get('step'))}")
             return 0
         if by == "config-error":  # AReaL's refusal or podkit's: the record says whose, in its words
             self.note("stopped", str(stopped.get("message") or "the trainer cannot train").splitlines()[0][:300])

@@ -138,8 +138,8 @@ class Pump:
         # that exited 0 without training (a cluster whose volume is not shared, one that gave up).
         fresh = isinstance(stopped.get("time"), (int, float)) and (started is None or stopped["time"] >= started - 1)
         if stopped.get("by") in records.FINISHED and fresh:
-            sent = notify.send("finished", f"training finished at step {prog.get('step')} (last checkpoint at step "
-                               f"{prog.get('checkpoint_step')})", self.state_dir)
+            sent = notify.send("finished", f"training finished {records.at_step(prog.get('step'))} "
+                               f"({records.checkpoint_at(prog.get('checkpoint_step'))})", self.state_dir)
             if self.guard("stop_pod_when_finished") == "auto":
                 self.finished_stop(prog.get("step")).start(after=sent)
 
@@ -148,7 +148,7 @@ class Pump:
         def wanted() -> str:  # `podkit guard set stop_pod_when_finished=never` while retrying
             now = self.guard("stop_pod_when_finished")
             return "" if now == "auto" else f"guard.stop_pod_when_finished is now {now}"
-        return costguard.Stopper(f"training finished at step {step} (guard.stop_pod_when_finished: auto)",
+        return costguard.Stopper(f"training finished {records.at_step(step)} (guard.stop_pod_when_finished: auto)",
                                  self.state_dir, wanted=wanted, say=self.say)
 
     def cannot_train(self) -> str:
@@ -231,7 +231,7 @@ class Pump:
                 except (OSError, xmlrpc.client.Error) as e:  # not running (finished, FATAL): nothing to save
                     self.say(f"{name} was not stopped ({e})")
             prog = records.PROGRESS.read(self.state_dir) if self.state_dir else {}
-            self._deadline_reason += f"; last checkpoint at step {prog.get('checkpoint_step')}"
+            self._deadline_reason += f"; {records.checkpoint_at(prog.get('checkpoint_step'))}"
         def wanted() -> str:
             at = self.guard("stop_pod_at")
             return "" if at and time.time() >= at else "guard.stop_pod_at moved"
