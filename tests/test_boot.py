@@ -88,3 +88,42 @@ def test_up_whose_trainer_cannot_import_its_code_exits_1_with_doctors_finding(tm
     assert r.returncode == 1, out[-3000:]
     assert "trainer is FATAL: supervisord gave up restarting it" in out, out[-3000:]
     assert "[podkit:doctor] PROBLEM: " in out and "torch is broken in this test" in out, out[-3000:]
+
+
+def test_resume_after_a_boot_with_its_own_config_file_boots_again_with_that_file(procs, tmp_path):
+    """`podkit --config X boot` waits in safe mode (its repo is not there yet); the user pushes it and runs
+    `podkit resume`: the boot starts again in place with X (smoke programs), not with podkit's defaults."""
+    from gitserver import Remote
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    remote_root = tmp_path / "later"
+    own = tmp_path / "my-config.yaml"
+    own.write_text((ROOT / "configs" / "smoke.yaml").read_text() + f"""
+repo:
+  url: {remote_root / "train.git"}
+  retries: 1
+""")
+    env = smoke_env(ws, free_port())
+    env.pop("PODKIT_CONFIG")
+    out = open(tmp_path / "boot.log", "wb")  # noqa: SIM115 - closed with the test's tmp dir
+    p = procs.spawn([*PODKIT, "--config", str(own), "boot"], env=env, stdout=out, stderr=subprocess.STDOUT)
+    wait_for(lambda: "SAFE MODE" in (tmp_path / "boot.log").read_text(), 30, what="safe mode (no repo yet)")
+    remote_root.mkdir()
+    Remote(remote_root).commit("train.py", "print('mine')\n")
+    r = subprocess.run([*PODKIT, "resume", "--workspace", str(ws)], capture_output=True, text=True, timeout=30,
+                       env=env)
+    assert r.returncode == 0 and "told the boot waiting in safe mode" in r.stdout, r.stdout + r.stderr
+    current = ws / ".podkit" / "current.json"
+    wait_for(lambda: current.exists() and json.loads(current.read_text()).get("supervisord_pid") == p.pid, 60,
+             what="supervisord in place of the boot, with the smoke programs of X")
+    assert (ws / "repo" / "train.py").read_text() == "print('mine')\n"
+
+    def trainer_runs() -> bool:
+        st = subprocess.run([*PODKIT, "status", "--json", "--workspace", str(ws)], capture_output=True, text=True,
+                            timeout=30, env=env)
+        return (json.loads(st.stdout or "{}").get("programs", {}).get("trainer") or {}).get("state") == "RUNNING"
+
+    wait_for(trainer_runs, 60, what="X's fake trainer running")
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(30) == 0

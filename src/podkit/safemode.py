@@ -119,7 +119,8 @@ def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", trace
             resume.clear()
             say("[podkit:boot] resume requested: booting again")
             try:
-                os.execv(sys.executable, [sys.executable, "-m", "podkit", "boot"])
+                # The same command line: `podkit --config X boot` boots again with X, not the defaults.
+                os.execv(sys.executable, [sys.executable, "-m", "podkit", *(sys.argv[1:] or ["boot"])])
             except OSError as e:
                 say(f"[podkit:boot] cannot boot again ({e}); still in safe mode")
         time.sleep(0.2)
