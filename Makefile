@@ -69,6 +69,10 @@ test: sysdeps
 	py=$$(PYTHON=$(PYTHON) sh rehearse/env.sh) && AREAL_PYTHON=$$py $(BIN)/pytest -n $(JOBS) --dist loadgroup \
 	  --durations=10
 
+# The linter `make test` runs first, alone.
+lint: $(VENV)/.ready
+	$(BIN)/ruff check src tests bench docker rehearse
+
 # Every benchmark with the arguments bench/RESULTS.md records (tests/test_bench.py runs each briefly).
 bench: $(VENV)/.ready sysdeps
 	$(BIN)/python bench/boot.py --runs 11
