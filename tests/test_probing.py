@@ -101,3 +101,53 @@ def test_every_compile_cache_is_on_the_volume_and_a_clusters_areal_cache_is_per_
             "PODKIT_CLUSTER_NODE_ADDR": f"127.0.0.{rank + 2}", "PODKIT_CLUSTER_HEAD": "127.0.0.2"})
         caches[rank] = command.environment(node, environ={})["AREAL_CACHE_DIR"]
     assert caches == {0: str(tmp_path / "cache" / "areal-node-0"), 1: str(tmp_path / "cache" / "areal-node-1")}
+
+
+def test_a_weight_update_that_never_ends_is_a_hang_and_the_server_is_restarted(stack_factory):
+    """Updates begun and never ended once kept the generation check off for ever (24 begun, 0 probes, 0
+    restarts in 120 s). An update in flight for weight_update_deadline_s (0: 5 x the trainer's
+    weight_update_timeout_s, 1 s here) is a hang: inference is restarted, as for a failed generation check."""
+    s = stack_factory(PODKIT_WATCHDOG_INTERVAL_S="0.5", PODKIT_WATCHDOG_GENERATION_PROBE_S="1",
+                      PODKIT_INFERENCE_STANDIN_UPDATE_DELAY_S="600", PODKIT_TRAINER_CHECKPOINT_EVERY="2",
+                      PODKIT_TRAINER_WEIGHT_UPDATE_TIMEOUT_S="1").start()
+    first = s.pid("sglang")
+    wait_for(lambda: records.WATCHDOG.read(s.workspace / ".podkit"), 120, what="the watchdog's restart")
+    act = records.WATCHDOG.read(s.workspace / ".podkit")[0]
+    assert act["program"] == "sglang" and "weight update has been in flight" in act["reason"], act
+    assert "weight_update_deadline_s 5" in act["reason"], act
+    wait_for(lambda: s.pid("sglang") not in (0, first), 60, what="a new server")
+    hung = s.log("sglang").split("Shutting down")[0].split("Update engine weights online from disk begin", 1)[1]
+    assert "Update weights end." not in hung and "health check:" not in hung, hung[-2000:]
+    assert s.stop() == 0
+
+
+def test_back_to_back_weight_updates_are_not_one_long_one_and_an_update_cut_short_by_a_restart_is_over(
+        tmp_path, monkeypatch):
+    """The deadline runs from the last update's end as the log shows it, not from the first time the watchdog
+    saw one in flight: updates that end and begin again between two looks are each given the full deadline.
+    An update whose server restarted (podkit's start line after its begin) is not in flight."""
+    from conftest import ROOT
+    from podkit import config, health, watchdog
+
+    cfg = config.load(ROOT / "configs" / "a40-1gpu.yaml", environ={
+        "PODKIT_WORKSPACE": str(tmp_path), "PODKIT_WATCHDOG_WEIGHT_UPDATE_DEADLINE_S": "10",
+        "PODKIT_WATCHDOG_GENERATION_PROBE_S": "0"})
+    log = cfg.log_dir / "sglang.log"
+    log.parent.mkdir(parents=True)
+    restarts = []
+    w = watchdog.Watchdog(cfg)
+    monkeypatch.setattr(w, "restart", restarts.append)
+
+    def say(*lines):
+        with open(log, "a") as f:
+            f.writelines(f"[2026-11-25 14:00:00] {ln}\n" for ln in lines)
+
+    say(f"{health.START_MARK}sglang", "Update engine weights online from disk begin. path=/ckpt/1")
+    assert w.check_generation(1000.0) and health.updating(log)
+    say("Update weights end.", "Update engine weights online from disk begin. path=/ckpt/2")
+    assert w.check_generation(1008.0) and w.check_generation(1016.0) and restarts == []
+    assert not w.check_generation(1018.0) and restarts == ["sglang"]
+    [act] = records.WATCHDOG.read(cfg.state_dir)
+    assert "in flight for 10s (weight_update_deadline_s 10)" in act["reason"], act
+    say("Update engine weights online from disk begin. path=/ckpt/3", f"{health.START_MARK}sglang")
+    assert not health.updating(log) and w.check_generation(1100.0) and restarts == ["sglang"]

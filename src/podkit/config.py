@@ -133,6 +133,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "generation_probe_s": Field(float, 300.0, "how often a real one-token generation (/health_generate) "
                                     "checks inference, one at a time and never during a weight update; "
                                     "/health is liveness only; 0: never", "s", minimum=0),
+        "weight_update_deadline_s": Field(float, 0.0, "a weight update in flight this long counts as a hang "
+                                          "(generation waits behind it, and the generation check waits for it): "
+                                          "inference is restarted; 0: 5 x trainer.weight_update_timeout_s", "s",
+                                          minimum=0),
     },
     "health": {
         "progress_timeout_s": Field(float, 1800.0, "unhealthy when the trainer has not stepped for this long "

@@ -35,38 +35,48 @@ def probe(host: str, port: int, timeout: float = 2.0, path: str = "/health") -> 
         return False
 
 
-UPDATE_BEGIN = re.compile(r"Update engine weights online from disk begin")  # SGLang's model_runner.py
-UPDATE_END = re.compile(r"Update weights end\.")
+UPDATE_BEGIN = b"Update engine weights online from disk begin"  # SGLang's model_runner.py
+UPDATE_END = b"Update weights end."
+
+
+def update_in_flight(path: Path) -> int | None:
+    """None when no weight update is in flight; else where the last update that ended ended (its end line's
+    offset in the log; -1 when none is in view), which tells one update in flight from the next. Only since
+    inference's last start: an update cut short by a restart is not in flight."""
+    base, data = _tail_bytes(path, 64 * 1024)
+    begin, end = data.rfind(UPDATE_BEGIN), data.rfind(UPDATE_END)
+    if begin < max(end, data.rfind(START_MARK.encode())):
+        return None
+    return base + end if end >= 0 else -1
 
 
 def updating(path: Path) -> bool:
-    """A weight update is in flight: its begin line is the last of the two in the server's log."""
-    for line in reversed(tail(path, 64 * 1024)):
-        if UPDATE_END.search(line):
-            return False
-        if UPDATE_BEGIN.search(line):
-            return True
-    return False
+    """A weight update is in flight: its begin line is the last of the two since the server's last start."""
+    return update_in_flight(path) is not None
 
 
 def tail(path: Path, max_bytes: int = 256 * 1024) -> list[str]:
-    """The log's last lines. Only a regular file is read, and no more than max_bytes of it: a log is data,
-    and a pipe or /dev/zero put in its place would block or fill memory."""
+    return _tail_bytes(path, max_bytes)[1].decode(errors="replace").splitlines()
+
+
+def _tail_bytes(path: Path, max_bytes: int) -> tuple[int, bytes]:
+    """(offset, the log's last max_bytes from it). Only a regular file is read, and no more than max_bytes
+    of it: a log is data, and a pipe or /dev/zero put in its place would block or fill memory."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
-        return []
+        return 0, b""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            return []
-        os.lseek(fd, max(0, st.st_size - max_bytes), os.SEEK_SET)
+            return 0, b""
+        base = os.lseek(fd, max(0, st.st_size - max_bytes), os.SEEK_SET)
         data = b""
         while len(data) < max_bytes and (chunk := os.read(fd, max_bytes - len(data))):
             data += chunk
-        return data.decode(errors="replace").splitlines()
+        return base, data
     except OSError:
-        return []
+        return 0, b""
     finally:
         os.close(fd)
 

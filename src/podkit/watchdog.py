@@ -5,10 +5,12 @@ installed; else the kernel's view from /proc) go to <workspace>/logs/hang-<time>
 trainer is restarted and resumes from its checkpoint. A trainer whose run finished is never restarted:
 one still running `trainer_stall_s` after its finish record (a non-daemon thread keeps the script alive)
 is dumped once and stopped for good, and the run counts as finished. Inference: past its start-up but not
-answering /health for `inference_unhealthy_s` -> restarted. Start-up phases (loading weights, CUDA
-graph capture, warm-up; read from SGLang's own log lines) are not hangs: they have their own
-deadline, `startup_deadline_s` (docs/failures.md: a run "stuck" for 10 minutes was capturing CUDA graphs).
-Every action is logged and recorded in <workspace>/.podkit/watchdog.json for status and doctor.
+answering /health for `inference_unhealthy_s` -> restarted; so is one whose weight update has been in
+flight for `weight_update_deadline_s` (no generation check runs during one, and generation waits behind
+it). Start-up phases (loading weights, CUDA graph capture, warm-up; read from SGLang's own log lines) are
+not hangs: they have their own deadline, `startup_deadline_s` (docs/failures.md: a run "stuck" for 10
+minutes was capturing CUDA graphs). Every action is logged and recorded in
+<workspace>/.podkit/watchdog.json for status and doctor.
 """
 
 from __future__ import annotations
@@ -135,6 +137,10 @@ class Watchdog:
         self.generation_failed_since: float | None = None
         self.gen = GenerationProbe(cfg.inference.host, cfg.inference.port, self.w.generation_probe_s,
                                    self.w.inference_unhealthy_s / 3)
+        # A weight update that never ends would keep the generation check off for ever: past this, a hang.
+        self.update_deadline_s = self.w.weight_update_deadline_s or 5 * cfg.trainer.weight_update_timeout_s
+        self.update_since: float | None = None  # when this watchdog first saw the update in flight
+        self.update_ended = -1  # where the last update that ended ended in the log (health.update_in_flight)
         self.server = supervisord.rpc(cfg.socket_path)
         self.finished_stopped: float | None = None  # the finish record whose trainer was stopped
 
@@ -206,14 +212,28 @@ class Watchdog:
 
     def check_generation(self, now: float) -> bool:
         """Live: now the rare generation check. A failed one is unhealthy until one passes; past
-        inference_unhealthy_s of that, inference is restarted."""
+        inference_unhealthy_s of that, inference is restarted. No check starts during a weight update, and an
+        update in flight past its deadline is a hang: inference is restarted."""
         result = self.gen.take()
         if result:
             self.generation_failed_since = None
         elif result is False:
             self.generation_failed_since = self.generation_failed_since or now
             _log.warn("inference answers /health but its one-token generation check (/health_generate) failed")
-        self.gen.maybe_start(now, health.updating(self.cfg.log_dir / "sglang.log"))
+        ended = health.update_in_flight(self.cfg.log_dir / "sglang.log")
+        if ended is None:
+            self.update_since = None
+        elif self.update_since is None or ended not in (-1, self.update_ended):  # -1: the end scrolled out of view
+            self.update_since = now
+        self.update_ended = self.update_ended if ended in (None, -1) else ended
+        if self.update_since is not None and now - self.update_since >= self.update_deadline_s:
+            self.record("restarted", "sglang", f"a weight update has been in flight for {now - self.update_since:.0f}s "
+                        f"(weight_update_deadline_s {self.update_deadline_s:.0f}): generation waits behind it, "
+                        "so the server counts as hung")
+            self.update_since = self.generation_failed_since = None
+            self.restart("sglang")
+            return False
+        self.gen.maybe_start(now, ended is not None)
         if self.generation_failed_since is None:
             return True
         if now - self.generation_failed_since >= self.w.inference_unhealthy_s:
