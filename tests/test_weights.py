@@ -87,6 +87,8 @@ def test_a_model_directory_with_a_link_loop_and_links_out_of_it_is_copied_once_a
                       ("secret", "a link out of"), ("pipe", "not a regular file")):
         assert f"{name} " in out and why in out, (name, out)
     assert [p.name for p in (ws / "models").iterdir()] == ["my-model"], "a hidden directory was left behind"
+    r = weights_cli(src, src)  # the workspace inside the model: the copy would copy itself, over and over
+    assert r.returncode == 2 and "holds the destination" in r.stderr and not (src / "models").exists(), r.stderr
 
 
 def test_a_copy_that_fails_removes_its_own_temporary_directory_and_no_one_elses(tmp_path, monkeypatch):

@@ -96,6 +96,9 @@ def copy_in(cfg, src: Path) -> Path:
                           hint="a directory as save_pretrained writes it")
     dest = cfg.workspace_path / "models" / src.resolve().name
     _kept(dest)
+    if _under(os.path.realpath(dest.parent), [os.path.realpath(src)]):  # the copy would copy itself
+        raise ConfigError("command line", "--from", f"{src} holds the destination {dest.parent}",
+                          hint="a model directory outside the workspace's models/")
     tmp = None
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
