@@ -287,3 +287,15 @@ def test_a_setup_that_exits_0_on_a_disk_it_filled_is_named_a_full_disk_not_a_bug
     assert "ran out of disk space" in r.stderr and f"free now: {ws} (the environments): 0 MiB free" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and "bug in podkit" not in r.stderr, r.stderr
     assert not [n for n in out if n.startswith("setup-")] and "filler" in out, out
+
+
+def test_a_directory_where_setup_log_1_goes_is_left_and_the_log_is_still_bounded(tmp_path, monkeypatch):
+    checkout(tmp_path)
+    monkeypatch.setattr(setup, "LOG_MAX_BYTES", 64 << 10)
+    cfg = cfg_for(tmp_path, "python -c \"[print('x' * 99) for i in range(5000)]\"")
+    (cfg.log_dir / "setup.log.1").mkdir(parents=True)
+    (cfg.log_dir / "setup.log.1" / "notes").write_text("someone's")
+    (cfg.log_dir / "setup.log").write_text("the build before\n")
+    assert setup.run(cfg)["python"]
+    assert (cfg.log_dir / "setup.log").stat().st_size <= (64 << 10) + 200
+    assert (cfg.log_dir / "setup.log.1" / "notes").read_text() == "someone's"

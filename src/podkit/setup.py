@@ -125,13 +125,16 @@ class SetupLog:
     def _turn(self, only_if_used: bool = False) -> None:
         if self.out:
             self.out.close()
+        mode = "ab"
         try:
             if not only_if_used or self.path.stat().st_size:
                 os.replace(self.path, self.path.with_name(self.path.name + ".1"))
         except FileNotFoundError:
             pass
+        except OSError:
+            mode = "wb"  # setup.log.1 cannot be replaced (a directory?): bounded all the same, without it
         try:
-            self.out = open(self.path, "ab")
+            self.out = open(self.path, mode)
         except OSError as e:  # a full disk: the build goes on, its last lines in memory
             self.out, self.error = None, e
 
@@ -215,19 +218,21 @@ def _pump(child: subprocess.Popen, r: int, out: SetupLog, deadline: float) -> in
     """The command's output into the log until it exits (None: killed at the deadline). A daemon it left
     holding the pipe does not keep the stage waiting: what is in the pipe when the command ends is read."""
     closed = False  # every writer closed its end: only the command's exit is waited for
+    poll = select.poll()
+    poll.register(r, select.POLLIN)
     while child.poll() is None:
         left = deadline - time.monotonic()
         if left <= 0:
             _kill(child)
-            _drain(r, out)
+            _drain(r, out, poll)
             return None
         if closed:
             time.sleep(min(left, 0.2))
-        elif select.select([r], [], [], min(left, 0.5))[0]:
+        elif poll.poll(min(left, 0.5) * 1000):
             data = os.read(r, 1 << 16)
             out.write(data)
             closed = not data
-    _drain(r, out)
+    _drain(r, out, poll)
     return child.returncode
 
 
@@ -239,8 +244,8 @@ def _kill(child: subprocess.Popen) -> None:
     child.wait()
 
 
-def _drain(r: int, out: SetupLog, most: int = 4 << 20) -> None:
-    while most > 0 and select.select([r], [], [], 0)[0]:
+def _drain(r: int, out: SetupLog, poll, most: int = 4 << 20) -> None:
+    while most > 0 and poll.poll(0):
         data = os.read(r, 1 << 16)
         if not data:
             return
@@ -475,15 +480,19 @@ def _refuse_moved_pins(command: str, python: str, env: Path, built: bool) -> Non
 def prune(cfg, root: Path, current: Path) -> None:
     """Environments podkit built that are neither the current one nor the last good one before it, and
     that no process runs from: removed. Anything without podkit's marker is left alone. A cluster's other
-    nodes leave it to rank 0 (they share the volume, not the process table)."""
+    nodes leave it to rank 0 (they share the volume, not the process table). Never fails the stage."""
     if cfg.node:
         return
+    try:
+        _prune(root, current)
+    except OSError as e:
+        _log.warn(f"could not prune {root} ({e}); the old environments stay until the next setup")
+
+
+def _prune(root: Path, current: Path) -> None:
     last = records.LAST_GOOD_SETUP.read(root)
     keep = {current.name, *(v for v in (last.get("env"), last.get("previous")) if isinstance(v, str))}
-    try:
-        old = [e for e in root.iterdir() if e.name not in keep and _ours(e)]
-    except OSError:
-        return
+    old = [e for e in root.iterdir() if e.name not in keep and _ours(e)]
     if not old:
         return
     used = in_use(old)
