@@ -432,6 +432,15 @@ def _remove_failed(env: Path) -> None:
 
 def versions(python: str | Path) -> dict[str, str | None]:
     """PINNED's versions as `python` finds them (its own site-packages first, then what it inherits)."""
+    if os.path.abspath(python) == os.path.abspath(sys.executable):  # podkit's own Python (the image's): no start-up
+        from importlib import metadata
+
+        def version(n: str) -> str | None:
+            try:
+                return metadata.version(n)
+            except metadata.PackageNotFoundError:
+                return None
+        return {n: version(n) for n in PINNED}
     code = ("import json, sys, importlib.metadata as m\nv = {}\nfor n in sys.argv[1:]:\n    try: v[n] = m.version(n)\n"
             "    except m.PackageNotFoundError: v[n] = None\nprint(json.dumps(v))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHOME"}
