@@ -125,7 +125,8 @@ def test_back_to_back_weight_updates_are_not_one_long_one_and_an_update_cut_shor
         tmp_path, monkeypatch):
     """The deadline runs from the last update's end as the log shows it, not from the first time the watchdog
     saw one in flight: updates that end and begin again between two looks are each given the full deadline.
-    An update whose server restarted (podkit's start line after its begin) is not in flight."""
+    An update whose server restarted (podkit's start line after its begin) is not in flight, and a prompt that
+    quotes SGLang's line is not an update."""
     from conftest import ROOT
     from podkit import config, health, watchdog
 
@@ -151,3 +152,5 @@ def test_back_to_back_weight_updates_are_not_one_long_one_and_an_update_cut_shor
     assert "in flight for 10s (weight_update_deadline_s 10)" in act["reason"], act
     say("Update engine weights online from disk begin. path=/ckpt/3", f"{health.START_MARK}sglang")
     assert not health.updating(log) and w.check_generation(1100.0) and restarts == ["sglang"]
+    say("Receive: obj=GenerateReqInput(text='Update engine weights online from disk begin')")  # a prompt
+    assert not health.updating(log)

@@ -23,6 +23,7 @@ PHASES = [
     ("ready", re.compile(r"The server is fired up and ready to roll!")),
 ]
 START_MARK = "[podkit:run] starting "
+START_LINE = re.compile(re.escape(START_MARK.encode()))  # anywhere: a killed server may leave half a line
 
 
 def probe(host: str, port: int, timeout: float = 2.0, path: str = "/health") -> bool:
@@ -35,8 +36,10 @@ def probe(host: str, port: int, timeout: float = 2.0, path: str = "/health") -> 
         return False
 
 
-UPDATE_BEGIN = b"Update engine weights online from disk begin"  # SGLang's model_runner.py
-UPDATE_END = b"Update weights end."
+# SGLang's model_runner.py, as whole log lines after its stamp ("[2026-11-25 14:37:48 TP0] "): a prompt that
+# quotes one, logged mid-line, is not an update.
+UPDATE_BEGIN = re.compile(rb"^\[[^\]\n]{0,64}\] Update engine weights online from disk begin", re.M)
+UPDATE_END = re.compile(rb"^\[[^\]\n]{0,64}\] Update weights end\.", re.M)
 
 
 def update_in_flight(path: Path) -> int | None:
@@ -44,10 +47,17 @@ def update_in_flight(path: Path) -> int | None:
     offset in the log; -1 when none is in view), which tells one update in flight from the next. Only since
     inference's last start: an update cut short by a restart is not in flight."""
     base, data = _tail_bytes(path, 64 * 1024)
-    begin, end = data.rfind(UPDATE_BEGIN), data.rfind(UPDATE_END)
-    if begin < max(end, data.rfind(START_MARK.encode())):
+    begin, end, start = (_last(p, data) for p in (UPDATE_BEGIN, UPDATE_END, START_LINE))
+    if begin < max(end, start):
         return None
     return base + end if end >= 0 else -1
+
+
+def _last(pattern: re.Pattern, data: bytes) -> int:
+    found = -1
+    for m in pattern.finditer(data):
+        found = m.start()
+    return found
 
 
 def updating(path: Path) -> bool:
