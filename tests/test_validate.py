@@ -249,8 +249,9 @@ def test_areal_loads_an_example_shaped_yaml_as_it_is_with_what_podkit_sets_over_
 
 
 def test_an_entry_that_is_a_link_out_of_the_checkout_is_refused_naming_where_it_leads(tmp_path):
-    """The check was lexical: `train.py` (or `sub/train.py` with `sub` a link) leading to a file outside the
-    checkout was accepted, and would have run that file. A link inside the checkout is fine."""
+    """The check was lexical: `train.py` (or `sub/train.py` with `sub` a link, or `pkg:main` with `pkg` one)
+    leading to a file outside the checkout was accepted, and would have run that file. A link inside the
+    checkout is fine, and so is a module that is not in the checkout (installed by the setup stage)."""
     repo, outside = tmp_path / "repo", tmp_path / "elsewhere"
     repo.mkdir()
     outside.mkdir()
@@ -259,13 +260,16 @@ def test_an_entry_that_is_a_link_out_of_the_checkout_is_refused_naming_where_it_
     (repo / "sub").symlink_to(outside)
     (repo / "real.py").write_text("")
     (repo / "alias.py").symlink_to("real.py")
-    for entry in ("train.py", "sub/train.py"):
-        cfg = config.load(ROOT / "configs/a40-4gpu.yaml", environ={
+    (outside / "pkg").mkdir()
+    (outside / "pkg" / "__init__.py").write_text("def main(argv): pass\n")
+    (repo / "pkg").symlink_to(outside / "pkg")
+
+    def problems(entry):
+        return checks.entry(config.load(ROOT / "configs/a40-4gpu.yaml", environ={
             "PODKIT_WORKSPACE": str(tmp_path), "PODKIT_REPO_URL": "https://example.invalid/me/repo",
-            "PODKIT_REPO_DEST": str(repo), "PODKIT_TRAINER_ENTRY": entry})
-        found = [what for key, what, _ in checks.entry(cfg) if key == "trainer.entry"]
-        assert found and f"leads to {outside / 'train.py'}, outside the checkout" in found[0], (entry, found)
-    cfg = config.load(ROOT / "configs/a40-4gpu.yaml", environ={
-        "PODKIT_WORKSPACE": str(tmp_path), "PODKIT_REPO_URL": "https://example.invalid/me/repo",
-        "PODKIT_REPO_DEST": str(repo), "PODKIT_TRAINER_ENTRY": "alias.py"})
-    assert checks.entry(cfg) == []
+            "PODKIT_REPO_DEST": str(repo), "PODKIT_TRAINER_ENTRY": entry}))
+
+    for entry, leads in (("train.py", "train.py"), ("sub/train.py", "train.py"), ("pkg:main", "pkg/__init__.py")):
+        found = [what for key, what, _ in problems(entry) if key == "trainer.entry"]
+        assert found and f"leads to {outside / leads}, outside the checkout" in found[0], (entry, found)
+    assert problems("alias.py") == [] and problems("installed.mod:main") == []

@@ -182,17 +182,28 @@ def entry(cfg, synced: bool = True) -> list[Problem]:
         module, _, function = e.partition(":")
         if not module or not function or not all(p.isidentifier() for p in (*module.split("."), function)):
             return [("trainer.entry", f"{e!r} is not package.module:function", hint)]
-        return []
+        path = os.path.join(*module.split("."))  # the checkout is first on sys.path: its module is imported
+        return _linked_out(cfg, e, (path + ".py", os.path.join(path, "__init__.py"))) if synced else []
     if os.path.isabs(e) or ".." in Path(e).parts:
         return [("trainer.entry", f"{e!r} is not a path inside the checkout", hint)]
     script = os.path.join(cfg.repo.dest, e)
-    real = os.path.realpath(script)  # a link in the checkout may lead anywhere: where it leads is what runs
-    if synced and os.path.lexists(script) and not real.startswith(os.path.realpath(cfg.repo.dest) + os.sep):
-        return [("trainer.entry", f"{e!r} leads to {real}, outside the checkout {cfg.repo.dest} (a link)",
-                 "commit the script itself to the training repo, not a link out of it")]
+    if synced and (out := _linked_out(cfg, e, (e,))):
+        return out
     if synced and not os.path.isfile(script):
         return [("trainer.entry", f"{script} does not exist in the checkout of {cfg.repo.url or cfg.repo.dest} "
                  f"at {cfg.repo.ref}", hint)]
+    return []
+
+
+def _linked_out(cfg, e: str, paths: tuple[str, ...]) -> list[Problem]:
+    """A file of the entry in the checkout that a link (its own, or a directory's on its way) leads out of
+    it: the check above is lexical, and where the link leads is what would run."""
+    top = os.path.realpath(cfg.repo.dest)
+    for p in paths:
+        real = os.path.realpath(os.path.join(cfg.repo.dest, p))
+        if os.path.lexists(os.path.join(cfg.repo.dest, p)) and not real.startswith(top + os.sep):
+            return [("trainer.entry", f"{e!r} leads to {real}, outside the checkout {cfg.repo.dest} (a link)",
+                     "commit the code itself to the training repo, not a link out of it")]
     return []
 
 
