@@ -310,7 +310,8 @@ class Watchdog:
 
     def run(self) -> int:
         _log.info(f"watching: trainer stall {self.w.trainer_stall_s:.0f}s, inference unhealthy "
-                  f"{self.w.inference_unhealthy_s:.0f}s, start-up deadline {self.w.startup_deadline_s:.0f}s")
+                  f"{self.w.inference_unhealthy_s:.0f}s, start-up deadline {self.w.startup_deadline_s:.0f}s, "
+                  f"weight update deadline {self.update_deadline_s:.0f}s")
         # A hang is seen within a quarter of its limit past it, however long interval_s is.
         every = min(self.w.interval_s, self.w.trainer_stall_s / 4)
         while True:
