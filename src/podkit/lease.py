@@ -3,20 +3,28 @@
 Two pods that mount one volume (a RunPod network volume attached to two pods, two compose projects on
 one host's volume) would run two trainers into one checkpoint directory. The boot takes the lease in
 its preflight stage; a second pod waits in safe mode naming the holder (host, pid, since) and boots
-by itself once the lease is free. A holder that is gone is detected: in the same container by its
-pid and start time (a restarted container), from anywhere else when its lease lapses,
-`guard.lease_s` after the last renewal. While the pod runs, the log listener renews the lease once a
-minute (supervisord's TICK_60) and releases it when supervisord shuts down.
+by itself once the lease is free. While the pod runs, the log listener renews the lease once a minute
+(supervisord's TICK_60) and releases it when supervisord shuts down.
+
+Whether a holder is alive is decided only from what the reader itself can observe, never from two
+machines' clocks (a live pod whose clock is 10 minutes off would otherwise be taken over at once):
+- in the same pid namespace of the same boot (a boot that became supervisord, `podkit up`): its pid
+  and start time;
+- elsewhere on the same host (another container, or this container restarted after a crash): how long
+  ago it last renewed, on this host's own boot clock;
+- from another host: whether its renewal changes while the reader watches. A lease left unchanged for
+  `guard.lease_s` of the reader's watch has lapsed, however old or new its dates say it is.
+The hostname and the /etc/hostname mount do not tell containers apart (host networking shares the one,
+a runtime without a mount of its own, or a Kubernetes pod's containers, share the other); the pid
+namespace does, and two containers that cannot see each other's pids wait for renewals instead.
 
 The lease is created with link(2), which fails when the name exists, also on NFS: two pods that
-boot at once cannot both take it. "The same container" is the same host, boot and container (where
-its /etc/hostname comes from): two containers on host networking share a hostname.
+boot at once cannot both take it.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import stat
 import time
@@ -25,19 +33,35 @@ from pathlib import Path
 from podkit import proc, records
 
 NAME = records.LEASE.name
+# Test hook: shifts this process's wall clock as the lease sees it (the dates it writes), so a test can
+# give each pod a clock of its own. Nothing decides liveness from the wall clock.
+SKEW_ENV = "PODKIT_TEST_CLOCK_SKEW_S"
+
+
+def _wall() -> float:
+    return time.time() + float(os.environ.get(SKEW_ENV) or 0)
+
+
+def _boottime() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def _ns(kind: str) -> str:
+    try:
+        return os.readlink(f"/proc/self/ns/{kind}")  # e.g. "pid:[4026531836]": one namespace's identity
+    except OSError:
+        return ""
 
 
 def me(pid: int | None = None) -> dict:
     pid = os.getpid() if pid is None else pid
-    return {"host": os.uname().nodename, "boot_id": _boot_id(), "container": container(), "pid": pid,
-            "start": proc.starttime(pid) or 0}
+    return {"host": os.uname().nodename, "boot_id": _boot_id(), "container": container(), "pidns": _ns("pid"),
+            "timens": _ns("time"), "pid": pid, "start": proc.starttime(pid) or 0}
 
 
 def container() -> str:
-    """Which container this is, as the host knows it: where its /etc/hostname is bind-mounted from
-    (/var/lib/docker/containers/<id>/hostname under Docker), the same across restarts of one container
-    and different for any other; '' outside one. Two containers on host networking share the hostname
-    and the boot id, and each sees only its own pids: a pid check is this container's to make alone."""
+    """Where this container's /etc/hostname is bind-mounted from (/var/lib/docker/containers/<id>/hostname
+    under Docker); '' without a mount of its own. Shown, not trusted: containers may share it."""
     try:
         with open("/proc/self/mountinfo", errors="surrogateescape") as f:  # a mount path may be any bytes
             for line in f:
@@ -77,43 +101,69 @@ def read(state_dir: Path) -> dict | None:
     return data if isinstance(data, dict) else {"unreadable": True}
 
 
+def _same_boot(holder: dict) -> bool:
+    mine = _boot_id()
+    return bool(mine) and holder.get("boot_id") == mine
+
+
 def same_container(holder: dict) -> bool:
-    mine = me()
-    return (holder.get("host") == mine["host"] and holder.get("boot_id") == mine["boot_id"]
-            and holder.get("container", "") == mine["container"])
+    """Can this process check the holder's pid: the same boot and the same pid namespace. A lease
+    without its pid namespace (an older podkit's) is never taken for one: its pid may be anyone's here."""
+    pidns = holder.get("pidns")
+    return _same_boot(holder) and isinstance(pidns, str) and bool(pidns) and pidns == _ns("pid")
 
 
-def live(holder: dict | None, ttl_s: float, now: float | None = None) -> bool:
-    """Does `holder` still hold the workspace?"""
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+
+
+# What this process has seen of each lease: its content when first read, and when (this process's
+# monotonic clock). A renewal changes the content; one unchanged for a lease's length has lapsed.
+_seen: dict[str, float] = {}
+
+
+def _unchanged_for(holder: dict) -> float:
+    key = json.dumps(holder, sort_keys=True)
+    now = time.monotonic()
+    first = _seen.setdefault(key, now)
+    if len(_seen) > 64:  # one entry per renewal seen: keep the newest
+        for k in sorted(_seen, key=_seen.get)[:-64]:
+            del _seen[k]
+    return now - first
+
+
+def live(holder: dict | None, ttl_s: float) -> bool:
+    """Does `holder` still hold the workspace, as far as this process can tell? In doubt, it does."""
     if not holder or holder.get("unreadable"):
         return False
     if same_container(holder):
         pid, start = holder.get("pid"), holder.get("start")
         return isinstance(pid, int) and isinstance(start, int) and proc.same_process(pid, start)
-    renewed = holder.get("renewed")
-    now = time.time() if now is None else now
-    # A renewal further ahead than one lease (or not a finite time) is no renewal: a planted or badly
-    # skewed lease would hold the workspace until its date, or for ever.
-    return (isinstance(renewed, (int, float)) and not isinstance(renewed, bool) and math.isfinite(renewed)
-            and -ttl_s < now - renewed < ttl_s)
+    renewed = holder.get("boottime")
+    if _same_boot(holder) and holder.get("timens") == _ns("time") and _number(renewed) \
+            and renewed <= _boottime() + 1:  # one host, one boot clock; a date ahead of it is planted
+        return _boottime() - renewed < ttl_s
+    return _unchanged_for(holder) < ttl_s
+
+
+def who(holder: dict) -> str:
+    since = holder.get("since")  # the holder's clock: shown, never compared
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if _number(since) else "?"
+    return f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, since {when}"
 
 
 def describe(holder: dict, ttl_s: float) -> str:
-    since = holder.get("since")
-    renewed = holder.get("renewed")
-    age = f", renewed {time.time() - renewed:.0f}s ago (lapses after {ttl_s:.0f}s)" \
-        if isinstance(renewed, (int, float)) else ""
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) else "?"
-    return f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, since {when}{age}"
+    return f"{who(holder)}; it lapses after {ttl_s:.0f}s without a renewal"
 
 
 def acquire(state_dir: Path, ttl_s: float, pid: int | None = None) -> dict | None:
     """Take the lease for this process (or `pid`, the supervisord it becomes). Returns None when it is
-    ours, else the live holder's lease."""
+    ours, else the live holder's lease. A waiting boot asks again in the same process: its watch of the
+    holder's renewals goes on."""
     path = state_dir / NAME
     for _ in range(3):
         holder = read(state_dir)
-        if holder is not None and live(holder, ttl_s) and not _is(holder, pid):
+        if holder is not None and not _is(holder, pid) and live(holder, ttl_s):
             return holder
         if holder is not None:
             # Lapsed, gone, unreadable or ours from before an exec: set it aside (rename is atomic; a
@@ -127,7 +177,9 @@ def acquire(state_dir: Path, ttl_s: float, pid: int | None = None) -> dict | Non
                     os.rename(path, path.with_name(f"{NAME}.aside-{os.urandom(4).hex()}"))
                 except FileNotFoundError:
                     pass
-        lease = {**me(pid), "since": time.time(), "renewed": time.time(), "token": os.urandom(8).hex()}
+        now = _wall()
+        lease = {**me(pid), "since": now, "renewed": now, "boottime": _boottime(), "beat": 0,
+                 "token": os.urandom(8).hex()}
         if _create(path, lease):
             return None
     return read(state_dir) or {"host": "?", "pid": "?"}
@@ -173,15 +225,17 @@ def lost(state_dir: Path) -> str | None:
     holder = read(state_dir)
     if not holder or holder.get("unreadable") or ours(state_dir) is not None:
         return None
-    return describe(holder, 0).split(", renewed")[0]
+    return who(holder)
 
 
 def renew(state_dir: Path) -> bool:
-    """Renew this pod's lease. False when it is no longer ours (then there is nothing to renew)."""
+    """Renew this pod's lease: a new count (what another host watches change), and the dates. False when
+    it is no longer ours (then there is nothing to renew)."""
     holder = ours(state_dir)
     if holder is None:
         return False
-    holder["renewed"] = time.time()
+    beat = holder.get("beat")
+    holder.update(renewed=_wall(), boottime=_boottime(), beat=beat + 1 if isinstance(beat, int) else 1)
     records.write_json(state_dir / NAME, holder)  # temp file and rename; the temp file goes if it fails
     return True
 

@@ -30,7 +30,9 @@ class WorkspaceHeld(StageError):
                          "two pods on one volume would train into one checkpoint directory; stop the other "
                          "pod, or give this one its own volume or PODKIT_WORKSPACE. This boot goes on by "
                          "itself once the other pod's hold is released or lapses")
-        self.retry = lambda: not lease.live(lease.read(cfg.state_dir), cfg.guard.lease_s)
+        # Taken in the waiting process, which has watched the holder since it came: a boot exec'd to
+        # check would start its watch over (and the lease, ours from before the exec, stays ours).
+        self.retry = lambda: lease.acquire(cfg.state_dir, cfg.guard.lease_s) is None
 
 
 def private_dir(path: Path) -> None:
