@@ -200,8 +200,10 @@ def test_old_environments_are_pruned_to_the_current_and_the_last_good_one_but_ne
     (envs / "setup-0123456789abcdef" / "data").write_text("someone's")
     (envs / "notes.txt").write_text("mine")
     (envs / "setup-fedcba9876543210").symlink_to(one.parent.parent)
-    # A process runs from the first env while two more are built.
-    user = procs.spawn([str(one), "-c", "import time; time.sleep(120)"])
+    # A process runs from the first env while two more are built, started through a link to the volume (as
+    # /workspace may be one): its command line names the env by the link.
+    (tmp_path / "volume").symlink_to(tmp_path / "ws")
+    user = procs.spawn([str(tmp_path / "volume" / one.relative_to(tmp_path / "ws")), "-c", "import time; time.sleep(120)"])
     checkout(tmp_path, "2.0")
     two = Path(json.loads(podkit_setup(tmp_path).stdout)["python"])
     checkout(tmp_path, "3.0")

@@ -552,8 +552,13 @@ def in_use(envs: list[Path]) -> dict[Path, int] | None:
             continue
         base = f"/proc/{pid}/"
         try:
-            seen = proc.read_all(base + "cmdline").split(b"\0") + [proc.read_all(base + "maps")]
-            seen += [os.fsencode(os.readlink(base + "cwd"))]
+            cwd = os.readlink(base + "cwd")
+            seen = [os.fsencode(cwd), proc.read_all(base + "maps")]
+            # A command line may name the env through a link (/workspace -> the volume) or from its working
+            # directory: its paths' folders resolved (not the file: the env's bin/python links to the image's).
+            seen += [os.path.join(os.path.realpath(os.path.dirname(a)), os.path.basename(a))
+                     for a in (os.path.join(os.fsencode(cwd), a) for a in proc.read_all(base + "cmdline").split(b"\0")
+                               if b"/" in a)]
             for fd in os.listdir(base + "fd"):
                 try:
                     seen.append(os.fsencode(os.readlink(base + "fd/" + fd)))
