@@ -301,3 +301,13 @@ def test_a_directory_where_setup_log_1_goes_is_left_and_the_log_is_still_bounded
     assert setup.run(cfg)["python"]
     assert (cfg.log_dir / "setup.log").stat().st_size <= (64 << 10) + 200
     assert (cfg.log_dir / "setup.log.1" / "notes").read_text() == "someone's"
+
+
+def test_a_ready_env_that_moved_torch_since_is_refused_on_reuse_and_left_as_it_is(tmp_path):
+    repo = checkout(tmp_path)
+    py = json.loads(podkit_setup(tmp_path).stdout)["python"]
+    w = wheel(repo / "wheels", "torch", "0.0.2")  # a pip install by hand into the env (or an env built before the check)
+    subprocess.run([py, "-m", "pip", "install", "-q", "--no-index", str(w)], check=True, capture_output=True, timeout=120)
+    r = podkit_setup(tmp_path)
+    assert r.returncode == 1 and "torch 0.0.2 where podkit runs torch" in r.stderr, r.stderr
+    assert "is left as it is" in r.stderr and Path(py).exists(), r.stderr
