@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PODKIT, ROOT, free_port, smoke_env, wait_for, wheel
-from podkit import config, records, setup
+from podkit import config, proc, records, setup
 from podkit.areal.patches import AREAL_VERSION
 
 pytestmark = pytest.mark.timeout(180)
@@ -311,3 +311,15 @@ def test_a_ready_env_that_moved_torch_since_is_refused_on_reuse_and_left_as_it_i
     r = podkit_setup(tmp_path)
     assert r.returncode == 1 and "torch 0.0.2 where podkit runs torch" in r.stderr, r.stderr
     assert "is left as it is" in r.stderr and Path(py).exists(), r.stderr
+
+
+def test_a_build_killed_half_way_is_pruned_but_one_still_being_built_is_not(tmp_path):
+    checkout(tmp_path)
+    envs = tmp_path / "ws" / "envs"
+    dead, live = envs / "setup-00000000000000aa", envs / "setup-00000000000000bb"
+    for env, pid in ((dead, 2**22 + 1), (live, os.getpid())):  # a pid no kernel hands out; this test's own
+        (env / "lib").mkdir(parents=True)
+        start = proc.starttime(pid)
+        (env / setup.BUILT_BY).write_text(json.dumps({"pid": pid, "starttime": start if start is not None else 1}))
+    assert setup.run(cfg_for(tmp_path))["python"]
+    assert not dead.exists() and (live / setup.BUILT_BY).is_file()
