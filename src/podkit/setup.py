@@ -237,11 +237,17 @@ def _pump(child: subprocess.Popen, r: int, out: SetupLog, deadline: float) -> in
 
 
 def _kill(child: subprocess.Popen) -> None:
+    """The command's process group, killed and gone: what the kill already ended is not reported after as
+    "left running" (a member dies a moment after the signal)."""
+    start = proc.starttime(child.pid) or 0
     try:
         os.killpg(child.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass  # the group is gone already
     child.wait()
+    until = time.monotonic() + 2
+    while time.monotonic() < until and proc.group_members(child.pid, start):
+        time.sleep(0.02)
 
 
 def _drain(r: int, out: SetupLog, poll, most: int = 4 << 20) -> None:
