@@ -51,6 +51,20 @@ def test_sglang_command_line_comes_from_the_pod_config():
     assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["HF_HOME"] == "/workspace/hf"
 
 
+def test_a_flag_podkit_owns_is_written_and_refused_from_one_table(monkeypatch):
+    """SGLang's command line and the extra_args check read one table (checks.SGLANG_FLAGS): every flag
+    podkit writes is refused in extra_args, and a row added to the table is on the command line."""
+    cfg = load("a40-4gpu.yaml", PODKIT_INFERENCE_CUDA_GRAPH_MAX_BS="8", PODKIT_INFERENCE_EXTRA_ARGS="--log-level info")
+    owned = [w for w in sglang.command(cfg, environ={"SGLANG_API_KEY": "k"})[3:-2] if w.startswith("--")]
+    assert "--cuda-graph-max-bs" in owned and "--config" in owned
+    assert all(checks._owned_flags(f"{f} 1") for f in owned), owned
+    assert checks.OWNED_FLAGS == {name: key for flag, aliases, key, _ in checks.SGLANG_FLAGS
+                                  for name in (flag, *aliases)}
+    row = ("--served-model-name", (), "inference.model", lambda cfg: "policy")
+    monkeypatch.setattr(checks, "SGLANG_FLAGS", (*checks.SGLANG_FLAGS, row))
+    assert sglang.command(cfg, environ={})[-4:] == ["--served-model-name", "policy", "--log-level", "info"]
+
+
 def test_sglang_beyond_loopback_without_an_api_key_is_a_config_error(tmp_path):
     cfg = load(tmp_path=tmp_path, PODKIT_INFERENCE_HOST="0.0.0.0")
     assert [p[0] for p in checks.sglang(cfg, environ={})] == ["inference.host"]

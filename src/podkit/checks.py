@@ -11,7 +11,9 @@ import ipaddress
 import os
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 API_KEY_ENV = "SGLANG_API_KEY"  # a secret: from the env file / RunPod secret, never the YAML
 SHARED_MEM_FRACTION = 0.5  # most SGLang may take of a GPU the trainer also uses
@@ -132,15 +134,38 @@ def _flag_values(words: list[str]):
         yield name, value
 
 
-# SGLang flags that podkit sets from the pod config: extra_args may not set them again (argparse takes
-# the last, so `--host 0.0.0.0` there would undo the loopback/API-key rule).
-OWNED_FLAGS = {"--host": "inference.host", "--port": "inference.port", "--api-key": "SGLANG_API_KEY (env)",
-               "--model-path": "inference.model", "--model": "inference.model", "--tp-size": "inference.tp",
-               "--tp": "inference.tp", "--tensor-parallel-size": "inference.tp",
-               "--mem-fraction-static": "inference.mem_fraction_static",
-               "--attention-backend": "inference.attention_backend", "--context-length": "inference.context_length",
-               "--cuda-graph-max-bs": "inference.cuda_graph_max_bs", "--random-seed": "trainer.seed",
-               "--config": "the pod config (podkit builds SGLang's settings)"}
+# SGLang's flags that podkit sets from the pod config, in command-line order: (flag, other names SGLang's
+# parser takes for it, where its value comes from, its value or None to leave it out). programs/sglang.py
+# writes its argv from this table, and extra_args may not set any of these again (argparse takes the last,
+# so `--host 0.0.0.0` there would undo the loopback/API-key rule). The rows without a value are set another
+# way: the API key goes in the file that --config names (programs/sglang.py), never on the command line.
+SGLANG_FLAGS: tuple[tuple[str, tuple[str, ...], str, Callable[[Any], str | None] | None], ...] = (
+    ("--api-key", (), "SGLANG_API_KEY (env)", None),
+    ("--model-path", ("--model",), "inference.model", lambda cfg: cfg.inference.model),
+    ("--host", (), "inference.host", lambda cfg: cfg.inference.host),
+    ("--port", (), "inference.port", lambda cfg: str(cfg.inference.port)),
+    ("--tp-size", ("--tp", "--tensor-parallel-size"), "inference.tp", lambda cfg: str(cfg.inference.tp)),
+    ("--mem-fraction-static", (), "inference.mem_fraction_static",
+     lambda cfg: f"{cfg.inference.mem_fraction_static:g}"),
+    ("--attention-backend", (), "inference.attention_backend", lambda cfg: cfg.inference.attention_backend),
+    # SGLang's sampling seed: with the trainer's seed, a restarted server samples as before.
+    ("--random-seed", (), "trainer.seed", lambda cfg: str(cfg.trainer.seed)),
+    ("--context-length", (), "inference.context_length",
+     lambda cfg: str(cfg.inference.context_length) if cfg.inference.context_length else None),
+    ("--cuda-graph-max-bs", (), "inference.cuda_graph_max_bs",
+     lambda cfg: str(cfg.inference.cuda_graph_max_bs) if cfg.inference.cuda_graph_max_bs else None),
+    ("--config", (), "the pod config (podkit builds SGLang's settings)", None),
+)
+OWNED_FLAGS = {name: key for flag, aliases, key, _ in SGLANG_FLAGS for name in (flag, *aliases)}
+
+
+def sglang_flags(cfg) -> list[str]:
+    """The owned flags that have a value in this config, as SGLang's command line takes them."""
+    argv = []
+    for flag, _, _, value in SGLANG_FLAGS:
+        if value is not None and (v := value(cfg)) is not None:
+            argv += [flag, v]
+    return argv
 
 
 def _owned_flags(extra_args: str) -> list[Problem]:

@@ -25,28 +25,16 @@ _log = log.get("sglang")
 
 def command(cfg, environ: dict[str, str] | None = None, python: str | None = None,
             secrets_file: str | None = None) -> list[str]:
-    """argv for SGLang's server. Every flag here is checked by SGLang's own parser in the test suite.
+    """argv for SGLang's server: the flags podkit owns (checks.SGLANG_FLAGS, the table extra_args is
+    checked against), then extra_args. Every flag here is checked by SGLang's own parser in the test suite.
     The API key never goes on the command line (every user can read /proc/<pid>/cmdline): with a key,
     argv names `secrets_file` with `--config`, which SGLang's launcher merges in-process
     (sglang.srt.server_args.prepare_server_args); `secrets_yaml` is what that file must hold."""
     environ = os.environ if environ is None else environ
-    inf = cfg.inference
-    argv = [python or sys.executable, "-m", "sglang.launch_server",
-            "--model-path", inf.model,
-            "--host", inf.host,
-            "--port", str(inf.port),
-            "--tp-size", str(inf.tp),
-            "--mem-fraction-static", f"{inf.mem_fraction_static:g}",
-            "--attention-backend", inf.attention_backend,
-            # SGLang's sampling seed: with the trainer's seed, a restarted server samples as before.
-            "--random-seed", str(cfg.trainer.seed)]
-    if inf.context_length:
-        argv += ["--context-length", str(inf.context_length)]
-    if inf.cuda_graph_max_bs:
-        argv += ["--cuda-graph-max-bs", str(inf.cuda_graph_max_bs)]
+    argv = [python or sys.executable, "-m", "sglang.launch_server", *checks.sglang_flags(cfg)]
     if environ.get(API_KEY_ENV):
         argv += ["--config", secrets_file or SECRETS_FILE]
-    return argv + shlex.split(inf.extra_args)
+    return argv + shlex.split(cfg.inference.extra_args)
 
 
 SECRETS_FILE = "sglang-secrets.yaml"  # in the run dir (local disk, 0700), mode 0600; SGLang wants .yaml
