@@ -328,6 +328,21 @@ def test_ranks_left_by_a_killed_launcher_are_killed_before_the_next_torchrun(pro
     wait_for(lambda: not any(alive(r) for r in ranks), 10, what="the left ranks to be gone")
 
 
+def test_a_ray_nodes_recorded_workers_are_cleared_by_the_same_helper_as_torchruns_ranks(procs, tmp_path):
+    """One helper clears what a killed launcher left, whichever record names the groups: a Ray node's
+    (ray-node.json) workers are killed and that record removed; torchrun's record is left alone."""
+    from conftest import alive, wait_for
+    from podkit import records
+    from podkit.proc import read_stat
+
+    worker = procs.spawn([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    records.RAY_NODE.write(tmp_path, {"groups": [[worker.pid, read_stat(worker.pid).starttime]]})
+    records.TORCHRUN.write(tmp_path, {"groups": []})
+    assert command.clear_leftovers(tmp_path, records.RAY_NODE) == [worker.pid]
+    wait_for(lambda: worker.poll() is not None and not alive(worker.pid), 10, what="the left worker to be gone")
+    assert not records.RAY_NODE.path(tmp_path).exists() and records.TORCHRUN.path(tmp_path).exists()
+
+
 def test_a_pid_reused_by_a_younger_process_is_not_killed(procs, tmp_path):
     import json
 

@@ -82,12 +82,13 @@ def set_pdeathsig() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def clear_leftovers(run_dir: Path) -> list[int]:
-    """What a previous torchrun left when its launcher was SIGKILLed: torchrun starts each rank in a
-    session of its own, so neither PDEATHSIG nor supervisord's killasgroup reaches them, and a left
-    rank keeps its GPU. Returns the pids killed."""
-    groups = [g for g in records.TORCHRUN.read_owned(run_dir).get("groups") or []
+def clear_leftovers(run_dir: Path, record: records.Record = records.TORCHRUN) -> list[int]:
+    """What a previous launcher left when it was SIGKILLed, from the process groups it recorded in
+    `record` (records.TORCHRUN: torchrun's ranks; records.RAY_NODE: a node's Ray workers): torchrun starts
+    each rank in a session of its own, so neither PDEATHSIG nor supervisord's killasgroup reaches them,
+    and a left rank keeps its GPU. Returns the pids killed; the record is removed."""
+    groups = [g for g in record.read_owned(run_dir).get("groups") or []
               if isinstance(g, list) and len(g) == 2 and all(isinstance(x, int) for x in g)]
     killed = proc.kill_groups(groups)
-    records.TORCHRUN.path(run_dir).unlink(missing_ok=True)
+    record.path(run_dir).unlink(missing_ok=True)
     return killed
