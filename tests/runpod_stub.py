@@ -12,7 +12,12 @@ RunPod's own OpenAPI document (tests/runpod/openapi.json, see tests/runpod/READM
 Where the document only describes behaviour in words (the pod lifecycle, which actions a status allows, how
 logs resume), the stub does what the words say. The test controls (`add_pod`, `set_status`, `vanish`,
 `migrate`, `capacity_failures`, `fail`, `logs`, `drop_logs_after`, `follow_s`, `scale_cluster`) script what
-RunPod does on its own. Any request to a GraphQL path is recorded in `stub.graphql` and answered 410.
+RunPod does on its own. Answers of other shapes and timings are scripted too, and are not held to the
+document: `show_status` (a pod shown with a status the document does not have, or none), `fail(..., body=
+b"null")` (any body), `answer_late` (the request is done at once, its answer sent later), `list_lag_s` (a new
+pod shows in the pod list only that long after it was made) and `unlisted` (a pod left out of it), `fail(..., drip_s=)` (an answer sent a byte at a
+time) and `keepalive_s` (SSE keep-alive comments while a log stream is followed). Any request to a GraphQL
+path is recorded in `stub.graphql` and answered 410.
 
     stub = RunPodV2Stub(key="rpa_TESTKEY0123456789")
     ... point the client at stub.url (it calls <url>/v2/...) ...
@@ -65,6 +70,9 @@ GPU_TYPES = {
 }
 PORT = re.compile(r"^(\d{1,5})/(tcp|http)$")
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+
+MISSING = object()  # show_status: the pod is shown without a status field
+KEEPALIVE = b": keep-alive\n\n"
 
 FORMATS = jsonschema.FormatChecker(())  # only date-time, checked without optional dependencies
 
@@ -159,12 +167,14 @@ class Fault:
     body: Any = None
     content_type: str | None = None
     delay_s: float = 0.0
+    drip_s: float = 0.0
 
 
 @dataclass
 class _PodMeta:
     ip: str
     price: float
+    made: float = field(default_factory=time.monotonic)
     polls_needed: int = 1
     polls: int = 0
     running_since: float | None = None
@@ -176,6 +186,7 @@ class _Answer:
     status: int
     body: Any = None  # JSON-able, or None for no body
     headers: dict[str, str] = field(default_factory=dict)
+    scripted: bool = False  # a shape a test asked for (show_status): not held to the document
 
 
 class RunPodV2Stub:
@@ -202,10 +213,15 @@ class RunPodV2Stub:
         self.new_pod_ids: list[str] = []
         self.drop_logs_after: int | None = None
         self.follow_s = 0.0
+        self.keepalive_s = 0.0  # while a followed log stream has nothing new: a ": keep-alive" comment this often
+        self.list_lag_s = 0.0  # a pod made through the API shows in GET /v2/pods only this long after
+        self.shown_status: dict[str, Any] = {}  # pod id -> the status shown for it (MISSING: no status field)
+        self.late: list[Fault] = []
         self.gpu_availability: dict[str, str] = {}  # GPU id -> NONE/LOW/MEDIUM/HIGH (default HIGH)
         self.faults: list[Fault] = []
         self.gpus_lost: set[str] = set()  # RUNNING pods whose runtime shows no GPU (restarted on a host without one)
         self._meta: dict[str, _PodMeta] = {}
+        self._listed: set[str] = set()  # pods GET /v2/pods has shown (list_lag_s hides only new ones)
         self._log_ts: dict[str, list[tuple[dt.datetime, str]]] = {}
         self._last_ts = dt.datetime.now(dt.UTC)
         self._count = {"pod": 0, "ip": 6, "template": 0, "cluster": 0, "volume": 0}
@@ -273,6 +289,7 @@ class RunPodV2Stub:
                 pod["dataCenterId"] = self.volumes[volume]["dataCenter"]
             pod.update(overrides)
             self._store_pod(pod)
+            self._listed.add(pid)
             self._enter(pid, status)
             view = self._view(pid)
         self._check_object("Pod", view)
@@ -309,6 +326,7 @@ class RunPodV2Stub:
             new.update(id=self._new_id(), createdAt=_now(), startedAt=None)
             self.vanish(pod_id)
             self._store_pod(new)
+            self._listed.add(new["id"])
             self._enter(new["id"], "RUNNING")
             self.migrations[pod_id] = new["id"]
             return new["id"]
@@ -329,17 +347,40 @@ class RunPodV2Stub:
             cluster["compute"]["podCount"] = len(self._members(cluster_id))
             return ids
 
+    def show_status(self, pod_id: str, status: Any = None) -> None:
+        """From now on the pod is shown (GET and lists) with this status, which the document may not have
+        (None: null; MISSING: no status field; "MIGRATING"), whatever it really is; None as the pod id's
+        entry removed (clear_shown) shows it as it is again."""
+        with self._lock:
+            self.shown_status[pod_id] = status
+
+    def clear_shown(self, pod_id: str) -> None:
+        with self._lock:
+            self.shown_status.pop(pod_id, None)
+
+    def unlisted(self, pod_id: str, hidden: bool = True) -> None:
+        """The pod is left out of GET /v2/pods (hidden) or shown there again: a pod list that lags."""
+        with self._lock:
+            (self._listed.discard if hidden else self._listed.add)(pod_id)
+
+    def answer_late(self, method: str, path_regex: str, delay_s: float, times: int | None = 1) -> None:
+        """The next `times` matching requests are done at once (a create makes its pod), and answered only
+        after delay_s: RunPod slow to answer what it did."""
+        with self._lock:
+            self.late.append(Fault(method.upper(), re.compile(path_regex), None, times, delay_s=delay_s))
+
     def fail(self, method: str, path_regex: str, status: int | None, times: int | None = 1,
              retry_after: int | float | str | None = None, body: Any = None, content_type: str | None = None,
-             delay_s: float = 0) -> None:
+             delay_s: float = 0, drip_s: float = 0) -> None:
         """The next `times` requests (None: all) whose method matches ("*": any) and whose path (no query)
         fullmatches path_regex are answered `status` after delay_s seconds, instead of what the stub would
         answer. body: bytes or str are sent as they are (text/plain unless content_type), a dict or list as
         JSON, None as a problem+json for the status. status None: only the delay, then the stub's own answer.
+        drip_s: the whole answer (status line, headers, body) is sent one byte every drip_s seconds.
         Faults are not checked against the document: they are what a test asks for."""
         with self._lock:
             self.faults.append(Fault(method.upper(), re.compile(path_regex), status, times, retry_after, body,
-                                     content_type, delay_s))
+                                     content_type, delay_s, drip_s))
 
     # -- pods --------------------------------------------------------------------------------------
 
@@ -422,10 +463,24 @@ class RunPodV2Stub:
 
     def list_pods(self, req: Request, params: dict, query: dict) -> _Answer:
         include = query.get("includeClusterPods", False)
-        ids = [pid for pid, p in self.pods.items() if include or "cluster" not in p]
+        now = time.monotonic()
+        ids = [pid for pid, p in self.pods.items() if (include or "cluster" not in p)
+               and (pid in self._listed or now - self._meta[pid].made >= self.list_lag_s)]
+        self._listed.update(ids)
         for pid in ids:
             self._poll(pid)
-        return _Answer(200, {"pods": [self._view(pid) for pid in ids]})
+        return _Answer(200, {"pods": [self._shown(pid) for pid in ids]},
+                       scripted=any(pid in self.shown_status for pid in ids))
+
+    def _shown(self, pod_id: str) -> dict:
+        view = self._view(pod_id)
+        if pod_id in self.shown_status:
+            status = self.shown_status[pod_id]
+            if status is MISSING:
+                view.pop("status")
+            else:
+                view["status"] = status
+        return view
 
     def create_pod(self, req: Request, params: dict, query: dict) -> _Answer:
         body = req.body
@@ -503,7 +558,7 @@ class RunPodV2Stub:
         if isinstance(found, _Answer):
             return found
         self._poll(params["id"])
-        return _Answer(200, self._view(params["id"]))
+        return _Answer(200, self._shown(params["id"]), scripted=params["id"] in self.shown_status)
 
     def update_pod(self, req: Request, params: dict, query: dict) -> _Answer:
         found = self._find_pod(params["id"])
@@ -778,7 +833,7 @@ class RunPodV2Stub:
             h.send_header(name, value)
         h.end_headers()
         self._check_response(op, 200, "text/event-stream", None, f"GET {req.path}")
-        sent = 0
+        sent, said = 0, time.monotonic()
         while True:
             for _, ts, s, line in picked:
                 if drop is not None and sent >= drop:
@@ -794,6 +849,10 @@ class RunPodV2Stub:
             if time.monotonic() >= follow_until:
                 break
             time.sleep(0.02)
+            if self.keepalive_s and time.monotonic() - said >= self.keepalive_s:
+                h.wfile.write(b"%x\r\n%s\r\n" % (len(KEEPALIVE), KEEPALIVE))
+                h.wfile.flush()
+                said = time.monotonic()
             with self._lock:
                 if pod_id not in self.pods:
                     break
@@ -859,7 +918,8 @@ class RunPodV2Stub:
             ctype = "application/json" if answer.status < 400 else "application/problem+json"
             out = json.dumps(answer.body).encode()
         with self._lock:
-            self._check_response(op, answer.status, ctype, answer.body, call or f"{h.command} {h.path}")
+            if not answer.scripted:
+                self._check_response(op, answer.status, ctype, answer.body, call or f"{h.command} {h.path}")
         self._write(h, answer.status, out, ctype, answer.headers)
 
     @staticmethod
@@ -875,15 +935,9 @@ class RunPodV2Stub:
 
     def _fault(self, h: _Handler, req: Request) -> bool:
         """Answers a scripted fault, if one matches. True when it did."""
-        with self._lock:
-            fault = next((f for f in self.faults if f.method in ("*", req.method) and f.path_regex.fullmatch(req.path)),
-                         None)
-            if fault is None:
-                return False
-            if fault.times is not None:
-                fault.times -= 1
-                if fault.times <= 0:
-                    self.faults.remove(fault)
+        fault = self._take(self.faults, req)
+        if fault is None:
+            return False
         if fault.delay_s:
             time.sleep(fault.delay_s)
         if fault.status is None:
@@ -900,8 +954,25 @@ class RunPodV2Stub:
             body = json.dumps(body).encode()
             ctype = ctype or ("application/json" if fault.status < 400 else "application/problem+json")
         headers = {} if fault.retry_after is None else {"Retry-After": str(fault.retry_after)}
-        self._write(h, fault.status, body or b"", ctype, headers)
+        if fault.drip_s:
+            self._drip(h, fault.status, body or b"", ctype, headers, fault.drip_s)
+        else:
+            self._write(h, fault.status, body or b"", ctype, headers)
         return True
+
+    @staticmethod
+    def _drip(h: _Handler, status: int, out: bytes, ctype: str | None, headers: dict[str, str], every_s: float) -> None:
+        """The whole answer a byte at a time: each read the client makes gets something, and the answer
+        takes len(answer) * every_s to arrive."""
+        head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", f"Content-Length: {len(out)}", "Connection: close"]
+        head += [f"Content-Type: {ctype}"] if ctype else []
+        head += [f"{k}: {v}" for k, v in headers.items()]
+        raw = ("\r\n".join(head) + "\r\n\r\n").encode() + out
+        h.close_connection = True
+        for i in range(len(raw)):
+            h.wfile.write(raw[i:i + 1])
+            h.wfile.flush()
+            time.sleep(every_s)
 
     def _match(self, method: str, path: str) -> tuple[str, dict, dict | None, dict] | None:
         for regex, template, item in _OPERATIONS:
@@ -1002,7 +1073,19 @@ class RunPodV2Stub:
                 answer = getattr(self, handler)(req, params, query)
         if handler == "stream_logs":
             return self.stream_logs(h, req, params, query, op)
+        if late := self._take(self.late, req):
+            time.sleep(late.delay_s)  # done already; the answer comes late (or finds the client gone)
         return self._send(h, op, answer, call)
+
+    def _take(self, faults: list[Fault], req: Request) -> Fault | None:
+        with self._lock:
+            fault = next((f for f in faults if f.method in ("*", req.method) and f.path_regex.fullmatch(req.path)),
+                         None)
+            if fault is not None and fault.times is not None:
+                fault.times -= 1
+                if fault.times <= 0:
+                    faults.remove(fault)
+        return fault
 
 
 class _Handler(BaseHTTPRequestHandler):

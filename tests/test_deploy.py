@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -442,3 +443,155 @@ def test_logs_wait_out_a_rate_limit_or_a_5xx_at_a_connect(runpod_api):
     slept = []
     lines = [e["line"] for e in api.Client(sleep=slept.append).logs(pid, follow=False, settle_s=1)]
     assert lines == ["hello"] and slept[0] == 1
+
+
+# -- whole-request deadline, redaction before the cut, ids, log lines (issue 34) ---------------------------
+
+def test_an_answer_that_drips_ends_at_the_clients_timeout(runpod_api):
+    """RunPod's answer arrives a byte every 50 ms (each read gets something, so a per-read timeout never
+    fires): Client(timeout_s=1) gives up after about 1 s, not when the last byte comes (about 8 s)."""
+    runpod_api.fail("GET", "/v2/pods", 200, body={"pods": [], "pad": "x" * 60}, drip_s=0.05, times=None)
+    t0 = time.monotonic()
+    with pytest.raises(api.ApiError) as e:
+        api.Client(timeout_s=1, retries=0, sleep=lambda s: None).pods()
+    assert time.monotonic() - t0 < 2.5 and "did not answer GET /v2/pods" in e.value.message
+
+
+def test_the_self_stop_on_a_dripping_api_is_bounded_and_retried(runpod_api, monkeypatch):
+    """The cost guard's stop meets an API that drips its answers: each attempt ends at the client's
+    timeout, the Stopper tries again, and the stop RunPod finally answers is taken."""
+    from podkit import costguard
+
+    pid = runpod_api.add_pod()["id"]
+    monkeypatch.setenv("RUNPOD_POD_ID", pid)
+    monkeypatch.delenv("PODKIT_NOTIFY_WEBHOOK_URL", raising=False)
+    monkeypatch.setattr(costguard, "FIRST_RETRY_S", 0.1)
+    real = api.Client
+    monkeypatch.setattr(api, "Client", lambda **kw: real(**{**kw, "timeout_s": 1, "sleep": lambda s: None}))
+    runpod_api.fail("POST", f"/v2/pods/{pid}/action", 200, body={"pad": "x" * 200}, drip_s=0.2, times=2)
+    stopper = costguard.Stopper("test", None)
+    t0 = time.monotonic()
+    stopper.start().thread.join(20)
+    assert stopper.done and time.monotonic() - t0 < 10, "bounded by the client's timeout, then tried again"
+    assert runpod_api.pod(pid)["status"] == "EXITED"
+    assert runpod_api.calls().count(f"POST /v2/pods/{pid}/action") == 3
+
+
+def test_logs_without_follow_end_though_keep_alives_and_new_lines_keep_coming(runpod_api):
+    """After the backlog RunPod holds the stream open with a keep-alive comment every 0.2 s, and the pod
+    writes a line every 0.3 s: without --follow the backlog is printed and the command ends within
+    seconds (a comment is not an event; a line stamped after the stream began is not backlog)."""
+    pid = runpod_api.add_pod()["id"]
+    runpod_api.logs[pid] = [("container", f"line {i}") for i in range(3)]
+    runpod_api.follow_s, runpod_api.keepalive_s = 30, 0.2
+    t0 = time.monotonic()
+    lines = [e["line"] for e in api.Client(sleep=lambda s: None).logs(pid, follow=False, settle_s=1)]
+    assert lines == ["line 0", "line 1", "line 2"] and time.monotonic() - t0 < 5
+    stop = threading.Event()
+
+    def chatty():
+        i = 0
+        while not stop.wait(0.3):
+            runpod_api.logs[pid] = [*runpod_api.logs[pid], ("container", f"new {i}")]
+            i += 1
+
+    threading.Thread(target=chatty, daemon=True).start()
+    try:
+        t0 = time.monotonic()
+        lines = [e["line"] for e in api.Client(sleep=lambda s: None).logs(pid, follow=False, settle_s=1)]
+        assert lines[:3] == ["line 0", "line 1", "line 2"] and time.monotonic() - t0 < 6, lines
+    finally:
+        stop.set()
+
+
+def test_a_key_echoed_near_the_cut_of_an_error_is_never_shown_in_part(runpod_api):
+    """An error answer echoes `Authorization: Bearer <key>` where the message is cut (400 characters of
+    a problem, 200 of an answer that is not JSON): the key is taken out first, so no part of it shows."""
+    filler = "x" * (400 - len("Bad Request: ") - len("Authorization: Bearer ") - 5)
+    runpod_api.fail("GET", "/v2/pods", 400, body={"title": "Bad Request", "status": 400,
+                                                   "detail": f"{filler}Authorization: Bearer {KEY} rejected"})
+    r = podkit_deploy(runpod_api, "status")
+    assert r.returncode == 1 and "HTTP 400" in r.stderr and KEY[:4] not in r.stderr, r.stderr
+    runpod_api.fail("GET", "/v2/pods", 200, body=("y" * 190 + f" Authorization: Bearer {KEY}").encode())
+    r = podkit_deploy(runpod_api, "status")
+    assert r.returncode == 1 and "no JSON" in r.stderr and KEY[:4] not in r.stderr, r.stderr
+
+
+HOSTILE_ID = "victim/action?x="
+
+
+def test_ids_of_another_shape_never_go_into_a_url_path(runpod_api):
+    """An id from RunPod's answer is checked before it goes into a path: a create answered with id
+    'victim/action?x=' is not a pod podkit follows or terminates; a listed pod with such an id is
+    dropped; the client refuses to put one in a path at all."""
+    runpod_api.fail("POST", "/v2/pods", 201, body=dict(runpod_api.add_pod(name="other") | {"id": HOSTILE_ID}))
+    c = tiny_client()
+    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
+    with pytest.raises(api.ApiError, match="no pod id of RunPod's shape"):
+        c.create_pod(deploy.pod_body(tpl, 4, "SECURE", "p", run=deploy.new_run()))
+    runpod_api.fail("GET", "/v2/pods", 200, body={"pods": [dict(runpod_api.pod(next(iter(runpod_api.pods))),
+                                                                id=HOSTILE_ID)]})
+    assert [p["id"] for p in c.pods()] == []
+    for call in (lambda: c.action(HOSTILE_ID, "terminate"), lambda: c.pod(HOSTILE_ID),
+                 lambda: list(c.logs(HOSTILE_ID, follow=False))):
+        with pytest.raises(api.ApiError, match="is not a RunPod pod id"):
+            call()
+    assert not [q for q in runpod_api.requests if "victim" in q.path or "victim" in str(q.query)]
+
+
+def test_a_log_line_of_many_mib_costs_a_bounded_amount_of_memory():
+    """One 20 MiB SSE line is read through in pieces and given as skipped: memory stays under 2 MiB,
+    the next event comes whole."""
+    import io
+    import tracemalloc
+
+    stream = io.BytesIO(b"id: 1\ndata: " + b"x" * (20 << 20) + b"\n\nid: 2\ndata: {\"line\": \"after\"}\n\n")
+    tracemalloc.start()
+    try:
+        events = list(api.sse_events(stream))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert events == [("1", None), ("2", '{"line": "after"}')] and peak < 2 << 20, peak
+
+
+def test_deploy_logs_says_a_line_over_the_limit_was_skipped(runpod_api):
+    pid = runpod_api.add_pod()["id"]
+    runpod_api.logs[pid] = [("container", "a" * (300 << 10)), ("container", "after")]
+    lines = [e["line"] for e in api.Client(sleep=lambda s: None).logs(pid, follow=False, settle_s=1)]
+    assert lines == ["[podkit] a log event over 256 KiB was skipped", "after"]
+
+
+# -- a create answered late (issue 37) -----------------------------------------------------------------
+
+def late_create(stub: RunPodV2Stub, list_lag_s: float, create_answer_s: float):
+    """A Deployer whose create RunPod makes at once and answers after 3 s (the client gives up after
+    1 s), and whose pod list shows a new pod only `list_lag_s` after it was made."""
+    stub.answer_late("POST", "/v2/pods", 3.0)
+    stub.list_lag_s = list_lag_s
+    d = deploy.Deployer(api.Client(timeout_s=1, sleep=lambda s: None), sleep=time.sleep,
+                        create_answer_s=create_answer_s, look_every_s=0.25)
+    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
+    return d, deploy.pod_body(tpl, 4, "SECURE", "p", run=deploy.new_run())
+
+
+def test_a_create_answered_late_is_looked_for_before_it_is_sent_again(runpod_api):
+    """The create's answer is lost and RunPod lists the pod only 7.5 s later (past podkit's old look, 5 s
+    after the timeout): podkit looks for it for as long as the create could still be made, finds it, and
+    sends no second create."""
+    d, body = late_create(runpod_api, list_lag_s=7.5, create_answer_s=10)
+    pod = d.create_pod(body, capacity_timeout_s=0)
+    assert runpod_api.calls().count("POST /v2/pods") == 1 and list(runpod_api.pods) == [pod["id"]]
+
+
+def test_after_a_create_sent_twice_exactly_one_pod_of_the_run_is_left(runpod_api):
+    """The pod list lags past the look (7 s against 1 s): the create is sent again and RunPod makes a
+    second pod. Once the first shows, the second (still starting) is terminated and the first, created
+    first, is the one waited for: one pod bills, not two."""
+    runpod_api.polls_until_running = 40
+    d, body = late_create(runpod_api, list_lag_s=7, create_answer_s=1)
+    second = d.create_pod(body, capacity_timeout_s=0)
+    assert runpod_api.calls().count("POST /v2/pods") == 2
+    first = next(pid for pid in runpod_api.pods if pid != second["id"])
+    pod = d.wait_running(second["id"], timeout_s=40, poll_s=0.25)
+    assert pod["id"] == first and runpod_api.terminated == {second["id"]} and list(runpod_api.pods) == [first]

@@ -16,7 +16,7 @@ from conftest import ROOT
 from podkit import deploy
 from podkit import runpod as api
 from podkit.errors import PodkitError
-from runpod_stub import RunPodV2Stub
+from runpod_stub import MISSING, RunPodV2Stub
 from test_notify import Receiver
 
 pytestmark = pytest.mark.timeout(60)
@@ -430,3 +430,85 @@ def test_a_pod_of_something_else_on_the_volume_is_not_followed_and_holds_the_rep
     [new] = created(runpod_api)
     assert w.pod_id == "pod-new" and new["env"]["PODKIT_RUN_ID"] == "run1", "the replacement keeps the run's id"
     assert runpod_api.calls().index("POST /v2/pods") > browsed["at"], "no replacement while the other pod ran"
+
+
+# -- answers of shapes RunPod does not document (issue 37) --------------------------------------------------
+
+@pytest.mark.parametrize("shown", [MISSING, None, "MIGRATING", "MIGRATED", "running", 7])
+def test_a_status_runpod_does_not_document_never_counts_toward_a_loss(runpod_api, shown):
+    """For 40 polls (1200 s, twice --lost-after) RunPod shows the running pod with no status, null, a
+    migration state or another value it does not document: that says nothing about the pod. Nothing is
+    stopped or replaced; the watch ends when the pod stops on request."""
+    old_pod(runpod_api)
+    w, clock = watch(runpod_api, lost_after_s=600, start_grace_s=0)
+    clock.events = {1: lambda: runpod_api.show_status("pod-old", shown),
+                    40: lambda: (runpod_api.clear_shown("pod-old"), runpod_api.set_status("pod-old", "EXITED"))}
+    assert w.run() == 0
+    assert created(runpod_api) == [] and actions(runpod_api) == [] and clock.t >= 1200
+
+
+@pytest.mark.parametrize("body", [b"null", b""])
+def test_a_200_without_a_pod_is_not_a_pod_that_is_gone(runpod_api, body):
+    """RunPod answers 200 with a null (or empty) body five times: not "no such pod" (that is a 404), so
+    no second pod is created beside the running one."""
+    old_pod(runpod_api)
+    w, clock = watch(runpod_api)
+    clock.events = {1: lambda: runpod_api.fail("GET", "/v2/pods/pod-old", 200, body=body, times=5,
+                                               content_type="application/json"),
+                    8: lambda: runpod_api.set_status("pod-old", "EXITED")}
+    assert w.run() == 0
+    assert created(runpod_api) == [] and actions(runpod_api) == []
+
+
+def test_a_status_documented_as_not_running_counts_only_when_seen_repeatedly(runpod_api):
+    """ERROR once, then RUNNING again (a hiccup in what RunPod reports): not a loss. ERROR three times
+    in a row is (test_a_stopped_pod_ends_the_watch_and_one_in_error_or_terminated_is_replaced)."""
+    old_pod(runpod_api)
+    w, clock = watch(runpod_api)
+    clock.events = {1: lambda: runpod_api.set_status("pod-old", "ERROR"),
+                    2: lambda: runpod_api.set_status("pod-old", "RUNNING"),
+                    5: lambda: runpod_api.set_status("pod-old", "EXITED")}
+    assert w.run() == 0
+    assert created(runpod_api) == [] and actions(runpod_api) == []
+
+
+def test_an_unknown_status_restarts_the_count_toward_a_loss(runpod_api):
+    """STARTING for 300 s, then a migration state for 600 s, then STARTING again: the time in the
+    migration state does not count, so the pod is not lost at once when STARTING comes back."""
+    old_pod(runpod_api)
+    w, clock = watch(runpod_api, lost_after_s=600, start_grace_s=0, poll_s=30)
+
+    def back():
+        runpod_api.clear_shown("pod-old")
+
+    clock.events = {1: lambda: runpod_api.hold("pod-old", "STARTING"),
+                    11: lambda: runpod_api.show_status("pod-old", "MIGRATING"), 31: back,
+                    36: lambda: runpod_api.set_status("pod-old", "EXITED")}
+    assert w.run() == 0
+    assert created(runpod_api) == [] and actions(runpod_api) == []
+
+
+def test_a_replacement_created_twice_by_a_late_answer_leaves_one_pod(runpod_api):
+    """The run's replacement was made twice (a create whose answer came late, the pod list slow to show
+    it): once the earlier pod shows, while the watch's replacement still starts, the later one is
+    terminated and the earlier one followed."""
+    old_pod(runpod_api, env={"PODKIT_RUN_ID": "run1"})
+    runpod_api.polls_until_running = 6
+    w, clock = watch(runpod_api)
+
+    def lost_and_made_unseen():
+        runpod_api.vanish("pod-old")
+        runpod_api.add_pod(volume=VOLUME, id="pod-first", name="podkit-run", status="PROVISIONING",
+                           env={"PODKIT_RUN_ID": "run1"}, createdAt="2026-01-01T00:00:00Z")
+        runpod_api.unlisted("pod-first")
+        runpod_api.list_lag_s = 1e9
+
+    def the_list_catches_up():
+        runpod_api.list_lag_s = 0
+        runpod_api.unlisted("pod-first", hidden=False)
+
+    clock.events = {1: lost_and_made_unseen, 4: the_list_catches_up,
+                    30: lambda: runpod_api.set_status(w.pod_id, "EXITED")}
+    assert w.run() == 0
+    assert len(created(runpod_api)) == 1 and actions(runpod_api) == [("pod-new", "terminate")]
+    assert w.pod_id == "pod-first" and "pod-new" in runpod_api.terminated

@@ -234,3 +234,41 @@ def test_graphql_unknown_paths_and_a_missing_key_are_recorded(stub):
     assert call(stub, "GET", "/v2/pods", key="rpa_WRONG")[0] == 401
     assert call(stub, "GET", "/v2/catalog/gpus?include=AVAILABILITY&product=POD")[2]["gpus"][0]["availability"]
     stub.assert_clean()
+
+
+def test_answers_of_other_shapes_and_timings_are_scripted_and_not_held_to_the_document(stub):
+    """What the watch and the client are tested against: a pod shown with no status or one the document
+    lacks, an answer sent late for a request done at once, a pod list that lags, an answer dripped a byte
+    at a time, keep-alive comments in a followed log stream. None of it is counted as the stub's bug."""
+    import time
+
+    from runpod_stub import KEEPALIVE, MISSING
+
+    pid = stub.add_pod()["id"]
+    stub.show_status(pid, MISSING)
+    assert "status" not in call(stub, "GET", f"/v2/pods/{pid}")[2]
+    stub.show_status(pid, "MIGRATING")
+    assert [p["status"] for p in call(stub, "GET", "/v2/pods")[2]["pods"]] == ["MIGRATING"]
+    stub.clear_shown(pid)
+    assert call(stub, "GET", f"/v2/pods/{pid}")[2]["status"] == "RUNNING"
+
+    stub.answer_late("POST", "/v2/pods", 1.0)
+    stub.list_lag_s = 1.5
+    with pytest.raises(OSError):  # the client's timeout: the answer comes after it
+        call(stub, "POST", "/v2/pods", CREATE, timeout=0.3)
+    assert len(stub.pods) == 2, "made at once"
+    assert [p["id"] for p in call(stub, "GET", "/v2/pods")[2]["pods"]] == [pid], "not listed yet"
+    time.sleep(1.6)
+    assert len(call(stub, "GET", "/v2/pods")[2]["pods"]) == 2
+
+    stub.fail("GET", "/v2/templates", 200, body={"templates": []}, drip_s=0.01)
+    t0 = time.monotonic()
+    assert call(stub, "GET", "/v2/templates")[2] == {"templates": []} and time.monotonic() - t0 > 0.8
+
+    stub.logs[pid] = [("container", "hello")]
+    stub.follow_s, stub.keepalive_s = 0.5, 0.1
+    req = urllib.request.Request(f"{stub.url}/v2/pods/{pid}/logs", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        raw = r.read()
+    assert raw.count(KEEPALIVE) >= 2 and b'"line":"hello"' in raw
+    stub.assert_clean()

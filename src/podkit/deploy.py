@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import random
 import re
@@ -281,9 +282,17 @@ def _rank(pod: dict) -> int | None:
 class Deployer:
     """podkit's RunPod operations, each a few REST API v2 calls."""
 
-    def __init__(self, client: api.Client | None = None, sleep=time.sleep) -> None:
+    # How long a create podkit gave up waiting for may still be made and answered by RunPod: its edge holds
+    # a request up to 100 s (Cloudflare's proxy read timeout), and its pod list may show the pod later still.
+    CREATE_ANSWER_S = 120.0
+    LOOK_EVERY_S = 5.0
+
+    def __init__(self, client: api.Client | None = None, sleep=time.sleep, create_answer_s: float | None = None,
+                 look_every_s: float | None = None) -> None:
         self.api = client or api.Client(sleep=sleep)
         self.sleep = sleep
+        self.create_answer_s = self.CREATE_ANSWER_S if create_answer_s is None else create_answer_s
+        self.look_every_s = self.LOOK_EVERY_S if look_every_s is None else look_every_s
 
     def _redact(self, text: str) -> str:
         return self.api.redact(text)
@@ -309,10 +318,11 @@ class Deployer:
         return vol
 
     def pods_on(self, volume_id: str, but=()) -> list[dict]:
-        """The account's pods that mount this network volume and are not stopped or gone (ids in `but`
-        aside)."""
+        """The account's pods that mount this network volume and may be live (ids in `but` aside): all but
+        those RunPod documents as stopped, in error or gone; one in a status it does not document (a
+        migration) may hold the volume."""
         but = {but} if isinstance(but, str) else set(but)
-        return [p for p in self.api.pods() if p.get("id") not in but and p.get("status") in LIVE
+        return [p for p in self.api.pods() if p.get("id") not in but and maybe_live(p)
                 and volume_id in mounted_volumes(p)]
 
     # -- clusters ----------------------------------------------------------------------------------------
@@ -347,34 +357,34 @@ class Deployer:
         self.api.delete_cluster(cluster_id)
 
     # -- pods --------------------------------------------------------------------------------------------
-    def create_pod(self, body: dict, capacity_timeout_s: float) -> dict:
+    def create_pod(self, body: dict, capacity_timeout_s: float, mine=None, before=()) -> dict:
         """createPod, capacity refusals retried with back-off for a bounded time. A create RunPod may have
-        made (no answer, 5xx) is looked for by name before it is sent again: a second pod would bill too."""
-        name = body["name"]
-        before = {p.get("id") for p in self.api.pods() if p.get("name") == name}
+        made (no answer, 5xx, an answer cut short) is looked for among the run's pods for as long as RunPod
+        could still make it (`create_answer_s`) before it is sent again, and after any create exactly one
+        pod of the run is left (only_one): a second pod would bill too. `mine` tells the run's pods (its
+        run id, else its name); `before`, pods of it that were there already."""
+        name, run = body["name"], body["env"].get(guardfile.RUN_ENV, "")
+        mine = mine or (lambda p: run_of(p) == run if run else p.get("name") == name)
+        before = set(before) | {p.get("id") for p in self.api.pods() if mine(p)}
         t0, delay, attempt, unsure = time.monotonic(), 5.0, 0, 0
         while True:
             attempt += 1
             try:
                 pod = self.api.create_pod(body)
-                if not isinstance(pod.get("id"), str):
-                    raise PodkitError(f"RunPod's answer to the pod create has no id: {self._redact(str(pod))[:200]}",
-                                      "look in the console before creating another")
                 _log.info(f"pod {pod['id']} created ({body['gpu']['count']}x {GPU_TYPE}, {body['cloud']} cloud)")
-                return pod
+                return self.only_one(pod, mine, before)
             except api.ApiError as e:
                 if lost_answer(e):
-                    self.sleep(delay)  # a create that timed out may still be under way at RunPod
-                    made = [p for p in self.api.pods() if p.get("name") == name and p.get("id") not in before]
+                    made = self.look_for(mine, before)
                     if made:
                         _log.warn(f"RunPod made pod {made[0]['id']} although its answer was lost ({e.message}); "
                                   "following it, not creating another")
-                        return made[0]
+                        return self.only_one(made[0], mine, before)
                     unsure += 1
                     if unsure > 3:
                         raise
-                    _log.warn(f"the pod create failed and RunPod has no pod named {name!r}: sending it again "
-                              f"({e.message})")
+                    _log.warn(f"the pod create failed and RunPod lists no pod of the run after "
+                              f"{self.create_answer_s:.0f} s: sending it again ({e.message})")
                     continue
                 if not CAPACITY.search(f"{e.detail} {e.message}"):
                     raise PodkitError(f"RunPod refused the pod: {e.message}", e.hint) from None
@@ -392,6 +402,48 @@ class Deployer:
                 self.sleep(delay)
                 delay = min(60.0, delay * 2) * random.uniform(0.8, 1.2)
 
+    def look_for(self, mine, before) -> list[dict]:
+        """The run's pods made since `before`, looked for every `look_every_s` for as long as a create whose
+        answer was lost could still be made (`create_answer_s`); [] when none came."""
+        looks = max(1, math.ceil(self.create_answer_s / self.look_every_s))
+        for _ in range(looks):
+            self.sleep(self.look_every_s)  # a create that timed out may still be under way at RunPod
+            try:
+                made = [p for p in self.api.pods() if mine(p) and p.get("id") not in before]
+            except api.ApiError as e:
+                _log.warn(f"cannot list your pods to look for the pod just created ({e.message}); looking again")
+                continue
+            if made:
+                return sorted(made, key=created_order)
+        return []
+
+    def only_one(self, pod: dict, mine, before=()) -> dict:
+        """Exactly one pod of the run left: of `pod` and the run's other live pods made since `before`, the
+        one created first stays; the others are terminated while they are still starting (nothing of theirs
+        is lost), and one already running is named for a person to end (the workspace lease keeps it from
+        training). Returns the one that stays."""
+        try:
+            others = [p for p in self.api.pods() if mine(p) and maybe_live(p)
+                      and p.get("id") not in set(before) | {pod["id"]}]
+        except api.ApiError:
+            return pod  # asked again at the next look (the watch, wait_running)
+        if not others:
+            return pod
+        first = min([pod, *others], key=created_order)
+        for extra in (p for p in [pod, *others] if p is not first):
+            if api.pod_state(extra) == "starting":
+                _log.warn(f"pod {extra['id']} is a second pod of the run beside pod {first['id']} (created first): "
+                          "terminating it while it is still starting")
+                try:
+                    self.act(extra["id"], "terminate")
+                except PodkitError as e:
+                    _log.error(f"could not terminate pod {extra['id']} ({e.message}): terminate it yourself "
+                               f"(`podkit deploy terminate {extra['id']}`); the workspace lease keeps it from training")
+            else:
+                _log.error(f"pod {extra['id']} ({extra.get('status')}) is a second pod of the run beside pod "
+                           f"{first['id']}: it bills; `podkit deploy terminate {extra['id']}` when you have looked")
+        return first
+
     def wait_running(self, pod_id: str, timeout_s: float, poll_s: float = 5.0) -> dict:
         t0 = time.monotonic()
         last = None
@@ -400,6 +452,9 @@ class Deployer:
             if pod is None:
                 raise PodkitError(f"pod {pod_id} is gone while starting (terminated, or RunPod removed it)",
                                   "`podkit deploy status` on its id; look in the console")
+            if (run := run_of(pod)) and (first := self.only_one(pod, lambda p: run_of(p) == run))["id"] != pod_id:
+                _log.info(f"following pod {first['id']}, the run's pod created first")
+                pod_id, pod = first["id"], first
             state = pod.get("status")
             ready = running(pod)
             if state != last or ready:
@@ -427,7 +482,7 @@ class Deployer:
                 pod = self.api.pod(pod_id)
                 if pod and action == "stop" and pod.get("status") == "EXITED":
                     return pod
-                if pod and action == "start" and pod.get("status") in LIVE:
+                if pod and action == "start" and api.pod_state(pod) in ("starting", "running"):
                     return pod  # a start whose first answer was lost, sent again
                 if pod and pod.get("locked") and action == "stop":
                     raise PodkitError(f"pod {pod_id} is locked: RunPod does not stop a locked pod",
@@ -445,7 +500,13 @@ class Deployer:
         return pod
 
 
-LIVE = ("PROVISIONING", "STARTING", "RUNNING")
+def created_order(pod: dict) -> tuple[str, str]:
+    return str(pod.get("createdAt") or ""), str(pod.get("id"))
+
+
+def maybe_live(pod: dict) -> bool:
+    """Not a pod RunPod documents as stopped, in error or gone (a status it does not document may be live)."""
+    return api.pod_state(pod) not in ("stopped", "error", "gone")
 
 
 def lost_answer(e: api.ApiError) -> bool:
@@ -534,6 +595,8 @@ class Watch:
         self.carry: dict = {}
         self.seen_running = False
         self.refusals = 0
+        self.downs = 0  # answers in a row with a status RunPod documents as not running
+        self.replaced: set[str] = set()  # the pods this watch replaced: never the run's pod again
 
     def remember(self, pod: dict) -> None:
         if not self.carry:
@@ -543,27 +606,37 @@ class Watch:
             self.carry["gpuCount"] = gpu_count(pod)
 
     def verdict(self, pod: dict | None, down_since: float | None, nones: int) -> tuple[str, str]:
-        """(state, why): running | waiting | stopped | lost."""
+        """(state, why): running | waiting | stopped | lost. Only what RunPod documents counts toward a loss
+        (api.STATUSES), and only when it has said so `GONE_AFTER` times in a row: a status it does not
+        document (none, null, a migration state) says nothing, and is waited out like an unreadable answer."""
         if pod is None and nones < self.GONE_AFTER:
             return "waiting", "RunPod does not know the pod (asking again)"
-        state = pod.get("status") if pod else None
-        if not pod or state == "TERMINATED":
-            return "lost", "the pod is gone (terminated, migrated, or its host was removed)"
-        if state == "EXITED":
+        state, status = api.pod_state(pod) if pod else "gone", (pod or {}).get("status")
+        if state == "unknown":
+            return "waiting", (f"RunPod reports the pod in a status it does not document ({status!r:.40}): that "
+                               "says nothing about it; asking again")
+        if state == "stopped":
             return "stopped", ("the pod was stopped on request: by its own cost guard (training finished, its "
                                "maximum run time, a long safe mode) or by a person")
-        if state == "ERROR":
-            return "lost", "RunPod reports the pod in ERROR (its container could not start or run)"
+        sure = pod is None or self.downs >= self.GONE_AFTER
+        if state == "gone":
+            if sure:
+                return "lost", "the pod is gone (terminated, migrated, or its host was removed)"
+            return "waiting", f"RunPod reports the pod {status} (asking again before it counts)"
+        if state == "error":
+            if sure:
+                return "lost", "RunPod reports the pod in ERROR (its container could not start or run)"
+            return "waiting", "RunPod reports the pod in ERROR (asking again before it counts)"
         rt = pod.get("runtime")
-        if state == "RUNNING" and isinstance(rt, dict) and rt.get("gpus") == [] and self.carry.get("gpuCount"):
+        if state == "running" and isinstance(rt, dict) and rt.get("gpus") == [] and self.carry.get("gpuCount"):
             return "lost", "the pod runs with zero GPUs (its host had none free when it restarted)"
         if running(pod):
             return "running", "running"
         down = self.clock() - down_since if down_since is not None else 0.0
         limit = self.lost_after_s + (0 if self.seen_running else self.start_grace_s)
-        if down >= limit:
-            return "lost", f"the pod has not been running for {down:.0f} s (state {state}; host down or unreachable)"
-        return "waiting", f"not running yet ({state})"
+        if down >= limit and sure:
+            return "lost", f"the pod has not been running for {down:.0f} s (state {status}; host down or unreachable)"
+        return "waiting", f"not running yet ({status})"
 
     def notify(self, event: str, text: str) -> None:
         from podkit import notify
@@ -627,7 +700,13 @@ class Watch:
                 self.remember(pod)
             up = running(pod)
             self.seen_running = self.seen_running or up
-            down_since = None if up else (down_since if down_since is not None else self.clock())
+            if pod is not None and api.pod_state(pod) == "unknown":
+                down_since, self.downs = None, 0  # says nothing: a loss is counted afresh from what RunPod documents
+            else:
+                down_since = None if up else (down_since if down_since is not None else self.clock())
+                self.downs = 0 if up else self.downs + 1
+            if not self.seen_running and pod is not None:
+                self.only_one(pod)
             state, why = self.verdict(pod, down_since, nones)
             if why != said:
                 _log.info(f"pod {self.pod_id}: {why}")
@@ -644,7 +723,7 @@ class Watch:
                     continue
                 if outcome not in ("replaced", "followed"):
                     return 0 if outcome == "deadline" else 1
-                down_since, said, nones, self.seen_running = None, "", 0, False
+                down_since, said, nones, self.seen_running, self.downs = None, "", 0, False, 0
                 continue
             self.d.sleep(self.poll_s)
 
@@ -661,7 +740,8 @@ class Watch:
         """Stop the lost pod, then start its replacement, a failed start tried again after a back-off
         that doubles from the second attempt on: replaced | followed | deadline | gave-up."""
         old = self.pod_id
-        if now and now.get("status") not in ("EXITED", "TERMINATED"):
+        self.replaced.add(old)
+        if now and api.pod_state(now) not in ("stopped", "gone"):
             try:  # it may come back: it must not then train beside its replacement
                 self.d.act(old, "stop")
                 _log.info(f"pod {old} stopped (not terminated: `podkit deploy terminate {old}` when done with it)")
@@ -712,24 +792,23 @@ class Watch:
 
 
     def rival(self, ours: dict, old: str) -> dict | None:
-        """Two watches that found the run lost at the same moment each start a pod: the one started first
-        stays, the later one is terminated at once (it is still starting: nothing of it is lost)."""
-        try:
-            others = self.d.pods_on(self.volume_id, but={ours["id"], old}) if self.volume_id else []
-        except api.ApiError:
-            return None  # the workspace lease keeps two pods from training on one volume
-        others = [p for p in others if self.ours(p)]
-        first = min([ours, *others], key=lambda p: (str(p.get("createdAt") or ""), str(p.get("id"))))
-        if first is ours:
+        """Two watches that found the run lost at the same moment each start a pod (or one create of this
+        watch was made twice): the one started first stays, the later ones are terminated at once (still
+        starting: nothing of them is lost). The pod that stays when it is not `ours`."""
+        if not self.volume_id:
             return None
-        _log.warn(f"pod {first['id']} was started on network volume {self.volume_id} before pod {ours['id']}, which "
-                  "this watch just started (another watch?): terminating this watch's pod")
-        try:
-            self.d.act(ours["id"], "terminate")
-        except PodkitError as e:
-            _log.error(f"could not terminate pod {ours['id']} ({e.message}): terminate it yourself "
-                       f"(`podkit deploy terminate {ours['id']}`); the workspace lease keeps it from training")
-        return first
+        first = self.d.only_one(ours, self.on_volume, before=self.replaced | {old})
+        return None if first["id"] == ours["id"] else first
+
+    def on_volume(self, pod: dict) -> bool:
+        return self.ours(pod) and self.volume_id in mounted_volumes(pod)
+
+    def only_one(self, pod: dict) -> None:
+        """While the followed pod starts, a second pod of the run that shows up late (a create RunPod answered
+        after podkit gave up on it) is terminated, or, created first, followed instead."""
+        if (first := self.rival(pod, "")) is not None:
+            _log.info(f"following pod {first['id']}, the run's pod created first, instead of pod {self.pod_id}")
+            self.pod_id = first["id"]
 
 
 class _Unsure(Exception):

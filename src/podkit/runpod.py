@@ -13,7 +13,10 @@ URL that is not https (loopback aside), or a redirect, is refused, and no messag
 
 from __future__ import annotations
 
+import datetime as dt
+import email.utils
 import http.client
+import io
 import ipaddress
 import json
 import os
@@ -31,6 +34,16 @@ API_BASE = "https://api.runpod.io"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 RETRY_AFTER_MAX_S = 120.0  # a Retry-After longer than this is RunPod saying "not now": the caller decides
 ANSWER_MAX_BYTES = 8 << 20  # a pod list of a large account fits; an endless answer does not
+SSE_LINE_MAX = 256 << 10  # one log event's line; a longer one is skipped (said so), never held whole in memory
+SHOWN_MAX = 400  # what of an error answer a message quotes, cut after the key is taken out
+# RunPod's ids (pods, templates, clusters, volumes): what may go into a URL path. An id of another shape in
+# an answer is skipped or refused, never sent on ("victim/action?x=" would address another endpoint).
+ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# RunPod's pod statuses (PodStatus in its OpenAPI document) and what each says about the pod: the one map
+# every question about a pod's state goes through. A status not here (missing, null, a migration state, one
+# added later) says nothing: never that the pod is down, never that it is gone.
+STATUSES = {"PROVISIONING": "starting", "STARTING": "starting", "RUNNING": "running", "EXITED": "stopped",
+            "ERROR": "error", "TERMINATED": "gone"}
 REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 409: "Conflict",
            422: "Unprocessable Entity", 429: "Too Many Requests", 500: "Internal Server Error",
            502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
@@ -55,7 +68,81 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+class Deadline:
+    """When a request must be over, by the monotonic clock: every read of its answer (status line, headers,
+    body, each SSE line) gets what is left, so an answer that drips a byte a second ends at `at` too. The
+    log stream moves `at` on as events come (keep-alive comments do not)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.at = time.monotonic() + seconds
+
+    def left(self) -> float:
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's deadline passed")
+        return left
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket's reader (socket.SocketIO, which keeps the socket open while it reads), each read given
+    what is left of the deadline as its timeout."""
+
+    def __init__(self, raw, sock, deadline: Deadline) -> None:
+        super().__init__()
+        self._raw, self._sock, self._deadline = raw, sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        self._sock.settimeout(self._deadline.left())
+        return self._raw.readinto(b)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _DeadlineSocket:
+    """The connection's socket as http.client sees it: the same, but what it reads through obeys the deadline."""
+
+    def __init__(self, sock, deadline: Deadline) -> None:
+        self._sock, self._deadline = sock, deadline
+
+    def makefile(self, mode="r", buffering=None, **kw):
+        return io.BufferedReader(_DeadlineReader(self._sock.makefile("rb", buffering=0), self._sock, self._deadline))
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def _with_deadline(base):
+    class Connection(base):
+        def __init__(self, *args, deadline: Deadline, **kw) -> None:
+            super().__init__(*args, **kw)
+            self.deadline = deadline
+
+        def connect(self) -> None:
+            self.timeout = min(self.timeout, self.deadline.left())
+            super().connect()
+            self.sock = _DeadlineSocket(self.sock, self.deadline)
+    return Connection
+
+
+_HTTP, _HTTPS = _with_deadline(http.client.HTTPConnection), _with_deadline(http.client.HTTPSConnection)
+
+
+def _opener(deadline: Deadline):
+    """urllib with no redirects, whose connections keep `deadline`."""
+    class Http(urllib.request.HTTPHandler):
+        def http_open(self, req):
+            return self.do_open(_HTTP, req, deadline=deadline)
+
+    class Https(urllib.request.HTTPSHandler):
+        def https_open(self, req):
+            return self.do_open(_HTTPS, req, deadline=deadline)
+
+    return urllib.request.build_opener(_NoRedirect, Http, Https)
 
 
 def base_url(environ=None) -> str:
@@ -100,21 +187,42 @@ def api_key(environ=None) -> str:
     return key
 
 
-def problem(status: int, raw: bytes) -> tuple[str, str]:
+def pod_state(pod: dict | None) -> str:
+    """What RunPod says of the pod, through STATUSES: starting | running | stopped | error | gone, or
+    unknown (a status it does not document, or none)."""
+    status = pod.get("status") if isinstance(pod, dict) else None
+    return STATUSES.get(status, "unknown") if isinstance(status, str) else "unknown"
+
+
+def check_id(value, what: str = "pod") -> str:
+    """`value` when it has a RunPod id's shape (it goes into a URL path); else ApiError."""
+    if isinstance(value, str) and ID.match(value):
+        return value
+    raise ApiError(f"{_shown(repr(value))} is not a RunPod {what} id: not sent to RunPod's API",
+                   "RunPod's answer or the command line has an id of another shape", status=200)
+
+
+def cut(text: str, limit: int = SHOWN_MAX) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def problem(status: int, raw: bytes, redact=lambda t: t) -> tuple[str, str]:
     """(one line for people, RunPod's detail) from an error answer: RFC 9457 problem+json (title, detail,
-    errors) when it is one, else the answer's first words."""
+    errors) when it is one, else the answer's first words. `redact` runs on the whole text before anything
+    is cut: a cut through the key would leave part of it."""
     try:
         answer = json.loads(raw)
     except ValueError:
         answer = None
     if isinstance(answer, dict) and (answer.get("detail") or answer.get("title")):
-        detail = str(answer.get("detail") or "")
+        detail = redact(str(answer.get("detail") or ""))
         line = ": ".join(str(answer[k]) for k in ("title", "detail") if answer.get(k))
         errors = answer.get("errors")
         if isinstance(errors, list) and errors:
             line += " (" + "; ".join(str(e) for e in errors[:5]) + ")"
-        return " ".join(line.split())[:400], detail
-    text = " ".join(raw[:400].decode("utf-8", "replace").split())
+        return cut(redact(line)), cut(detail, 4 * SHOWN_MAX)
+    text = cut(redact(raw.decode("utf-8", "replace")))
     return (text or REASONS.get(status, "no message")), text
 
 
@@ -132,24 +240,31 @@ class Client:
         self.sleep, self.agent = sleep, agent
 
     def redact(self, text: str) -> str:
-        return text.replace(self._key, "***") if self._key else text
+        """The key out of `text`, and whatever an Authorization header carries."""
+        text = text.replace(self._key, "***") if self._key else text
+        return _AUTHORIZATION.sub(lambda m: m.group(1) + "***", text)
 
     def url(self, path: str, query: dict | None = None) -> str:
         q = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (query or {}).items() if v is not None}
         return f"{self.base}{path}" + (f"?{urllib.parse.urlencode(q)}" if q else "")
 
     def _request(self, method: str, path: str, body, query, headers: dict | None, timeout_s: float):
+        """The answer, open; `timeout_s` is the whole request's (connect, status, headers, body), and the
+        answer's `deadline` may be moved on by a reader that wants more (the log stream)."""
         data = None if body is None else json.dumps(body).encode()
         h = {"Authorization": f"Bearer {self._key}", "Accept": "application/json", "User-Agent": self.agent}
         if data is not None:
             h["Content-Type"] = "application/json"
         h.update(headers or {})
         req = urllib.request.Request(self.url(path, query), data=data, method=method, headers=h)
-        return _OPENER.open(req, timeout=timeout_s)
+        deadline = Deadline(timeout_s)
+        r = _opener(deadline).open(req, timeout=timeout_s)
+        r.deadline = deadline
+        return r
 
     def call(self, method: str, path: str, body=None, *, query: dict | None = None, what: str = "",
              retry: bool = True, ok_missing: bool = False, timeout_s: float | None = None):
-        """The JSON answer (None for 204, or for 404 when `ok_missing`). `what` names the object for
+        """The JSON answer (None for 204 or no body; _GONE for 404 when `ok_missing`). `what` names the object for
         messages ("pod abc123"). `retry=False`: a request RunPod may have acted on is sent once."""
         what = what or path
         attempt = 0
@@ -161,15 +276,15 @@ class Client:
                     raw = r.read(ANSWER_MAX_BYTES + 1)
                     status = r.status
             except urllib.error.HTTPError as e:
-                status, raw = e.code, e.read(1 << 16) if e.fp else b""
+                status, raw = e.code, _error_body(e)
                 if status == 404 and ok_missing:
-                    return None
+                    return _GONE
                 if 300 <= status < 400:
                     raise ApiError(f"RunPod's API redirected {method} {path} (HTTP {status}): not followed, it "
                                    "would carry the API key elsewhere", "check RUNPOD_API_BASE_URL", status) from None
-                line, detail = problem(status, raw)
-                err = ApiError(f"RunPod answered {method} {path} ({what}) with HTTP {status}: {self.redact(line)}",
-                               HINTS.get(status, ""), status, self.redact(detail))
+                line, detail = problem(status, raw, self.redact)
+                err = ApiError(f"RunPod answered {method} {path} ({what}) with HTTP {status}: {line}",
+                               HINTS.get(status, ""), status, detail)
                 # 429 is a refusal, safe to send again; a 5xx may come after RunPod acted on it.
                 if attempt > self.retries or not (status == 429 or (retry and status in RETRY_STATUSES)):
                     raise err from None
@@ -195,7 +310,7 @@ class Client:
                     return json.loads(raw)
                 except ValueError:
                     raise ApiError(f"RunPod answered {method} {path} ({what}) with HTTP {status} and no JSON: "
-                                   f"{self.redact(' '.join(raw[:200].decode('utf-8', 'replace').split()))!r}",
+                                   f"{cut(self.redact(raw[:1 << 16].decode('utf-8', 'replace')), 200)!r}",
                                    "RunPod's API or a proxy in front of it is having trouble; try again",
                                    status) from None
             self.sleep(wait)
@@ -205,18 +320,28 @@ class Client:
 
     # -- what podkit asks ----------------------------------------------------------------------------------
     def pod(self, pod_id: str) -> dict | None:
-        """The pod, or None when RunPod has no such pod (terminated, migrated away, or never was)."""
-        return _object(self.call("GET", f"/v2/pods/{pod_id}", what=f"pod {pod_id}", ok_missing=True), "pod")
+        """The pod, or None when RunPod has no such pod (404: terminated, migrated away, or never was). A
+        200 without a pod (null, empty, another id) is an answer that cannot be read, never "no such pod"."""
+        check_id(pod_id)
+        answer = self.call("GET", f"/v2/pods/{pod_id}", what=f"pod {pod_id}", ok_missing=True)
+        if answer is _GONE:
+            return None
+        pod = _object(answer, "pod", status=200)
+        if pod.get("id") != pod_id:
+            raise ApiError(f"RunPod's answer for pod {pod_id} is not that pod (id {_shown(repr(pod.get('id')))})",
+                           status=200)
+        return pod
 
     def pods(self) -> list[dict]:
         return _listed(self.call("GET", "/v2/pods", query={"includeClusterPods": True}, what="your pods"), "pods")
 
     def create_pod(self, body: dict) -> dict:
         """Sent once: a create that timed out or failed with 5xx may have been made, so it is not repeated
-        here; the caller looks for it by name before trying again (a second pod would bill beside it)."""
-        return _object(self.call("POST", "/v2/pods", body, what=f"pod {body.get('name')!r}", retry=False), "pod")
+        here; the caller looks for it before trying again (a second pod would bill beside it)."""
+        return _made(self.call("POST", "/v2/pods", body, what=f"pod {body.get('name')!r}", retry=False), "pod")
 
     def action(self, pod_id: str, action: str) -> dict | None:
+        check_id(pod_id)
         return self.call("POST", f"/v2/pods/{pod_id}/action", {"action": action}, what=f"pod {pod_id}")
 
     def templates(self) -> list[dict]:
@@ -224,55 +349,73 @@ class Client:
 
     def save_template(self, body: dict, template_id: str | None) -> dict:
         if template_id:
-            return _object(self.call("PATCH", f"/v2/templates/{template_id}", body,
-                                     what=f"template {template_id}"), "template")
-        return _object(self.call("POST", "/v2/templates", body, what=f"template {body.get('name')!r}",
-                                 retry=False), "template")
+            check_id(template_id, "template")
+            return _made(self.call("PATCH", f"/v2/templates/{template_id}", body,
+                                   what=f"template {template_id}"), "template")
+        return _made(self.call("POST", "/v2/templates", body, what=f"template {body.get('name')!r}",
+                               retry=False), "template")
 
     def network_volumes(self) -> list[dict]:
         return _listed(self.call("GET", "/v2/network-volumes", what="your network volumes"), "networkVolumes")
 
     def create_cluster(self, body: dict) -> dict:
-        return _object(self.call("POST", "/v2/clusters", body, what=f"cluster {body.get('name')!r}", retry=False),
-                       "cluster")
+        return _made(self.call("POST", "/v2/clusters", body, what=f"cluster {body.get('name')!r}", retry=False),
+                     "cluster")
 
     def clusters(self) -> list[dict]:
         return _listed(self.call("GET", "/v2/clusters", what="your clusters"), "clusters")
 
     def cluster(self, cluster_id: str) -> dict:
+        check_id(cluster_id, "cluster")
         return _object(self.call("GET", f"/v2/clusters/{cluster_id}", what=f"cluster {cluster_id}"), "cluster")
 
     def cluster_pods(self, cluster_id: str) -> list[dict]:
+        check_id(cluster_id, "cluster")
         return _listed(self.call("GET", f"/v2/clusters/{cluster_id}/pods", what=f"cluster {cluster_id}"), "pods")
 
     def delete_cluster(self, cluster_id: str) -> None:
+        check_id(cluster_id, "cluster")
         self.call("DELETE", f"/v2/clusters/{cluster_id}", what=f"cluster {cluster_id}")
 
     def logs(self, pod_id: str, *, source: str | None = None, tail: int | None = None, follow: bool = True,
              last_id: str | None = None, reconnects: int = 5, idle_timeout_s: float = 300,
              settle_s: float = 5) -> Iterator[dict]:
         """The pod's log events ({source, line, ts}) from the SSE endpoint, each once. RunPod holds the
-        stream open after its backlog: without `follow` it ends once nothing has come for `settle_s`. A
-        stream that drops, or that RunPod ends, is resumed with Last-Event-ID (the last event's id; an event
-        repeating it is dropped), and a 429 or 5xx at a connect is waited out: `reconnects` failures in a
-        row at most."""
-        failures = 0
+        stream open after its backlog: without `follow` it ends once the backlog is out: `tail` lines (its
+        default 100), or a line stamped after the stream began (by the answer's Date), or no event for
+        `settle_s` (keep-alive comments do not count). A stream that drops, or that RunPod ends, is resumed
+        with Last-Event-ID (the last event's id; an event repeating it is dropped), and a 429 or 5xx at a
+        connect is waited out: `reconnects` failures in a row at most."""
+        check_id(pod_id)
+        failures, backlog, began = 0, (LOG_TAIL if tail is None else tail), None
+        quiet_s = idle_timeout_s if follow else settle_s
         while True:
+            if not follow and backlog <= 0:
+                return
             query = {"source": source, "tail": None if last_id else tail}
             headers = {"Accept": "text/event-stream"}
             if last_id:
                 headers["Last-Event-ID"] = last_id
             got, wait = 0, None
             try:
-                with self._stream(pod_id, query, headers, idle_timeout_s if follow else settle_s) as r:
+                with self._stream(pod_id, query, headers, quiet_s) as r:
+                    began = began or _answer_date(r.headers.get("Date"))
                     for event_id, data in sse_events(r):
-                        event = _log_event(data)
+                        r.deadline.at = time.monotonic() + quiet_s  # an event, not a comment, moves it on
+                        event = _log_event(data) if data is not None else {
+                            "source": "", "line": f"[podkit] a log event over {SSE_LINE_MAX >> 10} KiB was skipped",
+                            "ts": ""}
                         key = event_id or (event or {}).get("ts") or ""
                         if event is None or (last_id and key == last_id):
                             continue
+                        if not follow and began and _stamped_after(event["ts"], began):
+                            return  # a line the pod wrote after the stream began: the backlog is out
                         got += 1
                         last_id = key or last_id
                         yield event
+                        backlog -= 1
+                        if not follow and backlog <= 0:
+                            return
                 if not follow and (got == 0 or not last_id):
                     return  # a resume that brought nothing new: the stream was whole
             except TimeoutError:
@@ -301,11 +444,43 @@ class Client:
         try:
             return self._request("GET", f"/v2/pods/{pod_id}/logs", None, query, headers, timeout_s)
         except urllib.error.HTTPError as e:
-            line, detail = problem(e.code, e.read(1 << 16) if e.fp else b"")
+            line, detail = problem(e.code, _error_body(e), self.redact)
             # A 429's detail is where its Retry-After travels to logs(), which waits it out.
-            raise ApiError(f"RunPod answered the log stream of pod {pod_id} with HTTP {e.code}: {self.redact(line)}",
+            raise ApiError(f"RunPod answered the log stream of pod {pod_id} with HTTP {e.code}: {line}",
                            HINTS.get(e.code, "`podkit deploy status` tells whether the pod exists"), e.code,
-                           e.headers.get("Retry-After", "") if e.code == 429 else self.redact(detail)) from None
+                           e.headers.get("Retry-After", "") if e.code == 429 else detail) from None
+
+
+LOG_TAIL = 100  # RunPod's backlog when no tail is asked for (LogTail's default)
+_GONE = object()  # call()'s answer for a 404 that means "no such object"
+_AUTHORIZATION = re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?(?:bearer|basic|token)?\s*)[^\s'\",}]+")
+
+
+def _error_body(e: urllib.error.HTTPError) -> bytes:
+    """An error answer's first 64 KiB; what does not come within the request's deadline is left."""
+    try:
+        return e.read(1 << 16) if e.fp else b""
+    except (OSError, http.client.HTTPException):
+        return b""
+
+
+def _answer_date(value: str | None) -> dt.datetime | None:
+    try:
+        return email.utils.parsedate_to_datetime(value) if value else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _stamped_after(ts: str, began: dt.datetime) -> bool:
+    """A log event's ts later than the stream's start by more than the Date header's second (and a
+    second's margin): written after it began."""
+    try:
+        t = dt.datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    if t.tzinfo is None or began.tzinfo is None:
+        return False
+    return t > began + dt.timedelta(seconds=2)
 
 
 def retry_after(value: str | None) -> float | None:
@@ -317,27 +492,48 @@ def retry_after(value: str | None) -> float | None:
     return seconds if 0 <= seconds < float("inf") else None
 
 
-def sse_events(lines) -> Iterator[tuple[str, str]]:
-    """(id, data) of each event of a text/event-stream (the WHATWG rules podkit needs: `id:`, multi-line
-    `data:`, comments and other fields ignored, an event ends at a blank line)."""
-    event_id, data = "", []
-    for raw in lines:
-        line = raw.decode("utf-8", "replace").rstrip("\r\n") if isinstance(raw, bytes) else raw.rstrip("\r\n")
+def sse_lines(stream, limit: int = SSE_LINE_MAX) -> Iterator[bytes | None]:
+    """The lines of a byte stream (its readline), each at most `limit` bytes: a longer one is read through
+    in pieces and given as None, so memory stays bounded whatever the stream sends."""
+    while True:
+        line = stream.readline(limit + 1)
         if not line:
-            if data:
-                yield event_id, "\n".join(data)
-            data = []
+            return
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line
+            continue
+        while line and not line.endswith(b"\n"):  # the rest of the long line, dropped as it comes
+            line = stream.readline(limit)
+        yield None
+
+
+def sse_events(stream, limit: int = SSE_LINE_MAX) -> Iterator[tuple[str, str | None]]:
+    """(id, data) of each event of a text/event-stream (the WHATWG rules podkit needs: `id:`, multi-line
+    `data:`, comments and other fields ignored, an event ends at a blank line), from a byte stream. An
+    event whose data is over `limit` bytes comes as (id, None)."""
+    event_id, data, size, over = "", [], 0, False
+    for raw in sse_lines(stream, limit):
+        if raw is None:
+            over = True
+            continue
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if not line:
+            if data or over:
+                yield event_id, None if over else "\n".join(data)
+            data, size, over = [], 0, False
             continue
         if line.startswith(":"):
             continue
         field, _, value = line.partition(":")
         value = value[1:] if value.startswith(" ") else value
         if field == "data":
-            data.append(value)
+            size += len(value) + 1
+            over = over or size > limit
+            data = [] if over else [*data, value]
         elif field == "id" and "\x00" not in value:
             event_id = value
-    if data:
-        yield event_id, "\n".join(data)
+    if data or over:
+        yield event_id, None if over else "\n".join(data)
 
 
 def _log_event(data: str) -> dict | None:
@@ -350,19 +546,31 @@ def _log_event(data: str) -> dict | None:
     return {"source": str(event.get("source") or ""), "line": event["line"], "ts": str(event.get("ts") or "")}
 
 
-def _object(answer, what: str) -> dict | None:
-    if answer is None:
+def _object(answer, what: str, status: int = 0) -> dict | None:
+    """The object of an answer; None for no body, unless `status` says one was due (then it is an answer
+    that cannot be read)."""
+    if answer is None and not status:
         return None
     if not isinstance(answer, dict):
         raise ApiError(f"RunPod's answer for a {what} is not an object: {type(answer).__name__}", status=200)
     return answer
 
 
+def _made(answer, what: str) -> dict:
+    """A created or saved object: it must have an id of RunPod's shape, which later requests put in a path."""
+    made = _object(answer, what, status=200)
+    if not isinstance(made.get("id"), str) or not ID.match(made["id"]):
+        raise ApiError(f"RunPod's answer for the {what} has no {what} id of RunPod's shape "
+                       f"(id {_shown(repr(made.get('id')))})", status=200)
+    return made
+
+
 def _listed(answer, key: str) -> list[dict]:
-    """v2 wraps lists: {"pods": [...]}. Entries that are not objects are dropped, not trusted."""
+    """v2 wraps lists: {"pods": [...]}. Entries that are not objects, or whose id is not of RunPod's shape
+    (it would go into a URL path), are dropped, not trusted."""
     items = answer.get(key) if isinstance(answer, dict) else None
     if not isinstance(items, list):
         got = f"keys {sorted(map(str, answer))[:8]}" if isinstance(answer, dict) else type(answer).__name__
         raise ApiError(f"RunPod's answer has no {key!r} list ({got})",
                        "RunPod's API may have changed; podkit speaks REST API v2", status=200)
-    return [i for i in items if isinstance(i, dict)]
+    return [i for i in items if isinstance(i, dict) and isinstance(i.get("id"), str) and ID.match(i["id"])]
