@@ -537,6 +537,10 @@ def test_ids_of_another_shape_never_go_into_a_url_path(runpod_api):
         with pytest.raises(api.ApiError, match="is not a RunPod pod id"):
             call()
     assert not [q for q in runpod_api.requests if "victim" in q.path or "victim" in str(q.query)]
+    runpod_api.fail("POST", "/v2/pods", 201, body={"id": f"Bearer {KEY}"})
+    with pytest.raises(api.ApiError) as e:
+        c.create_pod(deploy.pod_body(tpl, 4, "SECURE", "p"))
+    assert KEY[:4] not in e.value.message, "an id that echoes the key is shown redacted"
 
 
 def test_a_log_line_of_many_mib_costs_a_bounded_amount_of_memory():

@@ -194,11 +194,12 @@ def pod_state(pod: dict | None) -> str:
     return STATUSES.get(status, "unknown") if isinstance(status, str) else "unknown"
 
 
-def check_id(value, what: str = "pod") -> str:
-    """`value` when it has a RunPod id's shape (it goes into a URL path); else ApiError."""
+def check_id(value, what: str = "pod", redact=lambda t: t) -> str:
+    """`value` when it has a RunPod id's shape (it goes into a URL path); else ApiError, which shows the
+    value redacted, then cut."""
     if isinstance(value, str) and ID.match(value):
         return value
-    raise ApiError(f"{_shown(repr(value))} is not a RunPod {what} id: not sent to RunPod's API",
+    raise ApiError(f"{_shown(redact(repr(value)))} is not a RunPod {what} id: not sent to RunPod's API",
                    "RunPod's answer or the command line has an id of another shape", status=200)
 
 
@@ -322,14 +323,14 @@ class Client:
     def pod(self, pod_id: str) -> dict | None:
         """The pod, or None when RunPod has no such pod (404: terminated, migrated away, or never was). A
         200 without a pod (null, empty, another id) is an answer that cannot be read, never "no such pod"."""
-        check_id(pod_id)
+        check_id(pod_id, "pod", self.redact)
         answer = self.call("GET", f"/v2/pods/{pod_id}", what=f"pod {pod_id}", ok_missing=True)
         if answer is _GONE:
             return None
         pod = _object(answer, "pod", status=200)
         if pod.get("id") != pod_id:
-            raise ApiError(f"RunPod's answer for pod {pod_id} is not that pod (id {_shown(repr(pod.get('id')))})",
-                           status=200)
+            raise ApiError(f"RunPod's answer for pod {pod_id} is not that pod "
+                           f"(id {_shown(self.redact(repr(pod.get('id'))))})", status=200)
         return pod
 
     def pods(self) -> list[dict]:
@@ -338,10 +339,11 @@ class Client:
     def create_pod(self, body: dict) -> dict:
         """Sent once: a create that timed out or failed with 5xx may have been made, so it is not repeated
         here; the caller looks for it before trying again (a second pod would bill beside it)."""
-        return _made(self.call("POST", "/v2/pods", body, what=f"pod {body.get('name')!r}", retry=False), "pod")
+        return _made(self.call("POST", "/v2/pods", body, what=f"pod {body.get('name')!r}", retry=False), "pod",
+                     self.redact)
 
     def action(self, pod_id: str, action: str) -> dict | None:
-        check_id(pod_id)
+        check_id(pod_id, "pod", self.redact)
         return self.call("POST", f"/v2/pods/{pod_id}/action", {"action": action}, what=f"pod {pod_id}")
 
     def templates(self) -> list[dict]:
@@ -349,32 +351,32 @@ class Client:
 
     def save_template(self, body: dict, template_id: str | None) -> dict:
         if template_id:
-            check_id(template_id, "template")
+            check_id(template_id, "template", self.redact)
             return _made(self.call("PATCH", f"/v2/templates/{template_id}", body,
-                                   what=f"template {template_id}"), "template")
+                                   what=f"template {template_id}"), "template", self.redact)
         return _made(self.call("POST", "/v2/templates", body, what=f"template {body.get('name')!r}",
-                               retry=False), "template")
+                               retry=False), "template", self.redact)
 
     def network_volumes(self) -> list[dict]:
         return _listed(self.call("GET", "/v2/network-volumes", what="your network volumes"), "networkVolumes")
 
     def create_cluster(self, body: dict) -> dict:
         return _made(self.call("POST", "/v2/clusters", body, what=f"cluster {body.get('name')!r}", retry=False),
-                     "cluster")
+                     "cluster", self.redact)
 
     def clusters(self) -> list[dict]:
         return _listed(self.call("GET", "/v2/clusters", what="your clusters"), "clusters")
 
     def cluster(self, cluster_id: str) -> dict:
-        check_id(cluster_id, "cluster")
+        check_id(cluster_id, "cluster", self.redact)
         return _object(self.call("GET", f"/v2/clusters/{cluster_id}", what=f"cluster {cluster_id}"), "cluster")
 
     def cluster_pods(self, cluster_id: str) -> list[dict]:
-        check_id(cluster_id, "cluster")
+        check_id(cluster_id, "cluster", self.redact)
         return _listed(self.call("GET", f"/v2/clusters/{cluster_id}/pods", what=f"cluster {cluster_id}"), "pods")
 
     def delete_cluster(self, cluster_id: str) -> None:
-        check_id(cluster_id, "cluster")
+        check_id(cluster_id, "cluster", self.redact)
         self.call("DELETE", f"/v2/clusters/{cluster_id}", what=f"cluster {cluster_id}")
 
     def logs(self, pod_id: str, *, source: str | None = None, tail: int | None = None, follow: bool = True,
@@ -386,7 +388,7 @@ class Client:
         `settle_s` (keep-alive comments do not count). A stream that drops, or that RunPod ends, is resumed
         with Last-Event-ID (the last event's id; an event repeating it is dropped), and a 429 or 5xx at a
         connect is waited out: `reconnects` failures in a row at most."""
-        check_id(pod_id)
+        check_id(pod_id, "pod", self.redact)
         failures, backlog, began = 0, (LOG_TAIL if tail is None else tail), None
         quiet_s = idle_timeout_s if follow else settle_s
         while True:
@@ -556,12 +558,12 @@ def _object(answer, what: str, status: int = 0) -> dict | None:
     return answer
 
 
-def _made(answer, what: str) -> dict:
+def _made(answer, what: str, redact=lambda t: t) -> dict:
     """A created or saved object: it must have an id of RunPod's shape, which later requests put in a path."""
     made = _object(answer, what, status=200)
     if not isinstance(made.get("id"), str) or not ID.match(made["id"]):
         raise ApiError(f"RunPod's answer for the {what} has no {what} id of RunPod's shape "
-                       f"(id {_shown(repr(made.get('id')))})", status=200)
+                       f"(id {_shown(redact(repr(made.get('id'))))})", status=200)
     return made
 
 
