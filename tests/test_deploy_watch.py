@@ -512,3 +512,11 @@ def test_a_replacement_created_twice_by_a_late_answer_leaves_one_pod(runpod_api)
     assert w.run() == 0
     assert len(created(runpod_api)) == 1 and actions(runpod_api) == [("pod-new", "terminate")]
     assert w.pod_id == "pod-first" and "pod-new" in runpod_api.terminated
+
+
+def test_a_pod_whose_answer_has_no_creation_time_is_never_taken_for_the_first():
+    """Which pod of a run stays goes by createdAt; an answer without one does not make its pod "first"
+    (it would have the run's real first pod terminated)."""
+    pods = [{"id": "a-late"}, {"id": "z-first", "createdAt": "2026-01-01T00:00:00Z"},
+            {"id": "m", "createdAt": "2026-01-02T00:00:00Z"}]
+    assert [p["id"] for p in sorted(pods, key=deploy.created_order)] == ["z-first", "m", "a-late"]

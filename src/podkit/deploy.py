@@ -500,8 +500,10 @@ class Deployer:
         return pod
 
 
-def created_order(pod: dict) -> tuple[str, str]:
-    return str(pod.get("createdAt") or ""), str(pod.get("id"))
+def created_order(pod: dict) -> tuple[bool, str, str]:
+    """Created first comes first; a pod whose answer has no createdAt comes after those that do."""
+    made = pod.get("createdAt")
+    return not (isinstance(made, str) and made), str(made or ""), str(pod.get("id"))
 
 
 def maybe_live(pod: dict) -> bool:
