@@ -213,6 +213,7 @@ class RunPodV2Stub:
         self.new_pod_ids: list[str] = []
         self.drop_logs_after: int | None = None
         self.follow_s = 0.0
+        self.log_clock_s = 0.0  # how far ahead of the API's clock (its Date) the log lines' ts are
         self.keepalive_s = 0.0  # while a followed log stream has nothing new: a ": keep-alive" comment this often
         self.list_lag_s = 0.0  # a pod made through the API shows in GET /v2/pods only this long after
         self.shown_status: dict[str, Any] = {}  # pod id -> the status shown for it (MISSING: no status field)
@@ -800,7 +801,8 @@ class RunPodV2Stub:
         """The ts of each line of stub.logs[pod_id], given to a line when first seen: strictly increasing."""
         stamps = self._log_ts.setdefault(pod_id, [])
         for _ in range(len(self.logs.get(pod_id, [])) - len(stamps)):
-            t = max(dt.datetime.now(dt.UTC), self._last_ts + dt.timedelta(microseconds=1))
+            t = max(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=self.log_clock_s),
+                    self._last_ts + dt.timedelta(microseconds=1))
             self._last_ts = t
             stamps.append((t, _rfc3339(t, micro=True)))
         return stamps

@@ -504,6 +504,19 @@ def test_logs_without_follow_end_though_keep_alives_and_new_lines_keep_coming(ru
         stop.set()
 
 
+def test_logs_without_follow_print_the_backlog_when_the_log_clock_runs_ahead(runpod_api):
+    """The log lines' ts run an hour ahead of the API's Date: every line would look written after the
+    stream began. The first line already does, so the clocks are taken to differ and the backlog is
+    printed whole, ending when nothing more comes."""
+    pid = runpod_api.add_pod()["id"]
+    runpod_api.log_clock_s = 3600
+    runpod_api.logs[pid] = [("container", f"line {i}") for i in range(3)]
+    runpod_api.follow_s, runpod_api.keepalive_s = 30, 0.2
+    t0 = time.monotonic()
+    lines = [e["line"] for e in api.Client(sleep=lambda s: None).logs(pid, follow=False, settle_s=1)]
+    assert lines == ["line 0", "line 1", "line 2"] and time.monotonic() - t0 < 5
+
+
 def test_a_key_echoed_near_the_cut_of_an_error_is_never_shown_in_part(runpod_api):
     """An error answer echoes `Authorization: Bearer <key>` where the message is cut (400 characters of
     a problem, 200 of an answer that is not JSON): the key is taken out first, so no part of it shows."""

@@ -389,7 +389,7 @@ class Client:
         with Last-Event-ID (the last event's id; an event repeating it is dropped), and a 429 or 5xx at a
         connect is waited out: `reconnects` failures in a row at most."""
         check_id(pod_id, "pod", self.redact)
-        failures, backlog, began = 0, (LOG_TAIL if tail is None else tail), None
+        failures, backlog, began, seen = 0, (LOG_TAIL if tail is None else tail), None, False
         quiet_s = idle_timeout_s if follow else settle_s
         while True:
             if not follow and backlog <= 0:
@@ -411,7 +411,10 @@ class Client:
                         if event is None or (last_id and key == last_id):
                             continue
                         if not follow and began and _stamped_after(event["ts"], began):
-                            return  # a line the pod wrote after the stream began: the backlog is out
+                            if seen:
+                                return  # a line the pod wrote after the stream began: the backlog is out
+                            began = None  # the first line is "later" than the stream: clocks apart, no cut
+                        seen = True
                         got += 1
                         last_id = key or last_id
                         yield event
