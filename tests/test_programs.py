@@ -200,6 +200,48 @@ def test_trainer_waits_for_inference_then_clears_stale_discovery_and_starts_torc
     assert "--standalone" in argv and env["AREAL_LLM_SERVER_ADDRS"] == f"127.0.0.1:{port}"
 
 
+def test_both_stand_ins_answer_sglangs_shared_routes_alike_from_one_handler(tmp_path):
+    """The smoke stand-in and the generating one share one handler (standin.Handler): a route neither
+    serves, weights that are not on disk, and /v1/models get the same answers from both."""
+    import json
+    import urllib.error
+    import urllib.request
+    from http.server import ThreadingHTTPServer
+    from types import SimpleNamespace
+
+    from podkit.programs import standin, standin_lm
+
+    engine = SimpleNamespace(model_path="m", weight_version="default", context_length=4096,
+                             model=SimpleNamespace(config=SimpleNamespace(model_type="qwen2", architectures=None)))
+    handlers = [standin.make_handler(standin.State("m")), standin_lm.make_handler(engine)]
+    assert all(issubclass(h, standin.Handler) for h in handlers)
+
+    def ask(port: int, path: str, body: dict | None = None) -> tuple[int, dict]:
+        data = None if body is None else json.dumps(body).encode()
+        try:
+            with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data),
+                                        timeout=5) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    answers = []
+    for handler in handlers:
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        port = httpd.server_address[1]
+        try:
+            models = ask(port, "/v1/models")
+            models[1]["data"][0]["created"] = 0
+            answers.append([ask(port, "/nowhere"), models,
+                            ask(port, "/update_weights_from_disk", {"model_path": str(tmp_path / "gone")})])
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
+    assert answers[0] == answers[1] and answers[0][0] == (404, {"detail": "Not Found"})
+    assert answers[0][2][0] == 400 and "does not exist" in answers[0][2][1]["message"]
+
+
 def test_trainer_stops_waiting_when_supervisord_reports_inference_dead(tmp_path):
     cfg = load("a40-4gpu.yaml", tmp_path, PODKIT_INFERENCE_PORT=str(free_port()))
     t0 = time.monotonic()

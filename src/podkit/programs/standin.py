@@ -44,33 +44,69 @@ HEALTH_GENERATION_ENV = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
 HEALTH_CHECK_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT's default
 
 
+class Handler(BaseHTTPRequestHandler):
+    """What both stand-ins answer alike (this one and standin_lm's generating one): SGLang's JSON bodies,
+    its 404 and its missing-weights 400, its model descriptions, and no request log."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = "sglang-standin"
+
+    def log_message(self, fmt, *args):  # requests are not logged, like SGLang at info level
+        pass
+
+    def _send(self, code: int, body) -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (AReaL cancels rollouts in flight when it stops)
+
+    def _body(self) -> dict:
+        """The request's JSON ({} without a body); json.JSONDecodeError when it is not JSON."""
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        return json.loads(raw) if raw.strip() else {}
+
+    def _not_found(self) -> None:
+        self._send(404, {"detail": "Not Found"})
+
+    def _weights_missing(self, path) -> bool:
+        """SGLang's answer to /update_weights_from_disk for a path that is not there."""
+        if path and os.path.exists(path):
+            return False
+        self._send(400, {"success": False, "message": f"Failed to get weights iterator: {path!r} does not exist",
+                         "num_paused_requests": 0})
+        return True
+
+    def _model_info(self, model_path: str, weight_version: str, **more) -> None:
+        self._send(200, {"model_path": model_path, "tokenizer_path": model_path, "is_generation": True,
+                         "preferred_sampling_params": None, "weight_version": weight_version, **more})
+
+    def _models(self, model_path: str, max_model_len: int) -> None:
+        self._send(200, {"object": "list", "data": [{"id": model_path, "object": "model", "created": int(time.time()),
+                                                     "owned_by": "sglang", "root": model_path,
+                                                     "max_model_len": max_model_len}]})
+
+
+def start(banner: str, host: str, port: int, model: str) -> threading.Event:
+    """A stand-in's first lines (its banner: a stand-in, not SGLang; then SGLang's own server_args line)
+    and the event SIGTERM and SIGINT set to stop it."""
+    print(banner, flush=True)
+    say(f"server_args=ServerArgs(model_path='{model}', host='{host}', port={port}, stand_in=True)")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    return stop
+
+
 def make_handler(state: State, update_delay_s: float = 0.0, probe_s: float = 0.1):
     generation_on_health = os.environ.get(HEALTH_GENERATION_ENV, "1").strip().lower() not in ("0", "false", "no")
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "sglang-standin"
-
-        def log_message(self, fmt, *args):  # requests are not logged, like SGLang at info level
-            pass
-
-        def _send(self, code: int, body) -> None:
-            data = json.dumps(body).encode() if not isinstance(body, bytes) else body
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _body(self) -> dict:
-            n = int(self.headers.get("Content-Length") or 0)
-            if not n:
-                return {}
-            try:
-                return json.loads(self.rfile.read(n) or b"{}")
-            except json.JSONDecodeError:
-                return {}
-
+    class SmokeHandler(Handler):
         def _maybe_freeze(self) -> None:
             while state.frozen.is_set():
                 time.sleep(0.5)
@@ -102,19 +138,18 @@ def make_handler(state: State, update_delay_s: float = 0.0, probe_s: float = 0.1
                 self._generation_probe()
             elif self.path in ("/get_model_info", "/model_info"):  # SGLang serves both
                 with state.lock:
-                    self._send(200, {"model_path": state.model, "tokenizer_path": state.model,
-                                     "is_generation": True, "preferred_sampling_params": None,
-                                     "weight_version": state.weight_version})
+                    self._model_info(state.model, state.weight_version)
             elif self.path == "/v1/models":
-                self._send(200, {"object": "list", "data": [
-                    {"id": state.model, "object": "model", "created": int(time.time()), "owned_by": "sglang",
-                     "root": state.model, "max_model_len": 4096}]})
+                self._models(state.model, 4096)
             else:
-                self._send(404, {"detail": "Not Found"})
+                self._not_found()
 
         def do_POST(self) -> None:
             self._maybe_freeze()
-            body = self._body()
+            try:
+                body = self._body()
+            except json.JSONDecodeError:
+                body = {}
             if self.path == "/generate":
                 text = body.get("text") or ""
                 n = int((body.get("sampling_params") or {}).get("max_new_tokens", 8))
@@ -126,9 +161,7 @@ def make_handler(state: State, update_delay_s: float = 0.0, probe_s: float = 0.1
                     "weight_version": version}})
             elif self.path == "/update_weights_from_disk":
                 path = body.get("model_path")
-                if not path or not os.path.exists(path):
-                    self._send(400, {"success": False, "message": f"Failed to get weights iterator: {path!r} "
-                                     "does not exist", "num_paused_requests": 0})
+                if self._weights_missing(path):
                     return
                 say(f"Update engine weights online from disk begin. path={path}")  # SGLang's model_runner lines
                 state.updated.clear()
@@ -148,18 +181,14 @@ def make_handler(state: State, update_delay_s: float = 0.0, probe_s: float = 0.1
                 self._send(200, {"success": True, "message": "Succeeded to update model weights.",
                                  "num_paused_requests": 0})
             else:
-                self._send(404, {"detail": "Not Found"})
+                self._not_found()
 
-    return Handler
+    return SmokeHandler
 
 
 def serve(host: str, port: int, model: str, startup_delay_s: float, update_delay_s: float = 0.0,
           probe_s: float = 0.1) -> int:
-    print(BANNER, flush=True)
-    say(f"server_args=ServerArgs(model_path='{model}', host='{host}', port={port}, stand_in=True)")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = start(BANNER, host, port, model)
     # Start-up phases: nothing listens yet, exactly like SGLang before its HTTP server starts.
     step = startup_delay_s / 2
     say("Load weight begin. avail mem=0.00 GB")

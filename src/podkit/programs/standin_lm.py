@@ -41,13 +41,13 @@ import sys
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import torch
 
 from podkit.checks import API_KEY_ENV
 from podkit.programs import hold_devices
-from podkit.programs.standin import listen, say
+from podkit.programs.standin import Handler, listen, say, start
 
 BANNER = "[stand-in] podkit's generating SGLang stand-in (not SGLang): a tiny causal LM on CPU, SGLang's HTTP API subset"
 
@@ -257,28 +257,8 @@ class Engine:
 
 
 def make_handler(engine: Engine, api_key: str = ""):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    class GeneratingHandler(Handler):
         server_version = "sglang-gen-standin"
-
-        def log_message(self, fmt, *args):
-            pass
-
-        def _send(self, code: int, body) -> None:
-            data = body if isinstance(body, bytes) else json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            try:
-                self.wfile.write(data)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the client gave up (AReaL cancels rollouts in flight when it stops)
-
-        def _body(self) -> dict:
-            n = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(n) if n else b""
-            return json.loads(raw) if raw.strip() else {}
 
         def _refused(self, path: str) -> bool:
             """SGLang's API-key middleware (decide_request_auth): /health* and /metrics* are open."""
@@ -297,18 +277,14 @@ def make_handler(engine: Engine, api_key: str = ""):
             if path in ("/health", "/health_generate"):
                 self._send(200, b"")
             elif path in ("/get_model_info", "/model_info"):
-                self._send(200, {"model_path": engine.model_path, "tokenizer_path": engine.model_path,
-                                 "is_generation": True, "preferred_sampling_params": None,
-                                 "weight_version": engine.weight_version, "has_image_understanding": False,
-                                 "has_audio_understanding": False,
-                                 "model_type": getattr(engine.model.config, "model_type", None),
-                                 "architectures": getattr(engine.model.config, "architectures", None)})
+                self._model_info(engine.model_path, engine.weight_version, has_image_understanding=False,
+                                 has_audio_understanding=False,
+                                 model_type=getattr(engine.model.config, "model_type", None),
+                                 architectures=getattr(engine.model.config, "architectures", None))
             elif path == "/v1/models":
-                self._send(200, {"object": "list", "data": [{"id": engine.model_path, "object": "model",
-                                 "created": int(time.time()), "owned_by": "sglang", "root": engine.model_path,
-                                 "max_model_len": engine.context_length}]})
+                self._models(engine.model_path, engine.context_length)
             else:
-                self._send(404, {"detail": "Not Found"})
+                self._not_found()
 
         def do_POST(self) -> None:
             path = self.path.split("?")[0]
@@ -339,9 +315,7 @@ def make_handler(engine: Engine, api_key: str = ""):
                 self._send(200, {"message": "Generation continued successfully.", "status": "ok"})
             elif path == "/update_weights_from_disk":
                 mp = body.get("model_path")
-                if not mp or not os.path.exists(mp):
-                    self._send(400, {"success": False, "message": f"Failed to get weights iterator: {mp!r} does "
-                                     "not exist", "num_paused_requests": 0})
+                if self._weights_missing(mp):
                     return
                 ok, msg = engine.update_from_disk(mp, body.get("weight_version"),
                                                   bool(body.get("abort_all_requests", False)))
@@ -349,19 +323,15 @@ def make_handler(engine: Engine, api_key: str = ""):
             elif path == "/flush_cache":
                 self._send(200, b"Cache flushed.")
             else:
-                self._send(404, {"detail": "Not Found"})
+                self._not_found()
 
-    return Handler
+    return GeneratingHandler
 
 
 def serve(host: str, port: int, model: str, seed: int = 1, threads: int = 1, context_length: int = 1024,
           api_key: str = "") -> int:
     torch.set_num_threads(threads)
-    print(BANNER, flush=True)
-    say(f"server_args=ServerArgs(model_path='{model}', host='{host}', port={port}, stand_in=True)")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = start(BANNER, host, port, model)
     say("Load weight begin.")
     t0 = time.time()
     engine = Engine(model, seed, context_length)
