@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,15 +23,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.append(str(ROOT / "tests"))  # harness.py: free ports as the tests take them
 
+from harness import free_port  # noqa: E402
 from podkit import boot, config, records, render  # noqa: E402
 from podkit.supervisord import rpc  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_accepting(sock: Path, p: subprocess.Popen, timeout: float = 30) -> None:

@@ -24,50 +24,30 @@ smoke stack's, not the real trainer's.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-import xmlrpc.client
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.append(str(ROOT / "tests"))  # harness.py: the pod harness the tests drive pods with
 
+import harness  # noqa: E402
+from harness import alive, free_port  # noqa: E402
 from podkit import config  # noqa: E402
-from podkit.supervisord import rpc  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def wait_for(cond, timeout: float, what: str, interval: float = 0.1):
-    until = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > until:
-            raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}; see the workspace's logs/")
-        time.sleep(interval)
+    """harness.wait_for, ending the benchmark with a message rather than a traceback."""
+    return harness.wait_for(cond, timeout, interval, f"{what}; see the workspace's logs/", error=SystemExit)
 
 
 def areal_python() -> str:
@@ -91,62 +71,30 @@ def du(path: Path) -> int:
     return int(out.split()[0])
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
-class Pod:
+class Pod(harness.Pod):
     """configs/cpu-rehearsal.yaml under `podkit boot` on one workspace; every process it starts carries
     PODKIT_WORKSPACE=<workspace>, which is how `close` finds what supervisord left (by pid)."""
 
+    boot_timeout = 60.0
+    error = SystemExit
+
     def __init__(self, python: str, workspace: Path, log: Path, config_: str = "cpu-rehearsal.yaml") -> None:
-        self.python, self.workspace, self.log_path = python, workspace, log
-        self.port = free_port()
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
-        self.env.update(PODKIT_CONFIG=str(ROOT / "configs" / config_),
-                        PODKIT_WORKSPACE=str(workspace), PODKIT_INFERENCE_HOST="127.0.0.1",
-                        PODKIT_INFERENCE_PORT=str(self.port), PODKIT_METRICS_PORT=str(free_port()),
-                        PYTHONPATH=str(ROOT / "src"),
-                        PYTHONUNBUFFERED="1")
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+        env.update(PODKIT_CONFIG=str(ROOT / "configs" / config_),
+                   PODKIT_WORKSPACE=str(workspace), PODKIT_INFERENCE_HOST="127.0.0.1",
+                   PODKIT_INFERENCE_PORT=str(port), PODKIT_METRICS_PORT=str(free_port()),
+                   PYTHONPATH=str(ROOT / "src"),
+                   PYTHONUNBUFFERED="1")
+        super().__init__(workspace, port, env, python)
+        self.log_path = log
         self.run_path = config.load(environ=self.env).run_path
-        self.proc: subprocess.Popen | None = None
         self.launched = 0.0
 
     def boot(self) -> None:
         with open(self.log_path, "ab") as out:
             self.launched = time.time()
-            self.proc = subprocess.Popen([self.python, "-m", "podkit", "boot"], env=self.env, stdout=out,
-                                         stderr=subprocess.STDOUT)
-        wait_for(lambda: read(self.state / "current.json").get("supervisord_pid") == self.proc.pid
-                 and self._rpc_ok(), 60, "supervisord to accept commands")
-
-    @property
-    def state(self) -> Path:
-        return self.workspace / ".podkit"
-
-    def rpc(self):
-        return rpc(read(self.state / "current.json")["socket"])
-
-    def _rpc_ok(self) -> bool:
-        try:
-            self.rpc().supervisor.getState()
-            return True
-        except (OSError, xmlrpc.client.Error, KeyError):
-            return False
-
-    def progress(self) -> dict:
-        return read(self.state / "progress.json")
-
-    def served(self) -> str | None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/model_info", timeout=5) as r:
-                return json.loads(r.read())["weight_version"]
-        except (OSError, ValueError, KeyError):
-            return None
+            self.launch(out)
 
     def healthy(self) -> bool:
         try:
@@ -169,15 +117,9 @@ class Pod:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-        mark = f"PODKIT_WORKSPACE={self.workspace}".encode()
-        for name in os.listdir("/proc"):
-            if name.isdigit() and int(name) != os.getpid():
-                try:
-                    env = open(f"/proc/{name}/environ", "rb").read().split(b"\0")
-                except OSError:
-                    continue
-                if mark in env and alive(int(name)):
-                    os.kill(int(name), signal.SIGKILL)
+        for pid in harness.pids_of_workspaces([self.workspace]):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def steady(pod: Pod, steps: int) -> dict:

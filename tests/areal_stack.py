@@ -6,12 +6,10 @@ against podkit's generating STAND-IN for SGLang (not SGLang). The fixtures `asse
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 import signal
 import subprocess
-import urllib.request
 from pathlib import Path
 
 from conftest import PODKIT, ROOT, Stack, wait_for
@@ -57,8 +55,11 @@ def compile_env(cache: Path) -> dict[str, str]:
 class Rehearsal(Stack):
     """configs/cpu-rehearsal.yaml booted by `podkit boot` in the AReaL environment."""
 
+    boot_timeout = 60.0
+
     def __init__(self, procs, workspace: Path, assets: Path, **env: str) -> None:
         super().__init__(procs, workspace, **env)
+        self.python = PYTHON
         self.env.update({"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"),
                          "PYTHONPATH": str(ROOT / "src"), "PODKIT_TRAINER_STALE_WEIGHTS_CHECK_S": "2",
                          **env})
@@ -68,23 +69,6 @@ class Rehearsal(Stack):
         workspace.mkdir(parents=True, exist_ok=True)
         if not (workspace / "rehearsal").exists():
             shutil.copytree(assets, workspace / "rehearsal")
-
-    def start(self) -> Rehearsal:
-        self.workspace.mkdir(parents=True, exist_ok=True)
-        self.procs.workspaces.add(str(self.workspace))
-        self.out = open(self.out_path, "ab")  # noqa: SIM115 - closed with the test's tmp dir
-        self.proc = self.procs.spawn([PYTHON, "-m", "podkit", "boot"], env=self.env, stdout=self.out,
-                                     stderr=subprocess.STDOUT)
-        wait_for(lambda: self.current().get("supervisord_pid") == self.proc.pid and self._rpc_ok(), 60,
-                 what="supervisord to accept commands")
-        return self
-
-    def served(self) -> str | None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/model_info", timeout=5) as r:
-                return json.loads(r.read())["weight_version"]
-        except (OSError, ValueError, KeyError):
-            return None
 
     def wait_fresh_step(self, step: int, after: float, timeout: float = 240) -> dict:
         """A step at least `step` completed by a trainer process started after `after`."""

@@ -10,53 +10,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-import xmlrpc.client
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from harness import Pod, alive, free_port, pids_of_workspaces, wait_for
+
 ROOT = Path(__file__).resolve().parent.parent
 PODKIT = [sys.executable, "-m", "podkit"]
-
-
-def wait_for(cond, timeout: float, interval: float = 0.1, what: str = "condition"):
-    """Poll `cond` until it returns a truthy value; fail with `what` after `timeout` seconds."""
-    until = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > until:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A port free now, never one this session handed out before, and on an xdist worker only ports of
-    its own lane. Two calls in a row may otherwise get the same port back (the kernel reuses a
-    port just closed), and a smoke env's inference and metrics ports then collide: a config error."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    lanes = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1), 1)
-    lane = int(worker[2:]) % lanes if worker[2:].isdigit() else 0
-    held = []  # kept bound while looking, so the kernel offers another port each time
-    try:
-        for _ in range(1000):
-            s = socket.socket()
-            held.append(s)
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-            if port // 2 % lanes == lane and port not in _HANDED_OUT:  # Linux gives bind() even ports
-                _HANDED_OUT.add(port)
-                return port
-    finally:
-        for s in held:
-            s.close()
-    raise RuntimeError("no free port found in 1000 tries")
 
 
 def raw_server(answer) -> socket.socket:
@@ -82,14 +44,6 @@ def raw_server(answer) -> socket.socket:
 
     threading.Thread(target=serve, daemon=True).start()
     return srv
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 class Procs:
@@ -126,19 +80,7 @@ class Procs:
     def _programs_of_our_workspaces(self) -> set[int]:
         """Programs a test's supervisord started and did not stop (it was killed mid-test): found by
         the test's own temp workspace in their environment, so nothing else is ever touched."""
-        if not self.workspaces:
-            return set()
-        marks = {f"PODKIT_WORKSPACE={ws}".encode() for ws in self.workspaces}
-        found = set()
-        for name in os.listdir("/proc"):
-            if name.isdigit() and int(name) != os.getpid():
-                try:
-                    env = open(f"/proc/{name}/environ", "rb").read().split(b"\0")
-                except OSError:
-                    continue
-                if marks & set(env):
-                    found.add(int(name))
-        return found
+        return pids_of_workspaces(self.workspaces)
 
 
 @pytest.fixture
@@ -190,43 +132,21 @@ def smoke_env(workspace: Path, port: int, **extra: str) -> dict[str, str]:
     return env
 
 
-class Stack:
+class Stack(Pod):
     """The smoke stack booted through `podkit boot`, as the container's entrypoint runs it."""
 
     def __init__(self, procs: Procs, workspace: Path, **env: str) -> None:
+        port = free_port()
+        super().__init__(workspace, port, smoke_env(workspace, port, **env))
         self.procs = procs
-        self.workspace = workspace
-        self.port = free_port()
-        self.env = smoke_env(workspace, self.port, **env)
         self.out_path = workspace.parent / f"{workspace.name}-stdout.log"
-        self.proc: subprocess.Popen | None = None
 
     def start(self) -> Stack:
         self.workspace.mkdir(parents=True, exist_ok=True)
         self.procs.workspaces.add(str(self.workspace))
         self.out = open(self.out_path, "ab")
-        self.proc = self.procs.spawn([*PODKIT, "boot"], env=self.env, stdout=self.out, stderr=subprocess.STDOUT)
-        wait_for(lambda: self.current().get("supervisord_pid") == self.proc.pid and self._rpc_ok(), 30,
-                 what="supervisord to accept commands")
+        self.launch(self.out, self.procs.spawn)
         return self
-
-    def current(self) -> dict:
-        try:
-            return json.loads((self.workspace / ".podkit" / "current.json").read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def rpc(self):
-        from podkit.supervisord import rpc
-
-        return rpc(self.current()["socket"])
-
-    def _rpc_ok(self) -> bool:
-        try:
-            self.rpc().supervisor.getState()
-            return True
-        except (OSError, xmlrpc.client.Error, KeyError):
-            return False
 
     def pid(self, name: str) -> int:
         info = self.rpc().supervisor.getProcessInfo(name)
@@ -234,12 +154,6 @@ class Stack:
             self.procs.track(info["pid"])
             return info["pid"]
         return 0
-
-    def progress(self) -> dict:
-        try:
-            return json.loads((self.workspace / ".podkit" / "progress.json").read_text())
-        except (OSError, ValueError):
-            return {}
 
     def wait_step(self, step: int, timeout: float = 120) -> dict:
         return wait_for(lambda: (p := self.progress()).get("step", 0) >= step and p, timeout,

@@ -34,6 +34,25 @@ def test_make_bench_runs_every_benchmark_in_bench():
     assert sorted(re.findall(r"bench/(\w+\.py)", bench_recipe)) == scripts
 
 
+def test_bench_and_the_tests_drive_pods_with_one_harness():
+    """bench/ and tests/ share tests/harness.py: one free_port (never the same port twice in a process, so a
+    pod's inference and metrics ports cannot collide), one alive, and one Pod under the tests' Stack and
+    bench's Pod."""
+    import conftest
+    import harness
+
+    assert (conftest.free_port, conftest.alive, conftest.wait_for) == (harness.free_port, harness.alive,
+                                                                      harness.wait_for)
+    assert issubclass(conftest.Stack, harness.Pod)
+    check = ("import sys; sys.path.insert(0, sys.argv[1]); import boot, harness, rehearse, startup; "
+             "assert boot.free_port is rehearse.free_port is startup.free_port is harness.free_port; "
+             "assert rehearse.alive is harness.alive and issubclass(startup.Pod, harness.Pod); "
+             "ports = [harness.free_port() for _ in range(200)]; assert len(set(ports)) == 200")
+    r = subprocess.run([sys.executable, "-c", check, str(ROOT / "bench")], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT / "bench")
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 @pytest.mark.parametrize("script", sorted(QUICK))
 def test_benchmark_runs_and_prints_its_ratio(script, tmp_path):
     args = [*QUICK[script], *(["--workspace", str(tmp_path / "ws")] if script == "rehearse.py" else [])]
