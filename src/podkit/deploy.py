@@ -568,10 +568,10 @@ def pod_line(pod: dict) -> str:
 # -- watch: relaunch after a lost pod ----------------------------------------------------------------------
 class Watch:
     """Follows one pod through RunPod's API (v2 statuses: PROVISIONING, STARTING, RUNNING, EXITED, ERROR,
-    TERMINATED, or no such pod). A pod that is gone (terminated, its host removed), in ERROR, running
-    with zero GPUs (RunPod restarts a pod whose host has no free GPU with none), or not running for
-    `lost_after_s` (host down; a pod never seen running gets `start_grace_s` more, for its image pull) is
-    replaced: the old one is stopped first (never terminated), then a new pod starts on the same network
+    TERMINATED, or no such pod; api.STATUSES: any other status says nothing). A pod that is gone
+    (terminated, its host removed), in ERROR, running with zero GPUs (RunPod restarts a pod whose host has
+    no free GPU with none), or not running for `lost_after_s` (host down; a pod never seen running gets
+    `start_grace_s` more, for its image pull), each said in GONE_AFTER answers in a row, is replaced: the old one is stopped first (never terminated), then a new pod starts on the same network
     volume and resumes from its checkpoints.
 
     Never two pods on one volume: before a replacement the watch lists the account's pods, and a live pod
