@@ -148,6 +148,47 @@ def test_patches_still_match_the_areal_they_were_written_for():
     assert got["hashes"] == got["pinned"], "AReaL code that podkit patches changed: re-read areal_patches.py"
 
 
+PATCHED_TWICE = """
+import json
+from podkit.areal import patches as p
+from areal.engine.fsdp_engine import FSDPEngine
+from areal.engine.sglang_remote import SGLangBackend
+import areal.infra.remote_inf_engine as rie
+
+originals = (FSDPEngine._prepare_mb_list, SGLangBackend.build_disk_weight_update_requests, rie.arequest_with_retry)
+p.apply(api_key="k", ride_out_s=5.0)
+for again in (p.packed_mask, p.version_weight_updates, lambda: p.apply(api_key="k", ride_out_s=5.0)):
+    again()
+now = (FSDPEngine._prepare_mb_list, SGLangBackend.build_disk_weight_update_requests, rie.arequest_with_retry)
+
+
+class Engine:
+    def step(self):
+        return 1
+
+
+installed = p.patch_once(Engine, "step", lambda original: lambda self: original(self) + 1)
+again = p.patch_once(Engine, "step", lambda original: lambda self: original(self) + 10)
+print(json.dumps({"helper": [installed is Engine.step, again, Engine().step()],
+                  "layers": [[hasattr(f, m) for m in ("_podkit", "_podkit_ride_out", "_podkit_api_key")]
+                             for f in (now[0], now[1], now[2], now[2].__wrapped__)],
+                  "originals": [now[0].__wrapped__ is originals[0], now[1].__wrapped__ is originals[1],
+                                now[2].__wrapped__.__wrapped__ is originals[2]]}))
+"""
+
+
+def test_areals_patches_wrap_once_however_often_they_are_applied():
+    """Each patch goes through patches.patch_once: applied again in the same process it wraps nothing
+    twice; the request function carries the ride-out and API-key wrappers, each once, around AReaL's own."""
+    r = areal_run("-c", PATCHED_TWICE)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["layers"] == [[True, False, False], [True, False, False], [False, False, True],
+                             [False, True, False]], got
+    assert all(got["originals"]), got
+    assert got["helper"] == [True, None, 2], got
+
+
 def test_packed_micro_batches_get_per_sequence_attention_with_sdpa_and_eager():
     r = areal_run(str(ROOT / "tests" / "rehearsal" / "packed_mask.py"), str(free_port()))
     assert r.returncode == 0, r.stderr[-3000:]

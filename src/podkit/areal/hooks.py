@@ -120,26 +120,29 @@ def hook_config_loader(st: State) -> None:
 
     from areal.api import cli_args
 
-    original = cli_args.load_expr_config
-    if getattr(original, "_podkit", False):
+    from podkit.areal.patches import patch_once
+
+    def wrap(original):
+        def load_expr_config(argv, config_cls):
+            st = _state  # installed once per process: the current install's state, not the first's
+            try:
+                loaded = original(argv, config_cls)
+            except Exception as e:  # noqa: BLE001 - hydra, omegaconf and AReaL's own checks raise their own types
+                # The same on every restart: a restart loop re-importing torch every 20 s fixes nothing.
+                raise st.refuse("AReaL rejected its config", f"{type(e).__name__}: {e}".strip(),
+                                "fix trainer.areal_config or trainer.overrides, then `podkit ctl start trainer`") from e
+            check_run(st, loaded[0] if isinstance(loaded, tuple) else loaded)
+            return loaded
+
+        return load_expr_config
+
+    hooked = patch_once(cli_args, "load_expr_config", wrap)
+    if hooked is None:
         return
-
-    def load_expr_config(argv, config_cls):
-        st = _state  # installed once per process: the current install's state, not the first's
-        try:
-            loaded = original(argv, config_cls)
-        except Exception as e:  # noqa: BLE001 - hydra, omegaconf and AReaL's own checks raise their own types
-            # The same on every restart: a restart loop re-importing torch every 20 s fixes nothing.
-            raise st.refuse("AReaL rejected its config", f"{type(e).__name__}: {e}".strip(),
-                            "fix trainer.areal_config or trainer.overrides, then `podkit ctl start trainer`") from e
-        check_run(st, loaded[0] if isinstance(loaded, tuple) else loaded)
-        return loaded
-
-    load_expr_config._podkit = True
-    load_expr_config.__wrapped__ = original
     for mod in list(sys.modules.values()):
-        if mod is not None and mod.__name__.startswith("areal") and getattr(mod, "load_expr_config", None) is original:
-            mod.load_expr_config = load_expr_config
+        if mod is not None and mod.__name__.startswith("areal") and \
+                getattr(mod, "load_expr_config", None) is hooked.__wrapped__:
+            mod.load_expr_config = hooked
 
 
 def check_run(st: State, config_) -> None:
@@ -188,33 +191,33 @@ def check_run(st: State, config_) -> None:
 def hook_trainer(st: State) -> None:
     from areal.trainer.rl_trainer import PPOTrainer
 
-    original = PPOTrainer.train
-    if getattr(original, "_podkit", False):
-        return
-    signature = inspect.signature(original)
+    from podkit.areal.patches import patch_once
 
-    def train(self, *args, **kwargs):
-        bound = signature.bind(self, *args, **kwargs)
-        bound.apply_defaults()
-        caller = inspect.currentframe().f_back  # the user's line that calls train(workflow=...)
-        where = f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller else "the training script"
-        del caller
-        refuse_what_spmd_cannot_run(st, self, bound.arguments, where)
-        signal.signal(signal.SIGTERM, st.on_sigterm)  # taken back from the script's own handler
-        st.training = True
-        if st.rank == 0 and st.run is not None:  # this run owns its checkpoints from here on
-            from podkit.areal import identity
+    def wrap(original):
+        signature = inspect.signature(original)
 
-            identity.write_record(*st.run)
-        progress = supervise(st, self)
-        result = original(*bound.args, **bound.kwargs)
-        if progress is not None and st.stopped_by != "lease-lost":
-            progress.stopped(st.stopped_by or "done")
-        return result
+        def train(self, *args, **kwargs):
+            bound = signature.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            caller = inspect.currentframe().f_back  # the user's line that calls train(workflow=...)
+            where = f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller else "the training script"
+            del caller
+            refuse_what_spmd_cannot_run(st, self, bound.arguments, where)
+            signal.signal(signal.SIGTERM, st.on_sigterm)  # taken back from the script's own handler
+            st.training = True
+            if st.rank == 0 and st.run is not None:  # this run owns its checkpoints from here on
+                from podkit.areal import identity
 
-    train._podkit = True
-    train.__wrapped__ = original
-    PPOTrainer.train = train
+                identity.write_record(*st.run)
+            progress = supervise(st, self)
+            result = original(*bound.args, **bound.kwargs)
+            if progress is not None and st.stopped_by != "lease-lost":
+                progress.stopped(st.stopped_by or "done")
+            return result
+
+        return train
+
+    patch_once(PPOTrainer, "train", wrap)
 
 
 def _import_error(target: str) -> tuple[str, str] | None:

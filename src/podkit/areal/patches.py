@@ -82,6 +82,21 @@ def areal_version() -> str:
     return version("areal")
 
 
+def patch_once(owner, name: str, wrap, mark: str = "_podkit"):
+    """owner.<name> = wrap(original), the wrapper marked with `mark` and its __wrapped__ the original
+    (check() and the tests read it); nothing when the name already holds a wrapper so marked, so a second
+    install in the same process does not wrap podkit's wrapper again. Returns the wrapper it installed,
+    or None. Two patches of one name nest only with different marks."""
+    original = getattr(owner, name)
+    if getattr(original, mark, False):
+        return None
+    wrapper = wrap(original)
+    setattr(wrapper, mark, True)
+    wrapper.__wrapped__ = original
+    setattr(owner, name, wrapper)
+    return wrapper
+
+
 _applied: list[tuple[str, float]] = []
 
 
@@ -141,24 +156,21 @@ def unmask(mb: dict) -> None:
 def packed_mask() -> None:
     from areal.engine.fsdp_engine import FSDPEngine
 
-    original = FSDPEngine._prepare_mb_list
-    if getattr(original, "_podkit", False):
-        return
+    def wrap(original):
+        def _prepare_mb_list(self, input_):
+            mb_list = original(self, input_)
+            if self.config.attn_impl not in PACKED_MASK_IMPLS:
+                return mb_list  # flash-attention reads cu_seq_lens itself
+            if self.enable_tree_training or self.parallel_helper.sp_size > 1 or self.is_vision_model:
+                raise PackedMaskError(f"attn_impl {self.config.attn_impl!r} with packed micro-batches is patched "
+                                      "only for text models without tree training or Ulysses SP")
+            for mb in mb_list.padded_mbs:
+                unmask(mb)
+            return mb_list
 
-    def _prepare_mb_list(self, input_):
-        mb_list = original(self, input_)
-        if self.config.attn_impl not in PACKED_MASK_IMPLS:
-            return mb_list  # flash-attention reads cu_seq_lens itself
-        if self.enable_tree_training or self.parallel_helper.sp_size > 1 or self.is_vision_model:
-            raise PackedMaskError(f"attn_impl {self.config.attn_impl!r} with packed micro-batches is patched only "
-                                  "for text models without tree training or Ulysses SP")
-        for mb in mb_list.padded_mbs:
-            unmask(mb)
-        return mb_list
+        return _prepare_mb_list
 
-    _prepare_mb_list._podkit = True
-    _prepare_mb_list.__wrapped__ = original
-    FSDPEngine._prepare_mb_list = _prepare_mb_list
+    patch_once(FSDPEngine, "_prepare_mb_list", wrap)
 
 
 # --- weight updates carry their version -----------------------------------------------------------
@@ -167,21 +179,18 @@ def packed_mask() -> None:
 def version_weight_updates() -> None:
     from areal.engine.sglang_remote import SGLangBackend
 
-    build = SGLangBackend.build_disk_weight_update_requests
-    if getattr(build, "_podkit", False):
-        return
+    def wrap(build):
+        def with_version(self, meta):
+            requests = build(self, meta)
+            if meta.version is not None and not meta.use_lora:
+                for req in requests.requests:
+                    if req.endpoint == "/update_weights_from_disk":
+                        req.payload["weight_version"] = str(meta.version)
+            return requests
 
-    def with_version(self, meta):
-        requests = build(self, meta)
-        if meta.version is not None and not meta.use_lora:
-            for req in requests.requests:
-                if req.endpoint == "/update_weights_from_disk":
-                    req.payload["weight_version"] = str(meta.version)
-        return requests
+        return with_version
 
-    with_version._podkit = True
-    with_version.__wrapped__ = build
-    SGLangBackend.build_disk_weight_update_requests = with_version
+    patch_once(SGLangBackend, "build_disk_weight_update_requests", wrap)
 
 
 # --- requests to SGLang ---------------------------------------------------------------------------
@@ -216,22 +225,20 @@ def send_api_key(api_key: str) -> None:
     AReaL's readiness check is /health, which SGLang leaves open."""
     import areal.infra.remote_inf_engine as rie
 
-    original = rie.arequest_with_retry
-    if getattr(original, "_podkit_api_key", False):
-        return
     headers = {"Authorization": f"Bearer {api_key}"}
 
-    async def arequest_with_retry(addr, endpoint, payload=None, session=None, **kw):
-        if session is None:
-            import aiohttp
+    def wrap(original):
+        async def arequest_with_retry(addr, endpoint, payload=None, session=None, **kw):
+            if session is None:
+                import aiohttp
 
-            async with aiohttp.ClientSession(connector=rie.get_default_connector()) as own:
-                return await original(addr, endpoint, payload, session=_AuthSession(own, headers), **kw)
-        return await original(addr, endpoint, payload, session=_AuthSession(session, headers), **kw)
+                async with aiohttp.ClientSession(connector=rie.get_default_connector()) as own:
+                    return await original(addr, endpoint, payload, session=_AuthSession(own, headers), **kw)
+            return await original(addr, endpoint, payload, session=_AuthSession(session, headers), **kw)
 
-    arequest_with_retry._podkit_api_key = True
-    arequest_with_retry.__wrapped__ = original
-    rie.arequest_with_retry = arequest_with_retry
+        return arequest_with_retry
+
+    patch_once(rie, "arequest_with_retry", wrap, mark="_podkit_api_key")
 
 
 def ride_out_restarts(window_s: float, interval_s: float = 2.0) -> None:
@@ -240,29 +247,26 @@ def ride_out_restarts(window_s: float, interval_s: float = 2.0) -> None:
     {last_exception!r}", http.py:219-223): that format is pinned by check()."""
     import areal.infra.remote_inf_engine as rie
 
-    original = rie.arequest_with_retry
-    if getattr(original, "_podkit_ride_out", False):
-        return
+    def wrap(original):
+        async def arequest_with_retry(*args, **kw):
+            deadline = time.monotonic() + window_s
+            told = False
+            while True:
+                try:
+                    return await original(*args, **kw)
+                except RuntimeError as e:
+                    last = str(e).rpartition("Last error: ")[2]
+                    if not last.startswith(_CONNECTION_ERRORS) or time.monotonic() >= deadline:
+                        raise
+                    if not told:
+                        print(f"[podkit] inference unreachable ({last[:80]}); retrying for up to {window_s:.0f}s "
+                              "(a restarting server)", flush=True)
+                        told = True
+                    await asyncio.sleep(interval_s)
 
-    async def arequest_with_retry(*args, **kw):
-        deadline = time.monotonic() + window_s
-        told = False
-        while True:
-            try:
-                return await original(*args, **kw)
-            except RuntimeError as e:
-                last = str(e).rpartition("Last error: ")[2]
-                if not last.startswith(_CONNECTION_ERRORS) or time.monotonic() >= deadline:
-                    raise
-                if not told:
-                    print(f"[podkit] inference unreachable ({last[:80]}); retrying for up to {window_s:.0f}s "
-                          "(a restarting server)", flush=True)
-                    told = True
-                await asyncio.sleep(interval_s)
+        return arequest_with_retry
 
-    arequest_with_retry._podkit_ride_out = True
-    arequest_with_retry.__wrapped__ = original
-    rie.arequest_with_retry = arequest_with_retry
+    patch_once(rie, "arequest_with_retry", wrap, mark="_podkit_ride_out")
 
 
 # --- the training loop (rl_trainer.py:552-860) ----------------------------------------------------
