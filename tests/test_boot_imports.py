@@ -50,7 +50,7 @@ def boot_modules(tmp_path, **env) -> dict:
 def test_boot_reaches_supervisord_importing_only_the_boot_path(tmp_path):
     """The smoke config boots to the exec of supervisord with exactly the boot modules loaded."""
     out = boot_modules(tmp_path)
-    assert out["argv"][0].endswith("supervisord")
+    assert out["argv"][1:3] == ["-m", "podkit.pid1"] and out["argv"][3].endswith("supervisord")
     mods = set(out["modules"])
     assert {m for m in mods if m.startswith("podkit")} == BOOT_MODULES
     assert not {m for m in mods if m.split(".")[0] in NEVER or m in NEVER}

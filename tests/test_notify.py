@@ -121,7 +121,7 @@ def test_a_run_to_its_end_notifies_finished_then_the_stop(stack_factory, receive
     post = receiver.one("finished")
     assert "training finished at step 12 (last checkpoint at step 12)" in post["text"]
     assert s.stop() == 0
-    assert "the trainer has 8 s to checkpoint" in receiver.one("stopping")["text"]
+    assert "the trainer has 7 s to checkpoint" in receiver.one("stopping")["text"]  # what the stop budget leaves
     assert sorted(receiver.events()) == ["finished", "stopping"]
     assert receiver.url not in s.stdout()
 

@@ -24,7 +24,8 @@ def parsed(cfg_path, tmp_path):
 
 @pytest.mark.parametrize("cfg_name", ["default.yaml", "smoke.yaml"])
 def test_shipped_supervisord_conf_parses_with_supervisors_own_parser(cfg_name, tmp_path):
-    """Both programs in their own process group, trainer stopping before inference, graces from the config."""
+    """Both programs in their own process group, trainer stopping before inference, graces from the config
+    as the stop budget cuts them (render.stop_budget)."""
     cfg, opts = parsed(ROOT / "configs" / cfg_name, tmp_path)
     progs = {g.name: g.process_configs[0] for g in opts.process_group_configs}
     assert set(progs) == {"logs", "metrics", "sglang", "ray", "trainer", "watchdog"}
@@ -33,8 +34,9 @@ def test_shipped_supervisord_conf_parses_with_supervisors_own_parser(cfg_name, t
         assert progs[name].stdout_events_enabled and progs[name].redirect_stderr
     assert progs["sglang"].priority < progs["trainer"].priority, "trainer must stop first"
     assert progs["ray"].priority < progs["trainer"].priority, "the launcher's ranks run in Ray: it stops after them"
-    assert progs["trainer"].stopwaitsecs == cfg.trainer.stop_grace_s
-    assert progs["sglang"].stopwaitsecs == cfg.inference.stop_grace_s
+    budget = render.stop_budget(cfg)
+    assert progs["trainer"].stopwaitsecs == int(budget["PODKIT_TRAINER_STOP_GRACE_S"]) <= cfg.trainer.stop_grace_s
+    assert progs["sglang"].stopwaitsecs == int(budget["PODKIT_INFERENCE_STOP_GRACE_S"]) <= cfg.inference.stop_grace_s
     from supervisor.datatypes import RestartUnconditionally, RestartWhenExitUnexpected
 
     assert progs["trainer"].autorestart is RestartWhenExitUnexpected and progs["trainer"].exitcodes == [0]

@@ -92,7 +92,9 @@ def _record_current(cfg, pid: int) -> None:
 
 
 def supervisord_argv(env: dict[str, str]) -> list[str]:
-    return [preflight.supervisord_path() or "supervisord", "-n", "-c", str(config.packaged("supervisord.conf"))]
+    # supervisord through pid1: its loop wakes on signals and keeps the stop's deadline (pid1.patch_supervisord).
+    return [sys.executable, "-m", "podkit.pid1", preflight.supervisord_path() or "supervisord", "-n", "-c",
+            str(config.packaged("supervisord.conf"))]
 
 
 def exec_supervisord(cfg, env: dict[str, str]):

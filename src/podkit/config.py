@@ -52,6 +52,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "devices": Field(str, "/dev/nvidia*", "glob of the GPU device files the reap stage frees (files named "
                          "nvidia*; a glob that matches anything else is a config error)", "glob"),
         "log_level": Field(str, "info", "podkit's own log level", "", ("debug", "info", "warning", "error")),
+        "stop_timeout_s": Field(float, 10.0, "the container's stop timeout, SIGTERM to SIGKILL (docker stop -t, "
+                                "compose stop_grace_period; docker's and RunPod's: 10 s): the whole stop ends 1.5 s "
+                                "before it, and the trainer's grace is cut to what is left", "s", minimum=4),
     },
     "reap": {
         "enabled": Field(str, "auto", "auto: only when podkit is the container's entrypoint (PID 1)",
@@ -205,8 +208,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "name_resolve_root": Field(str, "", "AReaL's name_resolve file root; empty: <run_dir>/name_resolve (private: a "
                                    "record planted in a shared /tmp would send the trainer to another server); boot "
                                    "clears <root>/<user>/<experiment>/<trial> (a dead server's address)", "path"),
-        "stop_grace_s": Field(int, 8, "supervisord's stopwaitsecs for the trainer (its final checkpoint "
-                              "must fit; docker stop gives 10 s)", "s", minimum=1),
+        "stop_grace_s": Field(int, 7, "supervisord's stopwaitsecs for the trainer (its final checkpoint "
+                              "must fit), cut to what stop_timeout_s leaves (7 s of the default 10)", "s", minimum=1),
         "max_failures": Field(int, 3, "loop bound: a trainer that fails this many times in a row without a new "
                               "step stays stopped (status, doctor, a notification; the cost guard stops the pod); "
                               "0: restart for ever", "", minimum=0, maximum=1000),

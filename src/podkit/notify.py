@@ -7,6 +7,8 @@ The URL is a secret (anyone with it can post to the channel): it comes from the 
 env file, a RunPod secret), never a config file, so a boot whose config does not load still has it.
 Sending never blocks boot or training: a daemon thread, a few brief attempts. A dead webhook is logged
 once per boot, not per event (`.podkit/notify.json` remembers it across programs), and again when it works.
+Once the container is stopping (`stopping`), every attempt ends by the stop's deadline and none starts
+past it: a webhook that never answers must not make PID 1 overrun the stop timeout and be killed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,20 @@ ATTEMPTS = 3
 TIMEOUT_S = 5.0
 _log = log.get("notify")
 _pending: list[threading.Thread] = []
+_until: list[float] = []  # the stop's deadline (time.monotonic()) once the container is stopping
+EXIT_S = 0.5  # the listener's own exit after the last attempt, before PID 1's deadline
+
+
+def stopping(deadline_s: float) -> None:
+    """The container is stopping, and PID 1 kills what is left `deadline_s` from now (0: no deadline): no
+    attempt past EXIT_S before it, and the attempts in flight are cut there."""
+    if deadline_s > 0:
+        _until[:] = [time.monotonic() + deadline_s - EXIT_S]
+
+
+def _left() -> float:
+    """Seconds left before the stop's deadline; infinite while not stopping."""
+    return _until[0] - time.monotonic() if _until else float("inf")
 
 
 def pod_name(environ) -> str:
@@ -51,7 +67,7 @@ def send(event: str, text: str, state_dir: Path | None, environ=None) -> threadi
 
 def drain(timeout_s: float) -> None:
     """Give notifications in flight up to `timeout_s` in all before the process ends."""
-    until = time.monotonic() + timeout_s
+    until = time.monotonic() + min(timeout_s, _left())
     for t in list(_pending):
         t.join(max(0.0, until - time.monotonic()))
 
@@ -97,20 +113,22 @@ def _open(req: urllib.request.Request) -> None:
             except OSError:
                 pass
 
-    timer = threading.Timer(ANSWER_S, cut)
+    limit = min(ANSWER_S, max(0.0, _left()))  # the stop's deadline cuts it shorter
+    timer = threading.Timer(limit, cut)
     timer.daemon = True
     timer.start()
     try:
-        with urllib.request.build_opener(_NoRedirect, Plain, TLS).open(req, timeout=TIMEOUT_S) as r:
+        timeout = min(TIMEOUT_S, max(0.01, _left()))
+        with urllib.request.build_opener(_NoRedirect, Plain, TLS).open(req, timeout=timeout) as r:
             r.read(4096)
     except Exception:
         if expired.is_set():
-            raise TimeoutError(f"no complete answer in {ANSWER_S:.0f} s") from None
+            raise TimeoutError(f"no complete answer in {limit:.2g} s") from None
         raise
     finally:
         timer.cancel()
     if expired.is_set():
-        raise TimeoutError(f"no complete answer in {ANSWER_S:.0f} s")
+        raise TimeoutError(f"no complete answer in {limit:.2g} s")
 
 
 def _reason(e: Exception) -> str:
@@ -145,7 +163,10 @@ def _post(url: str, body: dict, state_dir: Path | None) -> None:
     error = ""
     for attempt in range(ATTEMPTS):
         if attempt:
-            time.sleep(attempt)
+            time.sleep(min(attempt, max(0.0, _left())))
+        if _left() <= 0:
+            error = error or "not sent: the container's stop deadline had passed"
+            break
         try:
             req = urllib.request.Request(url, data=data, method="POST", headers={
                 "Content-Type": "application/json", "User-Agent": "podkit-notify"})

@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from podkit import config, log, programs
+from podkit import config, log, pid1, programs
 from podkit.errors import StageError
 
 _log = log.get("render")
@@ -23,10 +23,31 @@ def environment(cfg, base: dict | None = None) -> dict[str, str]:
     env["PODKIT_PYTHON"] = sys.executable
     env["PODKIT_UID"] = str(os.getuid())
     env["PODKIT_LOG_DIR"] = str(cfg.log_dir)  # <workspace>/logs, or logs/node-<rank> on a cluster's other nodes
-    # The ray program first lets this node's trainer ranks finish their step (trainer.stop_grace_s), then Ray drains.
-    env["PODKIT_RAY_STOP_WAIT_S"] = str(cfg.trainer.stop_grace_s + 45)
+    env.update(stop_budget(cfg))
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+MARGIN_S = 1.5  # the stop ends this long before the container's stop timeout: PID 1's own exit, a loaded host
+OWN_S = 1.0     # podkit's own part of the stop: watchdog, inference, metrics, the listener, supervisord's turns
+
+
+def stop_budget(cfg) -> dict[str, str]:
+    """The stop as one deadline inside the container's stop timeout (stop_timeout_s), as supervisord's
+    environment. The rules, in the order they apply:
+    1. PID 1 kills whatever still runs MARGIN_S before the stop timeout, and exits by itself
+       (PODKIT_STOP_DEADLINE_S, counted from the SIGTERM: pid1.patch_supervisord).
+    2. podkit's own work gets OWN_S of that: the programs supervisord stops after the trainer, one by one.
+    3. The trainer gets what is left, in whole seconds (stopwaitsecs): trainer.stop_grace_s, cut to it.
+    4. Inference gets its stop_grace_s and the ray program the trainer's grace and Ray's drain (45 s), each
+       cut to the deadline: after the trainer, the deadline decides.
+    5. A notification gets what remains of the deadline, none past it (notify.py).
+    The programs read the trainer's grace as trainer.stop_grace_s: the checkpoint it must fit is theirs."""
+    deadline = cfg.stop_timeout_s - MARGIN_S
+    trainer = max(1, min(cfg.trainer.stop_grace_s, int(deadline - OWN_S)))
+    return {pid1.STOP_DEADLINE_ENV: f"{deadline:g}", "PODKIT_TRAINER_STOP_GRACE_S": str(trainer),
+            "PODKIT_INFERENCE_STOP_GRACE_S": str(max(1, min(cfg.inference.stop_grace_s, int(deadline)))),
+            "PODKIT_RAY_STOP_WAIT_S": str(max(1, min(trainer + 45, int(deadline))))}
 
 
 def check_supervisord_conf(path, env: dict[str, str]):
@@ -73,6 +94,11 @@ def run(cfg, full_check: bool = False) -> dict[str, str]:
     (check_supervisord_conf if full_check else check_env_refs)(conf, env)
     # supervisorctl cannot expand supervisord.conf's %(ENV_...)s outside supervisord: give it the literal URL.
     (cfg.run_path / "supervisorctl.conf").write_text(f"[supervisorctl]\nserverurl=unix://{cfg.socket_path}\n")
+    grace = int(env["PODKIT_TRAINER_STOP_GRACE_S"])
+    if grace < cfg.trainer.stop_grace_s:
+        _log.warn(f"trainer.stop_grace_s ({cfg.trainer.stop_grace_s} s) does not fit the container's stop timeout "
+                  f"(stop_timeout_s: {cfg.stop_timeout_s:g} s): the trainer gets {grace} s to checkpoint; give the "
+                  "container longer to stop (docker stop -t, compose stop_grace_period) and set stop_timeout_s to it")
     lines = [f"{k}={v}" for k, v in sorted(cfg.as_env().items())]
     (cfg.run_path / "podkit.env").write_text("\n".join(lines) + "\n")
     _log.info(f"supervisord.conf {'parsed' if full_check else 'checked'}; {len(lines)} settings in {cfg.run_path / 'podkit.env'}")

@@ -22,7 +22,7 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
-from podkit import costguard, lease, log, notify, records, supervisord
+from podkit import costguard, lease, log, notify, pid1, records, supervisord
 
 READY = b"READY\n"
 OK = b"RESULT 2\nOK"
@@ -248,6 +248,7 @@ class Pump:
         elif event.startswith("PROCESS_STATE"):
             self.state(event, parse_headers(payload.split(b"\n", 1)[0]))
         elif event == "SUPERVISOR_STATE_CHANGE_STOPPING":
+            notify.stopping(float(os.environ.get(pid1.STOP_DEADLINE_ENV) or 0))  # none past the stop's deadline
             notify.send("stopping", "the pod is stopping (supervisord got SIGTERM: docker stop, a RunPod stop, "
                         f"or podkit up's end); the trainer has {self.trainer_grace_s:g} s to checkpoint",
                         self.state_dir)
@@ -280,7 +281,9 @@ def main(cfg) -> int:
         if supervisord.stop_requested(cfg.socket_path, "logs"):
             lease.release(cfg.state_dir)  # the pod is stopping: the workspace is free for the next one
         notify.drain(DRAIN_S)  # the stop's own notification, posted moments ago, within the stop's budget
-        raise SystemExit(0)
+        # Not SystemExit: a notification still in flight, cut at the stop's deadline, must not wake up in the
+        # interpreter's teardown (a traceback on the container's last lines).
+        pid1.exit_now(0)
 
     signal.signal(signal.SIGTERM, stop)
     while True:
