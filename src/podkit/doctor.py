@@ -366,6 +366,19 @@ def check_cluster(pod: Pod, now: float) -> Finding | None:
                    "from its checkpoint when it is back. `podkit ctl stop trainer` ends the wait")
 
 
+def check_cluster_join(pod: Pod, now: float) -> Finding | None:
+    """A worker node whose `ray` did not join its head: nothing of the run can be placed on it."""
+    join = pod.st.get("ray")
+    if not join:
+        return None
+    return Finding("cluster_join", f"this node cannot join its cluster: the Ray head at {join.get('head')} does not "
+                   "take it",
+                   [f"the last start: {join.get('why')}", f"{join.get('failures')} start(s) in a row did not join"
+                    + ("; `ray` stays stopped (trainer.max_failures)" if join.get("gave_up") else "")],
+                   f"start rank 0 (its `ray` program is the head at {join.get('head')}); check cluster.head and "
+                   "cluster.ray_port, and that the port is open between the nodes; then `podkit ctl start ray`")
+
+
 def check_guard_file(pod: Pod, now: float) -> Finding | None:
     """A `podkit guard set` that the pod does not apply: the file is ignored (corrupt, planted, not podkit's)
     or an entry was set over a setting that has changed since."""
@@ -395,7 +408,8 @@ def examine(cfg, workspace: Path, *, environ=None, cgroup_dir: Path = Path("/sys
              check_safe_mode(pod, now), check_gpu_busy(pod, now), check_startup_phase(pod, now),
              check_startup_slow(pod, now),
              check_nccl_ifname(pod, now, environ, net_dir), check_nan_loss(pod, now), check_trainer_config(pod, now),
-             check_notify(pod, now), check_last_stop(pod, now), check_cluster(pod, now), check_guard_file(pod, now)]
+             check_notify(pod, now), check_last_stop(pod, now), check_cluster(pod, now), check_cluster_join(pod, now),
+             check_guard_file(pod, now)]
     return [f for f in found if f is not None]
 
 

@@ -30,25 +30,33 @@ MAX_DELAY_S = 600.0
 OUTSIDE_FACTOR = 3
 
 
-class Bound:
-    def __init__(self, cfg) -> None:
-        self.cfg = cfg
+class Loop:
+    """A program's failures in a row without progress in this boot, kept in `record` in the state dir: the back-off
+    before each start (trainer.restart_delay_s, doubled) and the bound (trainer.max_failures). The trainer's is
+    Bound below; a cluster node's `ray` program has its own (areal/ray_node.py: joins that failed)."""
+
+    def __init__(self, cfg, record: records.Record, program: str, progress: str, logger=_log) -> None:
+        self.cfg, self.record, self.program, self._log = cfg, record, program, logger
         self.state_dir = Path(cfg.state_dir)
         self.boot = records.CURRENT.read(self.state_dir).get("started")
-        rec = records.TRAINER_LOOP.read(self.state_dir)
+        rec = record.read(self.state_dir)
         if rec.get("boot") != self.boot:
             rec = {}  # a new boot: whatever failed before, the code may have changed
         elif rec.get("gave_up"):
-            _log.info(f"started again after the loop bound stopped it ({rec.get('failures')} failures without a new "
-                      "step): counting from zero")
-            rec = {"best_step": rec.get("best_step")}
-        self.rec = {"boot": self.boot, "failures": 0, "outside": 0, **rec}
+            logger.info(f"started again after the loop bound stopped it ({rec.get('failures')} failures without "
+                        f"{progress}): counting from zero")
+            rec = self.kept(rec)
+        self.rec = {"boot": self.boot, "failures": 0, **rec}
+
+    def kept(self, rec: dict) -> dict:
+        """What a start after the bound's stop keeps of the record (`podkit ctl start`)."""
+        return {}
 
     def save(self) -> None:
         try:
-            records.TRAINER_LOOP.write(self.state_dir, self.rec)
+            self.record.write(self.state_dir, self.rec)
         except OSError as e:
-            _log.warn(f"cannot record the trainer's failures ({e.strerror}): the loop bound forgets them")
+            self._log.warn(f"cannot record the {self.program}'s failures ({e.strerror}): the loop bound forgets them")
 
     def count(self, key: str) -> int:
         n = self.rec.get(key)
@@ -56,6 +64,27 @@ class Bound:
 
     def delay_s(self, n: int) -> float:
         return min(self.cfg.trainer.restart_delay_s * 2 ** min(max(n - 1, 0), 16), MAX_DELAY_S) if n else 0.0
+
+    def wait_s(self, n: int) -> float:
+        """What is left of the back-off after `n` failures, counted from the last one."""
+        delay = self.delay_s(n)
+        last = self.rec.get("last_failure") or 0
+        return min(max(0.0, delay - (time.time() - last)), delay)  # a last failure "in the future" waits no more
+
+    def tell(self, text: str, event: str = "trainer-stopped") -> None:
+        """The program's stopped notification, given a moment to go out before the process ends."""
+        sent = notify.send(event, text, self.state_dir)
+        if sent:
+            sent.join(5)
+
+
+class Bound(Loop):
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg, records.TRAINER_LOOP, "trainer", "a new step")
+        self.rec.setdefault("outside", 0)
+
+    def kept(self, rec: dict) -> dict:
+        return {"best_step": rec.get("best_step")}
 
     def hold_off(self) -> bool:
         """Before a start that follows failures without progress: wait out the back-off. A start whose previous
@@ -66,10 +95,7 @@ class Bound:
         if isinstance(ran, (int, float)) and not self.outside_end(
                 "it was killed (the watchdog's hang restart, out of memory, or a stop past its grace)", ran):
             return False
-        n = self.count("failures") + self.count("outside")
-        delay = self.delay_s(n)
-        last = self.rec.get("last_failure") or 0
-        wait = min(max(0.0, delay - (time.time() - last)), delay)  # a last failure "in the future" waits no more
+        wait = self.wait_s(self.count("failures") + self.count("outside"))
         self.save()
         if wait > 0:
             _log.info(f"back-off: waiting {wait:.0f}s before this start ({self.count('failures')} failure(s) of "
@@ -170,12 +196,6 @@ class Bound:
                    f"hint: {hint}")
         self.tell(f"the trainer stopped for good: {message} | fix: {hint}")
         return 0  # supervisord leaves an expected exit stopped
-
-    def tell(self, text: str) -> None:
-        """The trainer-stopped notification, given a moment to go out before the process ends."""
-        sent = notify.send("trainer-stopped", text, self.state_dir)
-        if sent:
-            sent.join(5)
 
 
 def run(cfg, main) -> int:

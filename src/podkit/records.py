@@ -221,6 +221,9 @@ RESUME = Record("resume.json", {"time": TIME})
 TRAINER_LOOP = Record("trainer-loop.json", {"boot": NUMBER, "failures": int, "best_step": int, "last_failure": TIME,
                                             "outside": int, "running": TIME, "gave_up": bool, "error": ERROR,
                                             "starts": int})
+# A cluster node's `ray` program (areal/ray_node.py): starts in a row that did not join the head, in this boot.
+RAY_LOOP = Record("ray-loop.json", {"boot": NUMBER, "failures": int, "last_failure": TIME, "gave_up": bool,
+                                    "head": str, "why": str, "joined": TIME, "starts": int})
 WATCHDOG = Record("watchdog.json", [{"time": TIME, "action": str, "program": str, "reason": str, "dump": str}])
 # In the run dir (local disk): the log listener's view of supervisord's programs, and the AReaL
 # launcher's process groups.
@@ -251,7 +254,8 @@ CLUSTER = Record("cluster.json", {"state": str, "since": TIME, "time": TIME, "wh
                                   "nodes": list, "run": str, "restarts": int})
 CLUSTER_STOP = Record("cluster-stop.json", {"run": str, "time": TIME})  # every rank stops after its step
 RANK_SHAPE = {"rank": int, "pid": int, "start": int, "host": str, "node": str, "run": str, "time": TIME}
-STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG, NOTIFY, CLUSTER, TRAINER_LOOP)
+STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG, NOTIFY, CLUSTER, TRAINER_LOOP,
+                 RAY_LOOP)
 
 
 class Progress:

@@ -61,6 +61,11 @@ def collect(workspace: Path, state_dir: Path | None = None) -> dict:
         out["trainer"]["loop"] = {"failures": loop.get("failures") or 0, "outside": loop.get("outside") or 0,
                                   "last": (loop.get("error") or {}).get("type") and failure.summary(loop["error"]),
                                   "gave_up": bool(loop.get("gave_up"))}
+    join = records.RAY_LOOP.read(state_dir)
+    if join.get("boot") == current.get("started") and (join.get("failures") or join.get("gave_up")):
+        # A cluster node's `ray` that did not join the head (areal/ray_node.py), in this boot.
+        out["ray"] = {"head": join.get("head"), "failures": join.get("failures") or 0, "why": join.get("why"),
+                      "gave_up": bool(join.get("gave_up"))}
     inf = current.get("inference") or {}
     host, port = inf.get("host", "127.0.0.1"), inf.get("port", 30000)
     sglang = out["programs"].get("sglang")
@@ -136,6 +141,8 @@ def human(st: dict) -> str:
         lines.append(f"  loop bound: {loop['failures']} failure(s) in a row without a new step"
                      + (f" (and {loop['outside']} end(s) not the script's)" if loop.get("outside") else "")
                      + (f"; the last: {loop['last']}" if loop.get("last") else ""))
+    if st.get("ray"):
+        lines.append(f"  ray: {cannot_join(st['ray'])}")
     trainer_state = (st["programs"].get("trainer") or {}).get("state")
     if trainer_state in ("EXITED", "STOPPED", "FATAL") and (t.get("stopped") or {}).get("by"):
         lines.append("  " + _last_stop(t))
@@ -167,6 +174,13 @@ def human(st: dict) -> str:
 RESTARTED_STALL_S = 600.0  # the image's HEALTHCHECK start period: what a container start gets
 
 
+def cannot_join(join: dict) -> str:
+    return (f"this node cannot join its cluster: the Ray head at {join.get('head')} " +
+            (f"did not take it in {join.get('failures')} starts in a row; `ray` stays stopped until `podkit ctl "
+             "start ray`" if join.get("gave_up") else f"did not take it ({join.get('failures')} failed start(s) "
+             "in a row, restarting with a back-off)") + f"; the last: {join.get('why')}")
+
+
 def health_problem(st: dict, progress_timeout_s: float, multi_node: bool = False) -> str | None:
     """None when healthy: supervisord answers, both programs run, inference is ready, and the
     trainer stepped recently (before its first step, Docker's start period covers start-up)."""
@@ -174,6 +188,8 @@ def health_problem(st: dict, progress_timeout_s: float, multi_node: bool = False
         return f"safe mode: {st['safe_mode'].get('message')}"
     if not st["supervisord"].get("reachable"):
         return "supervisord is not reachable"
+    if st.get("ray"):
+        return cannot_join(st["ray"])
     stopped = st["trainer"].get("stopped") or {}
     finished = stopped.get("by") in records.FINISHED
     # Over too: a finished trainer that did not exit, STOPPED by the watchdog, when the record is this

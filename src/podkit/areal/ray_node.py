@@ -9,6 +9,12 @@ not the workers, nor what they forked (DataLoader workers, SGLang's processes). 
 Ray's parent: it records every worker's process group as it appears (ray-node.json in the run dir)
 and kills what is left of them when Ray has stopped, or at its next start after it was killed.
 
+A worker node that cannot join (the head at cluster.head:ray_port not answering for cluster.join_timeout_s,
+or `ray start` ending before it joined) is bounded like the trainer (loopbound.py): each such start in a row
+waits trainer.restart_delay_s, doubled, first, and after trainer.max_failures of them the program stays
+stopped. ray-loop.json says why, naming the head, for status, health, doctor and the cost guard, which
+stops a pod that cannot train. `podkit ctl start ray`, or a new boot, counts from zero.
+
 Ray's tasks inherit this environment, which is why what they need is set here, before Ray starts:
 NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME (cluster.ifname) and SIGINT at its default. A process started
 with SIGINT ignored passes that on through exec, and then `ray.cancel` (which AReaL's launcher uses
@@ -28,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from podkit import log, proc, records
+from podkit import log, loopbound, proc, records, supervisord
 from podkit.areal.command import set_pdeathsig
 from podkit.areal.heartbeat import heartbeats
 
@@ -101,6 +107,58 @@ def wait_for_head(cfg, stopping: threading.Event | None = None, interval: float 
     return None
 
 
+# `ray start --block` still up this long after its start: the node joined (a worker that cannot register
+# with the head it reached ends within seconds).
+JOINED_S = 30.0
+
+
+class Join(loopbound.Loop):
+    """A worker node's starts in a row that did not join the cluster (the trainer's loop bound, for `ray`)."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg, records.RAY_LOOP, "ray", "joining the cluster", _log)
+        self.rec["head"] = f"{cfg.cluster.head}:{cfg.cluster.ray_port}"
+
+    def hold_off(self) -> None:
+        self.rec["starts"] = self.count("starts") + 1
+        wait = self.wait_s(self.count("failures"))
+        self.save()
+        if wait > 0:
+            _log.info(f"back-off: waiting {wait:.0f}s before this start ({self.count('failures')} of "
+                      f"{self.cfg.trainer.max_failures} starts in a row did not join the head at {self.rec['head']})")
+            time.sleep(wait)
+
+    def joined(self) -> None:
+        self.rec.update(failures=0, gave_up=False, why=None, joined=time.time())
+        self.save()
+
+    def failed(self, why: str) -> int:
+        """The exit code for supervisord once this start did not join: 1 (restarted), or 0 at the bound (the
+        program stays stopped: supervisord's exitcodes)."""
+        failures = self.rec["failures"] = self.count("failures") + 1
+        limit = self.cfg.trainer.max_failures
+        self.rec.update(last_failure=time.time(), why=why)
+        if limit and failures >= limit:
+            self.rec["gave_up"] = True
+            self.save()
+            message = (f"this node (rank {self.cfg.cluster.rank}) cannot join its cluster: {failures} starts in a row "
+                       f"did not join the Ray head at {self.rec['head']}; the last: {why}")
+            hint = ("start rank 0 (its `ray` program is the head), check cluster.head and cluster.ray_port and that "
+                    "the port is open between the nodes; then `podkit ctl start ray`")
+            _log.error(f"ray stays stopped (trainer.max_failures {limit}): {message} | hint: {hint}")
+            self.tell(f"{message} | fix: {hint}", "cluster")
+            code = 0
+        else:
+            self.save()
+            _log.error(f"{why} ({failures} of {limit or 'unbounded'} starts in a row that did not join); restarting "
+                       f"in {self.delay_s(failures):.0f}s")
+            code = 1
+        # An exit within startsecs is a failed start to supervisord (its own retries, then FATAL): this bound
+        # is the one that counts.
+        supervisord.wait_started(self.cfg.socket_path, "ray")
+        return code
+
+
 def main(cfg) -> int:
     ray = ray_bin()
     if not ray:
@@ -108,11 +166,12 @@ def main(cfg) -> int:
                    "multi-node run needs it on every node")
         return 2
     c = cfg.cluster
-    if c.rank > 0:
+    bound = Join(cfg) if c.rank > 0 else None
+    if bound:
+        bound.hold_off()
         why = wait_for_head(cfg)
         if why:
-            _log.error(why)
-            return 1
+            return bound.failed(why)
     temp_dir(cfg).mkdir(parents=True, exist_ok=True)
     for pid in clear_leftovers(cfg.run_path):
         _log.warn(f"killed pid {pid}, left by this node's previous Ray")
@@ -130,8 +189,13 @@ def main(cfg) -> int:
     groups: dict[int, int] = {child.pid: proc.starttime(child.pid) or 0}
     records.RAY_NODE.write(cfg.run_path, {"groups": [[g, t] for g, t in groups.items()]}, mode=0o600)
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    started, joined = time.monotonic(), bound is None
     while child.poll() is None and not stop.wait(2.0):
         track(child.pid, groups, cfg.run_path)
+        if not joined and time.monotonic() - started >= JOINED_S:
+            joined = True
+            bound.joined()
+            _log.info(f"joined the Ray head at {c.head}:{c.ray_port}")
     if child.poll() is None and c.rank > 0:
         let_ranks_checkpoint(cfg)
     if child.poll() is None:
@@ -146,7 +210,12 @@ def main(cfg) -> int:
     if killed:
         _log.info(f"killed {len(killed)} process(es) Ray's workers left")
     _log.info(f"ray exited with {rc}")
-    return 0 if stop.is_set() else (rc or 1)
+    if stop.is_set():
+        return 0
+    if not joined:
+        return bound.failed(f"`ray start` ended (exit {rc}) {time.monotonic() - started:.0f}s after its start, "
+                            f"before it joined the Ray head at {c.head}:{c.ray_port}: ray.log above says why")
+    return rc or 1
 
 
 STOP_WAIT_S = 15.0  # for Ray to drain (it would take up to 30 s); the ranks have checkpointed by then

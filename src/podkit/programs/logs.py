@@ -120,7 +120,7 @@ class Pump:
             self.finished()
         pid = headers.get("pid", "")
         rec.update(state=to, since=time.time(), pid=int(pid) if pid.isdigit() and int(pid) else rec.get("pid"))
-        if name in ("trainer", "sglang") and self.state_dir:
+        if name in ("trainer", "sglang", "ray") and self.state_dir:
             self.idle_rule()
         # A program's unfinished last line is flushed when it stops.
         if to in supervisord.GONE:
@@ -152,11 +152,16 @@ class Pump:
                                  self.state_dir, wanted=wanted, say=self.say)
 
     def cannot_train(self) -> str:
-        """Why this pod can no longer train, "" while it can: a program FATAL, or the trainer stopped for good
-        (a refusal, the loop bound, a script that never trained) by its own record since its start."""
+        """Why this pod can no longer train, "" while it can: a program FATAL, the trainer stopped for good
+        (a refusal, the loop bound, a script that never trained) by its own record since its start, or a
+        cluster node's `ray` stopped by its bound (it cannot join the head)."""
         for name in ("trainer", "sglang"):
             if (self.states.get(name) or {}).get("state") == supervisord.FATAL:
                 return f"{name} FATAL"
+        ray = self.states.get("ray") or {}
+        join = records.RAY_LOOP.read(self.state_dir) if ray.get("state") == supervisord.EXITED else {}
+        if join.get("gave_up") and (join.get("last_failure") or 0) >= (ray.get("started_at") or 0) - 1:
+            return f"this node cannot join its cluster (the Ray head at {join.get('head')})"
         rec = self.states.get("trainer") or {}
         if rec.get("state") != supervisord.EXITED:
             return ""
@@ -175,15 +180,17 @@ class Pump:
             return
         if self._idle is not None or not self.guard("stop_pod_after_s"):
             return
+        # The program whose end it is: its state change starts the wait.
+        name = next((n for n in ("trainer", "sglang") if (self.states.get(n) or {}).get("state") == supervisord.FATAL),
+                    "ray" if why.startswith("this node cannot join") else "trainer")
+        who = "`ray`" if name == "ray" else "the trainer"
         rule = self._idle = costguard.WhenIdle(
             self.state_dir, why, 0.0, limits=lambda: (self.guard("stop_pod_after_s"), "guard.stop_pod_after_s"),
-            still=lambda: "" if self.cannot_train() else "the trainer was started again", say=self.say)
+            still=lambda: "" if self.cannot_train() else f"{who} was started again", say=self.say)
         self.say(f"{why}: the pod stops itself after guard.stop_pod_after_s ({self.guard('stop_pod_after_s'):g} s) "
-                 "unless the trainer is started again")
+                 f"unless {who} is started again")
 
         # Counted from the state change itself: a listener restarted since does not start the wait again.
-        name = next((n for n in ("trainer", "sglang") if (self.states.get(n) or {}).get("state") == supervisord.FATAL),
-                    "trainer")
         since = (self.states.get(name) or {}).get("since")
         since = since if isinstance(since, (int, float)) and since <= time.time() else time.time()
 

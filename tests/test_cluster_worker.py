@@ -1,0 +1,174 @@
+"""A worker node outside its cluster: node rank 1 of configs/cpu-cluster.yaml booted alone (`podkit boot`, the
+real supervisord), its Ray head at 127.0.0.2 on a closed port. No Ray head is started (Ray's ports are fixed) and no
+trainer runs (rank 1's is idle): `ray` is a stand-in on PATH that records how it was started and blocks as
+`ray start --block` does, so the test needs neither Ray nor AReaL. The head that appears later is a loopback
+listener on the head's port. On RunPod (the loopback stub of tests/runpod_stub.py) the cost guard stops the pod."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import xmlrpc.client
+from pathlib import Path
+
+import pytest
+
+from conftest import PODKIT, ROOT, free_port, wait_for
+from test_costguard import STOP, on_runpod, receiver, runpod_api  # noqa: F401 - fixtures
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+HEAD = "127.0.0.2"
+STANDIN_RAY = """#!/bin/sh
+echo "$@" >> "$RAY_STANDIN_ARGV"
+[ -n "$RAY_STANDIN_EXIT" ] && { echo "standin ray: cannot register with the head"; exit "$RAY_STANDIN_EXIT"; }
+trap 'exit 0' TERM
+while :; do sleep 0.2; done
+"""
+
+
+class Worker:
+    """Node rank 1, booted as its container's entrypoint does."""
+
+    def __init__(self, procs, root: Path, **env: str) -> None:
+        self.procs, self.root = procs, root
+        self.ws = root / "ws"
+        (self.ws / "rehearsal" / "model").mkdir(parents=True)
+        (self.ws / "rehearsal" / "model" / "config.json").write_text("{}")  # preflight's check of the stand-in's model
+        procs.workspaces.add(str(self.ws))
+        bin_dir = root / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "ray").write_text(STANDIN_RAY)
+        (bin_dir / "ray").chmod(0o755)
+        self.argv = root / "ray-argv.txt"
+        self.port = free_port()  # nothing listens there: the head is gone
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+        self.env.update({"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-cluster.yaml"), "PODKIT_WORKSPACE": str(self.ws),
+                         "PODKIT_CLUSTER_RANK": "1", "PODKIT_CLUSTER_NODE_ADDR": "127.0.0.3",
+                         "PODKIT_CLUSTER_HEAD": HEAD, "PODKIT_CLUSTER_RAY_PORT": str(self.port),
+                         "PODKIT_RUN_DIR": str(root / "run1"), "PODKIT_CLUSTER_JOIN_TIMEOUT_S": "6",
+                         "PODKIT_TRAINER_RESTART_DELAY_S": "4", "PODKIT_TRAINER_MAX_FAILURES": "3",
+                         "RAY_STANDIN_ARGV": str(self.argv), "PYTHONUNBUFFERED": "1",
+                         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", **env})
+        self.state = self.ws / ".podkit" / "node-1"
+
+    def start(self) -> Worker:
+        self.out_path = self.root / "node1-stdout.log"
+        out = open(self.out_path, "ab")  # noqa: SIM115 - closed with the test's tmp dir
+        self.proc = self.procs.spawn([*PODKIT, "boot"], env=self.env, stdout=out, stderr=subprocess.STDOUT)
+        wait_for(lambda: self.current().get("supervisord_pid") == self.proc.pid and self.info("ray"), 60,
+                 what="supervisord to accept commands")
+        return self
+
+    def current(self) -> dict:
+        try:
+            return json.loads((self.state / "current.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def info(self, name: str) -> dict:
+        from podkit.supervisord import rpc
+
+        try:
+            return rpc(self.current()["socket"]).supervisor.getProcessInfo(name)
+        except (OSError, xmlrpc.client.Error, KeyError):
+            return {}
+
+    def record(self) -> dict:
+        try:
+            return json.loads((self.state / "ray-loop.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def log(self) -> str:
+        try:
+            return (self.ws / "logs" / "node-1" / "ray.log").read_text()
+        except OSError:
+            return ""
+
+    def starts(self) -> int:
+        return self.log().count("[podkit:run] starting ray")
+
+    def podkit(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*PODKIT, *args], env=self.env, capture_output=True, text=True, timeout=60)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(60)
+
+
+def test_a_worker_whose_head_is_gone_is_unhealthy_stops_restarting_and_joins_a_head_that_appears_later(
+        procs, tmp_path, runpod_api, receiver):  # noqa: F811
+    """Each start waits cluster.join_timeout_s (6 s: past supervisord's startsecs, so it never
+    counted these restarts) for the head and fails: unhealthy from the first, naming the
+    head; the starts back off and after trainer.max_failures (3) `ray` stays stopped, recorded, and the pod stops
+    itself after guard.stop_pod_after_s. `podkit ctl start ray` counts from zero and joins a head that is up."""
+    w = Worker(procs, tmp_path, PODKIT_GUARD_STOP_POD_AFTER_S="2", PODKIT_NOTIFY_WEBHOOK_URL=receiver.url,
+               **on_runpod(runpod_api.url)).start()
+    head = f"{HEAD}:{w.port}"
+    t0 = time.time()
+    wait_for(lambda: "did not answer for" in w.log(), 60, interval=0.5, what="the first start that did not join")
+    health = w.podkit("status", "--health")
+    assert health.returncode == 1 and f"cannot join its cluster: the Ray head at {head}" in health.stdout, health.stdout
+    wait_for(lambda: w.record().get("gave_up") and w.info("ray").get("statename") == "EXITED", 90, interval=0.5,
+             what="the bound to stop ray")
+    took = time.time() - t0
+    rec = w.record()
+    assert rec["failures"] == 3 and rec["head"] == head and f"the Ray head at {head} did not answer" in rec["why"], rec
+    time.sleep(6)  # supervisord's restarts, were they not bounded, come within 1-3 s
+    assert w.info("ray")["statename"] == "EXITED" and w.starts() == 3, w.info("ray")
+    assert not w.argv.exists(), "`ray start` ran without a head"
+    log = w.log()
+    assert "restarting in 4s" in log and "restarting in 8s" in log and "back-off: waiting" in log, log
+    assert "ray stays stopped (trainer.max_failures 3)" in log
+    # Named everywhere: --health, status, doctor, a notification; the cost guard stops the pod.
+    health = w.podkit("status", "--health")
+    assert health.returncode == 1 and head in health.stdout and "stays stopped" in health.stdout, health.stdout
+    assert f"ray: this node cannot join its cluster: the Ray head at {head}" in w.podkit("status").stdout
+    doc = w.podkit("doctor", "--json")
+    finding = next(f for f in json.loads(doc.stdout)["findings"] if f["id"] == "cluster_join")
+    assert doc.returncode == 1 and head in finding["title"] and "podkit ctl start ray" in finding["fix"], finding
+    wait_for(lambda: runpod_api.pod("pod-abc123")["status"] == "EXITED", 60, what="the pod's stop")
+    assert STOP in runpod_api.calls() and receiver.events().count("cluster") == 1, receiver.events()
+    assert "this node cannot join its cluster (the Ray head at" in receiver.one("pod-stop")["text"]
+    # The head appears; `podkit ctl start ray` counts from zero and joins it.
+    listener = socket.create_server((HEAD, w.port))
+    try:
+        assert w.podkit("ctl", "start", "ray").returncode == 0
+        wait_for(lambda: w.argv.exists() and w.argv.read_text(), 30, what="`ray start` against the head")
+        assert f"--address {head}" in w.argv.read_text() and "--block" in w.argv.read_text()
+        assert "counting from zero" in w.log()
+        health = w.podkit("status", "--health")
+        assert health.returncode == 0 and health.stdout.strip() == "healthy", health.stdout
+        rec = wait_for(lambda: (r := w.record()).get("joined") and r, 45, interval=1, what="the join's record")
+        assert rec["failures"] == 0 and not rec["gave_up"] and w.info("ray")["statename"] == "RUNNING", rec
+    finally:
+        listener.close()
+    print(f"worker outside its cluster: 3 starts, stopped {took:.0f}s after its boot")
+    assert w.stop() == 0
+
+
+def test_a_worker_whose_ray_start_fails_against_a_head_that_answers_is_bounded_too(procs, tmp_path):
+    """The head's port answers but `ray start` ends at once (a head that will not take the node): each such start
+    is a failed join, counted by this bound rather than supervisord's own retries (it ends within startsecs), and
+    after three `ray` stays stopped, EXITED, not FATAL."""
+    w = Worker(procs, tmp_path, RAY_STANDIN_EXIT="1", PODKIT_CLUSTER_JOIN_TIMEOUT_S="2",
+               PODKIT_TRAINER_RESTART_DELAY_S="1")
+    listener = socket.create_server((HEAD, w.port))
+    try:
+        w.start()
+        wait_for(lambda: w.record().get("gave_up") and w.info("ray").get("statename") == "EXITED", 90, interval=0.5,
+                 what="the bound to stop ray")
+        time.sleep(4)
+        assert w.info("ray")["statename"] == "EXITED" and w.starts() == 3 and len(w.argv.read_text().splitlines()) == 3
+        rec = w.record()
+        assert "`ray start` ended (exit 1)" in rec["why"] and "before it joined the Ray head" in rec["why"], rec
+        health = w.podkit("status", "--health")
+        assert health.returncode == 1 and f"the Ray head at {HEAD}:{w.port}" in health.stdout, health.stdout
+        assert "standin ray: cannot register with the head" in w.log()
+    finally:
+        listener.close()
+    assert w.stop() == 0
