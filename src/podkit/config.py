@@ -212,9 +212,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
                               "must fit), cut to what stop_timeout_s leaves (7 s of the default 10)", "s", minimum=1),
         "max_failures": Field(int, 3, "loop bound: a trainer that fails this many times in a row without a new "
                               "step stays stopped (status, doctor, a notification; the cost guard stops the pod); "
+                              "so does a cluster worker's `ray` that fails to join its head this many times; "
                               "0: restart for ever", "", minimum=0, maximum=1000),
         "restart_delay_s": Field(float, 10.0, "loop bound: the wait before restarting a trainer that failed without "
-                                 "a new step, doubled for each such failure in a row (at most 10 minutes)", "s",
+                                 "a new step (or a worker's `ray` that did not join), doubled for each such failure "
+                                 "in a row (at most 10 minutes)", "s",
                                  minimum=0, maximum=600),
     },
 }
