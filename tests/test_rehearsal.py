@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"), pytest.ma
                                         "$(sh rehearse/env.sh))")]
 
 
-def test_the_real_trainer_trains_pushes_each_version_evaluates_and_resumes_after_sigterm(rehearsal):
+def test_the_real_trainer_trains_pushes_each_version_evaluates_resumes_after_sigterm_and_after_a_hang(rehearsal):
     # No recover checkpoint before the stop (every 1000 steps): the one SIGTERM forces is what resumes.
     s = rehearsal(PODKIT_TRAINER_OVERRIDES="+evaluator.freq_steps=2 recover.freq_steps=1000").start()
     served = set()
@@ -59,12 +59,36 @@ def test_the_real_trainer_trains_pushes_each_version_evaluates_and_resumes_after
     assert "inference was restarted" not in s.log("trainer"), "a pod stop is not an inference restart"
     stopped_at = p["step"]
 
-    s2 = rehearsal().start()  # the same workspace: a new container on the same volume
+    # The same workspace: a new container on the same volume (with a watchdog quick enough to test).
+    s2 = rehearsal(PODKIT_WATCHDOG_TRAINER_STALL_S="40", PODKIT_WATCHDOG_INTERVAL_S="2",
+                   PODKIT_TRAINER_STOP_GRACE_S="10").start()
     t1 = time.time()
     p = s2.wait_fresh_step(stopped_at + 1, t1)
     assert p["resumed_at"] == stopped_at and p["resumed_from"], p
     assert "Recovering from StepInfo" in s2.log("trainer")
     wait_for(lambda: s2.served() == s2.progress().get("weight_version"), 60, what="the resumed push served")
+
+    # A hung rank (SIGSTOP: no step, no answer, still holding its memory) is dumped and restarted by the
+    # watchdog, and the run resumes.
+    launcher = s2.pid("trainer")
+    rank0 = _rank0(launcher)
+    os.kill(rank0, signal.SIGSTOP)
+    try:
+        wait_for(lambda: s2.pid("trainer") not in (0, launcher), 180, interval=1,
+                 what="the watchdog to restart the stalled trainer")
+    finally:
+        if alive(rank0):  # a resumed stopped rank would train on beside the new one until cleared
+            os.kill(rank0, signal.SIGKILL)
+    events = json.loads((s2.workspace / ".podkit" / "watchdog.json").read_text())
+    restarts = [e for e in events if e["program"] == "trainer" and e["action"].startswith("restart")]
+    assert restarts, events
+    dumps = [Path(e["dump"]).read_text() for e in events if e.get("dump") and Path(e["dump"]).exists()]
+    # The hung rank's own Python stack (py-spy reads a stopped process without suspending it).
+    sections = [d.split(f"## pid {rank0}\n", 1)[1].split("\n## pid ", 1)[0] for d in dumps if f"## pid {rank0}\n" in d]
+    assert any(re.search(r"\(\S*(gsm8k_grpo|bootstrap|hooks)\.py:\d+\)", sec) for sec in sections), sections
+    p = s2.wait_fresh_step(1, time.time())
+    assert p["resumed_at"], p
+    assert not alive(rank0)
 
     # This pod stalls past its lease and a pod on another host takes the workspace: the real trainer
     # writes no recover checkpoint from then on (on every rank alike) and stops after the step.
@@ -114,33 +138,6 @@ def test_a_killed_trainer_and_a_restarted_inference_each_end_in_a_resumed_run_of
                  240, interval=0.5, what="a resumed trainer's step")
     wait_for(lambda: s.served() not in (None, "default") and s.served() == s.progress().get("weight_version"), 120,
              what="inference serving the trainer's version again")
-    assert s.stop() == 0
-
-
-def test_a_stalled_real_trainer_is_dumped_and_restarted_by_the_watchdog(rehearsal):
-    s = rehearsal(PODKIT_WATCHDOG_TRAINER_STALL_S="40", PODKIT_WATCHDOG_INTERVAL_S="2",
-                  PODKIT_TRAINER_STOP_GRACE_S="10").start()
-    s.wait_step(2, timeout=240)
-    launcher = s.pid("trainer")
-    rank0 = _rank0(launcher)
-    os.kill(rank0, signal.SIGSTOP)  # a hung rank: no step, no answer, still holding its memory
-    try:
-        wait_for(lambda: s.pid("trainer") not in (0, launcher), 180, interval=1,
-                 what="the watchdog to restart the stalled trainer")
-    finally:
-        if alive(rank0):  # a resumed stopped rank would train on beside the new one until cleared
-            os.kill(rank0, signal.SIGKILL)
-    events = json.loads((s.workspace / ".podkit" / "watchdog.json").read_text())
-    restarts = [e for e in events if e["program"] == "trainer" and e["action"].startswith("restart")]
-    assert restarts, events
-    dumps = [Path(e["dump"]).read_text() for e in events if e.get("dump") and Path(e["dump"]).exists()]
-    # The hung rank's own Python stack (py-spy reads a stopped process without suspending it).
-    sections = [d.split(f"## pid {rank0}\n", 1)[1].split("\n## pid ", 1)[0] for d in dumps if f"## pid {rank0}\n" in d]
-    assert any(re.search(r"\(\S*(gsm8k_grpo|bootstrap|hooks)\.py:\d+\)", sec) for sec in sections), sections
-    resumed = time.time()
-    p = s.wait_fresh_step(1, resumed)
-    assert p["resumed_at"], p
-    assert not alive(rank0)
     assert s.stop() == 0
 
 
