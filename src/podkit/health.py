@@ -48,7 +48,7 @@ def update_in_flight(path: Path) -> int | None:
     inference's last start: an update cut short by a restart is not in flight."""
     base, data = _tail_bytes(path, 64 * 1024)
     begin, end, start = (_last(p, data) for p in (UPDATE_BEGIN, UPDATE_END, START_LINE))
-    if begin < max(end, start):
+    if begin < 0 or begin < max(end, start):  # no begin in view (a busy log, none yet): none in flight
         return None
     return base + end if end >= 0 else -1
 
