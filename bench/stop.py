@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
@@ -30,23 +29,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.append(str(ROOT / "tests"))  # harness.py: free ports as the tests take them (never one twice)
 
+from harness import alive, free_port  # noqa: E402
+from harness import read_json as read  # noqa: E402
 from podkit.supervisord import rpc  # noqa: E402
 
 EVERY = 10
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def boot(ws: Path, **extra: str) -> tuple[subprocess.Popen, dict]:
@@ -76,14 +65,6 @@ def program_pids(ws: Path) -> dict[str, int]:
         return {i["name"]: i["pid"] for i in rpc(sock).supervisor.getAllProcessInfo() if i["pid"]}
     except (OSError, xmlrpc.client.Error):
         return {}
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def sigterm(p: subprocess.Popen, pids: dict[str, int], timeout: float = 60) -> tuple[float, dict[str, float]]:
