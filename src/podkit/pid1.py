@@ -85,6 +85,7 @@ def patch_supervisord(deadline_s: float) -> None:
     def tick(self, now=None):
         base_tick(self, now)
         if self.options.mood >= SupervisorStates.RUNNING or not deadline_s:
+            stop.clear()  # running again after a reload (SIGHUP): the next stop has its own deadline
             return
         began = stop.setdefault("began", time.monotonic())
         if stop.get("killed") or time.monotonic() - began < deadline_s:
