@@ -7,6 +7,10 @@ A stopped pod keeps its volume (checkpoints, logs, the repo) and bills only for 
 the console or `podkit deploy start`. The call is REST API v2's `POST /v2/pods/{id}/action` with
 {"action": "stop"}, made with the pod's own RUNPOD_API_KEY (RunPod puts RUNPOD_POD_ID and a pod-scoped
 key in every pod), through podkit.runpod: stdlib only, as the image has no SDK.
+
+This module is the cost guard's one room: the rules that say when a pod stops (in_safe_mode, cannot_train,
+when_finished, Deadline), the stop with its retries (Stopper) and what is said and notified about it.
+Safe mode (safemode.py) and the log listener (programs/logs.py) only tell it what happened.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ def _stop_refused(client, pod: str, e) -> bool:
         now = client.pod(pod) or {}
     except runpod.ApiError:
         now = {}
-    if now.get("status") == "EXITED":
+    if runpod.pod_state(now) == "stopped":  # RunPod stopped it already (runpod.STATUSES, the one map)
         return True
     cluster = now.get("cluster") if isinstance(now.get("cluster"), dict) else None
     if cluster:
@@ -152,6 +156,23 @@ class WhenIdle:
         self.state_dir, self.what, self.after_s, self.why = state_dir, what, after_s, why
         self.limits, self.still, self.say = limits, still or (lambda: ""), say
         self.stopper: Stopper | None = None
+        self.cancelled = False
+
+    def watch(self, since: float, every_s: float = 1.0) -> WhenIdle:
+        """Checks the rule in a daemon thread, counting from `since` (wall clock: the moment the pod could no
+        longer train), until the pod's stop began or cancel()."""
+        def tick() -> None:
+            while not self.cancelled and self.stopper is None:
+                try:
+                    self.check(time.time() - since)
+                except Exception:  # noqa: BLE001 - the cost guard must not be what ends its caller
+                    pass
+                time.sleep(every_s)
+        threading.Thread(target=tick, name="cannot-train", daemon=True).start()
+        return self
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
     def check(self, waited_s: float) -> None:
         if self.limits:
@@ -166,3 +187,124 @@ class WhenIdle:
             return
         self.stopper = Stopper(f"{self.what} for {waited_s:.0f} s ({self.why})", self.state_dir,
                                wanted=self.still, say=self.say).start()
+
+
+# -- the rules: when the pod stops -----------------------------------------------------------------------------
+def sooner(after: float, at: float, since: float, how: str = "") -> tuple[float, str]:
+    """How long from `since` until the pod stops, and which setting says so: the sooner of
+    guard.stop_pod_after_s and guard.stop_pod_at (deploy's maximum run time); 0: never."""
+    if at and (not after or at - since < after):
+        return max(at - since, 0.001), f"guard.stop_pod_at, the maximum run time{how}"
+    return after, f"guard.stop_pod_after_s{how}"
+
+
+def in_safe_mode(stage: str, settings: dict, workspace: Path | None, state_dir: Path | None, say) -> WhenIdle:
+    """Safe mode's rule, watched from now: the pod stops after the sooner of guard.stop_pod_after_s and
+    guard.stop_pod_at (`settings`, the pod's own), looked up afresh with `podkit guard set`'s changes
+    (<workspace>/.podkit/guards.json) on top. `say` prints a line (stdout may be gone: it never raises)."""
+    since = time.time()
+    limits = None
+    if state_dir is not None and workspace is not None:
+        try:
+            from podkit import guardfile  # safe mode only: not on a healthy boot's path
+
+            live = guardfile.Live(workspace, settings, lambda m: say(f"[podkit:guard] {m}"))
+
+            def limits() -> tuple[float, str]:
+                v = live.values()
+                changed = live.from_file("stop_pod_after_s") or live.from_file("stop_pod_at")
+                return sooner(v["stop_pod_after_s"], v["stop_pod_at"], since,
+                              ", set by `podkit guard set`" if changed else "")
+        except Exception:  # noqa: BLE001 - safe mode goes on with the settings alone
+            limits = None
+    rule = WhenIdle(state_dir, f"in safe mode ({stage})", *sooner(settings["stop_pod_after_s"],
+                                                                   settings["stop_pod_at"], since),
+                    limits=limits, say=lambda m: say(f"[podkit:costguard] {m}"))
+    return rule.watch(since, every_s=0.2)
+
+
+def cannot_train(rule: WhenIdle | None, why: str, who: str, since: float, guard, state_dir: Path | None, say,
+                 still) -> WhenIdle | None:
+    """The log listener's rule for a pod that cannot train (`why`; "" while it can): after
+    guard.stop_pod_after_s of it (`guard(key)`, looked up each time), counted from `since` (the state change
+    that began it), the pod stops; `who` started again meanwhile (`still()` turns "") calls it off. Returns
+    the rule in force, which the listener passes back the next time."""
+    if not why:
+        if rule is not None:
+            rule.cancel()
+        return None
+    if rule is not None or not guard("stop_pod_after_s"):
+        return rule
+    rule = WhenIdle(state_dir, why, 0.0, limits=lambda: (guard("stop_pod_after_s"), "guard.stop_pod_after_s"),
+                    still=lambda: "" if still() else f"{who} was started again", say=say)
+    say(f"{why}: the pod stops itself after guard.stop_pod_after_s ({guard('stop_pod_after_s'):g} s) "
+        f"unless {who} is started again")
+    return rule.watch(since)
+
+
+def when_finished(step, guard, state_dir: Path | None, say, after: threading.Thread | None = None) -> Stopper | None:
+    """Training finished (the trainer exited after its last checkpoint): with guard.stop_pod_when_finished
+    auto, the pod stops once `after` (the `finished` notification) has gone out; set to never while a
+    refused stop is retried, the retries end. The started Stopper, or None."""
+    if guard("stop_pod_when_finished") != "auto":
+        return None
+
+    def wanted() -> str:  # `podkit guard set stop_pod_when_finished=never` while retrying
+        now = guard("stop_pod_when_finished")
+        return "" if now == "auto" else f"guard.stop_pod_when_finished is now {now}"
+    from podkit import records
+
+    return Stopper(f"training finished {records.at_step(step)} (guard.stop_pod_when_finished: auto)", state_dir,
+                   wanted=wanted, say=say).start(after=after)
+
+
+class Deadline:
+    """guard.stop_pod_at, the maximum run time, for the log listener: once it has passed, in a thread
+    (events keep flowing), `stop_trainer()` stops the trainer with its checkpoint (it returns what to say of
+    that checkpoint), then the pod (Stopper); a stop still refused after Stopper's retries is begun again
+    RETRY_MAX_S later. `guard(key)` and `from_file(key)` are looked up each time: `podkit guard set` moves
+    it, and moved past now after the trainer was stopped for it, the pod is left up, said once."""
+
+    def __init__(self, guard, from_file, state_dir: Path | None, say, stop_trainer) -> None:
+        self.guard, self.from_file, self.state_dir, self.say = guard, from_file, state_dir, say
+        self.stop_trainer = stop_trainer
+        self.thread: threading.Thread | None = None
+        self.retry_at = 0.0
+        self.done = False
+        self.reason = ""
+        self.moved = False
+
+    def check(self, now: float) -> None:
+        at = self.guard("stop_pod_at")
+        if self.thread is not None and not self.done and (not at or now < at):
+            if not self.moved:  # moved after the trainer was stopped for it: say what is left
+                self.moved = True
+                msg = ("guard.stop_pod_at moved after the trainer was stopped for it: the pod is not stopped, and "
+                       "the trainer stays stopped until `podkit ctl start trainer watchdog`")
+                self.say(msg)
+                from podkit import notify
+
+                notify.send("guard", msg, self.state_dir)
+            return
+        if self.done or not at or now < at or time.monotonic() < self.retry_at:
+            return
+        if self.thread and self.thread.is_alive():
+            return
+        self.retry_at = time.monotonic() + RETRY_MAX_S
+        first = self.thread is None
+        if first:
+            self.reason = ("the maximum run time was reached (guard.stop_pod_at, " +
+                           ("set on the running pod by `podkit guard set`)" if self.from_file("stop_pod_at")
+                            else "set by podkit deploy --max-runtime)"))
+        self.thread = threading.Thread(target=self._stop, args=(first,), name="max-runtime", daemon=True)
+        self.thread.start()
+
+    def _stop(self, first: bool) -> None:
+        if first:
+            self.say(f"{self.reason}: stopping the trainer with a checkpoint, then the pod")
+            self.reason += f"; {self.stop_trainer()}"
+
+        def wanted() -> str:
+            at = self.guard("stop_pod_at")
+            return "" if at and time.time() >= at else "guard.stop_pod_at moved"
+        self.done = Stopper(self.reason, self.state_dir, wanted=wanted, say=self.say, notified=not first).run()
