@@ -79,6 +79,15 @@ supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
     return p, lambda: log.read_text() if log.exists() else ""
 
 
+# A program that ignores SIGTERM, with a stopwaitsecs of 60
+STUBBORN = f"""[program:stubborn]
+command={sys.executable} -c "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+stopwaitsecs=60
+startsecs=1
+stdout_logfile=NONE
+"""
+
+
 def sigterm_took(p) -> float:
     t0 = time.monotonic()
     p.send_signal(signal.SIGTERM)
@@ -89,12 +98,7 @@ def sigterm_took(p) -> float:
 def test_pid1_kills_what_outlives_the_deadline_and_exits_by_itself(procs, tmp_path):
     """A program that ignores SIGTERM, with a stopwaitsecs of 60: supervisord run by pid1 kills it at
     PODKIT_STOP_DEADLINE_S after the SIGTERM and exits, instead of waiting out the 60 s."""
-    p, log = pid1_supervisord(procs, tmp_path, f"""[program:stubborn]
-command={sys.executable} -c "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
-stopwaitsecs=60
-startsecs=1
-stdout_logfile=NONE
-""", **{pid1.STOP_DEADLINE_ENV: "1.5"})
+    p, log = pid1_supervisord(procs, tmp_path, STUBBORN, **{pid1.STOP_DEADLINE_ENV: "1.5"})
     wait_for(lambda: "stubborn entered RUNNING" in log(), 30, what="the program to start")
     took = sigterm_took(p)
     assert took < 2.5, took
