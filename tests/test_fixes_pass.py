@@ -4,9 +4,12 @@ hostile or unlucky inputs a real volume, machine or user produces, each kept as 
 
 from __future__ import annotations
 
+import sys
+import time
+
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, wait_for
 from podkit import config, records
 
 pytestmark = pytest.mark.timeout(120)
@@ -37,3 +40,46 @@ def test_a_busy_server_whose_log_has_no_weight_update_in_view_is_not_updating_no
     assert not health.updating(log)
     assert all(w.check_generation(1000.0 + t) for t in (0, 11, 30)) and restarts == []
     assert records.WATCHDOG.read(cfg.state_dir) == []
+
+
+# Takes the lease saying it renews every 2 s (a pod's listener says every minute), then renews that often.
+SLOW_HOLDER = """
+import sys, time
+from pathlib import Path
+from podkit import lease
+state = Path(sys.argv[1])
+assert lease.acquire(state, 1, renew_s=2) is None, lease.read(state)
+print("held", flush=True)
+while True:
+    time.sleep(2)
+    assert lease.renew(state)
+"""
+
+
+@pytest.mark.parametrize("where", ["another host", "another container on this host"])
+def test_a_lease_s_shorter_than_the_renewal_never_takes_the_workspace_from_a_live_pod(procs, tmp_path, where):
+    """guard.lease_s may be 30 while the listener renews once a minute: a pod on another host (or another
+    container here) lapsed between two renewals and a second pod took the workspace from a live one. Scaled
+    down: renewals every 2 s, a lease of 1 s; the lease lapses only after two renewals are missed."""
+    from podkit import lease
+    from test_lease_clocks import can_unshare, on_another_host, spawn
+
+    if not can_unshare("--uts", "--mount", "--pid", "--mount-proc", "--fork"):
+        pytest.skip("cannot make namespaces here (needs root)")
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    argv = [sys.executable, "-c", SLOW_HOLDER, str(state)]
+    argv = on_another_host(tmp_path, argv) if where == "another host" else \
+        ["unshare", "--pid", "--mount-proc", "--kill-child=KILL", *argv]
+    holder = spawn(procs, argv, 0)
+    assert holder.stdout.readline().strip() == "held"
+    until = time.monotonic() + 7
+    while time.monotonic() < until:
+        assert lease.acquire(state, 1) is not None, f"taken from a live holder: {lease.read(state)}"
+        time.sleep(0.2)
+    assert "lapses after 9s" in lease.describe(lease.read(state), 1)
+    holder.kill()
+    holder.wait(10)
+    killed = time.monotonic()
+    wait_for(lambda: lease.acquire(state, 1) is None, 20, what="the lease to lapse")
+    assert 2 <= time.monotonic() - killed <= 12

@@ -132,10 +132,23 @@ def _unchanged_for(holder: dict) -> float:
     return now - first
 
 
+# The log listener renews a pod's lease on supervisord's TICK_60. A lease lapses no sooner than two of its
+# holder's renewals (and a few seconds) have been missed: guard.lease_s may be set below one renewal (its
+# minimum is 30), and a live holder would then lapse between two renewals.
+RENEW_S = 60.0
+MAX_RENEW_S = 600.0  # a planted renew_s holds the workspace no longer than this
+
+
+def _lapse_s(holder: dict, ttl_s: float) -> float:
+    every = holder.get("renew_s")
+    return max(ttl_s, 2 * min(every, MAX_RENEW_S) + 5) if _number(every) and every > 0 else ttl_s
+
+
 def live(holder: dict | None, ttl_s: float) -> bool:
     """Does `holder` still hold the workspace, as far as this process can tell? In doubt, it does."""
     if not holder or holder.get("unreadable"):
         return False
+    ttl_s = _lapse_s(holder, ttl_s)
     if same_container(holder):
         pid, start = holder.get("pid"), holder.get("start")
         return isinstance(pid, int) and isinstance(start, int) and proc.same_process(pid, start)
@@ -153,13 +166,14 @@ def who(holder: dict) -> str:
 
 
 def describe(holder: dict, ttl_s: float) -> str:
-    return f"{who(holder)}; it lapses after {ttl_s:.0f}s without a renewal"
+    return f"{who(holder)}; it lapses after {_lapse_s(holder, ttl_s):.0f}s without a renewal"
 
 
-def acquire(state_dir: Path, ttl_s: float, pid: int | None = None) -> dict | None:
+def acquire(state_dir: Path, ttl_s: float, pid: int | None = None, renew_s: float | None = None) -> dict | None:
     """Take the lease for this process (or `pid`, the supervisord it becomes). Returns None when it is
     ours, else the live holder's lease. A waiting boot asks again in the same process: its watch of the
-    holder's renewals goes on."""
+    holder's renewals goes on. `renew_s`: how often the holder will renew (a pod's listener: RENEW_S), in
+    the lease for its readers."""
     path = state_dir / NAME
     for _ in range(3):
         holder = read(state_dir)
@@ -179,7 +193,7 @@ def acquire(state_dir: Path, ttl_s: float, pid: int | None = None) -> dict | Non
                     pass
         now = _wall()
         lease = {**me(pid), "since": now, "renewed": now, "boottime": _boottime(), "beat": 0,
-                 "token": os.urandom(8).hex()}
+                 "token": os.urandom(8).hex(), **({"renew_s": renew_s} if renew_s else {})}
         if _create(path, lease):
             return None
     return read(state_dir) or {"host": "?", "pid": "?"}

@@ -32,7 +32,7 @@ class WorkspaceHeld(StageError):
                          "itself once the other pod's hold is released or lapses")
         # Taken in the waiting process, which has watched the holder since it came: a boot exec'd to
         # check would start its watch over (and the lease, ours from before the exec, stays ours).
-        self.retry = lambda: lease.acquire(cfg.state_dir, cfg.guard.lease_s) is None
+        self.retry = lambda: lease.acquire(cfg.state_dir, cfg.guard.lease_s, renew_s=lease.RENEW_S) is None
 
 
 def private_dir(path: Path) -> None:
@@ -82,7 +82,7 @@ def run(cfg) -> None:
     except OSError as e:
         raise StageError("preflight", f"workspace {ws} is not writable: {e.strerror}",
                          "checkpoints and logs go there; mount it read-write") from None
-    holder = lease.acquire(cfg.state_dir, cfg.guard.lease_s)
+    holder = lease.acquire(cfg.state_dir, cfg.guard.lease_s, renew_s=lease.RENEW_S)
     if holder is not None:
         raise WorkspaceHeld(cfg, holder)
     vfs = os.statvfs(ws)
