@@ -15,8 +15,8 @@ from podkit import config, records
 pytestmark = pytest.mark.timeout(120)
 
 
-def _cfg(tmp_path, **env):
-    return config.load(ROOT / "configs" / "a40-1gpu.yaml", environ={"PODKIT_WORKSPACE": str(tmp_path), **env})
+def _cfg(tmp_path, yaml="a40-1gpu.yaml", **env):
+    return config.load(ROOT / "configs" / yaml, environ={"PODKIT_WORKSPACE": str(tmp_path), **env})
 
 
 def test_a_busy_server_whose_log_has_no_weight_update_in_view_is_not_updating_nor_restarted(tmp_path, monkeypatch):
@@ -83,3 +83,52 @@ def test_a_lease_s_shorter_than_the_renewal_never_takes_the_workspace_from_a_liv
     killed = time.monotonic()
     wait_for(lambda: lease.acquire(state, 1) is None, 20, what="the lease to lapse")
     assert 2 <= time.monotonic() - killed <= 12
+
+
+def test_a_setup_command_naming_a_link_that_loops_is_run_not_a_bug(tmp_path):
+    """`pip install -r deps.txt` where deps.txt is a link to itself (a checkout's mistake): the key's
+    Path.resolve raised RuntimeError ('Symlink loop'), shown as a bug in podkit; pip is what says what is
+    wrong with the file, in the stage's error."""
+    from podkit import setup
+    from podkit.errors import StageError
+
+    repo = tmp_path / "ws" / "repo"
+    repo.mkdir(parents=True)
+    (repo / "deps.txt").symlink_to("deps.txt")
+    cfg = _cfg(tmp_path / "ws", "smoke.yaml", PODKIT_REPO_SETUP="cat deps.txt")
+    with pytest.raises(StageError) as e:
+        setup.run(cfg)
+    assert "exited 1" in str(e.value) and "deps.txt" in str(e.value), e.value
+
+
+def test_a_pipe_or_link_in_setup_logs_place_neither_blocks_the_boot_nor_is_written_through(tmp_path):
+    """setup.log as a FIFO (planted, or a tool's leftover): opening it to append blocked the setup stage for
+    ever (no reader; repo.setup_timeout_s runs only once the command has started). As a link, the build's
+    output went into the file it names. Each is moved aside as setup.log.1 and a fresh log is written."""
+    import os
+    import threading
+
+    from podkit import setup
+
+    cfg = _cfg(tmp_path / "ws", "smoke.yaml", PODKIT_REPO_SETUP="echo built")
+    (tmp_path / "ws" / "repo").mkdir(parents=True)
+    logs = cfg.log_dir
+    logs.mkdir(parents=True)
+    os.mkfifo(logs / "setup.log")
+    done = []
+    t = threading.Thread(target=lambda: done.append(setup.run(cfg)), daemon=True)
+    t.start()
+    t.join(60)
+    if t.is_alive():  # let the blocked open go, so the thread ends
+        os.close(os.open(logs / "setup.log", os.O_RDONLY | os.O_NONBLOCK))
+        pytest.fail("the setup stage blocked opening a FIFO in setup.log's place")
+    assert done and done[0]["python"]
+    assert "built" in (logs / "setup.log").read_text()
+    assert not (logs / "setup.log.1").is_symlink()
+    other = tmp_path / "someone-elses.txt"
+    other.write_text("")
+    (logs / "setup.log").unlink()
+    (logs / "setup.log").symlink_to(other)
+    cfg = _cfg(tmp_path / "ws", "smoke.yaml", PODKIT_REPO_SETUP="echo built again")
+    assert setup.run(cfg)["python"]
+    assert other.read_text() == "" and "built again" in (logs / "setup.log").read_text()

@@ -32,6 +32,7 @@ import select
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -72,7 +73,7 @@ def dependency_files(checkout: Path, command: str) -> list[Path]:
     except ValueError:
         words = command.split()
     for w in words:  # `-r deps/train.txt`, `sh tools/setup.sh`
-        p = (checkout / w).resolve()
+        p = Path(os.path.realpath(checkout / w))  # not Path.resolve: a link that loops raises RuntimeError
         if p.is_file() and str(p).startswith(str(checkout.resolve()) + os.sep):
             found.add(p)
     return sorted(found)
@@ -125,16 +126,19 @@ class SetupLog:
     def _turn(self, only_if_used: bool = False) -> None:
         if self.out:
             self.out.close()
-        mode = "ab"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
         try:
-            if not only_if_used or self.path.stat().st_size:
+            st = os.lstat(self.path)
+            # Not a regular file (a FIFO would block the open for ever, a link would be written through):
+            # moved aside as setup.log.1 like a used log.
+            if not only_if_used or st.st_size or not stat.S_ISREG(st.st_mode):
                 os.replace(self.path, self.path.with_name(self.path.name + ".1"))
         except FileNotFoundError:
             pass
         except OSError:
-            mode = "wb"  # setup.log.1 cannot be replaced (a directory?): bounded all the same, without it
-        try:
-            self.out = open(self.path, mode)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC  # setup.log.1 cannot be replaced (a directory?)
+        try:  # whatever is still there is not opened through a link, nor waited on
+            self.out = os.fdopen(os.open(self.path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644), "ab")
         except OSError as e:  # a full disk: the build goes on, its last lines in memory
             self.out, self.error = None, e
 
