@@ -132,3 +132,26 @@ def test_a_pipe_or_link_in_setup_logs_place_neither_blocks_the_boot_nor_is_writt
     cfg = _cfg(tmp_path / "ws", "smoke.yaml", PODKIT_REPO_SETUP="echo built again")
     assert setup.run(cfg)["python"]
     assert other.read_text() == "" and "built again" in (logs / "setup.log").read_text()
+
+
+def test_weights_from_a_directory_with_many_paths_to_one_weights_file_copies_it_once(tmp_path):
+    """Twenty links (and a hard link) to one weights file inside the model directory: each was copied as a
+    file of its own (21 copies of the weights on the volume). Each file is copied once; its other paths are
+    hard links to that copy, and read the same."""
+    import os
+
+    from podkit import weights
+
+    src = tmp_path / "model"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(os.urandom(4 << 20))
+    for i in range(20):
+        (src / f"alias-{i}.safetensors").symlink_to("model.safetensors")
+    os.link(src / "model.safetensors", src / "hard.safetensors")
+    dest = weights.copy_in(_cfg(tmp_path / "ws"), src)
+    files = sorted(dest.iterdir())
+    assert len(files) == 23
+    assert all(p.read_bytes() == (src / "model.safetensors").read_bytes() for p in files if p.suffix == ".safetensors")
+    inodes = {p.stat().st_ino for p in files if p.suffix == ".safetensors"}
+    assert len(inodes) == 1, f"{len(inodes)} copies of one weights file"

@@ -128,13 +128,25 @@ def copy_in(cfg, src: Path) -> Path:
 def _copy_tree(src: Path, dst: Path, copyfile) -> list[str]:
     """src's regular files and directories into dst (made); a link to a file is copied as that file when
     the file is inside src, or in the blobs of the Hugging Face cache repo src is a snapshot of (the cache's
-    own layout). Returns what was skipped, each with why."""
+    own layout). A file reached by several paths (links, hard links) is copied once. Returns what was
+    skipped, each with why."""
     root = os.path.realpath(src)
     inside = [root]
     if Path(root).parent.name == "snapshots" and Path(root).parent.parent.name.startswith("models--"):
         inside.append(str(Path(root).parent.parent / "blobs"))
     skipped: list[str] = []
     seen: set[tuple[int, int]] = set()  # a directory mounted inside itself is walked once
+    copied: dict[tuple[int, int], Path] = {}  # each file's first copy: its other paths are hard links to it
+
+    def copy(path, to: Path) -> None:
+        st = os.stat(path)
+        first = copied.setdefault((st.st_dev, st.st_ino), to)
+        if first is not to:
+            try:
+                return os.link(first, to)
+            except OSError:
+                pass  # a file system without hard links: a copy of its own
+        copyfile(path, to)
     todo = [(src, dst)]
     while todo:
         here, there = todo.pop()
@@ -160,12 +172,12 @@ def _copy_tree(src: Path, dst: Path, copyfile) -> list[str]:
                 elif not os.path.isfile(target):
                     skipped.append(f"{path} -> {target} (broken, or not a regular file)")
                 else:
-                    copyfile(target, to)
+                    copy(target, to)
             elif e.is_dir(follow_symlinks=False):
                 to.mkdir()
                 todo.append((path, to))
             elif e.is_file(follow_symlinks=False):
-                copyfile(path, to)
+                copy(path, to)
             else:
                 skipped.append(f"{path} (not a regular file: a pipe, socket or device)")
     return skipped
