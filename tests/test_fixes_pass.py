@@ -155,3 +155,24 @@ def test_weights_from_a_directory_with_many_paths_to_one_weights_file_copies_it_
     assert all(p.read_bytes() == (src / "model.safetensors").read_bytes() for p in files if p.suffix == ".safetensors")
     inodes = {p.stat().st_ino for p in files if p.suffix == ".safetensors"}
     assert len(inodes) == 1, f"{len(inodes)} copies of one weights file"
+
+
+def test_an_entry_module_whose_parent_packages_init_links_out_of_the_checkout_is_refused(tmp_path):
+    """`trainer.entry: mypkg.train:main` with mypkg/train.py in the checkout and mypkg/__init__.py a link
+    to a file outside it: importing mypkg.train runs that __init__.py first, and it was accepted."""
+    from podkit import checks
+
+    repo, outside = tmp_path / "repo", tmp_path / "elsewhere"
+    (repo / "mypkg" / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "evil.py").write_text("print('not the repo')\n")
+    (repo / "mypkg" / "__init__.py").symlink_to(outside / "evil.py")
+    (repo / "mypkg" / "sub" / "__init__.py").write_text("")
+    (repo / "mypkg" / "sub" / "train.py").write_text("def main(argv): pass\n")
+    (repo / "mypkg" / "train.py").write_text("def main(argv): pass\n")
+    for entry in ("mypkg.train:main", "mypkg.sub.train:main"):
+        cfg = config.load(ROOT / "configs/a40-4gpu.yaml", environ={
+            "PODKIT_WORKSPACE": str(tmp_path), "PODKIT_REPO_URL": "https://example.invalid/me/repo",
+            "PODKIT_REPO_DEST": str(repo), "PODKIT_TRAINER_ENTRY": entry})
+        found = [what for key, what, _ in checks.entry(cfg) if key == "trainer.entry"]
+        assert found and f"leads to {outside / 'evil.py'}, outside the checkout" in found[0], (entry, found)

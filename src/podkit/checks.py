@@ -207,8 +207,11 @@ def entry(cfg, synced: bool = True) -> list[Problem]:
         module, _, function = e.partition(":")
         if not module or not function or not all(p.isidentifier() for p in (*module.split("."), function)):
             return [("trainer.entry", f"{e!r} is not package.module:function", hint)]
-        path = os.path.join(*module.split("."))  # the checkout is first on sys.path: its module is imported
-        return _linked_out(cfg, e, (path + ".py", os.path.join(path, "__init__.py"))) if synced else []
+        parts = module.split(".")
+        path = os.path.join(*parts)  # the checkout is first on sys.path: its module is imported
+        # ... after each package above it: their __init__.py files run first
+        parents = tuple(os.path.join(*parts[:i], "__init__.py") for i in range(1, len(parts)))
+        return _linked_out(cfg, e, (*parents, path + ".py", os.path.join(path, "__init__.py"))) if synced else []
     if os.path.isabs(e) or ".." in Path(e).parts:
         return [("trainer.entry", f"{e!r} is not a path inside the checkout", hint)]
     script = os.path.join(cfg.repo.dest, e)
