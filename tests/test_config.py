@@ -86,13 +86,19 @@ def test_a_huge_finite_number_is_refused_for_every_numeric_setting_before_anythi
 def test_safe_mode_under_a_config_error_reads_no_env_twin_past_its_range(monkeypatch):
     """A broken config's safe mode reads the cost guard's settings from their env twins alone: a huge
     one there is the default, not a timer that overflows."""
-    from podkit import boot
+    import time
+
+    from podkit import boot, costguard
+
+    def limit():
+        g = boot._why(None, None, "config", "", "").guards
+        return costguard.sooner(g["stop_pod_after_s"], g["stop_pod_at"], time.time())
 
     monkeypatch.setenv("PODKIT_GUARD_STOP_POD_AFTER_S", "1e12")
     monkeypatch.setenv("PODKIT_GUARD_STOP_POD_AT", "1e15")
-    assert boot._stop_pod_after_s(None) == (3600.0, "guard.stop_pod_after_s")
+    assert limit() == (3600.0, "guard.stop_pod_after_s")
     monkeypatch.setenv("PODKIT_GUARD_STOP_POD_AFTER_S", "7200")
-    assert boot._stop_pod_after_s(None) == (7200.0, "guard.stop_pod_after_s")
+    assert limit() == (7200.0, "guard.stop_pod_after_s")
 
 
 BOMB = "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['lol'] * 9)}]\n"

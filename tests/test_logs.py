@@ -102,8 +102,9 @@ def test_a_finished_pods_self_stop_is_called_off_when_the_guard_is_set_to_never_
     monkeypatch.setattr(costguard, "FIRST_RETRY_S", 0.01)
     out = io.StringIO()
     pump = Pump(out, tmp_path, state_dir=tmp_path, on_runpod=True, guards=SimpleNamespace(values=lambda: guards))
-    assert pump.finished_stop(12).run() is False
-    assert len(tries) == 2 and "self-stop is called off" in out.getvalue()
+    stop = costguard.when_finished(12, pump.guard, tmp_path, pump.say)
+    stop.thread.join(10)
+    assert not stop.done and len(tries) == 2 and "self-stop is called off" in out.getvalue()
 
 
 def test_a_maximum_run_time_moved_later_after_its_stop_says_the_trainer_stays_stopped(tmp_path, monkeypatch):
@@ -119,9 +120,9 @@ def test_a_maximum_run_time_moved_later_after_its_stop_says_the_trainer_stays_st
     guards = {"stop_pod_at": _time.time() - 5, "stop_pod_when_finished": "auto", "stop_pod_after_s": 0.0}
     out = io.StringIO()
     pump = Pump(out, tmp_path, state_dir=tmp_path, on_runpod=True, guards=SimpleNamespace(values=lambda: guards))
-    pump._deadline = threading.Thread(target=lambda: None)  # the deadline's stop ran; the pod's stop was refused
+    pump.deadline.thread = threading.Thread(target=lambda: None)  # the deadline's stop ran; the pod's was refused
     guards["stop_pod_at"] = _time.time() + 6 * 3600
-    pump.deadline(_time.time())
-    pump.deadline(_time.time())
+    pump.deadline.check(_time.time())
+    pump.deadline.check(_time.time())
     assert out.getvalue().count("the trainer stays stopped until `podkit ctl start trainer watchdog`") == 1
     assert [e for e, _ in sent] == ["guard"]

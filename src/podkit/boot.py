@@ -117,7 +117,7 @@ def main(path: str | None = None) -> int:
         except ConfigError as e:
             state_dir = _fallback_state_dir()
             record = _start_record(state_dir)
-            return _safe_mode(record, state_dir, "config", e.message, e.hint)
+            return _safe_mode(record, _why(None, state_dir, "config", e.message, e.hint))
         log.set_level(cfg.log_level)
         state_dir = cfg.state_dir
         record = _start_record(state_dir)
@@ -131,17 +131,18 @@ def main(path: str | None = None) -> int:
                 record.done("supervisord")
             exec_supervisord(cfg, env)
         except PodkitError as e:
-            return _safe_mode(record, state_dir, getattr(e, "stage", "boot"), e.message, e.hint,
-                              retry=getattr(e, "retry", None), cfg=cfg)
+            return _safe_mode(record, _why(cfg, state_dir, getattr(e, "stage", "boot"), e.message, e.hint,
+                                           retry=getattr(e, "retry", None)))
         return 0  # not reached: exec_supervisord replaced this process
     except Exception as e:  # noqa: BLE001 - total: a bug in podkit must not restart-loop the container
         import traceback
 
         tb = traceback.format_exc()
         _log.error(f"unexpected {type(e).__name__} during boot:\n{tb}")
-        return _safe_mode(record, state_dir, "boot", f"podkit failed with {type(e).__name__}: {e}",
-                          "this is a bug in podkit: the traceback is in the log and `podkit status`; report it "
-                          "with `podkit doctor --bundle` output, then `podkit resume` or restart", traceback=tb, cfg=cfg)
+        return _safe_mode(record, _why(cfg, state_dir, "boot", f"podkit failed with {type(e).__name__}: {e}",
+                                       "this is a bug in podkit: the traceback is in the log and `podkit status`; "
+                                       "report it with `podkit doctor --bundle` output, then `podkit resume` or "
+                                       "restart", traceback=tb))
 
 
 def _fallback_state_dir() -> Path | None:
@@ -178,13 +179,6 @@ def _metrics(cfg, state_dir: Path | None) -> dict | None:
             "window_s": window, "key": os.environ.get(METRICS_KEY_ENV, ""), "state_dir": state_dir}
 
 
-def _stop_pod_after_s(cfg) -> tuple[float, str]:
-    """How long safe mode waits before the pod stops itself, and which setting says so: the sooner of
-    guard.stop_pod_after_s and guard.stop_pod_at (deploy's maximum run time)."""
-    g = _guard_settings(cfg)
-    return _sooner(g["stop_pod_after_s"], g["stop_pod_at"], time.time())
-
-
 def _guard_settings(cfg) -> dict:
     """The cost guards' settings. Under a config error each is read from its env twin if that alone reads
     as a number, else the default: a pod whose config is broken is the one most likely to wait for nobody."""
@@ -195,33 +189,6 @@ def _guard_settings(cfg) -> dict:
             "stop_pod_at": float(_lenient_env("guard", "stop_pod_at",
                                               lambda v: float(v) == 0 or config.is_stop_time(float(v)))),
             "stop_pod_when_finished": config.SCHEMA["guard"]["stop_pod_when_finished"].default}
-
-
-def _sooner(after: float, at: float, since: float, how: str = "") -> tuple[float, str]:
-    if at and (not after or at - since < after):
-        return max(at - since, 0.001), f"guard.stop_pod_at, the maximum run time{how}"
-    return after, f"guard.stop_pod_after_s{how}"
-
-
-def _stop_pod_limits(cfg, state_dir: Path | None):
-    """Safe mode's cost guard looked up afresh each time: the settings with `podkit guard set`'s changes
-    (<workspace>/.podkit/guards.json) on top."""
-    if state_dir is None:
-        return None
-    try:
-        from podkit import guardfile  # safe mode only: not on a healthy boot's path
-
-        since = time.time()
-        live = guardfile.Live(cfg.workspace_path if cfg is not None else state_dir.parent, _guard_settings(cfg),
-                              lambda m: safemode.say(f"[podkit:guard] {m}"))
-    except Exception:  # noqa: BLE001 - safe mode goes on with the settings alone
-        return None
-
-    def limits() -> tuple[float, str]:
-        v = live.values()
-        changed = live.from_file("stop_pod_after_s") or live.from_file("stop_pod_at")
-        return _sooner(v["stop_pod_after_s"], v["stop_pod_at"], since, ", set by `podkit guard set`" if changed else "")
-    return limits
 
 
 def _lenient_env(section: str, key: str, ok):
@@ -236,17 +203,23 @@ def _lenient_env(section: str, key: str, ok):
     return config.SCHEMA[section][key].default
 
 
-def _safe_mode(record: guard.Boot | None, state_dir: Path | None, stage: str, message: str, hint: str,
-               traceback: str = "", retry=None, cfg=None) -> int:
+def _why(cfg, state_dir: Path | None, stage: str, message: str, hint: str, traceback: str = "",
+         retry=None) -> safemode.Why:
+    """What safe mode is told: the failure, and from the config (or, under a config error, the env twins)
+    where the waiting pod reports and what its cost guard goes by."""
+    workspace = cfg.workspace_path if cfg is not None else state_dir.parent if state_dir is not None else None
+    return safemode.Why(stage, message, hint, traceback=traceback, retry=retry, state_dir=state_dir,
+                        workspace=workspace, guards=_guard_settings(cfg), metrics=_metrics(cfg, state_dir))
+
+
+def _safe_mode(record: guard.Boot | None, why: safemode.Why) -> int:
     if record:
-        record.rec["reason"] = message
-        if traceback:
-            record.rec["traceback"] = traceback
-        record.stage(stage, "failed")
+        record.rec["reason"] = why.message
+        if why.traceback:
+            record.rec["traceback"] = why.traceback
+        record.stage(why.stage, "failed")
         record.done("safe-mode")
-    return safemode.wait(state_dir, stage, message, hint, traceback=traceback, retry=retry,
-                         stop_pod_after=_stop_pod_after_s(cfg), metrics=_metrics(cfg, state_dir),
-                         stop_pod_limits=_stop_pod_limits(cfg, state_dir))
+    return safemode.wait(why)
 
 
 def up(cfg, steps: int | None = None) -> int:

@@ -60,24 +60,35 @@ def say(text: str) -> None:
 RETRY_EVERY_S = 5
 
 
-def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", traceback: str = "",
-         retry=None, stop_pod_after: tuple[float, str] = (0.0, ""), metrics: dict | None = None,
-         stop_pod_limits=None) -> int:
+class Why:
+    """Everything safe mode is told, built once by the boot: the failure (`stage`, `message`, `hint`, the
+    `traceback` of a bug), `retry()` (asked every few seconds: true once the cause went away by itself), and
+    where the waiting pod reports and bills: `state_dir` (the records), `workspace`, `guards` (the cost
+    guard's settings: stop_pod_after_s, stop_pod_at), `metrics` (metrics.serve_in_background's arguments).
+    Data goes one way: boot -> safe mode -> its reporters (records, notify, metrics, costguard)."""
+
+    def __init__(self, stage: str, message: str, hint: str = "", traceback: str = "", retry=None,
+                 state_dir: Path | None = None, workspace: Path | None = None, guards: dict | None = None,
+                 metrics: dict | None = None) -> None:
+        self.stage, self.message, self.hint, self.traceback, self.retry = stage, message, hint, traceback, retry
+        self.state_dir, self.workspace, self.guards, self.metrics = state_dir, workspace, guards, metrics
+
+
+def wait(why: Why) -> int:
     """Blocks until SIGTERM/SIGINT, then returns 0 (docker stop ends safe mode promptly).
-    SIGUSR1 (`podkit resume`) boots again in place: same pid, so PID 1 stays PID 1; so does `retry()`
-    turning true (asked every few seconds: the cause went away by itself, such as another pod's hold
-    on the workspace). On RunPod, after `stop_pod_after` (seconds, the setting that says so) the pod
-    stops itself (costguard.WhenIdle); `stop_pod_limits()`, when given, says it again each time it is looked at
-    (`podkit guard set` changes it on the waiting pod). With
-    `metrics` (serve_in_background's arguments), /metrics says so meanwhile. Nothing in here may end
-    the process otherwise: a failure of its own falls back to waiting."""
+    SIGUSR1 (`podkit resume`) boots again in place: same pid, so PID 1 stays PID 1; so does `why.retry()`
+    turning true (the cause went away by itself, such as another pod's hold on the workspace). On RunPod
+    the cost guard stops the pod after a while (costguard.in_safe_mode, from `why.guards`). With
+    `why.metrics`, /metrics says so meanwhile. Nothing in here may end the process otherwise: a failure of
+    its own falls back to waiting."""
+    stage, message, hint, state_dir, retry = why.stage, why.message, why.hint, why.state_dir, why.retry
     stopping = []
     resume = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
     signal.signal(signal.SIGUSR1, lambda *_: resume.append(1))
     try:
-        record(state_dir, stage, message, hint, traceback)
+        record(state_dir, stage, message, hint, why.traceback)
         say(banner(stage, message, hint))
         from podkit import notify  # here, not at the top: urllib is not on a healthy boot's path
 
@@ -85,28 +96,22 @@ def wait(state_dir: Path | None, stage: str, message: str, hint: str = "", trace
                     f"SAFE MODE ({stage}): {message}" + (f" | fix: {hint}" if hint else ""), state_dir)
     except Exception:  # noqa: BLE001 - explaining must not be what ends PID 1
         pass
-    if metrics and metrics.get("port"):
+    if why.metrics and why.metrics.get("port"):
         try:
             from podkit import metrics as endpoint  # prometheus_client: not on a healthy boot's path
 
-            endpoint.serve_in_background(**metrics)
+            endpoint.serve_in_background(**why.metrics)
         except Exception as e:  # noqa: BLE001 - nor may serving metrics
             say(f"[podkit:metrics] cannot serve metrics in safe mode ({type(e).__name__}: {e})")
-    last = checked = since = time.monotonic()
-    pod_stop = None
-    try:
-        from podkit import costguard
-
-        pod_stop = costguard.WhenIdle(state_dir, f"in safe mode ({stage})", *stop_pod_after, limits=stop_pod_limits,
-                                      say=lambda m: say(f"[podkit:costguard] {m}"))
-    except Exception:  # noqa: BLE001 - the cost guard must not be what ends PID 1
-        pass
-    while not stopping:
+    last = checked = time.monotonic()
+    if why.guards:
         try:
-            if pod_stop:
-                pod_stop.check(time.monotonic() - since)
-        except Exception:  # noqa: BLE001 - nor may its check
+            from podkit import costguard  # the cost guard watches in a thread of its own
+
+            costguard.in_safe_mode(stage, why.guards, why.workspace, state_dir, say)
+        except Exception:  # noqa: BLE001 - the cost guard must not be what ends PID 1
             pass
+    while not stopping:
         if retry and time.monotonic() - checked >= RETRY_EVERY_S:
             checked = time.monotonic()
             try:

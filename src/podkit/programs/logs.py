@@ -1,9 +1,10 @@
 """supervisord event listener: every line a program prints reaches the container's stdout prefixed
 with the program's name, and each program state change is recorded for `podkit status`. It notifies
 (notify.py) of a program gone FATAL, of training finished and of supervisord beginning to stop. On
-RunPod it is also where the cost guards act: a finished run, and the maximum run time (guard.stop_pod_at:
-the trainer is stopped with its checkpoint first), stop the pod; both are looked up each time, so that
-`podkit guard set` changes them on the running pod (guardfile.py).
+RunPod it tells the cost guard (costguard.py, which decides and stops the pod) what happened: a finished run,
+a pod that can no longer train, each event (the maximum run time, guard.stop_pod_at, is checked on it; the
+trainer is stopped with its checkpoint first). The guards are looked up each time, so that `podkit guard set`
+changes them on the running pod (guardfile.py).
 
 supervisord writes each program's output to its rotated file under <workspace>/logs/ and emits
 PROCESS_LOG events; this listener prints them to its stderr, which supervisord.conf sends to
@@ -17,7 +18,6 @@ import codecs
 import os
 import signal
 import sys
-import threading
 import time
 import xmlrpc.client
 from pathlib import Path
@@ -57,11 +57,8 @@ class Pump:
                  socket_path: str | None = None) -> None:
         self.out = out
         self.guards, self.on_runpod, self.socket_path = guards, on_runpod, socket_path
-        self._deadline: threading.Thread | None = None
-        self._deadline_retry_at = 0.0
-        self._deadline_done = False
-        self._deadline_reason = ""
-        self._deadline_moved = False
+        self.deadline = costguard.Deadline(self.guard, lambda key: self.guards.from_file(key), state_dir, self.say,
+                                           self.stop_trainer)
         self._idle: costguard.WhenIdle | None = None
         self.trainer_grace_s = trainer_grace_s
         self.state_dir = state_dir
@@ -140,16 +137,7 @@ class Pump:
         if stopped.get("by") in records.FINISHED and fresh:
             sent = notify.send("finished", f"training finished {records.at_step(prog.get('step'))} "
                                f"({records.checkpoint_at(prog.get('checkpoint_step'))})", self.state_dir)
-            if self.guard("stop_pod_when_finished") == "auto":
-                self.finished_stop(prog.get("step")).start(after=sent)
-
-    def finished_stop(self, step) -> costguard.Stopper:
-        """The cost guard: the trainer has exited after its last checkpoint; the notification goes first."""
-        def wanted() -> str:  # `podkit guard set stop_pod_when_finished=never` while retrying
-            now = self.guard("stop_pod_when_finished")
-            return "" if now == "auto" else f"guard.stop_pod_when_finished is now {now}"
-        return costguard.Stopper(f"training finished {records.at_step(step)} (guard.stop_pod_when_finished: auto)",
-                                 self.state_dir, wanted=wanted, say=self.say)
+            costguard.when_finished(prog.get("step"), self.guard, self.state_dir, self.say, after=sent)
 
     def cannot_train(self) -> str:
         """Why this pod can no longer train, "" while it can: a program FATAL, the trainer stopped for good
@@ -172,82 +160,36 @@ class Pump:
             records.CANNOT_TRAIN else ""
 
     def idle_rule(self) -> None:
-        """The cost guard's rule for a pod that cannot train: after guard.stop_pod_after_s of it (looked up
-        each time), the pod stops; a trainer started again meanwhile calls it off."""
+        """Tells the cost guard whether the pod can train, and since when it cannot (costguard.cannot_train)."""
         why = self.cannot_train()
-        if not why:
-            self._idle = None
-            return
-        if self._idle is not None or not self.guard("stop_pod_after_s"):
-            return
-        # The program whose end it is: its state change starts the wait.
-        name = next((n for n in ("trainer", "sglang") if (self.states.get(n) or {}).get("state") == supervisord.FATAL),
-                    "ray" if why.startswith("this node cannot join") else "trainer")
-        who = "`ray`" if name == "ray" else "the trainer"
-        rule = self._idle = costguard.WhenIdle(
-            self.state_dir, why, 0.0, limits=lambda: (self.guard("stop_pod_after_s"), "guard.stop_pod_after_s"),
-            still=lambda: "" if self.cannot_train() else f"{who} was started again", say=self.say)
-        self.say(f"{why}: the pod stops itself after guard.stop_pod_after_s ({self.guard('stop_pod_after_s'):g} s) "
-                 f"unless {who} is started again")
+        who, since = "the trainer", time.time()
+        if why:
+            # The program whose end it is: its state change starts the wait.
+            name = next((n for n in ("trainer", "sglang") if (self.states.get(n) or {}).get("state") == supervisord.FATAL),
+                        "ray" if why.startswith("this node cannot join") else "trainer")
+            who = "`ray`" if name == "ray" else "the trainer"
+            # Counted from the state change itself: a listener restarted since does not start the wait again.
+            t = (self.states.get(name) or {}).get("since")
+            since = t if isinstance(t, (int, float)) and t <= since else since
+        self._idle = costguard.cannot_train(self._idle, why, who, since, self.guard, self.state_dir, self.say,
+                                            still=self.cannot_train)
 
-        # Counted from the state change itself: a listener restarted since does not start the wait again.
-        since = (self.states.get(name) or {}).get("since")
-        since = since if isinstance(since, (int, float)) and since <= time.time() else time.time()
-
-        def tick() -> None:
-            while self._idle is rule and rule.stopper is None:
-                rule.check(time.time() - since)
-                time.sleep(1)
-        threading.Thread(target=tick, name="cannot-train", daemon=True).start()
-
-    def deadline(self, now: float) -> None:
-        """guard.stop_pod_at passed: once, in a thread (events keep flowing), the trainer is stopped
-        through supervisord, which gives it stop_grace_s to checkpoint, then the pod (costguard.Stopper retries a
-        refused stop). The time is looked up each time: `podkit guard set` moves it."""
-        at = self.guard("stop_pod_at")
-        if self._deadline is not None and not self._deadline_done and (not at or now < at):
-            if not self._deadline_moved:  # moved after the trainer was stopped for it: say what is left
-                self._deadline_moved = True
-                msg = ("guard.stop_pod_at moved after the trainer was stopped for it: the pod is not stopped, and "
-                       "the trainer stays stopped until `podkit ctl start trainer watchdog`")
-                self.say(msg)
-                notify.send("guard", msg, self.state_dir)
-            return
-        if self._deadline_done or not at or now < at or time.monotonic() < self._deadline_retry_at:
-            return
-        if self._deadline and self._deadline.is_alive():
-            return
-        self._deadline_retry_at = time.monotonic() + costguard.RETRY_MAX_S
-        first = self._deadline is None
-        if first:
-            self._deadline_reason = ("the maximum run time was reached (guard.stop_pod_at, " +
-                                     ("set on the running pod by `podkit guard set`)" if self.guards.from_file("stop_pod_at")
-                                      else "set by podkit deploy --max-runtime)"))
-        self._deadline = threading.Thread(target=self._deadline_stop, args=(first,), daemon=True)
-        self._deadline.start()
-
-    def _deadline_stop(self, first: bool) -> None:
-        if first:
-            self.say(f"{self._deadline_reason}: stopping the trainer with a checkpoint, then the pod")
-            rpc = supervisord.rpc(self.socket_path).supervisor
-            # The watchdog first, so that it cannot start the trainer again; then the trainer, wait=True:
-            # the call returns once it has exited (its checkpoint written) or been killed.
-            for name in ("watchdog", "trainer"):
-                try:
-                    rpc.stopProcess(name, True)
-                except (OSError, xmlrpc.client.Error) as e:  # not running (finished, FATAL): nothing to save
-                    self.say(f"{name} was not stopped ({e})")
-            prog = records.PROGRESS.read(self.state_dir) if self.state_dir else {}
-            self._deadline_reason += f"; {records.checkpoint_at(prog.get('checkpoint_step'))}"
-        def wanted() -> str:
-            at = self.guard("stop_pod_at")
-            return "" if at and time.time() >= at else "guard.stop_pod_at moved"
-        stop = costguard.Stopper(self._deadline_reason, self.state_dir, wanted=wanted, say=self.say, notified=not first)
-        self._deadline_done = stop.run()
+    def stop_trainer(self) -> str:
+        """For the maximum run time (costguard.Deadline): the watchdog first, so that it cannot start the trainer
+        again; then the trainer, wait=True: the call returns once it has exited (its checkpoint written) or been
+        killed. Says where the checkpoint is."""
+        rpc = supervisord.rpc(self.socket_path).supervisor
+        for name in ("watchdog", "trainer"):
+            try:
+                rpc.stopProcess(name, True)
+            except (OSError, xmlrpc.client.Error) as e:  # not running (finished, FATAL): nothing to save
+                self.say(f"{name} was not stopped ({e})")
+        prog = records.PROGRESS.read(self.state_dir) if self.state_dir else {}
+        return records.checkpoint_at(prog.get("checkpoint_step"))
 
     def handle(self, headers: dict[str, str], payload: bytes) -> None:
         event = headers.get("eventname", "")
-        self.deadline(time.time())
+        self.deadline.check(time.time())
         if event.startswith("PROCESS_LOG"):
             head, _, data = payload.partition(b"\n")
             h = parse_headers(head)
@@ -275,7 +217,7 @@ DRAIN_S = 1.0
 def main(cfg) -> int:
     log.to_stderr()  # stdout is the event protocol
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    from podkit import costguard, guardfile
+    from podkit import guardfile
 
     pump = Pump(sys.stderr, Path(cfg.run_path), state_dir=cfg.state_dir, trainer_grace_s=cfg.trainer.stop_grace_s,
                 on_runpod=costguard.on_runpod(), socket_path=cfg.socket_path)
