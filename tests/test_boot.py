@@ -54,8 +54,9 @@ def test_boot_with_an_unreachable_repo_and_no_checkout_waits_in_safe_mode(procs,
     assert p.wait(10) == 0
 
 
-def test_up_with_steps_trains_to_the_step_and_exits_0(tmp_path):
-    """`podkit up --smoke --steps N` is the README's main job: it stops everything cleanly at step N."""
+def test_up_with_steps_trains_to_the_step_and_exits_0_and_leaves_its_start_up_timeline(tmp_path, monkeypatch):
+    """`podkit up --smoke --steps N` is the README's main job: it stops everything cleanly at step N, and its
+    boot is on record as `podkit boot`'s is: status --json and doctor show its start-up timeline."""
     ws = tmp_path / "ws"
     e = smoke_env(ws, free_port())
     e.pop("PODKIT_CONFIG")
@@ -72,6 +73,21 @@ def test_up_with_steps_trains_to_the_step_and_exits_0(tmp_path):
     assert f"stopped by SIGTERM at step {progress['step']}" in st.stdout, st.stdout
     assert f"checkpoint at step {progress['step']}" in st.stdout and "inference: stopped" in st.stdout, st.stdout
     assert "unhealthy" not in st.stdout
+    js = subprocess.run([*PODKIT, "status", "--json", "--workspace", str(ws)], env=e, capture_output=True, text=True,
+                        timeout=30)
+    status = json.loads(js.stdout)
+    phases = [p["phase"] for p in status["startup"]["phases"]]
+    assert phases[:6] == ["preflight", "reap", "sync", "setup", "render", "supervisord"], phases
+    assert "first_step" in phases and status["startup"]["total_s"] > 0, status["startup"]
+    last = status["boots"]["last"]
+    assert last["via"] == "up" and last["outcome"] == "supervisord", last
+    # doctor names the slowest phase of a slow start from the same timeline (any start is slow past 0 s)
+    from podkit import config, doctor
+
+    monkeypatch.setattr(doctor, "STARTUP_SLOW_S", 0.0)
+    found = {f.id: f for f in doctor.examine(config.load(environ={"PODKIT_WORKSPACE": str(ws)}), ws)}
+    assert "restart_loop" not in found  # a person's `up`s are not the container's restart loop
+    assert any(line.startswith("start-up: preflight +") for line in found["startup_slow"].evidence), found
 
 
 def test_up_whose_trainer_cannot_import_its_code_exits_1_with_doctors_finding(tmp_path):

@@ -152,3 +152,24 @@ def test_a_pod_in_safe_mode_past_its_maximum_run_time_stops_at_once(procs, tmp_p
     wait_for(lambda: STOP in runpod_api.calls(), 30, what="the stop")
     p.send_signal(signal.SIGTERM)
     assert p.wait(20) == 0
+
+
+def test_when_and_how_a_pod_stops_lives_in_the_cost_guard_alone():
+    """The boot, safe mode and the log listener tell the cost guard what happened; none of them decides when
+    the pod stops, makes a stop, retries one or says so. Safe mode is told in one object (safemode.Why),
+    which holds data only: nothing in it calls back into the boot."""
+    import inspect
+    import re
+
+    from podkit import boot, safemode
+    from podkit.programs import logs
+
+    owner = re.compile(r"Stopper\(|WhenIdle\(|stop_pod\(|stop_pod_notified|RETRY_MAX_S|RETRY_FOR_S|FIRST_RETRY_S|sooner|guardfile\.Live\(.*limits"
+                       r"|\.check\(time\.monotonic|pod-stop")
+    for module in (boot, safemode, logs):
+        found = [line.strip() for line in inspect.getsource(module).splitlines() if owner.search(line)]
+        assert found == [], f"{module.__name__} holds stop-pod logic: {found}"
+    assert list(inspect.signature(safemode.wait).parameters) == ["why"]
+    why = boot._why(None, None, "config", "a broken file", "fix it")
+    assert why.guards["stop_pod_after_s"] == 3600.0 and not any(
+        callable(v) for k, v in vars(why).items() if k != "retry")

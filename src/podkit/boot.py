@@ -151,12 +151,12 @@ def _fallback_state_dir() -> Path | None:
     return ws / ".podkit" if ws.is_dir() else None
 
 
-def _start_record(state_dir: Path | None) -> guard.Boot | None:
+def _start_record(state_dir: Path | None, via: str = "boot") -> guard.Boot | None:
     if state_dir is None:
         return None
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
-        record = guard.Boot(state_dir)
+        record = guard.Boot(state_dir, via)
     except OSError:
         return None  # an unwritable workspace: preflight explains it
     _log.info(f"last stop: {record.rec['last_stop']}")
@@ -227,12 +227,22 @@ def up(cfg, steps: int | None = None) -> int:
     stop everything cleanly once the trainer has reached that step. A run that can no longer train (a
     program FATAL, the trainer stopped by a config error) or that finished ends too: a local run is
     never left waiting for steps that will not come. Exit 0 at the step or when finished, 1 with
-    doctor's findings when it failed."""
+    doctor's findings when it failed. Its boot is recorded as `podkit boot`'s is (the start-up timeline
+    of status, metrics, the bundle and doctor), marked as `up`'s: the crash-loop guard does not count it."""
     import subprocess  # `up` only: the entrypoint's `boot` execs supervisord and never pays for it
 
-    env = run_stages(cfg)
+    record = _start_record(cfg.state_dir, via="up")
+    try:
+        env = run_stages(cfg, record)
+    except PodkitError as e:  # an error here, as before; the record says which stage and why
+        if record:
+            record.rec["reason"] = e.message
+            record.done("failed")
+        raise
     proc = subprocess.Popen(supervisord_argv(env), env=env)
     _record_current(cfg, proc.pid)
+    if record:
+        record.done("supervisord")
     stopping: list[int] = []
     failed: list[str] = []
 

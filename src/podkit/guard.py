@@ -1,8 +1,9 @@
 """The crash-loop guard: every boot is recorded on the volume; boots that come too fast stop in
 safe mode instead of starting training again (docs/failures.md: a loop every 17 s looked like a crash).
 
-`<workspace>/.podkit/boots.json` holds the recent boots (time, pid, each stage's outcome, the
-reason of the stop before it when known). `podkit resume` writes `resume.json`: boots before it
+`<workspace>/.podkit/boots.json` holds the recent boots (time, pid, each stage's outcome and how long it
+took, the reason of the stop before it when known): `podkit boot`'s, and `podkit up`'s (marked "via": "up",
+not counted by the guard: a person starts those, and they exit rather than loop). `podkit resume` writes `resume.json`: boots before it
 no longer count, and a boot waiting in safe mode is told (SIGUSR1) to boot again in place.
 """
 
@@ -22,12 +23,14 @@ KEEP = 50
 class Boot:
     """This boot's record; every change is written through (a boot may die at any point)."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, via: str = "boot") -> None:
         self.state_dir = state_dir
         self.boots = records.BOOTS.read(state_dir)
         previous = self.boots[-1] if self.boots else None
         self.rec = {"time": time.time(), "pid": os.getpid(), "stages": {}, "outcome": "booting",
                     "last_stop": last_stop(state_dir, previous)}
+        if via != "boot":
+            self.rec["via"] = via
         self.boots = (self.boots + [self.rec])[-KEEP:]
         self._write()
 
@@ -62,10 +65,10 @@ def last_stop(state_dir: Path, previous: dict | None) -> str:
 
 
 def recent(state_dir: Path, window_s: float, now: float | None = None) -> list[dict]:
-    """Boots within the window and after the last `podkit resume`."""
+    """The container's boots within the window and after the last `podkit resume` (not `podkit up`'s)."""
     now = time.time() if now is None else now
     since = max(now - window_s, records.RESUME.read(state_dir).get("time") or 0)
-    return [b for b in records.BOOTS.read(state_dir) if (b.get("time") or 0) > since]
+    return [b for b in records.BOOTS.read(state_dir) if (b.get("time") or 0) > since and b.get("via") != "up"]
 
 
 def storm(state_dir: Path, max_boots: int, window_s: float) -> str | None:

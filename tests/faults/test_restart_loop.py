@@ -104,3 +104,19 @@ def test_health_of_a_restarted_trainer_that_does_not_step_fails_before_the_progr
     assert "has not stepped for 900s" in status.health_problem(st(None), 1800)  # never stepped
     assert status.health_problem(st(now - 120), 1800) is None  # a restart that is recovering
     assert status.health_problem(st(now - 700, restarts=0), 1800) is None  # not restarted: the 30 min limit
+
+
+def test_a_person_running_podkit_up_again_and_again_is_not_a_boot_storm(tmp_path):
+    """`podkit up` records its boots too (the start-up timeline), but a person starts those and they exit:
+    six of them in a minute are not the container's restart loop, and the next `podkit boot` trains."""
+    from podkit import guard
+
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    now = time.time()
+    ups = [{"time": now - 60 + i, "pid": 100 + i, "stages": {}, "outcome": "supervisord", "last_stop": "",
+            "via": "up"} for i in range(6)]
+    (state / "boots.json").write_text(json.dumps(ups))
+    assert guard.storm(state, max_boots=5, window_s=600) is None
+    b = guard.Boot(state)
+    assert "via" not in b.rec and [r["pid"] for r in guard.recent(state, 600)] == [b.rec["pid"]]
