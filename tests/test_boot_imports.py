@@ -67,5 +67,5 @@ def test_boot_with_a_repo_to_sync_adds_only_the_git_plumbing(tmp_path):
                  ["push", "-q", "origin", "HEAD:main"]):
         subprocess.run(["git", "-C", str(seed), *argv], check=True, timeout=30, capture_output=True)
     mods = set(boot_modules(tmp_path, PODKIT_REPO_URL=str(remote))["modules"])
-    assert {m for m in mods if m.startswith("podkit")} == BOOT_MODULES | {"podkit.sync"}
+    assert {m for m in mods if m.startswith("podkit")} == BOOT_MODULES | {"podkit.sync", "podkit.pidlock"}
     assert not {m for m in mods if m.split(".")[0] in {"torch", "areal", "sglang", "runpod", "requests"}}

@@ -11,7 +11,6 @@ A token reaches git only through GIT_ASKPASS and the environment: never argv, .g
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import random
@@ -28,6 +27,7 @@ from pathlib import Path
 from podkit import log, proc, records
 from podkit.config import split_credentials
 from podkit.errors import StageError
+from podkit.pidlock import Busy, PidLock
 
 _log = log.get("sync")
 TOKEN_ENV = ("GIT_TOKEN", "GITHUB_TOKEN")
@@ -196,46 +196,20 @@ def _stamp() -> str:
     return time.strftime("%Y%m%d-%H%M%S")
 
 
-class Lock:
+class Lock(PidLock):
     """One sync per DEST at a time, across boots sharing a volume; the second waits, bounded."""
 
     def __init__(self, dest: Path, timeout_s: float) -> None:
-        self.path = dest.parent / f".{dest.name}.podkit-sync.lock"
-        self.timeout_s = timeout_s
-        self.fd = -1
+        super().__init__(dest.parent / f".{dest.name}.podkit-sync.lock", timeout_s, 0o644,
+                         waiting=lambda pid: _log.info(f"waiting for another sync of {dest.parent} (pid {pid})"))
 
     def __enter__(self) -> Lock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        until = time.monotonic() + self.timeout_s
-        told = False
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= until:
-                    os.close(self.fd)
-                    raise SyncError(f"another sync holds {self.path} for more than {self.timeout_s:.0f}s",
-                                    "another boot is syncing the same volume; wait for it, or raise "
-                                    "PODKIT_REPO_LOCK_TIMEOUT_S") from None
-                if not told:
-                    _log.info(f"waiting for another sync of {self.path.parent} ({self._holder()})")
-                    told = True
-                time.sleep(0.2)
-        os.ftruncate(self.fd, 0)
-        os.write(self.fd, f"{os.getpid()}\n".encode())
-        return self
-
-    def _holder(self) -> str:
         try:
-            return f"pid {self.path.read_text().strip()}"
-        except OSError:
-            return "unknown holder"
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
+            return super().__enter__()
+        except Busy:
+            raise SyncError(f"another sync holds {self.path} for more than {self.wait_s:.0f}s",
+                            "another boot is syncing the same volume; wait for it, or raise "
+                            "PODKIT_REPO_LOCK_TIMEOUT_S") from None
 
 
 class Syncer:
