@@ -17,6 +17,7 @@ import tomllib
 from conftest import ROOT, raw_server
 from podkit import config, deploy
 from podkit import runpod as api
+from podkit.deploy import template as deploy_template
 from podkit.errors import ConfigError, PodkitError
 from runpod_stub import RunPodV2Stub
 
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.timeout(60)
 KEY = "rpa_TESTKEY0123456789"
 VOLUME = "vol-ckpt1"
 SRC = ROOT / "src" / "podkit"
+IMAGE = ("--image", "registry.example/podkit:1.0")  # the template's podkit:latest is refused on a real deploy
 
 
 @pytest.fixture
@@ -51,7 +53,8 @@ def sent(stub, call: str) -> list:
 
 def tpl_file(tmp_path, **fields) -> str:
     path = tmp_path / "template.yaml"
-    path.write_text(json.dumps({"name": "t", "imageName": "img", "volumeMountPath": "/workspace", **fields}))
+    path.write_text(json.dumps({"name": "t", "imageName": "registry.example/img", "volumeMountPath": "/workspace",
+                                **fields}))
     return str(path)
 
 
@@ -77,8 +80,38 @@ def test_deploy_saves_the_template_then_a_4xa40_pod_and_says_how_to_reach_it(run
     assert KEY not in r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("args, where", [
+    ((), "runpod/template.yaml: imageName: 'podkit:latest' names no registry"),
+    (("--image", "localhost:5000/podkit:1"), "--image: 'localhost:5000/podkit:1' is in a registry on this machine"),
+    (("--image", "Me/Podkit:1"), "--image: 'Me/Podkit:1' is not an image reference"),
+])
+def test_an_image_no_runpod_host_can_pull_is_refused_before_anything_is_sent(runpod_api, args, where):
+    """The template's podkit:latest is the tag `docker build` gave here; Docker would look for it among Docker
+    Hub's official images (library/podkit), where there is none, and the pod would wait on its pull for ever:
+    refused (exit 2), naming the setting and --image, with nothing sent. A dry run still shows the requests,
+    saying so."""
+    r = podkit_deploy(runpod_api, *args, "--wait-timeout", "30")
+    assert r.returncode == 2 and where in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "--image ghcr.io/<you>/podkit:<tag>" in r.stderr and runpod_api.requests == []
+    r = podkit_deploy(runpod_api, *args, "--dry-run")
+    assert r.returncode == 0 and "a real deploy refuses it" in r.stderr and runpod_api.requests == []
+
+
+@pytest.mark.parametrize("image, pullable", [
+    ("podkit:latest", False), ("podkit", False), ("podkit@sha256:" + "a" * 64, False),
+    ("localhost/podkit:1", False), ("127.0.0.1:5000/podkit:1", False), ("[::1]:5000/podkit", False),
+    ("ghcr.io/Me/podkit:1", False), ("registry.example/podkit:bad tag", False),
+    ("me/podkit:1.0", True), ("ghcr.io/me/podkit:1.0", True), ("registry.example:5000/a/b/podkit:v1-rc.2", True),
+    ("docker.io/library/ubuntu:24.04", True), ("ghcr.io/me/podkit@sha256:" + "0" * 64, True),
+])
+def test_which_images_a_runpod_host_can_pull_follows_dockers_reference_grammar(image, pullable):
+    """Docker's grammar and its rule for the registry: the part before the first "/" is a registry host only
+    with a "." or ":" or as "localhost"; else the name is Docker Hub's (user/name), library/ when one part."""
+    assert (deploy_template.unpullable(image) == "") is pullable
+
+
 def test_a_one_a40_pod_in_community_cloud(runpod_api):
-    r = podkit_deploy(runpod_api, "--gpus", "1", "--cloud", "COMMUNITY", "--wait-timeout", "30")
+    r = podkit_deploy(runpod_api, *IMAGE, "--gpus", "1", "--cloud", "COMMUNITY", "--wait-timeout", "30")
     assert r.returncode == 0, r.stderr
     [pod] = sent(runpod_api, "POST /v2/pods")
     assert (pod["gpu"]["count"], pod["cloud"]) == (1, "COMMUNITY")
@@ -109,7 +142,7 @@ def test_every_shipped_config_deploy_can_name_is_in_the_image():
 
 def test_a_second_deploy_updates_the_template_of_the_same_name(runpod_api):
     """Idempotent: the template of that name is PATCHed, not duplicated, and the pod names it."""
-    assert podkit_deploy(runpod_api, "--wait-timeout", "30").returncode == 0
+    assert podkit_deploy(runpod_api, *IMAGE, "--wait-timeout", "30").returncode == 0
     r = podkit_deploy(runpod_api, "--image", "registry.example/podkit:2.0", "--name", "second", "--wait-timeout", "30")
     assert r.returncode == 0, r.stderr
     [tid] = runpod_api.templates
@@ -308,7 +341,7 @@ def test_missing_api_key_is_a_clear_error(runpod_api):
 def test_a_network_volume_another_pod_uses_is_refused(runpod_api):
     runpod_api.add_volume(VOLUME, "checkpoints", 200, "EU-SE-1")
     other = runpod_api.add_pod(volume=VOLUME, name="older-run")["id"]
-    r = podkit_deploy(runpod_api, "--network-volume", VOLUME, "--wait-timeout", "30")
+    r = podkit_deploy(runpod_api, *IMAGE, "--network-volume", VOLUME, "--wait-timeout", "30")
     assert r.returncode == 1 and f"in use by pod {other}" in r.stderr and f"podkit deploy stop {other}" in r.stderr
     assert "POST /v2/pods" not in runpod_api.calls()
 

@@ -89,6 +89,7 @@ def test_dry_run_prints_the_body_and_sends_nothing(runpod_api):
     (("cluster", "--gpu-type", H100, "--network-volume", "v", "--nodes", "4"), "no shipped cluster config for 4"),
     (("cluster", "--gpu-type", H100, "--network-volume", "v", "--max-runtime", "soon"), "'soon' is not a duration"),
     (("cluster-status", "../pods"), "is not a RunPod cluster id"),
+    (("cluster", *CREATE[3:]), "imageName: 'podkit:latest' names no registry"),  # the template's local tag: no host can pull it
 ])
 def test_bad_requests_are_refused_before_anything_is_sent(runpod_api, args, problem):
     r = podkit_deploy(runpod_api, *args)

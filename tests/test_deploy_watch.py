@@ -290,12 +290,21 @@ def test_watch_without_a_network_volume_or_with_an_unknown_one_is_refused(runpod
     assert created(runpod_api) == []
 
 
+def test_a_watch_whose_replacements_would_run_a_local_image_is_refused(runpod_api):
+    """--image names the replacements' image: one no RunPod host can pull (a local tag) is refused up front."""
+    old_pod(runpod_api)
+    r = podkit_deploy(runpod_api, "watch", "pod-old", "--network-volume", VOLUME, "--image", "podkit:dev")
+    assert r.returncode == 2 and "--image: 'podkit:dev' names no registry" in r.stderr and "Traceback" not in r.stderr
+    assert runpod_api.requests == []
+
+
 def test_deploy_on_a_network_volume_with_a_maximum_run_time(runpod_api):
     """--network-volume mounts it at /workspace in its data center; --max-runtime 12h becomes the pod's
     guard.stop_pod_at; a bad duration is refused before anything is sent."""
     before = time.time()
     runpod_api.new_pod_ids = ["pod-abc123"]
-    r = podkit_deploy(runpod_api, "--network-volume", VOLUME, "--max-runtime", "12h", "--wait-timeout", "30")
+    r = podkit_deploy(runpod_api, "--network-volume", VOLUME, "--max-runtime", "12h", "--image", "registry.example/podkit:1.0",
+                      "--wait-timeout", "30")
     assert r.returncode == 0, r.stderr
     [new] = created(runpod_api)
     assert new["mounts"] == {"network": [{"volumeId": VOLUME, "path": "/workspace"}]}

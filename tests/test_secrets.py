@@ -11,6 +11,7 @@ import pytest
 from conftest import PODKIT, ROOT
 from gitserver import HTTPRemote, Remote
 from podkit import config, deploy
+from podkit.deploy.template import literal_secret
 from podkit.programs import sglang
 
 pytestmark = pytest.mark.timeout(120)
@@ -114,7 +115,7 @@ def test_deploy_refuses_a_literal_secret_in_the_template(tmp_path, value, why):
                                          ("TOKENIZERS_PARALLELISM", "false"), ("MAX_TOKENS", "4096"),
                                          ("HF_TOKEN_PATH", "/workspace/hf/token")])
 def test_deploy_accepts_references_and_plain_values(name, value):
-    assert deploy.literal_secret(value, name) == ""
+    assert literal_secret(value, name) == ""
 
 
 def test_a_short_literal_sglang_api_key_is_refused_by_deploy(tmp_path):
