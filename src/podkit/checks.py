@@ -13,7 +13,6 @@ import re
 import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 API_KEY_ENV = "SGLANG_API_KEY"  # a secret: from the env file / RunPod secret, never the YAML
 SHARED_MEM_FRACTION = 0.5  # most SGLang may take of a GPU the trainer also uses
@@ -139,7 +138,7 @@ def _flag_values(words: list[str]):
 # writes its argv from this table, and extra_args may not set any of these again (argparse takes the last,
 # so `--host 0.0.0.0` there would undo the loopback/API-key rule). The rows without a value are set another
 # way: the API key goes in the file that --config names (programs/sglang.py), never on the command line.
-SGLANG_FLAGS: tuple[tuple[str, tuple[str, ...], str, Callable[[Any], str | None] | None], ...] = (
+SGLANG_FLAGS: tuple[tuple[str, tuple[str, ...], str, Callable[[object], str | None] | None], ...] = (
     ("--api-key", (), "SGLANG_API_KEY (env)", None),
     ("--model-path", ("--model",), "inference.model", lambda cfg: cfg.inference.model),
     ("--host", (), "inference.host", lambda cfg: cfg.inference.host),
