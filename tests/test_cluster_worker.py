@@ -25,7 +25,12 @@ HEAD = "127.0.0.2"
 STANDIN_RAY = """#!/bin/sh
 echo "$@" >> "$RAY_STANDIN_ARGV"
 [ -n "$RAY_STANDIN_EXIT" ] && { echo "standin ray: cannot register with the head"; exit "$RAY_STANDIN_EXIT"; }
+# Ray starts its raylet once it has reached the head's GCS; without one (RAY_STANDIN_NO_RAYLET) it keeps trying.
+[ -z "$RAY_STANDIN_NO_RAYLET" ] && "$(dirname "$0")/raylet" &
 trap 'exit 0' TERM
+while :; do sleep 0.2; done
+"""
+STANDIN_RAYLET = """#!/bin/sh
 while :; do sleep 0.2; done
 """
 
@@ -41,8 +46,9 @@ class Worker:
         procs.workspaces.add(str(self.ws))
         bin_dir = root / "bin"
         bin_dir.mkdir()
-        (bin_dir / "ray").write_text(STANDIN_RAY)
-        (bin_dir / "ray").chmod(0o755)
+        for name, script in (("ray", STANDIN_RAY), ("raylet", STANDIN_RAYLET)):
+            (bin_dir / name).write_text(script)
+            (bin_dir / name).chmod(0o755)
         self.argv = root / "ray-argv.txt"
         self.port = free_port()  # nothing listens there: the head is gone
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
@@ -151,24 +157,33 @@ def test_a_worker_whose_head_is_gone_is_unhealthy_stops_restarting_and_joins_a_h
     assert w.stop() == 0
 
 
-def test_a_worker_whose_ray_start_fails_against_a_head_that_answers_is_bounded_too(procs, tmp_path):
+@pytest.mark.parametrize("standin", ["ends at once", "hangs without a raylet"])
+def test_a_worker_whose_ray_start_does_not_join_a_head_that_answers_is_bounded_too(procs, tmp_path, standin):
     """The head's port answers but `ray start` ends at once (a head that will not take the node): each such start
     is a failed join, counted by this bound rather than supervisord's own retries (it ends within startsecs), and
-    after three `ray` stays stopped, EXITED, not FATAL."""
-    w = Worker(procs, tmp_path, RAY_STANDIN_EXIT="1", PODKIT_CLUSTER_JOIN_TIMEOUT_S="2",
-               PODKIT_TRAINER_RESTART_DELAY_S="1")
+    after three `ray` stays stopped, EXITED, not FATAL. Or what answers there is not the head's GCS (another
+    service, a hung head): real Ray's `ray start` then retries for many minutes without starting its raylet
+    (measured: 40 s a try, 20 tries); it was counted as joined after 30 s up, its failures reset, healthy, and
+    restarted for ever. Without a raylet within cluster.join_timeout_s the start is a failed join too."""
+    exits = standin == "ends at once"
+    w = Worker(procs, tmp_path, PODKIT_CLUSTER_JOIN_TIMEOUT_S="2", PODKIT_TRAINER_RESTART_DELAY_S="1",
+               **({"RAY_STANDIN_EXIT": "1"} if exits else {"RAY_STANDIN_NO_RAYLET": "1"}))
     listener = socket.create_server((HEAD, w.port))
     try:
         w.start()
-        wait_for(lambda: w.record().get("gave_up") and w.info("ray").get("statename") == "EXITED", 90, interval=0.5,
+        wait_for(lambda: w.record().get("gave_up") and w.info("ray").get("statename") == "EXITED", 120, interval=0.5,
                  what="the bound to stop ray")
         time.sleep(4)
         assert w.info("ray")["statename"] == "EXITED" and w.starts() == 3 and len(w.argv.read_text().splitlines()) == 3
         rec = w.record()
-        assert "`ray start` ended (exit 1)" in rec["why"] and "before it joined the Ray head" in rec["why"], rec
+        assert rec["failures"] == 3 and not rec.get("joined"), rec
+        if exits:
+            assert "`ray start` ended (exit 1)" in rec["why"] and "before it joined the Ray head" in rec["why"], rec
+            assert "standin ray: cannot register with the head" in w.log()
+        else:
+            assert f"reached {HEAD}:{w.port} but did not join it" in rec["why"] and "cluster.ray_port" in rec["why"]
         health = w.podkit("status", "--health")
         assert health.returncode == 1 and f"the Ray head at {HEAD}:{w.port}" in health.stdout, health.stdout
-        assert "standin ray: cannot register with the head" in w.log()
     finally:
         listener.close()
     assert w.stop() == 0

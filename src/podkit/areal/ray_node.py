@@ -10,9 +10,9 @@ Ray's parent: it records every worker's process group as it appears (ray-node.js
 and kills what is left of them when Ray has stopped, or at its next start after it was killed.
 
 A worker node that cannot join (the head at cluster.head:ray_port not answering for cluster.join_timeout_s,
-or `ray start` ending before it joined) is bounded like the trainer (loopbound.py): each such start in a row
-waits trainer.restart_delay_s, doubled, first, and after trainer.max_failures of them the program stays
-stopped. ray-loop.json says why, naming the head, for status, health, doctor and the cost guard, which
+or `ray start` ending, or running that long without its raylet, before it joined) is bounded like the
+trainer (loopbound.py): each such start in a row waits trainer.restart_delay_s, doubled, first, and after
+trainer.max_failures of them the program stays stopped. ray-loop.json says why, naming the head, for status, health, doctor and the cost guard, which
 stops a pod that cannot train. `podkit ctl start ray`, or a new boot, counts from zero.
 
 Ray's tasks inherit this environment, which is why what they need is set here, before Ray starts:
@@ -107,9 +107,17 @@ def wait_for_head(cfg, stopping: threading.Event | None = None, interval: float 
     return None
 
 
-# `ray start --block` still up this long after its start: the node joined (a worker that cannot register
-# with the head it reached ends within seconds).
+# `ray start --block` still up this long after its start, with its raylet running: the node joined (a
+# worker that cannot register with the head it reached ends within seconds). Ray starts the raylet only once
+# it has reached the head's GCS: against a port that answers but is no GCS (cluster.ray_port naming another
+# service, a head that hangs) `ray start` retries for many minutes without one, and has not joined.
 JOINED_S = 30.0
+
+
+def raylet_running(root: int) -> bool:
+    procs = proc.processes()
+    below = set(proc.descendants(root, procs))
+    return any(p.pid in below and p.name == "raylet" and not p.gone for p in procs)
 
 
 class Join(loopbound.Loop):
@@ -189,13 +197,23 @@ def main(cfg) -> int:
     groups: dict[int, int] = {child.pid: proc.starttime(child.pid) or 0}
     records.RAY_NODE.write(cfg.run_path, {"groups": [[g, t] for g, t in groups.items()]}, mode=0o600)
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    started, joined = time.monotonic(), bound is None
+    started, joined, not_joined = time.monotonic(), bound is None, None
     while child.poll() is None and not stop.wait(2.0):
         track(child.pid, groups, cfg.run_path)
-        if not joined and time.monotonic() - started >= JOINED_S:
-            joined = True
-            bound.joined()
-            _log.info(f"joined the Ray head at {c.head}:{c.ray_port}")
+        up = time.monotonic() - started
+        if joined or child.poll() is not None:  # ended meanwhile: said below, as an end
+            continue
+        if raylet_running(child.pid):
+            if up >= JOINED_S:
+                joined = True
+                bound.joined()
+                _log.info(f"joined the Ray head at {c.head}:{c.ray_port}")
+        elif up >= c.join_timeout_s and child.poll() is None:
+            not_joined = (f"`ray start` reached {c.head}:{c.ray_port} but did not join it in {up:.0f}s "
+                          "(cluster.join_timeout_s; no raylet: something answers on that port, not a Ray head's "
+                          "GCS: is cluster.ray_port the head's Ray port?)")
+            _log.error(not_joined)
+            break
     if child.poll() is None and c.rank > 0:
         let_ranks_checkpoint(cfg)
     if child.poll() is None:
@@ -212,6 +230,8 @@ def main(cfg) -> int:
     _log.info(f"ray exited with {rc}")
     if stop.is_set():
         return 0
+    if not_joined:
+        return bound.failed(not_joined)
     if not joined:
         return bound.failed(f"`ray start` ended (exit {rc}) {time.monotonic() - started:.0f}s after its start, "
                             f"before it joined the Ray head at {c.head}:{c.ray_port}: ray.log above says why")
