@@ -176,3 +176,21 @@ def test_an_entry_module_whose_parent_packages_init_links_out_of_the_checkout_is
             "PODKIT_REPO_DEST": str(repo), "PODKIT_TRAINER_ENTRY": entry})
         found = [what for key, what, _ in checks.entry(cfg) if key == "trainer.entry"]
         assert found and f"leads to {outside / 'evil.py'}, outside the checkout" in found[0], (entry, found)
+
+
+@pytest.mark.parametrize("skew", ["ten minutes", "nan", "inf"])
+def test_a_clock_skew_hook_that_is_not_a_number_neither_stops_the_lease_nor_dates_it_nonsense(tmp_path, skew):
+    """PODKIT_TEST_CLOCK_SKEW_S left set to what is not a finite number of seconds: the lease's take raised
+    ValueError (a boot's preflight, the listener's renewal every minute), or wrote NaN/Infinity dates."""
+    import math
+    import subprocess
+
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    code = ("import sys; from pathlib import Path; from podkit import lease; s = Path(sys.argv[1]); "
+            "assert lease.acquire(s, 60) is None and lease.renew(s); print(lease.read(s)['since'])")
+    r = subprocess.run([sys.executable, "-c", code, str(state)], capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src"), "PODKIT_TEST_CLOCK_SKEW_S": skew})
+    assert r.returncode == 0, r.stderr[-2000:]
+    since = float(r.stdout)
+    assert math.isfinite(since) and abs(since - time.time()) < 60, since

@@ -39,7 +39,11 @@ SKEW_ENV = "PODKIT_TEST_CLOCK_SKEW_S"
 
 
 def _wall() -> float:
-    return time.time() + float(os.environ.get(SKEW_ENV) or 0)
+    try:  # a value that is not a finite number of seconds is no skew (the hook must not stop a boot or a renewal)
+        skew = float(os.environ.get(SKEW_ENV) or 0)
+    except ValueError:
+        skew = 0.0
+    return time.time() + (skew if _number(skew) else 0.0)
 
 
 def _boottime() -> float:
