@@ -194,3 +194,23 @@ def test_a_clock_skew_hook_that_is_not_a_number_neither_stops_the_lease_nor_date
     assert r.returncode == 0, r.stderr[-2000:]
     since = float(r.stdout)
     assert math.isfinite(since) and abs(since - time.time()) < 60, since
+
+
+def test_a_process_run_from_an_activated_old_env_keeps_it_from_pruning(procs, tmp_path):
+    """A shell with an old environment activated (VIRTUAL_ENV, its bin first on PATH) runs `python` by name:
+    its command line names no path and its interpreter maps the image's binary (the env's bin/python is a
+    link to it), so the env was pruned under a running process."""
+    import json
+    from pathlib import Path
+
+    from test_setup import checkout, podkit_setup, ready_envs
+
+    checkout(tmp_path, "1.0")
+    one = Path(json.loads(podkit_setup(tmp_path).stdout)["python"]).parent.parent
+    user = procs.spawn(["python", "-c", "import time; time.sleep(120)"],
+                       env={"PATH": f"{one / 'bin'}:/usr/bin:/bin", "VIRTUAL_ENV": str(one)})
+    checkout(tmp_path, "2.0")
+    podkit_setup(tmp_path)
+    checkout(tmp_path, "3.0")
+    r = podkit_setup(tmp_path)
+    assert one.name in ready_envs(tmp_path) and f"pid {user.pid} runs from it" in r.stderr, r.stderr

@@ -551,8 +551,8 @@ def _plain_file(path: Path) -> bool:
 
 
 def in_use(envs: list[Path]) -> dict[Path, int] | None:
-    """{env: a pid running from it}: a process whose command line, working directory, open files or mapped
-    files are in one. None when some process could not be read (nothing is then removed); podkit itself
+    """{env: a pid running from it}: a process whose command line, working directory, open files, mapped
+    files, VIRTUAL_ENV or PATH are in one. None when some process could not be read (nothing is then removed); podkit itself
     and its ancestors (PID 1: the boot, supervisord) run the image's Python and are not read."""
     prefixes = {env: os.fsencode(env.resolve()) + b"/" for env in envs}
     found: dict[Path, int] = {}
@@ -569,6 +569,11 @@ def in_use(envs: list[Path]) -> dict[Path, int] | None:
             seen += [os.path.join(os.path.realpath(os.path.dirname(a)), os.path.basename(a))
                      for a in (os.path.join(os.fsencode(cwd), a) for a in proc.read_all(base + "cmdline").split(b"\0")
                                if b"/" in a)]
+            # An activated env (a shell's VIRTUAL_ENV, its bin first on PATH) runs `python` by name.
+            for var in proc.read_all(base + "environ").split(b"\0"):
+                name, _, value = var.partition(b"=")
+                if name in (b"VIRTUAL_ENV", b"PATH"):
+                    seen += [os.path.realpath(v) + b"/" for v in value.split(b":") if v.startswith(b"/")]
             for fd in os.listdir(base + "fd"):
                 try:
                     seen.append(os.fsencode(os.readlink(base + "fd/" + fd)))
