@@ -214,3 +214,34 @@ def test_a_process_run_from_an_activated_old_env_keeps_it_from_pruning(procs, tm
     checkout(tmp_path, "3.0")
     r = podkit_setup(tmp_path)
     assert one.name in ready_envs(tmp_path) and f"pid {user.pid} runs from it" in r.stderr, r.stderr
+
+
+def test_two_pods_that_see_one_dead_holder_lapse_at_once_do_not_both_take_the_workspace(tmp_path, monkeypatch):
+    """Two waiting pods watch one dead holder's lease lapse. Pod A sets it aside and takes the workspace just
+    after pod B judged the dead one lapsed: B then set A's fresh lease aside as if it were the dead one and took
+    the workspace too (two trainers into one checkpoint directory). B now sees that what it moved was not what
+    it judged, puts it back, and waits behind A."""
+    import json
+
+    from podkit import lease
+
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    dead = {"host": "pod-that-died", "boot_id": "x", "pid": 4242, "start": 1, "beat": 7, "token": "dead"}
+    (state / "lease.json").write_text(json.dumps(dead))
+    a = {"host": "pod-a", "boot_id": "y", "pid": 99, "start": 1, "beat": 0, "token": "pod-a", "renew_s": 60}
+    real_live = lease.live
+
+    def judged_then_a_takes_it(holder, ttl_s):
+        alive = real_live(holder, ttl_s)
+        if holder.get("token") == "dead":  # B's judgement, then A's take between it and B's rename
+            alive = False
+            (state / "lease.json").rename(state / "lease.json.old")
+            (state / "lease.json").write_text(json.dumps(a))
+        return alive
+
+    monkeypatch.setattr(lease, "live", judged_then_a_takes_it)
+    held = lease.acquire(state, 300)
+    assert held is not None and held.get("token") == "pod-a", held
+    assert lease.read(state)["token"] == "pod-a"
+

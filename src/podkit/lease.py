@@ -88,8 +88,12 @@ def _boot_id() -> str:
 def read(state_dir: Path) -> dict | None:
     """The lease, or None when there is none. A lease that cannot be read as one counts as lapsed: not a
     regular file (a FIFO would block the boot for ever, a directory or symlink is planted), not JSON."""
+    return _read(state_dir / NAME)
+
+
+def _read(path: Path) -> dict | None:
     try:
-        fd = os.open(state_dir / NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     except OSError:
@@ -126,8 +130,12 @@ def _number(x) -> bool:
 _seen: dict[str, float] = {}
 
 
+def _key(holder: dict) -> str:
+    return json.dumps(holder, sort_keys=True)
+
+
 def _unchanged_for(holder: dict) -> float:
-    key = json.dumps(holder, sort_keys=True)
+    key = _key(holder)
     now = time.monotonic()
     first = _seen.setdefault(key, now)
     if len(_seen) > 64:  # one entry per renewal seen: keep the newest
@@ -186,15 +194,26 @@ def acquire(state_dir: Path, ttl_s: float, pid: int | None = None, renew_s: floa
         if holder is not None:
             # Lapsed, gone, unreadable or ours from before an exec: set it aside (rename is atomic; a
             # second pod doing the same finds it gone and tries the create below).
+            aside = path.with_name(f"{NAME}.old")
             try:
-                os.rename(path, path.with_name(f"{NAME}.old"))
+                os.rename(path, aside)
             except FileNotFoundError:
-                pass
+                aside = None
             except OSError:  # a directory there (or a .old one): set aside under a name of its own
+                aside = path.with_name(f"{NAME}.aside-{os.urandom(4).hex()}")
                 try:
-                    os.rename(path, path.with_name(f"{NAME}.aside-{os.urandom(4).hex()}"))
+                    os.rename(path, aside)
                 except FileNotFoundError:
+                    aside = None
+            moved = _read(aside) if aside else None
+            if moved is not None and not moved.get("unreadable") and _key(moved) != _key(holder):
+                # Not the lease judged a moment ago: another pod took the workspace in between (it set the
+                # lapsed one aside first). Put its lease back, and wait behind it.
+                try:
+                    os.link(aside, path)
+                except FileExistsError:
                     pass
+                return read(state_dir) or moved
         now = _wall()
         lease = {**me(pid), "since": now, "renewed": now, "boottime": _boottime(), "beat": 0,
                  "token": os.urandom(8).hex(), **({"renew_s": renew_s} if renew_s else {})}
