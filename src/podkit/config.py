@@ -85,7 +85,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                            minimum=1),
         "window_s": Field(float, 600.0, "crash-loop guard: the window boots are counted in", "s", minimum=1),
         "lease_s": Field(float, 300.0, "one workspace, one pod: another pod's hold on the workspace lapses this "
-                         "long after its last renewal (a pod on another host that died)", "s", minimum=30),
+                         "long after its last renewal (a pod on another host that died), and never before two of its "
+                         "once-a-minute renewals were missed", "s", minimum=30),
         "stop_pod_when_finished": Field(str, "auto", "cost guard: auto stops the RunPod pod (RUNPOD_POD_ID) when "
                                         "training finishes, after its checkpoint and notification", "",
                                         choices=("auto", "never")),
