@@ -51,6 +51,18 @@ def test_wrong_type_names_file_key_and_expected_type(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+def test_a_weight_update_deadline_shorter_than_an_update_is_refused_naming_both_settings(tmp_path):
+    """watchdog.weight_update_deadline_s below trainer.weight_update_timeout_s would restart a healthy server in
+    the middle of every update (the adversarial pass: 0.001 was accepted)."""
+    p = write(tmp_path, "watchdog:\n  weight_update_deadline_s: 0.001\n")
+    r = podkit("--config", str(p), "config")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"{p}: watchdog.weight_update_deadline_s: 0.001 s is shorter than one weight update" in r.stderr, r.stderr
+    assert "trainer.weight_update_timeout_s 120 s" in r.stderr and "at least 120" in r.stderr, r.stderr
+    for fine in ("0", "120", "900"):  # 0: 5 x the update timeout; at least one update's limit
+        config.load(write(tmp_path, f"watchdog:\n  weight_update_deadline_s: {fine}\n"), environ={})
+
+
 def test_bad_choice_and_below_minimum_are_rejected(tmp_path):
     """Choices and minimums are enforced with the allowed values in the message."""
     with pytest.raises(ConfigError, match="'sometimes' is not one of auto, always, never"):

@@ -25,7 +25,8 @@ def test_a_busy_server_whose_log_has_no_weight_update_in_view_is_not_updating_no
     weight_update_deadline_s, the healthy server was restarted. A missing log is no update either."""
     from podkit import health, watchdog
 
-    cfg = _cfg(tmp_path, PODKIT_WATCHDOG_WEIGHT_UPDATE_DEADLINE_S="10", PODKIT_WATCHDOG_GENERATION_PROBE_S="0")
+    cfg = _cfg(tmp_path, PODKIT_WATCHDOG_WEIGHT_UPDATE_DEADLINE_S="10", PODKIT_TRAINER_WEIGHT_UPDATE_TIMEOUT_S="10",
+               PODKIT_WATCHDOG_GENERATION_PROBE_S="0")
     log = cfg.log_dir / "sglang.log"
     log.parent.mkdir(parents=True)
     assert not health.updating(log), "a missing log"

@@ -132,6 +132,7 @@ def test_back_to_back_weight_updates_are_not_one_long_one_and_an_update_cut_shor
 
     cfg = config.load(ROOT / "configs" / "a40-1gpu.yaml", environ={
         "PODKIT_WORKSPACE": str(tmp_path), "PODKIT_WATCHDOG_WEIGHT_UPDATE_DEADLINE_S": "10",
+        "PODKIT_TRAINER_WEIGHT_UPDATE_TIMEOUT_S": "10",
         "PODKIT_WATCHDOG_GENERATION_PROBE_S": "0"})
     log = cfg.log_dir / "sglang.log"
     log.parent.mkdir(parents=True)

@@ -139,7 +139,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                     "/health is liveness only; 0: never", "s", minimum=0),
         "weight_update_deadline_s": Field(float, 0.0, "a weight update in flight this long counts as a hang "
                                           "(generation waits behind it, and the generation check waits for it): "
-                                          "inference is restarted; 0: 5 x trainer.weight_update_timeout_s", "s",
+                                          "inference is restarted; 0: 5 x trainer.weight_update_timeout_s; else at least "
+                                          "trainer.weight_update_timeout_s", "s",
                                           minimum=0),
     },
     "health": {
@@ -690,6 +691,12 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
             raise ConfigError(origins.get(key, "defaults"), key, str(e),
                               hint="comma-separated GPU indexes, e.g. \"1,2,3\"") from None
     _check_stop_time(values["guard"]["stop_pod_at"], origins.get("guard.stop_pod_at", "defaults"))
+    deadline, update = values["watchdog"]["weight_update_deadline_s"], values["trainer"]["weight_update_timeout_s"]
+    if 0 < deadline < update:  # the watchdog would restart inference in the middle of a normal update
+        raise ConfigError(origins.get("watchdog.weight_update_deadline_s", "defaults"), "watchdog.weight_update_deadline_s",
+                          f"{deadline:g} s is shorter than one weight update may take (trainer.weight_update_timeout_s "
+                          f"{update:g} s): inference would be restarted as hung during updates",
+                          hint=f"0 (5 x trainer.weight_update_timeout_s), or at least {update:g}")
     for key in ("experiment", "trial"):
         if values["trainer"][key]:  # empty: the AReaL YAML's own name
             check_name(values["trainer"][key], origins.get(f"trainer.{key}", "defaults"), f"trainer.{key}")
