@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from podkit import log, loopbound, proc, records, supervisord
-from podkit.areal.command import set_pdeathsig
+from podkit.areal.command import clear_leftovers, set_pdeathsig
 from podkit.areal.heartbeat import heartbeats
 
 _log = log.get("ray")
@@ -181,7 +181,7 @@ def main(cfg) -> int:
         if why:
             return bound.failed(why)
     temp_dir(cfg).mkdir(parents=True, exist_ok=True)
-    for pid in clear_leftovers(cfg.run_path):
+    for pid in clear_leftovers(cfg.run_path, records.RAY_NODE):
         _log.warn(f"killed pid {pid}, left by this node's previous Ray")
     args = argv(cfg, ray)
     _log.info(f"node rank {c.rank} of {c.nodes} at {c.node_addr}: {' '.join(args[1:])}")
@@ -282,11 +282,3 @@ def let_ranks_checkpoint(cfg) -> None:
     deadline = time.monotonic() + cfg.trainer.stop_grace_s
     while here() and time.monotonic() < deadline:
         time.sleep(1)
-
-
-def clear_leftovers(run_dir: Path) -> list[int]:
-    groups = [g for g in records.RAY_NODE.read_owned(run_dir).get("groups") or []
-              if isinstance(g, list) and len(g) == 2 and all(isinstance(x, int) for x in g)]
-    killed = proc.kill_groups(groups)
-    records.RAY_NODE.path(run_dir).unlink(missing_ok=True)
-    return killed
