@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PODKIT, ROOT, free_port, wait_for
+from harness import Pod
 from test_costguard import STOP, on_runpod, receiver, runpod_api  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -35,51 +36,47 @@ while :; do sleep 0.2; done
 """
 
 
-class Worker:
-    """Node rank 1, booted as its container's entrypoint does."""
+class Worker(Pod):
+    """Node rank 1, booted as its container's entrypoint does; its records are the node's own (node-1)."""
+
+    boot_timeout = 60.0
 
     def __init__(self, procs, root: Path, **env: str) -> None:
         self.procs, self.root = procs, root
-        self.ws = root / "ws"
-        (self.ws / "rehearsal" / "model").mkdir(parents=True)
-        (self.ws / "rehearsal" / "model" / "config.json").write_text("{}")  # preflight's check of the stand-in's model
-        procs.workspaces.add(str(self.ws))
+        ws = root / "ws"
+        (ws / "rehearsal" / "model").mkdir(parents=True)
+        (ws / "rehearsal" / "model" / "config.json").write_text("{}")  # preflight's check of the stand-in's model
+        procs.workspaces.add(str(ws))
         bin_dir = root / "bin"
         bin_dir.mkdir()
         for name, script in (("ray", STANDIN_RAY), ("raylet", STANDIN_RAYLET)):
             (bin_dir / name).write_text(script)
             (bin_dir / name).chmod(0o755)
         self.argv = root / "ray-argv.txt"
-        self.port = free_port()  # nothing listens there: the head is gone
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
-        self.env.update({"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-cluster.yaml"), "PODKIT_WORKSPACE": str(self.ws),
-                         "PODKIT_CLUSTER_RANK": "1", "PODKIT_CLUSTER_NODE_ADDR": "127.0.0.3",
-                         "PODKIT_CLUSTER_HEAD": HEAD, "PODKIT_CLUSTER_RAY_PORT": str(self.port),
-                         "PODKIT_RUN_DIR": str(root / "run1"), "PODKIT_CLUSTER_JOIN_TIMEOUT_S": "6",
-                         "PODKIT_TRAINER_RESTART_DELAY_S": "4", "PODKIT_TRAINER_MAX_FAILURES": "3",
-                         "RAY_STANDIN_ARGV": str(self.argv), "PYTHONUNBUFFERED": "1",
-                         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", **env})
-        self.state = self.ws / ".podkit" / "node-1"
+        port = free_port()  # nothing listens there: the head is gone
+        base = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+        super().__init__(ws, port, {
+            **base, "PODKIT_CONFIG": str(ROOT / "configs" / "cpu-cluster.yaml"), "PODKIT_WORKSPACE": str(ws),
+            "PODKIT_CLUSTER_RANK": "1", "PODKIT_CLUSTER_NODE_ADDR": "127.0.0.3",
+            "PODKIT_CLUSTER_HEAD": HEAD, "PODKIT_CLUSTER_RAY_PORT": str(port),
+            "PODKIT_RUN_DIR": str(root / "run1"), "PODKIT_CLUSTER_JOIN_TIMEOUT_S": "6",
+            "PODKIT_TRAINER_RESTART_DELAY_S": "4", "PODKIT_TRAINER_MAX_FAILURES": "3",
+            "RAY_STANDIN_ARGV": str(self.argv), "PYTHONUNBUFFERED": "1",
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", **env})
+        self.ws = ws
+
+    @property
+    def state(self) -> Path:
+        return self.workspace / ".podkit" / "node-1"
 
     def start(self) -> Worker:
         self.out_path = self.root / "node1-stdout.log"
-        out = open(self.out_path, "ab")  # noqa: SIM115 - closed with the test's tmp dir
-        self.proc = self.procs.spawn([*PODKIT, "boot"], env=self.env, stdout=out, stderr=subprocess.STDOUT)
-        wait_for(lambda: self.current().get("supervisord_pid") == self.proc.pid and self.info("ray"), 60,
-                 what="supervisord to accept commands")
+        self.launch(open(self.out_path, "ab"), spawn=self.procs.spawn)  # noqa: SIM115 - closed with the tmp dir
         return self
 
-    def current(self) -> dict:
-        try:
-            return json.loads((self.state / "current.json").read_text())
-        except (OSError, ValueError):
-            return {}
-
     def info(self, name: str) -> dict:
-        from podkit.supervisord import rpc
-
         try:
-            return rpc(self.current()["socket"]).supervisor.getProcessInfo(name)
+            return self.rpc().supervisor.getProcessInfo(name)
         except (OSError, xmlrpc.client.Error, KeyError):
             return {}
 
