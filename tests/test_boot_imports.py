@@ -21,7 +21,8 @@ BOOT_MODULES = {"podkit", "podkit.boot", "podkit.checks", "podkit.cli", "podkit.
                 "podkit.preflight",
                 "podkit.proc", "podkit.programs", "podkit.reap", "podkit.records", "podkit.render",
                 "podkit.safemode",
-                "podkit.areal", "podkit.areal.identity"}  # the run's names: the reap stage clears its records
+                "podkit.areal", "podkit.areal.identity",  # the run's names: the reap stage clears its records
+                "podkit.areal.userconf"}  # the user's AReaL YAML and overrides as data (stdlib; identity reads them)
 NEVER = {"torch", "areal", "sglang", "transformers", "runpod", "requests", "supervisor", "numpy", "argparse",
          "subprocess", "dataclasses", "shutil", "socket", "tempfile", "typing", "asyncio", "logging", "email",
          "http", "xmlrpc", "urllib.request", "difflib", "podkit.sync", "podkit.status", "podkit.doctor",

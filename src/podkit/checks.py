@@ -271,14 +271,9 @@ def areal(cfg, synced: bool = True) -> list[Problem]:
 
 
 def _areal_yaml(cfg):
-    """The AReaL YAML as data, or the error that kept it from being read."""
-    import yaml  # the AReaL YAML is read only where an AReaL trainer is configured
+    from podkit.areal import userconf  # on demand: podkit.areal is not on the boot path
 
-    try:
-        with open(cfg.trainer.areal_config, encoding="utf-8") as f:
-            return yaml.safe_load(f) or {}
-    except (OSError, ValueError, yaml.YAMLError) as e:  # ValueError: bytes that are not UTF-8
-        return e
+    return userconf.areal_yaml(cfg)
 
 
 def _backends(cfg) -> list[Problem]:
@@ -313,17 +308,9 @@ def config_error(cfg, problems: list[Problem]):
 
 
 def overridden(text: str) -> dict[str, str]:
-    """trainer.overrides as {key: value} (Hydra's key=, +key=, ++key=; the last wins)."""
-    try:
-        words = shlex.split(text)
-    except ValueError:
-        return {}
-    out = {}
-    for word in words:
-        key, eq, value = word.partition("=")
-        if eq and not key.startswith("~"):
-            out[key.lstrip("+")] = value
-    return out
+    from podkit.areal import userconf
+
+    return userconf.overridden(text)
 
 
 def _dotted(data: dict, key: str):

@@ -22,11 +22,6 @@ def bootstrap_script() -> str:
     return str(HERE / "bootstrap.py")
 
 
-def fileroot(cfg) -> str:
-    """AReaL's logs, HF saves and recover checkpoints: on the volume, so a new container resumes."""
-    return str(cfg.workspace_path / "areal")
-
-
 def update_root(cfg) -> str:
     """AReaL's cluster.fileroot, which only its disk weight updates read: a full HF save every step
     (~1 GB for 0.5B in bf16) that must be written within AReaL's fixed 120 s wait, then read by SGLang.
@@ -38,7 +33,7 @@ def overrides(cfg) -> list[str]:
     """Hydra overrides that make the pod config the one source of truth for what podkit also reads.
     `++key=value` sets a key whether or not the YAML has it (a user's YAML may leave a section to
     AReaL's defaults, where `key=value` fails); the user's trainer.overrides come last, as written."""
-    t, model, root = cfg.trainer, cfg.inference.model, fileroot(cfg)
+    t, model, root = cfg.trainer, cfg.inference.model, identity.fileroot(cfg)
     run = identity.names(cfg)  # the user's names, passed back so that podkit and AReaL read the same
     own = [*(f"{k}={v}" for k, v in (("experiment_name", run.experiment), ("trial_name", run.trial)) if v),
            f"cluster.fileroot={update_root(cfg)}", f"saver.fileroot={root}", f"recover.fileroot={root}",

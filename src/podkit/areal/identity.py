@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from podkit import config
+from podkit.areal import userconf
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 RECORD = "podkit-run.json"  # in AReaL's save root of the run: <fileroot>/checkpoints/<user>/<exp>/<trial>
@@ -72,11 +73,9 @@ def _plain(value) -> bool:
 
 def _yaml_names(cfg) -> tuple[dict, dict]:
     """The AReaL YAML's top-level names ({key: value}) and those only AReaL can tell ({key: why})."""
-    from podkit import checks
-
     if cfg.trainer.kind != "areal" or not cfg.trainer.areal_config:
         return {}, {}
-    data = checks._areal_yaml(cfg)  # an unreadable YAML is checks.areal's to name; the names fall back
+    data = userconf.areal_yaml(cfg)  # an unreadable YAML is checks.areal's to name; the names fall back
     if not isinstance(data, dict):
         return {}, {}
     found, undecided = {}, {}
@@ -92,9 +91,7 @@ def _yaml_names(cfg) -> tuple[dict, dict]:
 
 def _override_names(overrides: str) -> dict:
     """experiment_name / trial_name set in trainer.overrides (the last wins)."""
-    from podkit import checks
-
-    return {k: v for k, v in checks.overridden(overrides).items() if k in NAME_KEYS.values()}
+    return {k: v for k, v in userconf.overridden(overrides).items() if k in NAME_KEYS.values()}
 
 
 def names(cfg) -> Names:
@@ -118,9 +115,14 @@ def names(cfg) -> Names:
 # --- the checkpoint's owner -----------------------------------------------------------------------------
 
 
-def save_root(fileroot: str, experiment: str, trial: str, user: str | None = None) -> Path:
+def fileroot(cfg) -> str:
+    """AReaL's logs, HF saves and recover checkpoints: on the volume, so a new container resumes."""
+    return str(cfg.workspace_path / "areal")
+
+
+def save_root(root: str, experiment: str, trial: str, user: str | None = None) -> Path:
     """AReaL's Saver.get_save_root, without creating it."""
-    return Path(fileroot) / "checkpoints" / (user or getpass.getuser()) / experiment / trial
+    return Path(root) / "checkpoints" / (user or getpass.getuser()) / experiment / trial
 
 
 def repo_of(url: str) -> str:
@@ -259,7 +261,6 @@ def start_over(cfg, dry_run: bool = False, say=print) -> int:
     them, kept, never deleted; then the trainer started again if the pod runs. For a run that found
     another run's checkpoint under its names (check_run in hooks.py), or a user who wants step 0."""
     from podkit import lease, records, supervisord
-    from podkit.areal.command import fileroot
     from podkit.errors import ConfigError, PodkitError
 
     if cfg.multi_node and cfg.cluster.rank != 0:
