@@ -312,10 +312,10 @@ def _run_ended(cfg, started: float) -> tuple[str, str] | None:
     if stopped.get("by") in records.FINISHED:
         if cfg.multi_node:
             return None  # a cluster's nodes share the run's end: their operator stops each one
-        return "finished", f"training finished ({stopped['by']}) at step {stopped.get('step')}"
+        return "finished", f"training finished ({stopped['by']}) {records.at_step(stopped.get('step'))}"
     if state == supervisord.STOPPED:
         return None  # stopped mid-run by a person (`podkit ctl stop`): theirs to start again
-    at = f"at step {stopped['step']}" if isinstance(stopped.get("step"), int) else "before its first step"
+    at = records.at_step(stopped.get("step"))
     first = str(stopped.get("message") or "").strip().splitlines()[:1]
     return "failed", f"the trainer stopped for good ({stopped.get('by')}) {at}" + (f": {first[0]}" if first else "")
 

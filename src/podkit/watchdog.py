@@ -286,7 +286,7 @@ class Watchdog:
         self.finished_stopped = stopped["time"]  # once per run, even if the stop below fails
         dump = self.cfg.log_dir / f"hang-{time.strftime('%Y%m%d-%H%M%S')}.txt"
         tool = dump_stacks(info["pid"], dump, self.cfg.log_dir)
-        self.record("stopped", "trainer", f"the run finished at step {stopped.get('step')} but the trainer did not "
+        self.record("stopped", "trainer", f"the run finished {records.at_step(stopped.get('step'))} but the trainer did not "
                     f"exit for {since:.0f}s (a non-daemon thread?): stacks ({tool}) in {dump}", dump=str(dump))
         self.stop_for_good(info["pid"])
 
