@@ -8,7 +8,9 @@ AReaL environment, against the generating stand-in for SGLang): step time and re
 2. kill -9 of the trainer (the launcher, supervisord's `trainer`) until a new trainer completes a step.
 3. Inference restarted alone (supervisord stopProcess + startProcess of `sglang`) until the stand-in
    serves the trainer's weights again (/model_info weight_version == progress.json's, not "default"),
-   and until the trainer's next step (after its own restart, when it saw the base weights served).
+   and until the trainer's next step: with trainer.on_inference_restart reattach (the trainer goes on),
+   then, as the baseline in the same run, on a second pod with restart (the trainer stops after its
+   step, restarts and resumes: what podkit did before re-attaching).
 4. With --env: build the AReaL environment fresh (rehearse/env.sh into a temporary PODKIT_CACHE_DIR;
    minutes, and it downloads) and measure its size with du.
 
@@ -195,7 +197,7 @@ def restart_inference(pod: Pod) -> dict:
     p2 = fresh_step(pod, p1["time"])
     trains = next(p for p in (p1, p2) if p["pid"] != rank0 or p2["pid"] == rank0)
     return {"served": served - t0, "stop": stopped - t0, "health": health - stopped, "push": served - health,
-            "restarted": p2["pid"] != rank0, "trains": trains["time"] - t0}
+            "restarted": p2["pid"] != rank0, "trains": trains["time"] - t0, "stall": trains["time"] - health}
 
 
 def build_env() -> tuple[float, int]:
@@ -208,6 +210,49 @@ def build_env() -> tuple[float, int]:
         return elapsed, du(Path(python).parent.parent)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def run_pod(python: str, ws: Path, args, kill_runs: int, mode: str) -> dict:
+    """One pod (trainer.on_inference_restart `mode`): cold launch, steady state, kill -9 runs, inference
+    restarts; its figures, printed as they come."""
+    pod = Pod(python, ws, ws.parent / f"{ws.name}-boot.log", "smoke.yaml" if args.smoke else "cpu-rehearsal.yaml")
+    pod.env["PODKIT_TRAINER_ON_INFERENCE_RESTART"] = mode
+    out = {"kills": [], "restarts": [], "trains": [], "stalls": [], "trainer_restarts": 0}
+    done = False
+    try:
+        pod.boot()
+        health = wait_for(lambda: pod.healthy() and time.time(), 300, "the stand-in's /health") - pod.launched
+        st = steady(pod, args.steps if kill_runs else min(args.steps, 3))
+        out.update(cold=st["cold"], step=st["step"])
+        print(f"-- trainer.on_inference_restart {mode}")
+        print(f"cold launch -> inference /health  {health:6.1f} s")
+        print(f"cold launch -> trainer set up     {st['ready']:6.1f} s  (its first progress record)")
+        print(f"cold launch -> step 1             {st['cold']:6.1f} s")
+        print(f"steady state                      {st['step']:6.2f} s/step  (median of {len(st['per'])} "
+              f"intervals, steps {st['first']}-{st['last']}; min {min(st['per']):.2f},"
+              f" max {max(st['per']):.2f})")
+        for i in range(kill_runs):
+            k = kill_trainer(pod, st["step"])
+            out["kills"].append(k["step"])
+            print(f"kill -9 run {i + 1}: at step {k['at']}, resumed at {k['resumed']}; new trainer set up "
+                  f"{k['ready']:.1f} s, next step {k['step']:.1f} s after the kill")
+        for i in range(args.runs):
+            r = restart_inference(pod)
+            out["restarts"].append(r["served"])
+            out["trains"].append(r["trains"])
+            out["stalls"].append(r["stall"])
+            out["trainer_restarts"] += r["restarted"]
+            print(f"inference restart run {i + 1}: trainer's weights served {r['served']:.1f} s after "
+                  f"stopProcess (stop {r['stop']:.1f} s, start -> /health {r['health']:.1f} s, -> served "
+                  f"{r['push']:.1f} s); trainer restarted: {r['restarted']}, its next step "
+                  f"{r['trains']:.1f} s after stopProcess, {r['stall']:.1f} s after inference was back")
+        done = True
+    finally:
+        pod.close()
+        shutil.rmtree(pod.run_path, ignore_errors=True)
+        if not done:
+            print(f"kept for its logs: {ws}/logs/ and {pod.log_path}", file=sys.stderr)
+    return out
 
 
 def main() -> int:
@@ -241,58 +286,44 @@ def main() -> int:
             raise SystemExit(f"rehearse/assets.py failed:\n{r.stderr[-3000:]}")
     assets_s = time.perf_counter() - t0
     load = os.getloadavg()[0]
-    pod = Pod(python, ws, ws.parent / f"{ws.name}-boot.log", "smoke.yaml" if args.smoke else "cpu-rehearsal.yaml")
-    kills, restarts, trains, done = [], [], [], False
-    try:
-        pod.boot()
-        health = wait_for(lambda: pod.healthy() and time.time(), 300, "the stand-in's /health") - pod.launched
-        st = steady(pod, args.steps)
-        cold, step_s = st["cold"], st["step"]
-        print("SMOKE STACK (fake trainer, SGLang stand-in): these figures are not the real trainer's"
-              if args.smoke else f"AReaL python {python}; tiny model and data built in {assets_s:.1f} s")
-        print(f"workspace {ws}; {os.cpu_count()} CPUs, load average {load:.2f} before the boot")
-        print(f"cold launch -> inference /health  {health:6.1f} s")
-        print(f"cold launch -> trainer set up     {st['ready']:6.1f} s  (its first progress record)")
-        print(f"cold launch -> step 1             {cold:6.1f} s")
-        print(f"steady state                      {step_s:6.2f} s/step  (median of {len(st['per'])} "
-              f"intervals, steps {st['first']}-{st['last']}; min {min(st['per']):.2f},"
-              f" max {max(st['per']):.2f})")
-        for i in range(args.runs):
-            k = kill_trainer(pod, step_s)
-            kills.append(k["step"])
-            print(f"kill -9 run {i + 1}: at step {k['at']}, resumed at {k['resumed']}; new trainer set up "
-                  f"{k['ready']:.1f} s, next step {k['step']:.1f} s after the kill")
-        for i in range(args.runs):
-            r = restart_inference(pod)
-            restarts.append(r["served"])
-            trains.append(r["trains"])
-            print(f"inference restart run {i + 1}: trainer's weights served {r['served']:.1f} s after "
-                  f"stopProcess (stop {r['stop']:.1f} s, start -> /health {r['health']:.1f} s, -> served "
-                  f"{r['push']:.1f} s); trainer restarted: {r['restarted']}, its next step "
-                  f"{r['trains']:.1f} s after stopProcess")
-        done = True
-    finally:
-        pod.close()
-        shutil.rmtree(pod.run_path, ignore_errors=True)
-        if not done:
-            print(f"kept for its logs: {ws}/logs/ and {pod.log_path}", file=sys.stderr)
-        elif tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+    print("SMOKE STACK (fake trainer, SGLang stand-in): these figures are not the real trainer's"
+          if args.smoke else f"AReaL python {python}; tiny model and data built in {assets_s:.1f} s")
+    print(f"workspace {ws}; {os.cpu_count()} CPUs, load average {load:.2f} before the boot")
+    after = run_pod(python, ws, args, kill_runs=args.runs, mode="reattach")
+    before = None
+    if args.runs:  # the baseline, in this run: trainer.on_inference_restart restart (what podkit did before)
+        base_ws = ws.parent / f"{ws.name}-restart"
+        base_ws.mkdir(parents=True, exist_ok=True)
+        if (ws / "rehearsal").exists():  # the same tiny model and data
+            shutil.copytree(ws / "rehearsal", base_ws / "rehearsal")
+        before = run_pod(python, base_ws, args, kill_runs=0, mode="restart")
+        if tmp is None:
+            print(f"the baseline's workspace, kept: {base_ws}")
+    cold, step_s = after["cold"], after["step"]
+    kills = after["kills"]
     if kills:
         k = statistics.median(kills)
         print(f"kill -9 -> next step           median {k:6.1f} s (n={len(kills)}, max {max(kills):.1f})")
         print(f"ratio kill-recovery/cold-launch {k / cold:.2f}x (baseline: cold launch -> step 1, this run)")
         print(f"ratio kill-recovery/step        {k / step_s:.1f}x (baseline: steady-state s/step, this run)")
-    if restarts:
-        m = statistics.median(restarts)
-        print(f"inference restart -> served    median {m:6.1f} s (n={len(restarts)}, "
-              f"max {max(restarts):.1f})")
-        print(f"inference restart -> next step median {statistics.median(trains):6.1f} s "
-              f"(max {max(trains):.1f})")
-        print(f"ratio restart-recovery/cold-launch {m / cold:.2f}x "
-              "(baseline: cold launch -> step 1, this run)")
-        print(f"ratio restart-recovery/step        {m / step_s:.1f}x "
-              "(baseline: steady-state s/step, this run)")
+    for label, r in (("reattach (now)", after), ("restart (before)", before)):
+        if not r or not r["restarts"]:
+            continue
+        m, t = statistics.median(r["restarts"]), statistics.median(r["trains"])
+        print(f"{label}: inference restart -> served    median {m:6.1f} s (n={len(r['restarts'])}, "
+              f"max {max(r['restarts']):.1f}); trainer restarts: {r['trainer_restarts']} of {len(r['restarts'])}")
+        print(f"{label}: inference restart -> next step median {t:6.1f} s (max {max(r['trains']):.1f})")
+        print(f"{label}: ratio restart->next-step/step        {t / r['step']:.1f}x "
+              "(baseline: that pod's steady-state s/step, this run)")
+        print(f"{label}: ratio restart->next-step/cold-launch {t / r['cold']:.2f}x "
+              "(baseline: that pod's cold launch -> step 1, this run)")
+        b = statistics.median(r["stalls"])
+        print(f"{label}: inference back (/health) -> next step median {b:6.1f} s (max {max(r['stalls']):.1f}): "
+              f"ratio {b / r['step']:.1f}x (baseline: that pod's steady-state s/step; the goal is < 2 steps)")
+    if before and before["trains"] and after["trains"]:
+        ratio = statistics.median(after["trains"]) / statistics.median(before["trains"])
+        print(f"ratio restart->next-step reattach/restart {ratio:.2f}x "
+              "(baseline: trainer.on_inference_restart restart, this run)")
     print(f"ratio cold-launch/step {cold / step_s:.1f}x (baseline: steady-state s/step, this run); "
           f"load average {os.getloadavg()[0]:.2f} at the end")
     if args.env:
@@ -302,6 +333,8 @@ def main() -> int:
         print(f"ratio build/cold-launch {env_s / cold:.1f}x (baseline: cold launch -> step 1, this run)")
         print(f"ratio size/podkit-venv  {size / ours:.1f}x (baseline: podkit's own venv {sys.prefix}, "
               f"{ours / 2**30:.2f} GiB, du -sb)")
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from areal_stack import PYTHON, areal_run, example_remote, repo_env
-from conftest import ROOT, alive, free_port, wait_for
+from areal_stack import CPU_OVERRIDES, PYTHON, areal_run, example_remote, repo_env
+from conftest import PODKIT, ROOT, alive, free_port, wait_for
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"), pytest.mark.timeout(420),
               pytest.mark.skipif(not PYTHON and not os.environ.get("CI"),
@@ -105,11 +105,17 @@ def test_the_real_trainer_trains_pushes_each_version_evaluates_resumes_after_sig
     assert s2.progress() == frozen
 
 
-def test_a_killed_trainer_and_a_restarted_inference_each_end_in_a_resumed_run_of_your_repo(rehearsal, tmp_path):
+def test_a_killed_trainer_resumes_and_a_restarted_inference_costs_your_repo_no_trainer_restart_unless_it_stays_down(
+        rehearsal, tmp_path):
     """The user's repo (examples/my-repo as trainer.entry, synced from a bare remote) through both
     recoveries (podkit's example takes the same hooks and recover path: its own test resumes after SIGTERM;
     `make bench` times both recoveries on it with bench/rehearse.py)."""
-    s = rehearsal(**repo_env(example_remote(tmp_path / "remote"))).start()
+    # No generation ahead of the trainer (max_head_offpolicyness 0): every step's rollouts come from the weights
+    # the trainer holds, so each step's log-prob gap is float error unless an answer from other weights (the
+    # base weights of a restarted server) was trained on. Inference may stay down 40 s before the fallback.
+    s = rehearsal(PODKIT_INFERENCE_READY_TIMEOUT_S="40", **repo_env(
+        example_remote(tmp_path / "remote"),
+        PODKIT_TRAINER_OVERRIDES=f"{CPU_OVERRIDES} ++rollout.max_head_offpolicyness=0")).start()
     assert s.wait_step(2, timeout=240)["code"]["entry"] == "train.py"
     launcher = s.pid("trainer")
     ranks = _descendants(launcher)
@@ -124,20 +130,61 @@ def test_a_killed_trainer_and_a_restarted_inference_each_end_in_a_resumed_run_of
     assert not [r for r in ranks if alive(r)], "a rank of the killed trainer is still running"
     assert s.rpc().supervisor.getProcessInfo("trainer")["statename"] == "RUNNING"
 
-    # Inference restarted alone serves the base weights; the trainer notices, stops between steps with a
-    # checkpoint, exits 75, is restarted, resumes and pushes its weights again.
-    old_rank = s.progress()["pid"]
+    # Inference restarted alone (`podkit ctl restart sglang`, then kill -9 of the server, which supervisord
+    # restarts) serves the base weights; the trainer's process goes on (areal/reattach.py): rank 0 pushes
+    # its latest weights, generation waits for them, and no answer from the base weights is trained on.
+    launcher, rank = s.pid("trainer"), s.progress()["pid"]
+    trainer_starts = s.status()["programs"]["trainer"]["restarts"]
+    gaps: dict[int, float] = {}
+
+    def step_past(n: int, what: str) -> dict:
+        def seen():
+            p = s.progress()
+            if p.get("logp_gap") and p.get("step"):
+                gaps.setdefault(p["step"], p["logp_gap"]["max_abs"])
+            return p.get("step", 0) >= n and p
+        return wait_for(seen, 240, interval=0.3, what=what)
+
+    at = step_past(max(3, p["step"] + 1), "step 3")["step"]
+    assert gaps and max(gaps.values()) < 1e-4, gaps  # on-policy: float error
+    r = subprocess.run([*PODKIT, "ctl", "restart", "sglang"], capture_output=True, text=True, env=s.env, timeout=60)
+    assert r.returncode == 0 and "sglang: started" in r.stdout, r.stdout + r.stderr  # the workspace: from env
+    p = step_past(at + 4, "4 steps past the inference restart")
+    assert p["pid"] == rank and s.pid("trainer") == launcher, "the trainer was restarted"
+    assert (p.get("reattach") or {}).get("count") == 1 and p["reattach"]["last"]["outcome"] == "re-attached", p
+    wait_for(lambda: s.served() == s.progress().get("weight_version"), 60, what="the served version to catch up")
+    # The trainer's and inference's log-probs of the same tokens still agree to float error: an answer from
+    # the base weights (several steps behind) trained on would be 0.01 nats off or more.
+    assert any(k > at for k in gaps) and max(gaps.values()) < 1e-4, gaps
+
+    at = p["step"]
+    os.kill(s.pid("sglang"), signal.SIGKILL)
+    p = step_past(at + 2, "2 steps past kill -9 of inference")
+    assert p["pid"] == rank and s.pid("trainer") == launcher and p["reattach"]["count"] == 2, p
+    assert max(gaps.values()) < 1e-4, gaps
+    assert s.status()["programs"]["trainer"]["restarts"] == trainer_starts
+    assert "stale-weights" not in s.log("trainer") and "Training failed" not in s.log("trainer")
+    st = json.loads(s.podkit("status", "--json").stdout)
+    assert st["trainer"]["reattach"]["count"] == 2, st["trainer"]
+
+    # A server that stays down past inference.ready_timeout_s (40 s here): the fallback, once. The trainer
+    # stops after its step with its checkpoint, is restarted, resumes and pushes its weights again.
     s.rpc().supervisor.stopProcess("sglang")
+    wait_for(lambda: (s.progress().get("reattach") or {}).get("fell_back") == 1, 120, interval=0.5,
+             what="the fallback")
     s.rpc().supervisor.startProcess("sglang")
     restarted = time.time()
     wait_for(lambda: "stale-weights: stopping after step" in s.log("trainer"), 180, interval=0.5,
              what="the trainer to stop for stale weights")
-    # A new rank 0 resumed from the checkpoint of that stop, and stepped.
-    p = wait_for(lambda: (p := s.progress()).get("pid") != old_rank and p.get("resumed_at")
+    p = wait_for(lambda: (p := s.progress()).get("pid") != rank and p.get("resumed_at")
                  and (p.get("time") or 0) > restarted and p.get("step", 0) > p["resumed_at"] and p,
                  240, interval=0.5, what="a resumed trainer's step")
     wait_for(lambda: s.served() not in (None, "default") and s.served() == s.progress().get("weight_version"), 120,
              what="inference serving the trainer's version again")
+    assert s.status()["programs"]["trainer"]["restarts"] == trainer_starts + 1, "the fallback restarts once"
+    assert p["reattach"]["fell_back"] == 1 and "did not answer within" in p["reattach"]["last"]["why"], p
+    doc = s.podkit("doctor")
+    assert "the trainer could not re-attach" in doc.stdout and "did not answer within" in doc.stdout, doc.stdout
     assert s.stop() == 0
 
 
@@ -175,6 +222,9 @@ def test_the_generating_stand_in_answers_as_sglang_does_and_demands_the_api_key(
     assert got["update"]["success"] and got["missing_update"] == 400
     assert (got["version_before"], got["version_after"]) == ("default", "7")
     assert got["gap_new_weights"] < 1e-4 < got["gap_old_weights"]
+    fl = got["in_flight"]
+    assert fl["version"] == "7" and fl["tokens"] == 300 and fl["gap"] < 1e-4 and fl["update_after_it"], fl
+    assert fl["served"] == "9", fl
     assert "401" in got["areal_without_patch"] and got["areal_with_patch"] == "ok", got
 
 

@@ -208,3 +208,64 @@ def test_the_cpu_config_differs_from_the_a40_one_only_where_marked():
     changed = [(a, c) for a, c in zip(a40, cpu, strict=True) if a != c]
     assert changed and all("# CPU:" in c for _, c in changed), changed
     assert len(changed) <= 10
+
+
+GENERATION_HOLD = """
+import asyncio, json, sys, threading, time, urllib.request
+import aiohttp
+from podkit.areal import patches as p
+from podkit.areal.reattach import GENERATION as gen
+import areal.infra.remote_inf_engine as rie
+from areal.infra.remote_inf_engine import RemoteInfEngine
+
+addr, weights = sys.argv[1], sys.argv[2]
+p.apply(ride_out_s=20.0)
+gen.active = True
+engine = RemoteInfEngine.__new__(RemoteInfEngine)
+engine.lock = threading.Lock()
+engine.set_version(3)  # what the step loop calls after its push: the trainer pushed version 3
+
+def push():  # rank 0's re-push, 1.5 s after the restart
+    time.sleep(1.5)
+    body = json.dumps({"model_path": weights, "weight_version": "3"}).encode()
+    urllib.request.urlopen(urllib.request.Request(f"http://{addr}/update_weights_from_disk", data=body,
+                           headers={"Content-Type": "application/json"}), timeout=10).read()
+
+async def generate():
+    async with aiohttp.ClientSession() as session:
+        return await rie.arequest_with_retry(session=session, addr=addr, endpoint="/generate",
+                                             payload={"text": "1+1=", "sampling_params": {"max_new_tokens": 4}},
+                                             method="POST", max_retries=2, timeout=30)
+
+threading.Thread(target=push, daemon=True).start()
+t0 = time.monotonic()
+answer = asyncio.run(generate())
+print(json.dumps({"version": answer["meta_info"]["weight_version"], "took": time.monotonic() - t0,
+                  "engine": gen.version}))
+"""
+
+
+def test_generation_after_a_push_is_held_until_the_trainers_weights_are_served_again(procs, tmp_path):
+    """AReaL's own request function, patched (patches.ride_out_restarts), against the stand-in for SGLang
+    serving the base weights, as a restarted server does: the answer from the base weights is dropped and
+    the request sent again once version 3 is served (areal/reattach.py; the rehearsal runs the whole path)."""
+    import subprocess
+    import sys
+
+    from conftest import smoke_env, wait_for
+    from podkit.health import probe
+
+    port = free_port()
+    procs.spawn([sys.executable, "-m", "podkit", "run", "sglang"],
+                env=smoke_env(tmp_path / "ws", port, PODKIT_INFERENCE_STARTUP_DELAY_S="0"),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: probe("127.0.0.1", port), 20, what="the stand-in")
+    weights = tmp_path / "weight_update_v3"
+    weights.mkdir()
+    (weights / "config.json").write_text("{}")
+    (weights / "model.safetensors").write_bytes(b"w" * 1024)
+    r = areal_run("-c", GENERATION_HOLD, f"127.0.0.1:{port}", str(weights), timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["version"] == "3" and got["engine"] == 3 and got["took"] >= 1.4, got
+    assert "inference answered from the base weights (it restarted) after this trainer pushed version 3" in r.stdout

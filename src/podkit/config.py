@@ -203,6 +203,12 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                          "limit)", "s", minimum=0.1),
         "stale_weights_check_s": Field(float, 30.0, "AReaL trainer: how often rank 0 asks inference which weights "
                                        "it serves (a restarted SGLang serves the base model)", "s", minimum=1),
+        "on_inference_restart": Field(str, "reattach", "AReaL trainer: when inference restarts alone, reattach (the "
+                                      "trainer goes on: rank 0 pushes its latest weights to the new server, generation "
+                                      "waits for them; the latest version's weights stay on the run dir's disk for it, "
+                                      "one model's size) or restart (the trainer stops after its step and resumes). A cluster, a "
+                                      "weight update that is not from disk, and a failed re-attach restart", "",
+                                      choices=("reattach", "restart")),
         "experiment": Field(str, "", "AReaL experiment_name; empty: the AReaL YAML's own (podkit when it has "
                             "none). Names the run's directories"),
         "trial": Field(str, "", "AReaL trial_name; empty: the AReaL YAML's own (run when it has none). A new "

@@ -346,6 +346,22 @@ def check_last_stop(pod: Pod, now: float) -> Finding | None:
                    "checkpoint it wrote", "info")
 
 
+def check_reattach(pod: Pod, now: float) -> Finding | None:
+    """The last inference restart the trainer could not go on through (areal/reattach.py), and why."""
+    ra = pod.progress.get("reattach") or {}
+    last = ra.get("last") or {}
+    if last.get("outcome") != "fell back":
+        return None
+    return Finding("inference_reattach_fell_back",
+                   f"inference restarted {_ago(last.get('time'), now)} and the trainer could not re-attach: it "
+                   "restarted to push its weights (a trainer restart, not a failure)",
+                   [f"why: {last.get('why')}", f"version {last.get('version')}; re-attached {ra.get('count') or 0} "
+                    f"time(s), fell back {ra.get('fell_back') or 0} time(s) on this volume"],
+                   "inference down longer than inference.ready_timeout_s: its log (logs/sglang.log) says why it "
+                   "did not start; the weights not on disk: leave <fileroot>'s weight_update_v<N> in place while "
+                   "training; trainer.on_inference_restart restart turns re-attaching off", "info")
+
+
 def check_cluster(pod: Pod, now: float) -> Finding | None:
     """A multi-node run that waits for a node, or whose nodes do not share the workspace."""
     rec = records.CLUSTER.read(pod.state)
@@ -408,7 +424,7 @@ def examine(cfg, workspace: Path, *, environ=None, cgroup_dir: Path = Path("/sys
              check_safe_mode(pod, now), check_gpu_busy(pod, now), check_startup_phase(pod, now),
              check_startup_slow(pod, now),
              check_nccl_ifname(pod, now, environ, net_dir), check_nan_loss(pod, now), check_trainer_config(pod, now),
-             check_notify(pod, now), check_last_stop(pod, now), check_cluster(pod, now), check_cluster_join(pod, now),
+             check_notify(pod, now), check_last_stop(pod, now), check_reattach(pod, now), check_cluster(pod, now), check_cluster_join(pod, now),
              check_guard_file(pod, now)]
     return [f for f in found if f is not None]
 

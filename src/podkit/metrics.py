@@ -62,6 +62,14 @@ class PodCollector:
             exit_status.add_metric([name], float(p["exitstatus"] or 0))
         yield from (state, up, restarts, exit_status)
         t = st["trainer"]
+        ra = t.get("reattach") or {}
+        reattach = CounterMetricFamily("podkit_inference_reattaches", "inference restarts the AReaL trainer went on "
+                                       "through without a restart of its own (re-attached), and those that fell "
+                                       "back to a trainer restart (counted in podkit_program_restarts too)",
+                                       labels=["outcome"])
+        for outcome, key in (("reattached", "count"), ("fell_back", "fell_back")):
+            reattach.add_metric([outcome], float(ra.get(key) or 0))
+        yield reattach
         for metric, doc, value in (
                 ("podkit_trainer_step", "the trainer's last completed step", t.get("step")),
                 ("podkit_trainer_last_step_timestamp_seconds", "when that step completed", t.get("last_progress")),

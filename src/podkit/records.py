@@ -205,7 +205,11 @@ PROGRESS = Record("progress.json", {"kind": str, "step": int, "time": TIME, "los
                                     "on_policy_logp_gap": {"max_abs": NUMBER, "avg": NUMBER},
                                     # what trains: trainer.entry, the synced commit and whether the tree was dirty
                                     "code": {"entry": str, "commit": str, "dirty": bool},
-                                    "first_step_time": TIME})
+                                    "first_step_time": TIME,
+                                    # AReaL: inference restarts the trainer went on through (areal/reattach.py)
+                                    "reattach": {"count": int, "fell_back": int,
+                                                 "last": {"time": TIME, "outcome": str, "version": int,
+                                                          "took_s": NUMBER, "why": str}}})
 # Written by boot just before supervisord starts: where this pod's supervisord listens.
 CURRENT = Record("current.json", {"run_dir": str, "socket": str, "supervisord_pid": int, "started": TIME,
                                   "inference": {"host": str, "port": int}})

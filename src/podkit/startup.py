@@ -92,7 +92,8 @@ def timeline(state_dir: Path, log_dir: Path, program_starts: dict[str, float]) -
     for name, t in log_times(log_dir / "sglang.log", unread).items():
         if t >= start - 1:  # the log's stamps have whole seconds
             marks.append((name, t))
-    first = records.PROGRESS.read(state_dir).get("first_step_time")
+    progress = records.PROGRESS.read(state_dir)
+    first = progress.get("first_step_time")
     if isinstance(first, (int, float)) and first >= start:
         marks.append(("first_step", first))
     marks.sort(key=lambda m: m[1])
@@ -102,6 +103,10 @@ def timeline(state_dir: Path, log_dir: Path, program_starts: dict[str, float]) -
         before = max(before, t)
     done = next((p["at"] for p in phases if p["phase"] == "first_step"), None)
     out = {"phases": phases, "total_s": round(done - start, 3) if done else None, "boot": start}
+    ra = progress.get("reattach") or {}
+    if ra.get("count") or ra.get("fell_back"):
+        # After the start-up, inference restarts the trainer went on through: not trainer restarts
+        out["reattached"], out["fell_back"] = ra.get("count") or 0, ra.get("fell_back") or 0
     return {**out, "unread": unread} if unread else out
 
 
@@ -112,7 +117,10 @@ def describe(t: dict) -> str:
     end = f"; {t['total_s']:.0f}s from boot to the first step" if t.get("total_s") is not None else \
         "; no first step yet"
     unread = "".join(f"; could not read {u}" for u in t.get("unread") or ())
-    return f"start-up: {parts}{end}{unread}"
+    since = f"; since: inference restarted {t['reattached']} time(s) without a trainer restart" + (
+        f", {t['fell_back']} with one" if t.get("fell_back") else "") if t.get("reattached") or t.get("fell_back") \
+        else ""
+    return f"start-up: {parts}{end}{since}{unread}"
 
 
 # Which cache or download a slow phase points at (doctor): phase -> (what, directories under the workspace)

@@ -54,7 +54,7 @@ def collect(workspace: Path, state_dir: Path | None = None) -> dict:
                       "checkpoint_step": prog.get("checkpoint_step"), "weight_version": prog.get("weight_version"),
                       "stopped": prog.get("stopped"), "kind": prog.get("kind"), "reward": prog.get("reward"),
                       "resumed_from_step": prog.get("resumed_at"), "logp_gap": prog.get("logp_gap"),
-                      "code": prog.get("code"), "run": prog.get("run")}
+                      "code": prog.get("code"), "run": prog.get("run"), "reattach": prog.get("reattach")}
     loop = records.TRAINER_LOOP.read(state_dir)
     if loop.get("boot") == current.get("started") and (loop.get("failures") or loop.get("outside")):
         # The loop bound's count in this boot: failures in a row without a new step.
@@ -136,6 +136,14 @@ def human(st: dict) -> str:
                  f"{_ago(t.get('last_progress'))}, {records.checkpoint_at(t.get('checkpoint_step'))}, "
                  + (f"weights v{t['weight_version']}" if t.get("weight_version") not in (None, "") else "no weights pushed")
                  + (f", resumed at step {t['resumed_from_step']}" if t.get("resumed_from_step") else ""))
+    ra = t.get("reattach") or {}
+    if ra.get("count") or ra.get("fell_back"):
+        last = ra.get("last") or {}
+        lines.append(f"  inference restarts the trainer went on through: {ra.get('count') or 0} re-attached"
+                     + (f", {ra['fell_back']} fell back to a trainer restart" if ra.get("fell_back") else "")
+                     + (f"; the last {_ago(last.get('time'))}: {last.get('outcome')}"
+                        + (f" ({last['why']})" if last.get("outcome") == "fell back" and last.get("why") else "")
+                        if last else ""))
     loop = t.get("loop") or {}
     if loop and not loop.get("gave_up"):
         lines.append(f"  loop bound: {loop['failures']} failure(s) in a row without a new step"

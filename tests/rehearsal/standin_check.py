@@ -101,6 +101,26 @@ out["version_after"] = call("/model_info")[1]["weight_version"]
 r = gen(1.0)
 out["gap_new_weights"], out["gap_old_weights"] = gap(m1, 1.0, r), gap(m0, 1.0, r)
 
+# An update without a pause waits for the requests in flight (SGLang's model_update_lock): they finish on
+# the weights they started on, and say so; the update answers after them.
+ended: dict = {}
+
+
+def in_flight():
+    ended["answer"] = gen(1.0, n=300, ignore_eos=True)
+    ended["t"] = time.time()
+
+
+flying = threading.Thread(target=in_flight)
+flying.start()
+time.sleep(0.5)
+call("/update_weights_from_disk", {"model_path": model_dir, "weight_version": "9"})
+updated = time.time()
+flying.join(60)
+out["in_flight"] = {"version": ended["answer"]["meta_info"]["weight_version"],
+                    "tokens": len(ended["answer"]["output_ids"]), "gap": gap(m1, 1.0, ended["answer"]),
+                    "update_after_it": updated >= ended["t"], "served": call("/model_info")[1]["weight_version"]}
+
 
 # AReaL's own request helper against the key: refused as AReaL 1.0.4 sends it, accepted through podkit's patch.
 async def areal_call():

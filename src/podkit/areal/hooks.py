@@ -8,10 +8,13 @@ script runs (bootstrap.py), so that a user's script runs unchanged under it:
   step, weight_version, checkpoint_step, reward, loss, the trainer-vs-inference log-prob gap (and, from
   a fresh run's first step, where every rollout came from the weights the trainer holds, the gap that
   must be float error: on_policy_logp_gap), resumed_from/resumed_at, and the code that trains;
-- stale weights: a restarted SGLang serves the base weights ("default"), and rollouts it generates
-  carry this trainer's version. Rank 0 asks /model_info every trainer.stale_weights_check_s; after the
-  step in flight (its recover checkpoint written) every rank stops, and the launcher exits 75 so
-  supervisord restarts the trainer, which resumes from that checkpoint and pushes its weights;
+- an inference restart: a restarted SGLang serves the base weights ("default"). With
+  trainer.on_inference_restart reattach (single node, disk weight updates) the trainer goes on: rank 0
+  pushes its latest weights to the new server and generation waits for them (reattach.py). Otherwise, or
+  when that fails (the fallback), rank 0 flags stale weights (it asks /model_info every
+  trainer.stale_weights_check_s); after the step in flight (its recover checkpoint written) every rank
+  stops, and the launcher exits 75 so supervisord restarts the trainer, which resumes from that
+  checkpoint and pushes its weights;
 - SIGTERM: the step in flight finishes, with a recover checkpoint if it had none, and train() returns.
   `train()` takes SIGTERM back from a handler the script installed, which would cut that step;
 - SIGUSR2: every thread's stack, to logs/stacks-<pid>.txt (the watchdog's dump).
@@ -26,15 +29,15 @@ Imports AReaL and torch: this runs only in the AReaL environment, never on podki
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
+from pathlib import Path
 
 from podkit import config, lease, log, records
+from podkit.areal import reattach
+from podkit.areal.reattach import served_version
 from podkit.checks import API_KEY_ENV
 
 _log = log.get("trainer")
@@ -53,7 +56,10 @@ class Progress(records.Progress):
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg.state_dir, "areal")
-        self.data["checkpoint_step"] = records.PROGRESS.read(cfg.state_dir).get("checkpoint_step")
+        before = records.PROGRESS.read(cfg.state_dir)
+        self.data["checkpoint_step"] = before.get("checkpoint_step")
+        if before.get("reattach"):  # inference restarts counted across trainer restarts (reattach.py)
+            self.data["reattach"] = before["reattach"]
 
     def write(self, **fields) -> None:
         self.update(**fields, time=time.time())
@@ -71,6 +77,7 @@ class State:
         self.stopped_by: str | None = None
         self.training = False  # train() was entered: an error from here on is a training failure
         self.run: tuple | None = None  # (save root, record): the run that owns its checkpoints (check_run)
+        self.attacher = None  # rank 0's reattach.Attacher while train() runs (trainer.on_inference_restart)
 
     def on_sigterm(self, *_) -> None:
         self.sigterm.set()
@@ -104,6 +111,9 @@ def install(cfg, code: dict | None = None) -> State:
         from podkit.areal import heartbeat
 
         heartbeat.start_heartbeat(cfg, st.sigterm.set)
+    gen = reattach.GENERATION
+    gen.active = cfg.trainer.on_inference_restart == "reattach" and not cfg.multi_node
+    gen.api_key, gen.state_dir = st.api_key, cfg.state_dir
     # A cluster's server comes back elsewhere (AReaL's recover run starts it on a new port): fail fast into it.
     patches.apply(api_key=st.api_key, ride_out_s=0.0 if cfg.multi_node else cfg.inference.ready_timeout_s)
     hook_config_loader(st)
@@ -210,7 +220,11 @@ def hook_trainer(st: State) -> None:
 
                 identity.write_record(*st.run)
             progress = supervise(st, self)
-            result = original(*bound.args, **bound.kwargs)
+            try:
+                result = original(*bound.args, **bound.kwargs)
+            finally:
+                if st.attacher is not None:
+                    st.attacher.done.set()
             if progress is not None and st.stopped_by != "lease-lost":
                 progress.stopped(st.stopped_by or "done")
             return result
@@ -295,18 +309,6 @@ def logp_gap(stats) -> dict | None:
     return {"max_abs": max(abs(lo), abs(hi)), "avg": avg}
 
 
-def served_version(addr: str, api_key: str, timeout: float = 10) -> str | None:
-    """What inference says it serves; None when it does not answer."""
-    req = urllib.request.Request(f"http://{addr}/model_info",
-                                 headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            version = json.loads(r.read()).get("weight_version")
-    except (OSError, ValueError, AttributeError, urllib.error.HTTPError):
-        return None
-    return None if version is None else str(version)
-
-
 def server_identity(cfg) -> tuple | None:
     """Which SGLang process serves, by supervisord's word (pid and start time); None outside supervisord.
     A different one at the end of a step than at its start means a restart in between: part of the
@@ -318,7 +320,9 @@ def server_identity(cfg) -> tuple | None:
     info = supervisord.process_info(cfg.socket_path, "sglang")
     if info is None:
         return None
-    return (info["pid"], info["start"]) if info.get("statename") == supervisord.RUNNING else ("not running",)
+    # STARTING with a pid is the same process as once RUNNING (it may answer before supervisord's startsecs)
+    return (info["pid"], info["start"]) if info.get("statename") in supervisord.UP and info.get("pid") \
+        else ("not running",)
 
 
 def watch_served_weights(cfg, progress: Progress, addr: str, api_key: str, stale: threading.Event) -> None:
@@ -333,6 +337,26 @@ def watch_served_weights(cfg, progress: Progress, addr: str, api_key: str, stale
                       "restarted. Stopping after this step; supervisord restarts the trainer, which resumes "
                       "from its recover checkpoint and pushes those weights again.")
             stale.set()
+
+
+def attach_on_restart(st: State, trainer, progress: Progress | None):
+    """Rank 0's re-attacher (reattach.Attacher), when an inference restart is to cost no trainer restart:
+    trainer.on_inference_restart reattach, one node, and weight updates from disk (the latest version's save
+    is what a restarted server gets). None otherwise: the stale-weights stop."""
+    if progress is None or not st.addr or not reattach.GENERATION.active:
+        return None
+    meta = trainer.weight_update_meta
+    folder = Path(meta.path).parent if getattr(meta, "type", None) == "disk" and meta.path else None
+    if folder is None:
+        _log.info(f"weight updates are {getattr(meta, 'type', None)!r}, not from disk: an inference restart "
+                  "stops the trainer after its step (it resumes and pushes its weights)")
+        return None
+    info = trainer.recover_info
+    pushed = info.last_step_info.global_step + 1 if info is not None else None  # recover pushed this version
+    attacher = reattach.Attacher(st.cfg, progress, st.addr, st.api_key, folder, pushed, st.stale, st.sigterm,
+                                 identity=lambda: server_identity(st.cfg))
+    trainer.actor.update_weights = attacher.pushing(trainer.actor.update_weights)
+    return attacher
 
 
 def supervise(st: State, trainer) -> Progress | None:
@@ -350,6 +374,7 @@ def supervise(st: State, trainer) -> Progress | None:
     info_path = trainer.recover_handler.recover_info_path(
         config_.experiment_name, config_.trial_name, config_.recover.fileroot)
     serving = [server_identity(cfg) if progress is not None else None]
+    attacher = st.attacher = attach_on_restart(st, trainer, progress)
 
     def commit(epoch: int, epoch_step: int, global_step: int) -> None:
         stats, commit_ = {}, trainer.stats_logger.commit
@@ -378,15 +403,24 @@ def supervise(st: State, trainer) -> Progress | None:
                 progress.write(eval_reward=evaluated, eval_step=step)
             if global_step == 0:  # every rollout came from the weights the trainer holds
                 progress.write(on_policy_logp_gap=logp_gap(data))
-            if served_version(st.addr, st.api_key) not in (str(step), None):
-                st.stale.set()  # the push just made is not what is served
             # No answer (supervisord shutting down at a pod stop) says nothing about a restart.
             now_serving = server_identity(cfg) or serving[0]
-            if serving[0] is not None and now_serving != serving[0]:
-                _log.warn(f"inference was restarted during step {step}: its rollouts came partly from the base "
-                          "weights. Stopping after this step; the trainer restarts and resumes.")
-                st.stale.set()
+            restarted = serving[0] is not None and now_serving != serving[0]
             serving[0] = now_serving
+            if attacher is not None:
+                # Answers from the base weights were dropped (reattach.py): this step trained on none. The
+                # push just made must be what is served before rollout resumes.
+                if not st.sigterm.is_set() and (
+                        restarted or served_version(st.addr, st.api_key) not in (str(step), None)):
+                    attacher.attach(f"inference restarted during step {step}")
+                reattach.keep_latest(attacher.folder, step)
+            else:
+                if served_version(st.addr, st.api_key) not in (str(step), None):
+                    st.stale.set()  # the push just made is not what is served
+                if restarted:
+                    _log.warn(f"inference was restarted during step {step}: its rollouts came partly from the base "
+                              "weights. Stopping after this step; the trainer restarts and resumes.")
+                    st.stale.set()
         # Every rank must stop at the same step, or the next collective hangs.
         flags = torch.tensor([st.sigterm.is_set(), st.stale.is_set()], dtype=torch.int64)
         dist.all_reduce(flags, group=trainer.actor.cpu_group)
@@ -421,7 +455,9 @@ def supervise(st: State, trainer) -> Progress | None:
     trainer._export_and_commit_stats = commit
     if not cfg.multi_node:  # a cluster's ranks share rank 0's lease, on other nodes
         trainer._save_recover_checkpoint = save_if_ours
-    if progress is not None and st.addr:
+    if attacher is not None:
+        threading.Thread(target=attacher.run, daemon=True, name="podkit-reattach").start()
+    elif progress is not None and st.addr:
         threading.Thread(target=watch_served_weights, args=(cfg, progress, st.addr, st.api_key, st.stale),
                          daemon=True).start()
     if progress is not None:

@@ -49,6 +49,11 @@ PINNED = {
     "areal.engine.fsdp_engine:FSDPEngine._update_weights_from_disk": "42638912b2b392fa",
     # hooks.py: a config AReaL refuses is a config error; SPMD mode refuses what needs proxy workers
     "areal.api.cli_args:load_expr_config": "ace860e7e20c7390",
+    # reattach.py: set after each push (and recover's), read as "the trainer pushed weights"
+    "areal.infra.remote_inf_engine:RemoteInfEngine.set_version": "75f804f3024d07e4",
+    # reattach.py: AReaL's disk update writes weight_update_v<N> and (clear_checkpoint_after_load) removes
+    # it after the load; hooks.py keeps the latest for a re-push
+    "areal.infra.remote_inf_engine:RemoteInfEngine.update_weights_from_disk": "b885280bc9cc9240",
     "areal.trainer.rl_trainer:PPOTrainer._requires_proxy_workflow": "c9a08061c679c941",
 }
 
@@ -113,6 +118,8 @@ def apply(api_key: str = "", ride_out_s: float = 0.0) -> None:
     packed_mask()
     version_weight_updates()
     if ride_out_s > 0:
+        track_versions()
+        keep_weight_updates()
         ride_out_restarts(ride_out_s)
     if api_key:
         send_api_key(api_key)  # outermost: every retry carries the header
@@ -244,16 +251,27 @@ def send_api_key(api_key: str) -> None:
 def ride_out_restarts(window_s: float, interval_s: float = 2.0) -> None:
     """Retry what failed to connect (SGLang down or restarting) for up to window_s; HTTP errors and
     timeouts fail as before. AReaL names the last exception in its RuntimeError ("... Last error:
-    {last_exception!r}", http.py:219-223): that format is pinned by check()."""
+    {last_exception!r}", http.py:219-223): that format is pinned by check().
+
+    Generation (/generate) also waits for the trainer's weights (reattach.py): once this trainer pushed a
+    version, a request is sent again only when inference serves one it pushed, and an answer from the base
+    weights is dropped and sent again, until rank 0 re-attaches or falls back."""
     import areal.infra.remote_inf_engine as rie
+
+    from podkit.areal.reattach import GENERATION as gen
+    from podkit.areal.reattach import answered_from_base
 
     def wrap(original):
         async def arequest_with_retry(*args, **kw):
-            deadline = time.monotonic() + window_s
-            told = False
+            endpoint = kw.get("endpoint", args[1] if len(args) > 1 else "")
+            addr = kw.get("addr", args[0] if args else "")
+            generating = endpoint == "/generate"
+            # rank 0 decides within window_s whether it re-attaches; the requests wait a little longer
+            deadline = time.monotonic() + window_s + (30.0 if generating else 0.0)
+            told = dropped = False
             while True:
                 try:
-                    return await original(*args, **kw)
+                    result = await original(*args, **kw)
                 except RuntimeError as e:
                     last = str(e).rpartition("Last error: ")[2]
                     if not last.startswith(_CONNECTION_ERRORS) or time.monotonic() >= deadline:
@@ -262,11 +280,66 @@ def ride_out_restarts(window_s: float, interval_s: float = 2.0) -> None:
                         print(f"[podkit] inference unreachable ({last[:80]}); retrying for up to {window_s:.0f}s "
                               "(a restarting server)", flush=True)
                         told = True
-                    await asyncio.sleep(interval_s)
+                    if generating and gen.pushed and not gen.released():
+                        await gen.wait_served(addr, deadline)
+                    else:
+                        await asyncio.sleep(interval_s)
+                    continue
+                if not (generating and gen.pushed and answered_from_base(result)) or gen.released():
+                    return result
+                if not dropped:
+                    print(f"[podkit] inference answered from the base weights (it restarted) after this trainer "
+                          f"pushed version {gen.version}: the answer is dropped and the request sent again once "
+                          "the trainer's weights are served", flush=True)
+                    dropped = True
+                if not await gen.wait_served(addr, deadline):
+                    raise RuntimeError(f"inference served the base weights for {window_s:.0f}s after this trainer "
+                                       f"pushed version {gen.version}, and was not re-attached")
 
         return arequest_with_retry
 
     patch_once(rie, "arequest_with_retry", wrap, mark="_podkit_ride_out")
+
+
+def track_versions() -> None:
+    """The highest version set on this process's inference engines (RemoteInfEngine.set_version, which the
+    step loop calls after each push and recover after its own): >= 1 once the trainer pushed weights."""
+    from areal.infra.remote_inf_engine import RemoteInfEngine
+
+    from podkit.areal.reattach import GENERATION as gen
+
+    def wrap(original):
+        def set_version(self, version):
+            original(self, version)
+            if isinstance(version, int) and version > gen.version:
+                gen.version = version
+
+        return set_version
+
+    patch_once(RemoteInfEngine, "set_version", wrap)
+
+
+def keep_weight_updates() -> None:
+    """AReaL removes each weight_update_v<N> right after inference loaded it (clear_checkpoint_after_load,
+    in update_weights_from_disk's callback): while re-attaching is on, the latest stays for a re-push to a
+    restarted server, and rank 0 removes the older ones once the next version is served
+    (reattach.keep_latest)."""
+    import copy
+
+    from areal.infra.remote_inf_engine import RemoteInfEngine
+
+    from podkit.areal.reattach import GENERATION as gen
+
+    def wrap(original):
+        def update_weights_from_disk(self, meta):
+            if gen.active and getattr(meta, "clear_checkpoint_after_load", False):
+                meta = copy.copy(meta)
+                meta.clear_checkpoint_after_load = False
+            return original(self, meta)
+
+        return update_weights_from_disk
+
+    patch_once(RemoteInfEngine, "update_weights_from_disk", wrap)
 
 
 # --- the training loop (rl_trainer.py:552-860) ----------------------------------------------------

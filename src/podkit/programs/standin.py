@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from podkit.programs import hold_devices
 
@@ -76,6 +77,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def _weights_missing(self, path) -> bool:
         """SGLang's answer to /update_weights_from_disk for a path that is not there."""
+        if path and os.path.isdir(path) and not any(p.suffix in (".safetensors", ".bin", ".pt")
+                                                    for p in Path(path).iterdir()):
+            self._send(400, {"success": False, "message": f"Failed to update weights: Cannot find any model weights "
+                             f"with `{path}`", "num_paused_requests": 0})  # SGLang's DefaultModelLoader
+            return True
         if path and os.path.exists(path):
             return False
         self._send(400, {"success": False, "message": f"Failed to get weights iterator: {path!r} does not exist",
@@ -166,9 +172,12 @@ def make_handler(state: State, update_delay_s: float = 0.0, probe_s: float = 0.1
                 say(f"Update engine weights online from disk begin. path={path}")  # SGLang's model_runner lines
                 state.updated.clear()
                 try:
-                    with open(path, "rb") as f:  # really read them, as SGLang would
-                        while f.read(1 << 20):
-                            pass
+                    # really read them, as SGLang would: one file, or a checkpoint directory's files
+                    files = sorted(p for p in Path(path).iterdir() if p.is_file()) if os.path.isdir(path) else [path]
+                    for name in files:
+                        with open(name, "rb") as f:
+                            while f.read(1 << 20):
+                                pass
                     time.sleep(update_delay_s)
                     with state.lock:
                         state.weights_path = path

@@ -12,7 +12,9 @@ A tiny causal LM (transformers, fp32, CPU) behind the subset of SGLang 0.5.10's 
                                         requests wait until /continue_generation
   POST /continue_generation
   POST /update_weights_from_disk        loads the HF weights at model_path BEFORE answering (AReaL deletes
-                                        the directory right after), then sets weight_version
+                                        the directory right after), then sets weight_version. As SGLang's
+                                        model_update_lock (a writer lock): requests in flight finish on the
+                                        old weights first, new ones wait for the update
 
 With SGLANG_API_KEY set, every other route answers 401 without `Authorization: Bearer <key>`, as
 SGLang's server does.
@@ -83,6 +85,7 @@ class Request:
         self.out_ids: list[int] = []
         self.out_lps: list[float] = []
         self.finish: dict | None = None
+        self.weight_version: str | None = None  # set when it finishes
         self.done = threading.Event()
         self.t0 = time.time()
 
@@ -104,6 +107,7 @@ class Engine:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.paused = False
+        self.updating = False  # a weight update waits for the running requests; new ones wait for it
         self.model_lock = threading.Lock()  # held for each decoding step and for a weight swap
         self.steps = 0
         threading.Thread(target=self._loop, daemon=True, name="decode").start()
@@ -125,6 +129,7 @@ class Engine:
 
     def _finish(self, req: Request, reason: dict) -> None:
         req.finish = reason
+        req.weight_version = self.weight_version  # the weights that generated it (SGLang's meta_info)
         req.done.set()
 
     def abort_all(self, message: str) -> int:
@@ -158,18 +163,29 @@ class Engine:
         if abort:
             self.abort_all("Abort in running batch (update_weights_from_disk)")
         t0 = time.time()
+        with self.cv:  # SGLang's writer lock: the requests in flight finish on the weights they started on
+            self.updating = True
+            while self.running:
+                self.cv.wait()
         try:
             model = load_model(path)
         except Exception as e:  # noqa: BLE001 - SGLang answers 400 with the reason
+            self._updated()
             return False, f"Failed to update weights: {type(e).__name__}: {e}"
         with self.model_lock:
             self.model = model
             self.model_path = path
             if version is not None:
                 self.weight_version = str(version)
+        self._updated()
         say(f"Update weights from disk: {path} (weight_version={self.weight_version}, {time.time() - t0:.2f}s)")
         return True, "Succeeded to update model weights." + (
             f" Weight version updated to {version}." if version is not None else "")
+
+    def _updated(self) -> None:
+        with self.cv:
+            self.updating = False
+            self.cv.notify_all()
 
     def reset_to_base(self) -> None:
         """Fault injection (SIGUSR1): what a restarted server serves - the base weights, version
@@ -184,15 +200,17 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self.cv:
-                while self.paused or not (self.waiting or self.running):
+                while self.paused or not (self.running or (self.waiting and not self.updating)):
                     self.cv.wait()
-                self.running += self.waiting
-                self.waiting = []
+                if not self.updating:  # during an update only the requests in flight go on
+                    self.running += self.waiting
+                    self.waiting = []
                 batch = list(self.running)
             with self.model_lock:
                 self._step(batch)
             with self.cv:
                 self.running = [r for r in self.running if not r.done.is_set()]
+                self.cv.notify_all()  # an update waits for the running requests to end
 
     @torch.no_grad()
     def _step(self, batch: list[Request]) -> None:
@@ -248,7 +266,8 @@ class Engine:
 
     def response(self, r: Request) -> dict:
         meta = {"id": r.rid, "finish_reason": r.finish, "prompt_tokens": len(r.input_ids),
-                "completion_tokens": len(r.out_ids), "cached_tokens": 0, "weight_version": self.weight_version,
+                "completion_tokens": len(r.out_ids), "cached_tokens": 0,
+                "weight_version": r.weight_version or self.weight_version,
                 "e2e_latency": time.time() - r.t0}
         if r.return_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(r.out_lps, r.out_ids, strict=True)]
