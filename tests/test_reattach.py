@@ -23,6 +23,13 @@ from podkit.health import probe
 pytestmark = pytest.mark.timeout(90)
 
 
+@pytest.fixture(autouse=True)
+def _no_fallback_left():
+    """reattach.GENERATION is the process's: a fallback in one test must not release the next one's requests."""
+    yield
+    reattach.GENERATION.fell_back.clear()
+
+
 class Server:
     def __init__(self, procs, tmp_path) -> None:
         self.procs, self.port = procs, free_port()
@@ -132,6 +139,7 @@ def test_weights_no_longer_on_disk_fall_back_to_a_trainer_restart_and_say_why(pr
     assert last["outcome"] == "fell back" and "not on disk" in last["why"] and str(d) in last["why"], last
     assert progress.data["reattach"] == {**progress.data["reattach"], "count": 0, "fell_back": 1}
     assert reattach.fell_back_since(a.cfg.state_dir, time.time() - 60), "the other ranks read it from disk"
+    assert reattach.GENERATION.fell_back.is_set(), "rank 0's own requests go on at once"
     assert not reattach.fell_back_since(a.cfg.state_dir, time.time() + 1), "a later trainer's start is not released"
     assert server.served() == "default"
 
@@ -230,3 +238,50 @@ def test_status_metrics_the_timeline_and_doctor_count_re_attaches_apart_from_tra
     assert "inference restarts" not in status.human(status.collect(tmp_path))
     assert "inference_reattach_fell_back" not in {f.id for f in doctor.examine(cfg, tmp_path)}
     generate_latest(metrics.registry(tmp_path, 600))
+
+
+def test_a_re_attacher_that_fails_falls_back_rather_than_leave_requests_waiting(procs, tmp_path, monkeypatch):
+    server = Server(procs, tmp_path).start()
+    folder = tmp_path / "save"
+    server.push(version_dir(folder, 2), "2")
+
+    def broken(*_a, **_k):
+        raise RuntimeError("a bug of its own")
+
+    monkeypatch.setattr(reattach, "served_version", broken)
+    a, progress, stale = attacher(server, folder, 2)
+    a.wake.set()
+    wait_for(stale.is_set, 10, what="the fallback")
+    assert progress.data["reattach"]["last"]["why"] == "the re-attacher failed: RuntimeError: a bug of its own"
+
+
+def test_the_step_hook_and_the_re_attacher_write_progress_together_without_losing_it(tmp_path):
+    """Two threads of rank 0 write progress.json: each write is whole, none fails, the file is never missing."""
+    progress = records.Progress(tmp_path, "areal")
+    assert progress.update(step=0)
+    failures, bad_reads, stop = [], [], threading.Event()
+
+    def writer(key):
+        n = 0
+        while not stop.is_set():
+            n += 1
+            if not progress.update(**{key: n}):
+                failures.append(key)
+
+    def reader():
+        while not stop.is_set():
+            try:
+                json.loads((tmp_path / "progress.json").read_text())
+            except (OSError, ValueError) as e:
+                bad_reads.append(repr(e))
+
+    threads = [threading.Thread(target=writer, args=("step",)), threading.Thread(target=writer, args=("eval_step",)),
+               threading.Thread(target=reader)]
+    for t in threads:
+        t.start()
+    time.sleep(2)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    assert not failures and not bad_reads[:1], (failures[:3], bad_reads[:3])
+    assert not list(tmp_path.glob(".progress.json.*")), "no temp file left"

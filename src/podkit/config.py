@@ -205,8 +205,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                        "it serves (a restarted SGLang serves the base model)", "s", minimum=1),
         "on_inference_restart": Field(str, "reattach", "AReaL trainer: when inference restarts alone, reattach (the "
                                       "trainer goes on: rank 0 pushes its latest weights to the new server, generation "
-                                      "waits for them; the latest version's weights stay on the run dir's disk for it, "
-                                      "one model's size) or restart (the trainer stops after its step and resumes). A cluster, a "
+                                      "waits for them; the latest version's weights stay on the run dir's disk for it: "
+                                      "one model's size, two while the next is written) or restart (the trainer stops after its step and resumes). A cluster, a "
                                       "weight update that is not from disk, and a failed re-attach restart", "",
                                       choices=("reattach", "restart")),
         "experiment": Field(str, "", "AReaL experiment_name; empty: the AReaL YAML's own (podkit when it has "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 import time
 from pathlib import Path
 
@@ -153,7 +154,7 @@ def write_json(path: Path, data: object, mode: int = 0o644) -> None:
     """temp file + fsync + rename: a reader sees the old record or the new one, never half of one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"  # two writing threads: two files
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     try:
         with os.fdopen(fd, "w") as f:
@@ -272,8 +273,14 @@ class Progress:
         self.state_dir = Path(state_dir)
         self.data: dict = {"kind": kind, "pid": os.getpid()}
         self.failed = False
+        self.lock = threading.RLock()  # rank 0's step hook and its re-attacher (areal/reattach.py) both write
+
 
     def update(self, **fields) -> bool:
+        with self.lock:
+            return self._update(fields)
+
+    def _update(self, fields: dict) -> bool:
         if "step" in fields:
             fields.setdefault("time", time.time())
         if fields.get("checkpoint_step") is not None and fields["checkpoint_step"] != self.data.get("checkpoint_step"):

@@ -266,15 +266,19 @@ def ride_out_restarts(window_s: float, interval_s: float = 2.0) -> None:
             endpoint = kw.get("endpoint", args[1] if len(args) > 1 else "")
             addr = kw.get("addr", args[0] if args else "")
             generating = endpoint == "/generate"
-            # rank 0 decides within window_s whether it re-attaches; the requests wait a little longer
-            deadline = time.monotonic() + window_s + (30.0 if generating else 0.0)
-            told = dropped = False
+            # From the first failure: rank 0 decides within window_s whether it re-attaches; the requests wait a
+            # little longer. A later failure (a second restart) gives a new window.
+            deadline, told, dropped = None, False, False
             while True:
                 try:
                     result = await original(*args, **kw)
                 except RuntimeError as e:
                     last = str(e).rpartition("Last error: ")[2]
-                    if not last.startswith(_CONNECTION_ERRORS) or time.monotonic() >= deadline:
+                    if not last.startswith(_CONNECTION_ERRORS):
+                        raise
+                    if deadline is None:
+                        deadline = time.monotonic() + window_s + (30.0 if generating else 0.0)
+                    elif time.monotonic() >= deadline:
                         raise
                     if not told:
                         print(f"[podkit] inference unreachable ({last[:80]}); retrying for up to {window_s:.0f}s "
@@ -287,6 +291,8 @@ def ride_out_restarts(window_s: float, interval_s: float = 2.0) -> None:
                     continue
                 if not (generating and gen.pushed and answered_from_base(result)) or gen.released():
                     return result
+                if deadline is None or dropped is False:
+                    deadline = time.monotonic() + window_s + 30.0
                 if not dropped:
                     print(f"[podkit] inference answered from the base weights (it restarted) after this trainer "
                           f"pushed version {gen.version}: the answer is dropped and the request sent again once "

@@ -23,6 +23,7 @@ from disk (xccl) take the fallback. Imports neither AReaL nor torch.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import re
 import threading
@@ -46,7 +47,7 @@ def served_version(addr: str, api_key: str, timeout: float = 10) -> str | None:
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             version = json.loads(r.read()).get("weight_version")
-    except (OSError, ValueError, AttributeError, urllib.error.HTTPError):
+    except (OSError, ValueError, AttributeError, http.client.HTTPException):  # a server killed mid-answer too
         return None
     return None if version is None else str(version)
 
@@ -74,6 +75,10 @@ class Generation:
         self.state_dir: Path | None = None
         self.started = time.time()
         self.wake = threading.Event()  # rank 0's Attacher, when this process runs it
+        self.fell_back = threading.Event()  # rank 0's own fallback (the others read it from progress.json)
+        self._served: dict[str, tuple[float, str | None]] = {}  # addr -> (when, version): one look per 0.5 s
+        self._looking: set[str] = set()
+        self._released = (0.0, False)
 
     @property
     def pushed(self) -> bool:
@@ -81,16 +86,40 @@ class Generation:
         return self.active and self.version >= 1
 
     def released(self) -> bool:
-        """Rank 0 fell back: answers from the base weights are taken as before (the step's end stops)."""
-        return self.state_dir is not None and fell_back_since(self.state_dir, self.started)
+        """Rank 0 fell back: answers from the base weights are taken as before (the step's end stops).
+        Read from progress.json at most once a second (every waiting request asks)."""
+        if self.fell_back.is_set():
+            return True
+        at, was = self._released
+        if time.monotonic() - at < 1.0 or self.state_dir is None:
+            return was
+        now = fell_back_since(self.state_dir, self.started)
+        self._released = (time.monotonic(), now)
+        return now
+
+    async def served(self, addr: str, interval_s: float = 0.5) -> str | None:
+        """/model_info's weight_version at `addr`, asked at most once per interval by this process's
+        waiting requests together (hundreds may wait on a server that is starting)."""
+        at, version = self._served.get(addr, (-1e9, None))
+        if time.monotonic() - at < interval_s:
+            return version
+        if addr in self._looking:  # another request is asking: wait for its answer
+            await asyncio.sleep(interval_s / 2)
+            return self._served.get(addr, (0.0, None))[1]
+        self._looking.add(addr)
+        try:
+            version = await asyncio.get_running_loop().run_in_executor(None, served_version, addr, self.api_key, 5.0)
+            self._served[addr] = (time.monotonic(), version)
+        finally:
+            self._looking.discard(addr)
+        return version
 
     async def wait_served(self, addr: str, deadline: float, interval_s: float = 0.5) -> bool:
         """Until inference at `addr` serves a version this trainer pushed (True), rank 0 fell back (True), or
         the deadline (False)."""
         self.wake.set()
-        loop = asyncio.get_running_loop()
         while time.monotonic() < deadline:
-            served = await loop.run_in_executor(None, served_version, addr, self.api_key, 5.0)
+            served = await self.served(addr, interval_s)
             if served not in (None, BASE) or self.released():
                 return True
             if served == BASE:
@@ -144,15 +173,26 @@ class Attacher:
                 result = update_weights(meta)
                 if meta.version is not None:
                     self.pushed = int(meta.version)
+                    if self.folder is not None:  # served: the one before is no longer needed on disk
+                        keep_latest(self.folder, self.pushed)
                 return result
 
         return locked
 
     def run(self) -> None:
-        while not (self.done.is_set() or self.stale.is_set()):
+        try:
+            self._run()
+        except Exception as e:  # noqa: BLE001 - a dead re-attacher would leave every request waiting
+            self.fall_back(self.pushed or 0, f"the re-attacher failed: {type(e).__name__}: {e}", time.monotonic())
+
+    def _ended(self) -> bool:
+        return self.done.is_set() or self.stale.is_set() or self.stopping.is_set()
+
+    def _run(self) -> None:
+        while not self._ended():
             self.wake.wait(self.cfg.trainer.stale_weights_check_s)
             self.wake.clear()
-            if self.done.is_set() or self.stale.is_set():
+            if self._ended():
                 return
             if self.pushed is None:
                 continue
@@ -171,14 +211,15 @@ class Attacher:
                 return True  # the trainer holds the base weights: a restarted server serves them
             want = str(version)
             served = self._answering(t0 + self.window_s)
-            if self.stopping.is_set() or self.done.is_set() or self.stale.is_set():
+            if self._ended():
                 return False  # the trainer stops after this step anyway (a pod stop, the fallback taken)
             if served is None:
                 return self.fall_back(version, f"inference did not answer within inference.ready_timeout_s "
                                                f"({self.window_s:.0f} s) after it restarted", t0)
-            if served != BASE:  # the trainer's own push landed meanwhile (its next one follows if not the latest)
+            if served == want:  # the trainer's own push landed meanwhile
                 self._note(version, time.monotonic() - t0, f"{why}; the trainer's own push served version {served}")
                 return True
+            # the base weights (or a version that is not the latest): push the latest
             path = self.folder / f"weight_update_v{version}" if self.folder else None
             if path is None or not (path / "config.json").is_file():
                 return self.fall_back(version, f"the weights of version {version} are not on disk "
@@ -209,12 +250,15 @@ class Attacher:
             time.sleep(0.5)
 
     def _push(self, path: Path, version: str) -> str | None:
-        """SGLang's /update_weights_from_disk (UpdateWeightFromDiskReqInput: model_path, weight_version);
+        """SGLang's /update_weights_from_disk (UpdateWeightFromDiskReqInput: model_path, weight_version,
+        abort_all_requests);
         None when inference then serves `version`, else why not."""
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        body = json.dumps({"model_path": str(path), "weight_version": version}).encode()
+        # abort_all_requests: SGLang's update waits for every request in flight (its writer lock), and those on
+        # the base weights are dropped anyway (their answers say "default"): end them now
+        body = json.dumps({"model_path": str(path), "weight_version": version, "abort_all_requests": True}).encode()
         req = urllib.request.Request(f"http://{self.addr}/update_weights_from_disk", data=body, headers=headers,
                                      method="POST")
         try:
@@ -223,11 +267,11 @@ class Attacher:
         except urllib.error.HTTPError as e:
             try:
                 said = json.loads(e.read(4096) or b"{}").get("message")
-            except (OSError, ValueError, AttributeError):
+            except (OSError, ValueError, AttributeError, http.client.HTTPException):
                 said = None
             return f"the push of version {version} failed: HTTP {e.code}" + (f": {str(said)[:300]}" if said else "")
-        except (OSError, ValueError) as e:
-            return f"the push of version {version} failed: {e}"
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            return f"the push of version {version} failed: {type(e).__name__}: {e}"
         if isinstance(answer, dict) and answer.get("success") is False:
             return f"inference refused the push of version {version}: {str(answer.get('message'))[:300]}"
         served = served_version(self.addr, self.api_key)
@@ -238,11 +282,16 @@ class Attacher:
     def fall_back(self, version: int, why: str, t0: float) -> bool:
         _log.warn(f"cannot re-attach to the restarted inference: {why}. Falling back: the trainer stops after this "
                   "step with its recover checkpoint, restarts, and pushes its weights again")
+        GENERATION.fell_back.set()  # this process's requests go on at once
         self._record(FELL_BACK, version, time.monotonic() - t0, why)
         self.stale.set()
         return False
 
     def _record(self, outcome: str, version: int, took: float, why: str) -> None:
+        with self.progress.lock:  # read, count, write: the step hook writes the same record
+            self._count(outcome, version, took, why)
+
+    def _count(self, outcome: str, version: int, took: float, why: str) -> None:
         before = self.progress.data.get("reattach") or {}
         count = before.get("count") if isinstance(before.get("count"), int) else 0
         fell = before.get("fell_back") if isinstance(before.get("fell_back"), int) else 0

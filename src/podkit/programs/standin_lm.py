@@ -107,7 +107,7 @@ class Engine:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.paused = False
-        self.updating = False  # a weight update waits for the running requests; new ones wait for it
+        self.updating = 0  # weight updates under way: each waits for the running requests; new ones wait for them
         self.model_lock = threading.Lock()  # held for each decoding step and for a weight swap
         self.steps = 0
         threading.Thread(target=self._loop, daemon=True, name="decode").start()
@@ -164,7 +164,7 @@ class Engine:
             self.abort_all("Abort in running batch (update_weights_from_disk)")
         t0 = time.time()
         with self.cv:  # SGLang's writer lock: the requests in flight finish on the weights they started on
-            self.updating = True
+            self.updating += 1
             while self.running:
                 self.cv.wait()
         try:
@@ -184,7 +184,7 @@ class Engine:
 
     def _updated(self) -> None:
         with self.cv:
-            self.updating = False
+            self.updating -= 1
             self.cv.notify_all()
 
     def reset_to_base(self) -> None:
