@@ -343,14 +343,17 @@ def attach_on_restart(st: State, trainer, progress: Progress | None):
     """Rank 0's re-attacher (reattach.Attacher), when an inference restart is to cost no trainer restart:
     trainer.on_inference_restart reattach, one node, and weight updates from disk (the latest version's save
     is what a restarted server gets). None otherwise: the stale-weights stop."""
+    meta = trainer.weight_update_meta
+    lora, kind = getattr(meta, "use_lora", False), getattr(meta, "type", None)
+    if reattach.GENERATION.active and (lora or kind != "disk" or not meta.path):
+        # On every rank: the hold on generation waits for a version only a full-weights disk push serves.
+        reattach.GENERATION.active = False
+        if progress is not None:
+            _log.info(f"weight updates are {'LoRA adapters' if lora else repr(kind)}, not full weights from disk: an "
+                      "inference restart stops the trainer after its step (it resumes and pushes its weights)")
     if progress is None or not st.addr or not reattach.GENERATION.active:
         return None
-    meta = trainer.weight_update_meta
-    folder = Path(meta.path).parent if getattr(meta, "type", None) == "disk" and meta.path else None
-    if folder is None:
-        _log.info(f"weight updates are {getattr(meta, 'type', None)!r}, not from disk: an inference restart "
-                  "stops the trainer after its step (it resumes and pushes its weights)")
-        return None
+    folder = Path(meta.path).parent
     info = trainer.recover_info
     pushed = info.last_step_info.global_step + 1 if info is not None else None  # recover pushed this version
     attacher = reattach.Attacher(st.cfg, progress, st.addr, st.api_key, folder, pushed, st.stale, st.sigterm,
