@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -201,7 +202,9 @@ def test_a_script_that_cannot_train_stops_the_trainer_once_naming_the_file_and_l
     took = time.time() - since
     starts = s.log("trainer").count("[podkit:run] starting trainer") - 2
     assert starts == 3, s.log("trainer")[-5000:]
-    assert "failed 2 times in a row after step 1 without a new step" in stopped["message"], stopped
+    # Step 1 or 2: the rollout thread reads batch 2 ahead, and whether step 2's rollouts were all in before the
+    # read failed is a race inside AReaL (run 24 saw step 2). Every run after the first fails at that step.
+    assert re.search(r"failed 2 times in a row after step [12] without a new step", stopped["message"]), stopped
     assert "ValueError: invalid literal for int() with base 10: 'n/a'" in stopped["message"], stopped
     line = (checkout / "train.py").read_text().splitlines().index(
         '                "answer": [str(int(a)) for a in batch["answer"]]}') + 1
