@@ -223,7 +223,9 @@ def test_the_generating_stand_in_answers_as_sglang_does_and_demands_the_api_key(
     assert (got["version_before"], got["version_after"]) == ("default", "7")
     assert got["gap_new_weights"] < 1e-4 < got["gap_old_weights"]
     fl = got["in_flight"]
-    assert fl["version"] == "7" and fl["tokens"] == 300 and fl["gap"] < 1e-4 and fl["update_after_it"], fl
+    # All 300 tokens from version 7's weights: float error (1e-4 over 300 tokens, run 27), not the base's.
+    assert fl["version"] == "7" and fl["tokens"] == 300 and fl["gap"] < 1e-3 < fl["gap_base"], fl
+    assert fl["update_after_it"], fl
     assert fl["served"] == "9", fl
     assert "401" in got["areal_without_patch"] and got["areal_with_patch"] == "ok", got
 

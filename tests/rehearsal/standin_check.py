@@ -119,6 +119,7 @@ updated = time.time()
 flying.join(60)
 out["in_flight"] = {"version": ended["answer"]["meta_info"]["weight_version"],
                     "tokens": len(ended["answer"]["output_ids"]), "gap": gap(m1, 1.0, ended["answer"]),
+                    "gap_base": gap(m0, 1.0, ended["answer"]),
                     "update_after_it": updated >= ended["t"], "served": call("/model_info")[1]["weight_version"]}
 
 
