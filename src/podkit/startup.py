@@ -117,9 +117,10 @@ def describe(t: dict) -> str:
     end = f"; {t['total_s']:.0f}s from boot to the first step" if t.get("total_s") is not None else \
         "; no first step yet"
     unread = "".join(f"; could not read {u}" for u in t.get("unread") or ())
-    since = f"; since: inference restarted {t['reattached']} time(s) without a trainer restart" + (
-        f", {t['fell_back']} with one" if t.get("fell_back") else "") if t.get("reattached") or t.get("fell_back") \
-        else ""
+    since = ""
+    if t.get("reattached") or t.get("fell_back"):
+        since = f"; since: inference restarted {t['reattached']} time(s) without a trainer restart"
+        since += f", {t['fell_back']} with one" if t.get("fell_back") else ""
     return f"start-up: {parts}{end}{since}{unread}"
 
 

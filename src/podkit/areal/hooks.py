@@ -416,7 +416,6 @@ def supervise(st: State, trainer) -> Progress | None:
                 if not st.sigterm.is_set() and (
                         restarted or served_version(st.addr, st.api_key) not in (str(step), None)):
                     attacher.attach(f"inference restarted during step {step}")
-                reattach.keep_latest(attacher.folder, step)
             else:
                 if served_version(st.addr, st.api_key) not in (str(step), None):
                     st.stale.set()  # the push just made is not what is served

@@ -291,9 +291,8 @@ def ride_out_restarts(window_s: float, interval_s: float = 2.0) -> None:
                     continue
                 if not (generating and gen.pushed and answered_from_base(result)) or gen.released():
                     return result
-                if deadline is None or dropped is False:
+                if not dropped:  # the first drop opens the window (a connection error may have opened one)
                     deadline = time.monotonic() + window_s + 30.0
-                if not dropped:
                     print(f"[podkit] inference answered from the base weights (it restarted) after this trainer "
                           f"pushed version {gen.version}: the answer is dropped and the request sent again once "
                           "the trainer's weights are served", flush=True)

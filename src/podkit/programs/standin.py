@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from podkit.programs import hold_devices
+from podkit.weights import WEIGHT_FILES
 
 BANNER = "[stand-in] podkit's SGLang stand-in (not SGLang): no GPU, no model, same HTTP API subset"
 
@@ -77,8 +78,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _weights_missing(self, path) -> bool:
         """SGLang's answer to /update_weights_from_disk for a path that is not there."""
-        if path and os.path.isdir(path) and not any(p.suffix in (".safetensors", ".bin", ".pt")
-                                                    for p in Path(path).iterdir()):
+        if path and os.path.isdir(path) and not any(p.name.endswith(WEIGHT_FILES) for p in Path(path).iterdir()):
             self._send(400, {"success": False, "message": f"Failed to update weights: Cannot find any model weights "
                              f"with `{path}`", "num_paused_requests": 0})  # SGLang's DefaultModelLoader
             return True
