@@ -122,3 +122,23 @@ def test_a_boot_record_with_absurd_stage_times_and_a_pipe_or_dev_zero_as_the_log
                            timeout=30, env=env)
         assert r.returncode in (0, 1) and "Traceback" not in r.stderr, (planted, r.stderr[-2000:])
     assert status.collect(tmp_path)["inference"]["phase"] in ("unknown", "down", "ready")
+
+
+def test_an_inference_line_from_the_boots_first_second_comes_after_the_stages_that_ran_before_it(tmp_path):
+    """SGLang's stamps are whole seconds: on a fast boot (the smoke stack: reap to render in under a second),
+    `Load weight end` stamped with the boot's own second sorted before reap. CI run of 75d6e25 saw it."""
+    from podkit import health, records, startup
+
+    boot = int(time.time()) - 60 + 0.9  # late in its second, so its truncated second is before it
+    records.BOOTS.write(tmp_path / ".podkit", [{"time": boot, "took_s": {"preflight": 0.02, "reap": 0.01,
+                                                                         "sync": 0.01, "setup": 0.01,
+                                                                         "render": 0.01}}])
+    records.CURRENT.write(tmp_path / ".podkit", {"started": boot + 0.06})
+    (tmp_path / "logs").mkdir()
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(boot))
+    (tmp_path / "logs" / "sglang.log").write_text(f"{health.START_MARK}sglang\n[{stamp}] Load weight end.\n")
+    t = startup.timeline(tmp_path / ".podkit", tmp_path / "logs", {"sglang": boot + 0.08})
+    names = [p["phase"] for p in t["phases"]]
+    assert names == ["preflight", "reap", "sync", "setup", "render", "supervisord", "inference_started",
+                     "weights_loaded"], t
+    assert all(p["took_s"] >= 0 for p in t["phases"]) and t["phases"][-1]["at"] >= boot + 0.08, t

@@ -85,13 +85,18 @@ def timeline(state_dir: Path, log_dir: Path, program_starts: dict[str, float]) -
     if isinstance(current.get("started"), (int, float)) and current["started"] >= start:
         marks.append(("supervisord", current["started"]))
         at = current["started"]
+    inference_at = at
     for name, key in (("inference_started", "sglang"), ("trainer_started", "trainer")):
         t = program_starts.get(key)
         if isinstance(t, (int, float)) and t >= start - 1:  # supervisord's start times are whole seconds
             marks.append((name, max(t, at)))
+            if key == "sglang":
+                inference_at = max(t, at)
     for name, t in log_times(log_dir / "sglang.log", unread).items():
-        if t >= start - 1:  # the log's stamps have whole seconds
-            marks.append((name, t))
+        # The log's stamps are whole seconds: a line from the boot's first second would sort before the
+        # stages that ran before inference could print it, so it is never placed before inference's start
+        if t >= start - 1:
+            marks.append((name, max(t, inference_at)))
     progress = records.PROGRESS.read(state_dir)
     first = progress.get("first_step_time")
     if isinstance(first, (int, float)) and first >= start:
