@@ -125,6 +125,35 @@ def test_user_overrides_that_contradict_what_podkit_depends_on_are_refused_all_a
     assert "sets actor.backend=fsdp:d4, but podkit needs fsdp:d3: trainer.gpus '1,2,3' gives the trainer 3" in msg
 
 
+def test_a_lora_config_is_refused_at_boot_naming_where_lora_is_set_instead_of_failing_after_the_model_loads(
+        tmp_path):
+    """AReaL's LoRA example (actor.use_lora: true) under podkit: AReaL 1.0.4 raises "LoRA is only supported in
+    single-controller mode" in RLTrainer's start, after the model loaded, and its hint (scheduler.type=local)
+    would have AReaL start a second SGLang. The boot names the YAML and the key instead; from
+    trainer.overrides, it names those; `use_lora: false` is no problem."""
+    import yaml
+
+    data = yaml.safe_load(areal_shaped(tmp_path).read_text())
+    data["actor"].update(use_lora=True, lora_rank=32, lora_alpha=16, target_modules=["all-linear"])
+    data["rollout"]["use_lora"] = "${actor.use_lora}"  # as AReaL's examples write it
+    lora = tmp_path / "gsm8k_grpo_lora.yaml"
+    lora.write_text(yaml.safe_dump(data))
+    cfg = load(tmp_path=tmp_path / "ws", PODKIT_TRAINER_AREAL_CONFIG=str(lora), PODKIT_DEVICES="",
+               PODKIT_RUN_DIR=str(tmp_path / "run"))
+    with pytest.raises(ConfigError) as e:
+        preflight.run(cfg)
+    assert e.value.key == "trainer.areal_config", e.value
+    assert f"{lora} sets actor.use_lora: True" in e.value.message, e.value.message
+    assert "single-controller mode" in e.value.message and "set actor.use_lora and rollout.use_lora false" in e.value.hint, e.value
+    problems = checks.programs(load(PODKIT_TRAINER_AREAL_CONFIG=str(areal_shaped(tmp_path)),
+                                    PODKIT_TRAINER_OVERRIDES="++rollout.use_lora=True"))
+    assert [(k, what.startswith("sets rollout.use_lora=True, but AReaL")) for k, what, _ in problems] == [
+        ("trainer.overrides", True)], problems
+    data["actor"]["use_lora"] = False
+    lora.write_text(yaml.safe_dump(data))
+    assert checks.programs(load(PODKIT_TRAINER_AREAL_CONFIG=str(lora))) == []
+
+
 @pytest.mark.parametrize("env, key, words", [
     ({"PODKIT_INFERENCE_TP": "2"}, "inference.tp", "names 1 GPU"),
     ({"PODKIT_TRAINER_GPUS": "1,2", "PODKIT_TRAINER_OVERRIDES": "actor.backend=fsdp:d3"}, "trainer.overrides",

@@ -148,6 +148,21 @@ def test_patches_still_match_the_areal_they_were_written_for():
     assert got["hashes"] == got["pinned"], "AReaL code that podkit patches changed: re-read areal_patches.py"
 
 
+def test_areal_still_refuses_lora_under_torchrun_as_the_boots_lora_refusal_says():
+    """checks._lora refuses actor.use_lora at boot because AReaL's trainer refuses it in SPMD mode (podkit's
+    launch sets AREAL_SPMD_MODE=1). When an AReaL upgrade trains LoRA there, this fails: drop the refusal."""
+    from podkit import checks, config
+    from podkit.areal import command
+
+    cfg = config.load(ROOT / "configs/cpu-rehearsal.yaml", environ={})
+    assert command.environment(cfg, {})["AREAL_SPMD_MODE"] == "1"
+    r = areal_run("-c", "import inspect, json; from areal.trainer.rl_trainer import PPOTrainer as T; "
+                  "print(json.dumps(inspect.getsource(T._init_rollout)))")
+    assert r.returncode == 0, r.stderr[-3000:]
+    src = json.loads(r.stdout.strip().splitlines()[-1])
+    assert checks.AREAL_LORA_REFUSAL in src and "not is_single_controller()" in src, src[:2000]
+
+
 PATCHED_TWICE = """
 import json
 from podkit.areal import patches as p

@@ -283,7 +283,30 @@ def _backends(cfg) -> list[Problem]:
     if not isinstance(data, dict):
         return [("trainer.areal_config", f"{cfg.trainer.areal_config} is not a mapping of AReaL settings",
                  "an AReaL experiment config is a YAML mapping (configs/areal/ has examples)")]
-    return settings(cfg, data)[1]
+    return settings(cfg, data)[1] + _lora(cfg, data)
+
+
+AREAL_LORA_REFUSAL = "LoRA is only supported in single-controller mode"  # RLTrainer._init_rollout, AReaL 1.0.4
+
+
+def _lora(cfg, data: dict) -> list[Problem]:
+    """LoRA: AReaL 1.0.4 trains it only in its single-controller mode, where AReaL starts SGLang itself with
+    the adapter preloaded. podkit runs SGLang as its own restartable program and AReaL in SPMD mode, where
+    RLTrainer raises at its start ("LoRA is only supported in single-controller mode") after the model has
+    loaded. Refused here instead, naming where it is set; a test reads AReaL's source for that refusal."""
+    user = overridden(cfg.trainer.overrides)
+    for key in ("actor.use_lora", "rollout.use_lora"):
+        value = user[key] if key in user else _dotted(data, key)
+        if value is True or str(value).strip().lower() in ("true", "yes", "on", "1"):
+            where, said = ("trainer.overrides", f"sets {key}={value}") if key in user else \
+                ("trainer.areal_config", f"{cfg.trainer.areal_config} sets {key}: {value}")
+            return [(where, f"{said}, but AReaL 1.0.4 trains LoRA adapters only in its "
+                     "single-controller mode (it starts SGLang itself); podkit runs SGLang as its own "
+                     "restartable program and AReaL's trainer under torchrun, where AReaL refuses LoRA at "
+                     f"start ({AREAL_LORA_REFUSAL!r})",
+                     "train full weights (set actor.use_lora and rollout.use_lora false, or drop them), or run "
+                     "this YAML with AReaL's own launcher outside podkit")]
+    return []
 
 
 class Setting:
