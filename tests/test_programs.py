@@ -213,7 +213,7 @@ def test_trainer_waits_for_inference_then_clears_stale_discovery_and_starts_torc
     cfg = load("a40-4gpu.yaml", tmp_path, PODKIT_INFERENCE_PORT=str(port),
                PODKIT_TRAINER_NAME_RESOLVE_ROOT=str(root), PODKIT_INFERENCE_READY_TIMEOUT_S="30")
     execs = []
-    monkeypatch.setattr(launch, "supervise", lambda argv, env, run_dir: execs.append((argv, env)) or 0)
+    monkeypatch.setattr(launch, "supervise", lambda argv, env, run_dir, grace_s: execs.append((argv, env, grace_s)) or 0)
 
     def start_standin_later():
         time.sleep(1.5)  # the trainer starts first and must wait
@@ -225,8 +225,9 @@ def test_trainer_waits_for_inference_then_clears_stale_discovery_and_starts_torc
     t0 = time.monotonic()
     launch.main(cfg)
     assert time.monotonic() - t0 >= 1.5 and not stale.exists()
-    (argv, env), = execs
+    (argv, env, grace_s), = execs
     assert "--standalone" in argv and env["AREAL_LLM_SERVER_ADDRS"] == f"127.0.0.1:{port}"
+    assert grace_s == cfg.trainer.stop_grace_s  # the launcher cuts a step that outlasts supervisord's grace
 
 
 def test_both_stand_ins_answer_sglangs_shared_routes_alike_from_one_handler(tmp_path):
@@ -338,19 +339,19 @@ while True:
     time.sleep(0.1)
 """
 LAUNCH = ("import json, os, sys; from pathlib import Path; from podkit.areal.launch import supervise; "
-          "sys.exit(supervise(json.loads(sys.argv[1]), dict(os.environ), Path(sys.argv[2])))")
+          "sys.exit(supervise(json.loads(sys.argv[1]), dict(os.environ), Path(sys.argv[2]), float(sys.argv[3]) or None))")
 
 
-def start_supervised_torchrun(procs, tmp_path):
+def start_supervised_torchrun(procs, tmp_path, script_text=RANK_SCRIPT, grace_s=0.0):
     import json
 
     script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
+    script.write_text(script_text)
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
             str(script), str(out)]
-    p = procs.spawn([sys.executable, "-c", LAUNCH, json.dumps(argv), str(tmp_path)],
+    p = procs.spawn([sys.executable, "-c", LAUNCH, json.dumps(argv), str(tmp_path), str(grace_s)],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_ready = lambda: all((out / f"ready-{r}").exists() for r in (0, 1))  # noqa: E731
     from conftest import wait_for
@@ -372,6 +373,35 @@ def test_sigterm_reaches_the_ranks_not_torchrun_so_the_step_ends_with_a_checkpoi
     assert {f.name for f in out.iterdir() if f.name.startswith("checkpointed")} == {"checkpointed-0", "checkpointed-1"}
     assert "death signal" not in log and "SIGTERM: passing it to the 2 worker process(es)" in log
     assert not (tmp_path / "torchrun.json").exists()
+
+
+@pytest.mark.timeout(90)
+def test_a_step_that_never_ends_after_sigterm_is_cut_by_the_launcher_so_no_rank_outlives_it(procs, tmp_path):
+    """A rank whose step never ends (a reward stuck in a loop, a hung collective) ignored the SIGTERM;
+    supervisord SIGKILLed the launcher after the grace, and the ranks, in sessions of their own, lived on
+    holding their GPUs (after `podkit up` had exited, nothing ever killed them). The launcher now kills them
+    itself just before the grace runs out, and exits."""
+    import json
+    import signal
+
+    from conftest import alive, wait_for
+
+    stuck = RANK_SCRIPT.replace("time.sleep(1.0)  # the end of the step in flight and its recover checkpoint",
+                                "time.sleep(3600)  # a step that never ends")
+    p, out = start_supervised_torchrun(procs, tmp_path, stuck, grace_s=3.0)
+    record = tmp_path / "torchrun.json"
+    wait_for(lambda: len(json.loads(record.read_text())["groups"]) == 3, 20, what="both ranks recorded")
+    everyone = [g for g, _ in json.loads(record.read_text())["groups"]]
+    for pid in everyone:
+        procs.track(pid)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    log, _ = p.communicate(timeout=30)
+    took = time.monotonic() - t0
+    assert 2.0 <= took < 3.0 + 5.0, (took, log)  # 2.5 s: within the grace, before supervisord's SIGKILL (3 s)
+    assert "did not end within trainer.stop_grace_s (3 s)" in log and p.returncode != 0, log
+    wait_for(lambda: not any(alive(pid) for pid in everyone), 10, what="the ranks and torchrun to be gone")
+    assert not list(out.glob("checkpointed-*")) and not record.exists()
 
 
 @pytest.mark.timeout(90)

@@ -89,7 +89,7 @@ def main(cfg) -> int:
     _log.info(f"starting {shlex.join(argv)} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r}, "
               f"AREAL_LLM_SERVER_ADDRS={env['AREAL_LLM_SERVER_ADDRS']})")
     started = time.time()
-    rc = supervise(argv, env, cfg.run_path)
+    rc = supervise(argv, env, cfg.run_path, grace_s=cfg.trainer.stop_grace_s)
     return outcome(cfg, rc, started)
 
 
@@ -155,7 +155,10 @@ def outcome(cfg, rc: int, started: float) -> int:
 
 
 
-def supervise(argv: list[str], env: dict[str, str], run_dir: Path) -> int:
+CUT_BEFORE_S = 0.5  # the launcher kills the ranks this long before supervisord's SIGKILL would reach it
+
+
+def supervise(argv: list[str], env: dict[str, str], run_dir: Path, grace_s: float | None = None) -> int:
     """Run torchrun in a process group of its own and stand between it and supervisord's signals.
 
     supervisord stops the trainer's process group; had torchrun been in it, its elastic agent would
@@ -163,7 +166,10 @@ def supervise(argv: list[str], env: dict[str, str], run_dir: Path) -> int:
     step's end and its recover checkpoint short. Here SIGTERM goes to the ranks only: they finish the
     step, checkpoint and exit 0, and torchrun with them. SIGUSR2 (the watchdog's stack dump) is passed
     on too. torchrun's group and each rank's own group are recorded as they appear, and whatever is
-    left of them when torchrun ends, or after this launcher was killed, is killed."""
+    left of them when torchrun ends, or after this launcher was killed, is killed. A step that does not end
+    within `grace_s` of the SIGTERM (supervisord's stopwaitsecs: it SIGKILLs this launcher then, and the ranks,
+    in sessions of their own, would outlive it holding their GPUs) is cut here just before: the ranks and
+    torchrun are killed, and this launcher exits by itself."""
     child = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=set_pdeathsig)  # noqa: PLW1509
     groups = {child.pid: proc.starttime(child.pid) or 0}
     done = threading.Event()
@@ -180,6 +186,14 @@ def supervise(argv: list[str], env: dict[str, str], run_dir: Path) -> int:
     records.TORCHRUN.write(run_dir, {"groups": [[g, t] for g, t in groups.items()]}, mode=0o600)
     threading.Thread(target=track, daemon=True).start()
 
+    def cut() -> None:
+        if done.is_set():
+            return
+        _log.warn(f"the step in flight did not end within trainer.stop_grace_s ({grace_s:g} s) of the SIGTERM: "
+                  "killing the ranks so that none outlives the trainer (this step has no recover checkpoint; the "
+                  "run resumes from the last one)")
+        proc.kill_groups(list(groups.items()))
+
     def forward(sig, _frame):
         if done.is_set():  # torchrun was reaped (the program is cleaning up): its pid may be anyone's now
             return
@@ -188,18 +202,25 @@ def supervise(argv: list[str], env: dict[str, str], run_dir: Path) -> int:
             _log.info(f"{signal.Signals(sig).name}: passing it to the {len(ranks)} worker process(es), not "
                       "torchrun, so the step in flight ends with a recover checkpoint")
             sig = signal.SIGTERM
+            if grace_s and not timers:  # the first stop signal starts the countdown; later ones do not move it
+                timers.append(threading.Timer(max(0.5, grace_s - CUT_BEFORE_S), cut))
+                timers[0].daemon = True
+                timers[0].start()
         for pid in ranks or [child.pid]:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
 
+    timers: list[threading.Timer] = []
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
         signal.signal(sig, forward)
     try:
         rc = child.wait()
     finally:
         done.set()
+        for t in timers:
+            t.cancel()
         proc.kill_groups(list(groups.items()))
         records.TORCHRUN.path(run_dir).unlink(missing_ok=True)
     _log.info(f"torchrun exited with {rc}")
