@@ -106,6 +106,27 @@ def test_up_whose_trainer_cannot_import_its_code_exits_1_with_doctors_finding(tm
     assert "[podkit:doctor] PROBLEM: " in out and "torch is broken in this test" in out, out[-3000:]
 
 
+def test_up_that_stops_at_a_stage_says_why_afterwards_in_status_and_doctor(tmp_path):
+    """`podkit up` with a repo that cannot be fetched exits at the sync stage; status said only "boot: failed"
+    and doctor "nothing wrong found" (`podkit boot` waits in safe mode, which records why; `up` exits)."""
+    ws = tmp_path / "ws"
+    e = smoke_env(ws, free_port(), PODKIT_REPO_URL=str(tmp_path / "no-such-repo.git"), PODKIT_REPO_RETRIES="1")
+    e.pop("PODKIT_CONFIG")
+    r = subprocess.run([*PODKIT, "up", "--smoke", "--workspace", str(ws), "--steps", "2"], env=e,
+                       capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    st = subprocess.run([*PODKIT, "status", "--workspace", str(ws)], env=e, capture_output=True, text=True,
+                        timeout=30).stdout
+    assert "  it failed at sync: " in st and "no-such-repo.git" in st and "(fix: " in st, st
+    doc = json.loads(subprocess.run([*PODKIT, "doctor", "--json", "--workspace", str(ws)], env=e,
+                                    capture_output=True, text=True, timeout=30).stdout)
+    finding = next(f for f in doc["findings"] if f["id"] == "boot_failed")
+    assert finding["severity"] == "problem" and finding["title"].startswith("the last boot (") and \
+        "failed at sync: " in finding["title"], finding
+    assert "no-such-repo.git" in finding["fix"] and finding["evidence"] == [
+        "boot via up; stages: preflight ok, reap ok, sync failed"], finding
+
+
 def test_resume_after_a_boot_with_its_own_config_file_boots_again_with_that_file(procs, tmp_path):
     """`podkit --config X boot` waits in safe mode (its repo is not there yet); the user pushes it and runs
     `podkit resume`: the boot starts again in place with X (smoke programs), not with podkit's defaults."""

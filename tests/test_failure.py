@@ -203,3 +203,79 @@ def test_describing_a_hostile_exception_never_raises_and_never_hides_it(tmp_path
     """)
     err = failure.describe(e, [str(tmp_path)])
     assert err["type"] == "Loud" and err["where"].endswith("user_code.py:6") and err["code"] == "raise Loud()", err
+
+
+def test_a_reward_in_areals_process_pool_wrapped_by_the_rollout_thread_is_named_at_its_line(tmp_path):
+    """AReaL runs the reward in a process pool (the worker's traceback comes back as text, under the exception)
+    and raises a failed rollout thread's exception in the main thread as RuntimeError("Background thread
+    failed") from it (episodes.py hands it over that way): two levels down, the user's line is still found."""
+    from concurrent.futures.process import _RemoteTraceback
+
+    reward = tmp_path / "my_reward.py"
+    reward.write_text('def boxed_answer_reward(prompt, completions, answer, **_data):\n'
+                      '    expected = _data["solution"]\n')
+    inner = KeyError("solution")
+    inner.__cause__ = _RemoteTraceback('\n"""\nTraceback (most recent call last):\n'
+                                       '  File "/usr/lib/python3.11/concurrent/futures/process.py", line 256, in '
+                                       '_process_worker\n    r = call_item.fn(*call_item.args, **call_item.kwargs)\n'
+                                       f'  File "{reward}", line 2, in boxed_answer_reward\n'
+                                       '    expected = _data["solution"]\nKeyError: \'solution\'\n"""')
+    outer = RuntimeError(f"Background thread failed: {inner}")
+    outer.__cause__ = inner
+    for exc in (inner, outer):  # as episodes.py records it, and as the bootstrap sees it
+        err = failure.describe(exc, [str(tmp_path)])
+        assert (err["type"], err["message"], err["where"]) == ("KeyError", "'solution'", f"{reward}:2"), err
+        assert err["code"] == 'expected = _data["solution"]', err
+
+
+def test_a_reward_that_returns_none_is_named_though_areals_code_raises_the_error(tmp_path):
+    """AReaL's RLVR workflow records float(reward): a reward returning None for some answers failed in AReaL's
+    stats tracker with no frame of the user's. The hint names the reward function and where it is."""
+    exc = raised(tmp_path, """
+        def boxed_answer_reward(prompt, completions, **data):
+            return None if "boxed" not in completions else 1.0
+
+        class RLVRWorkflow:  # AReaL's method names, as the traceback has them
+            reward_fn = staticmethod(boxed_answer_reward)
+
+            def _collect_samples(self):
+                reward = self.reward_fn("p", "no answer")
+                return float(reward)
+
+        def run():
+            return RLVRWorkflow()._collect_samples()
+        """)
+    wrapped = RuntimeError("Background thread failed")
+    wrapped.__cause__ = exc
+    for e in (exc, wrapped):
+        err = failure.describe(e, [str(tmp_path / "elsewhere")])  # the reward is not under the roots here
+        assert err["hint"] == (f"the reward function boxed_answer_reward ({tmp_path / 'user_code.py'}:2) returned "
+                               "None: return a number for every completion (0.0 for one that is wrong)"), err
+    assert failure.describe(TypeError("unsupported operand type(s): 'NoneType'"), [])["hint"] == ""
+
+
+def test_failed_episodes_on_record_are_read_as_data_by_status_and_doctor(tmp_path):
+    """progress.json's episodes record (areal/episodes.py) is data: a rare failure is a note, one episode in ten
+    a problem, a tripped streak a problem, and a planted record (wrong types, an escape sequence) shows as
+    text or not at all, never raises."""
+    from podkit import status
+
+    def pod(ep):
+        return SimpleNamespace(progress={"episodes": ep}, state=ROOT / "no-such-state-dir")
+
+    last = {"type": "KeyError", "message": "'solution'", "where": "/ws/repo/my_reward.py:9",
+            "code": 'expected = _data["solution"]', "hint": ""}
+    rare = doctor.check_episodes(pod({"failed": 3, "succeeded": 997, "in_a_row": 1, "limit": 64, "last": last}), 0)
+    assert rare.severity == "info" and "of 1000" in rare.title, rare.to_dict()
+    biased = doctor.check_episodes(pod({"failed": 62, "succeeded": 552, "last": last}), 0)
+    assert biased.severity == "problem" and "train on the episodes that did not fail" in biased.title
+    tripped = doctor.check_episodes(pod({"failed": 8, "succeeded": 0, "in_a_row": 8, "limit": 8, "tripped": True,
+                                         "last": last}), 0)
+    assert tripped.severity == "problem" and "8 in a row" in tripped.title
+    assert tripped.evidence[0] == "KeyError: 'solution' at /ws/repo/my_reward.py:9", tripped.evidence
+    for planted in ({"failed": "lots"}, {"failed": True}, {"failed": -3}, [], "x", None, {"failed": 0}):
+        assert doctor.check_episodes(pod(planted), 0) is None and status.failed_episodes({"episodes": planted}) is None
+    hostile = status.failed_episodes({"episodes": {"failed": 2, "succeeded": [], "last": {
+        "type": "\x1b[2JError", "message": "x" * 10_000, "where": 7}}})
+    line = status.describe_episodes(hostile)
+    assert "\x1b" not in line and len(line) < 1000 and "of 2 since" in line and "at 7" in line, line

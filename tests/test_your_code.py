@@ -55,7 +55,7 @@ def test_your_repo_trains_under_its_own_names_stops_with_a_checkpoint_despite_it
     # The synced commit trains, and says so.
     assert p["code"] == {"entry": "train.py", "commit": remote.head(), "dirty": False}, p
     log = s.log("trainer")
-    assert "run myrepo/t0 (experiment_name " in log
+    assert "run myrepo/t0 (experiment_name from " in log
     assert (f"podkit sets over {s.workspace / 'repo' / 'config.yaml'}: recover.mode disabled -> auto (podkit resumes "
             "every restart") in log and "actor.weight_update_mode xccl -> disk (" in log, log[-3000:]
     assert "actor.backend fsdp:d4p1t1 -> fsdp:d1 (trainer.cpu_ranks 1 gives" in log, log[-3000:]
@@ -166,6 +166,7 @@ def test_a_script_that_cannot_train_stops_the_trainer_once_naming_the_file_and_l
     remote = example_remote(tmp_path, **{"train.py": broken})
     since = time.time()
     s = rehearsal(**repo_env(remote, PODKIT_TRAINER_RESTART_DELAY_S="1", PODKIT_TRAINER_MAX_FAILURES="2",
+                             PODKIT_TRAINER_MAX_EPISODE_FAILURES="8",
                              PODKIT_TRAINER_OVERRIDES=f"{CPU_OVERRIDES} {IN_ORDER}")).start()
     checkout = s.workspace / "repo"
     stopped = _refusal(s, since)
@@ -216,6 +217,40 @@ def test_a_script_that_cannot_train_stops_the_trainer_once_naming_the_file_and_l
     health = s.podkit("status", "--health")
     assert health.returncode == 1 and "crash-loop" in health.stdout, health.stdout
     print(f"a bad row every run: {starts} starts, stopped after {took:.0f}s; doctor: {finding['evidence'][1]}")
+
+    # A reward function that raises on every call (it reads a field this data names otherwise), in AReaL's
+    # rollout thread: AReaL logs each failed episode and tries the next, for ever, without a step.
+    # trainer.max_episode_failures (8 here) in a row stop the trainer with the reward's own exception, named
+    # at its line (AReaL runs it in a process pool: the traceback comes back as text), and the loop bound
+    # counts it: two starts without a new step, then stopped for good.
+    (checkout / "train.py").write_text((EXAMPLE / "train.py").read_text())
+    (checkout / "data" / "train.jsonl").write_text((EXAMPLE / "data" / "train.jsonl").read_text())
+    reward = (EXAMPLE / "my_reward.py").read_text().replace(
+        "    found = BOXED.findall(completions)",
+        '    expected = _data["solution"]  # this data names it "answer"\n    found = BOXED.findall(completions)')
+    assert reward != (EXAMPLE / "my_reward.py").read_text()
+    (checkout / "my_reward.py").write_text(reward)
+    line = next(i for i, ln in enumerate(reward.splitlines(), 1) if '_data["solution"]' in ln)
+    logged = s.log("trainer").count("Workflow execution failed")
+    since = time.time()
+    s.rpc().supervisor.startProcess("trainer", False)
+    stopped = wait_for(lambda: (st := s.progress().get("stopped") or {}).get("by") == "crash-loop"
+                       and st.get("time", 0) > since and st, 400, interval=1, what="the loop bound on failed episodes")
+    assert "KeyError: 'solution'" in stopped["message"], stopped
+    assert f"{checkout / 'my_reward.py'}:{line}" in stopped["message"], stopped
+    # Two starts: no new step in either (trainer.max_failures 2)
+    assert s.log("trainer").count("[podkit:run] starting trainer") - 2 - starts == 2, s.log("trainer")[-5000:]
+    ep = s.progress()["episodes"]
+    assert ep["tripped"] and ep["in_a_row"] >= 8 and ep["succeeded"] == 0, ep
+    # Bounded: each start stops after 8 in a row (and those already in flight), not millions of lines.
+    failed = s.log("trainer").count("Workflow execution failed") - logged
+    assert 2 * 8 <= failed <= 2 * 40, failed
+    doc = json.loads(s.podkit("doctor", "--json").stdout)
+    finding = next(f for f in doc["findings"] if f["id"] == "episodes_failing")
+    assert finding["severity"] == "problem" and "in a row" in finding["title"], finding
+    assert finding["evidence"][0].startswith(f"KeyError: 'solution' at {checkout / 'my_reward.py'}:{line}"), finding
+    assert "rollout episodes that failed in your workflow" in s.podkit("status").stdout
+    print(f"a reward that always raises: 2 starts, {failed} failed episodes logged; doctor: {finding['title']}")
     assert s.stop() == 0
 
 

@@ -284,3 +284,31 @@ def test_generation_after_a_push_is_held_until_the_trainers_weights_are_served_a
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["version"] == "3" and got["engine"] == 3 and got["took"] >= 1.4, got
     assert "inference answered from the base weights (it restarted) after this trainer pushed version 3" in r.stdout
+
+
+MISSPELT = """
+import json, sys
+from areal.api.cli_args import GRPOConfig, load_expr_config
+from podkit.areal import hooks
+argv = ["--config", sys.argv[1]]
+try:
+    load_expr_config(argv, GRPOConfig)
+except Exception as e:
+    print(json.dumps({"type": type(e).__name__, "hint": hooks.unknown_key(e, argv)}))
+"""
+
+
+def test_a_misspelt_key_in_the_areal_yaml_is_named_at_its_line_with_the_field_it_may_have_meant(tmp_path):
+    """AReaL's own loader refuses the key (omegaconf's ConfigKeyError, full_key only); the refusal's hint adds
+    the YAML's file and line and the nearest field of the config class."""
+    lines = (ROOT / "configs/areal/grpo-cpu.yaml").read_text().splitlines()
+    at = lines.index("rollout:") + 1
+    lines.insert(at, "  max_concurent_rollouts: 8")
+    yaml_path = tmp_path / "config.yaml"
+    yaml_path.write_text("\n".join(lines) + "\n")
+    r = areal_run("-c", MISSPELT, str(yaml_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["type"] == "ConfigKeyError", got
+    assert got["hint"] == (f"{yaml_path}:{at + 1} sets rollout.max_concurent_rollouts: InferenceEngineConfig has no "
+                           "'max_concurent_rollouts'; did you mean 'max_concurrent_rollouts'?; "), got

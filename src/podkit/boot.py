@@ -236,7 +236,7 @@ def up(cfg, steps: int | None = None) -> int:
         env = run_stages(cfg, record)
     except PodkitError as e:  # an error here, as before; the record says which stage and why
         if record:
-            record.rec["reason"] = e.message
+            record.rec["reason"], record.rec["hint"] = e.message, e.hint
             record.done("failed")
         raise
     proc = subprocess.Popen(supervisord_argv(env), env=env)
@@ -284,10 +284,12 @@ def up(cfg, steps: int | None = None) -> int:
             stop("podkit up failed")
     code = proc.wait()
     final = records.PROGRESS.read(cfg.state_dir)
-    _log.info(f"supervisord exited {code}; trainer at step {final.get('step', 0)}, "
-              f"last checkpoint at step {final.get('checkpoint_step', 0)}")
+    _log.info(f"supervisord exited {code}; trainer {records.at_step(final.get('step'))}, "
+              f"{records.checkpoint_at(final.get('checkpoint_step'))}")
     if failed:
-        _log.error(f"{failed[0]}; `podkit doctor --workspace {cfg.workspace_path}` says the same after the fact")
+        _log.error(f"{failed[0]}; `podkit doctor --workspace {cfg.workspace_path}` says the same after the fact. "
+                   "This run has stopped everything: fix it, then run the same command again (it resumes from the "
+                   "last checkpoint; `podkit ctl start trainer` is for a pod that is still running)")
         return 1
     return code
 

@@ -222,6 +222,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
                               "step stays stopped (status, doctor, a notification; the cost guard stops the pod); "
                               "so does a cluster worker's `ray` that fails to join its head this many times; "
                               "0: restart for ever", "", minimum=0, maximum=1000),
+        "max_episode_failures": Field(int, 64, "AReaL trainer: rollout episodes (your workflow's arun_episode: "
+                                      "generation and your reward function) that fail in a row, none succeeding, "
+                                      "before the trainer stops with the last one's exception, named with its file "
+                                      "and line (the loop bound counts it); AReaL itself logs each and tries the "
+                                      "next for ever. 0: never", "episodes", minimum=0, maximum=1_000_000),
         "restart_delay_s": Field(float, 10.0, "loop bound: the wait before restarting a trainer that failed without "
                                  "a new step (or a worker's `ray` that did not join), doubled for each such failure "
                                  "in a row (at most 10 minutes)", "s",

@@ -346,6 +346,38 @@ def check_last_stop(pod: Pod, now: float) -> Finding | None:
                    "checkpoint it wrote", "info")
 
 
+def check_boot_failed(pod: Pod, now: float) -> Finding | None:
+    """`podkit up` stopped at a stage (a config error, a sync that failed) and exited: no safe mode records it."""
+    boot = pod.boots[-1] if pod.boots else None
+    why = status.boot_failed(boot)
+    if not why:
+        return None
+    stages = boot.get("stages") if isinstance(boot.get("stages"), dict) else {}
+    return Finding("boot_failed", f"the last boot ({_ago(boot.get('time'), now)}) {why.split(' (fix: ')[0]}",
+                   [f"boot via {status.printable(boot.get('via') or 'boot', 20)}; stages: "
+                    + ", ".join(f"{status.printable(n, 20)} {status.printable(o, 20)}" for n, o in stages.items())],
+                   status.printable(boot.get("hint"), 400) or "fix what it names, then run it again", "problem")
+
+
+def check_episodes(pod: Pod, now: float) -> Finding | None:
+    """Rollout episodes that fail in the user's workflow (areal/episodes.py): AReaL logs each and drops it, so
+    a reward that raises for some answers trains on the rest, and one that always raises never trains."""
+    ep = status.failed_episodes(pod.progress)
+    if ep is None:
+        return None
+    last = ep["last"]
+    title = (f"{ep['failed']} rollout episode(s) failed in your workflow"
+             + (f" ({ep['in_a_row']} in a row, none succeeding: the trainer was stopped with it)" if ep["tripped"]
+                else f" of {ep['failed'] + ep['succeeded']}: the steps train on the episodes that did not fail"))
+    evidence = [f"{last['type']}: {last['message']} at {last['where']}"] + ([last["code"]] if last["code"] else [])
+    evidence.append(f"the last {_ago(ep['time'], now)}; trainer.max_episode_failures {ep['limit'] or 'off'}")
+    return Finding("episodes_failing", title, evidence, (last["hint"] + "; " if last["hint"] else "")
+                   + "fix it in the workflow or its reward function (logs/trainer.log has each traceback, "
+                   "'Workflow execution failed')",
+                   # a rare failure (a flaky judge) is a note; one episode in ten is training on a biased sample
+                   "problem" if ep["tripped"] or ep["failed"] * 10 >= ep["failed"] + ep["succeeded"] else "info")
+
+
 def check_reattach(pod: Pod, now: float) -> Finding | None:
     """The last inference restart the trainer could not go on through (areal/reattach.py), and why."""
     ra = pod.progress.get("reattach") or {}
@@ -424,7 +456,7 @@ def examine(cfg, workspace: Path, *, environ=None, cgroup_dir: Path = Path("/sys
              check_safe_mode(pod, now), check_gpu_busy(pod, now), check_startup_phase(pod, now),
              check_startup_slow(pod, now),
              check_nccl_ifname(pod, now, environ, net_dir), check_nan_loss(pod, now), check_trainer_config(pod, now),
-             check_notify(pod, now), check_last_stop(pod, now), check_reattach(pod, now), check_cluster(pod, now), check_cluster_join(pod, now),
+             check_notify(pod, now), check_last_stop(pod, now), check_boot_failed(pod, now), check_episodes(pod, now), check_reattach(pod, now), check_cluster(pod, now), check_cluster_join(pod, now),
              check_guard_file(pod, now)]
     return [f for f in found if f is not None]
 

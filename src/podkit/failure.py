@@ -68,8 +68,29 @@ def _dataset(frames: list) -> str:
     return ""
 
 
+def _reward_returned_none(exc: BaseException) -> str:
+    """AReaL's RLVR workflow records each reward as float(reward): a reward function that returns None for some
+    answers fails there, in AReaL's code, with no frame of the user's. Name the function instead."""
+    e, seen = exc, 0
+    while e is not None and seen < 8:
+        if isinstance(e, TypeError) and "NoneType" in safe_str(e):
+            for tb in _frames(e):
+                f = tb.tb_frame
+                if f.f_code.co_name == "_collect_samples" and "reward" in f.f_locals and f.f_locals["reward"] is None:
+                    fn = getattr(f.f_locals.get("self"), "reward_fn", None)
+                    fn = getattr(fn, "__wrapped__", fn)
+                    code = getattr(fn, "__code__", None)
+                    at = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+                    return (f"the reward function {getattr(fn, '__qualname__', None) or safe_str(fn, 200)}{at} "
+                            "returned None: return a number for every completion (0.0 for one that is wrong)")
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return ""
+
+
 def hint_for(exc: BaseException, frames: list, workspace: str = "/workspace", roots: list[str] = ()) -> str:
     """What to do about this kind of failure; "" when nothing more specific than "fix it" fits."""
+    if none := _reward_returned_none(exc):
+        return none
     kinds = {c.__name__ for c in type(exc).__mro__}
     if isinstance(exc, KeyError):
         return _row_fields(exc, frames, list(roots))
@@ -181,8 +202,14 @@ def _describe(exc: BaseException, roots: list[str], workspace: str, call) -> dic
                                                                  or "").strip()
         hint = (f"podkit calls {getattr(fn, '__name__', 'the function')}(argv) with the command-line arguments as "
                 "a list (as AReaL's own mains take them): give it one parameter, e.g. `def main(argv=None)`")
-    for e in (exc, exc.__cause__, exc.__context__) if roots else ():
-        text = safe_str(e, 64 * 1024) if e is not None else ""
+    # Down the chain: AReaL wraps a rollout's exception (RuntimeError "Background thread failed" from it), and
+    # a reward function run in AReaL's process pool raises with the worker's traceback as text under it.
+    chain, e = [], exc
+    while e is not None and len(chain) < 8 and all(e is not c for c in chain):
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for e in chain if roots else ():
+        text = safe_str(e, 64 * 1024)
         told = from_text(text, roots) if "Traceback" in text else None
         if told:  # a worker process's exception, raised here as text: its frame is the deeper one
             return {**told, "hint": hint_for(e, frames, workspace, roots), "time": time.time()}

@@ -54,7 +54,8 @@ def collect(workspace: Path, state_dir: Path | None = None) -> dict:
                       "checkpoint_step": prog.get("checkpoint_step"), "weight_version": prog.get("weight_version"),
                       "stopped": prog.get("stopped"), "kind": prog.get("kind"), "reward": prog.get("reward"),
                       "resumed_from_step": prog.get("resumed_at"), "logp_gap": prog.get("logp_gap"),
-                      "code": prog.get("code"), "run": prog.get("run"), "reattach": prog.get("reattach")}
+                      "code": prog.get("code"), "run": prog.get("run"), "reattach": prog.get("reattach"),
+                      "episodes": failed_episodes(prog)}
     loop = records.TRAINER_LOOP.read(state_dir)
     if loop.get("boot") == current.get("started") and (loop.get("failures") or loop.get("outside")):
         # The loop bound's count in this boot: failures in a row without a new step.
@@ -82,6 +83,48 @@ def collect(workspace: Path, state_dir: Path | None = None) -> dict:
 def _gone(pid) -> bool:
     """The recorded supervisord is certainly gone (a pid not recorded as an int is not known to be)."""
     return isinstance(pid, int) and pid > 0 and proc.read_stat(pid) is None
+
+
+def _count(v) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+
+def printable(v, limit: int = 300) -> str:
+    """A user's exception text as one printable line (it is data: a planted escape sequence stays out)."""
+    return "".join(c if c.isprintable() else " " if c in "\n\t" else "?"
+                   for c in str(v if v is not None else ""))[:limit]
+
+
+def failed_episodes(prog: dict) -> dict | None:
+    """Rollout episodes that failed in the user's workflow since the trainer's start (areal/episodes.py), read
+    as data; None when none did."""
+    ep = prog.get("episodes")
+    if not isinstance(ep, dict) or not _count(ep.get("failed")):
+        return None
+    last = ep.get("last") if isinstance(ep.get("last"), dict) else {}
+    return {"failed": _count(ep["failed"]), "succeeded": _count(ep.get("succeeded")),
+            "in_a_row": _count(ep.get("in_a_row")), "limit": _count(ep.get("limit")),
+            "tripped": ep.get("tripped") is True, "time": ep.get("time") if isinstance(ep.get("time"), (int, float))
+            else None, "last": {k: printable(last.get(k)) for k in ("type", "message", "where", "code", "hint")}}
+
+
+def boot_failed(boot) -> str:
+    """Why the last boot failed, when `podkit up` recorded it (`podkit boot` waits in safe mode instead)."""
+    if not isinstance(boot, dict) or boot.get("outcome") != "failed" or not boot.get("reason"):
+        return ""
+    stages = boot.get("stages") if isinstance(boot.get("stages"), dict) else {}
+    stage = next((n for n, o in stages.items() if o == "failed"), None)
+    return (f"failed{' at ' + printable(stage, 40) if stage else ''}: {printable(boot['reason'], 600)}"
+            + (f" (fix: {printable(boot['hint'], 400)})" if boot.get("hint") else ""))
+
+
+def describe_episodes(ep: dict) -> str:
+    last = ep["last"]
+    out = (f"rollout episodes that failed in your workflow: {ep['failed']} of {ep['failed'] + ep['succeeded']} since "
+           f"the trainer's start; the last: {last['type']}: {last['message']} at {last['where']}")
+    if ep["tripped"]:
+        out += f" ({ep['in_a_row']} in a row: the trainer was stopped with it, trainer.max_episode_failures)"
+    return out + (f" (hint: {last['hint']})" if last["hint"] else "")
 
 
 def _ago(ts) -> str:
@@ -149,6 +192,8 @@ def human(st: dict) -> str:
         lines.append(f"  loop bound: {loop['failures']} failure(s) in a row without a new step"
                      + (f" (and {loop['outside']} end(s) not the script's)" if loop.get("outside") else "")
                      + (f"; the last: {loop['last']}" if loop.get("last") else ""))
+    if t.get("episodes"):
+        lines.append(f"  {describe_episodes(t['episodes'])}")
     if st.get("ray"):
         lines.append(f"  ray: {cannot_join(st['ray'])}")
     trainer_state = (st["programs"].get("trainer") or {}).get("state")
@@ -171,6 +216,8 @@ def human(st: dict) -> str:
     last = (st.get("boots") or {}).get("last")
     if last:
         lines.append(f"boot: {_ago(last.get('time'))}, {last.get('outcome')}; before it: {last.get('last_stop')}")
+        if boot_failed(last):
+            lines.append(f"  it {boot_failed(last)}")
     if st.get("guards"):
         from podkit import guardfile
 

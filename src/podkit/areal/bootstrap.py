@@ -93,7 +93,7 @@ def shadowed_areal(paths: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     from podkit import config, failure, log
-    from podkit.areal import hooks
+    from podkit.areal import episodes, hooks
 
     _log = log.get("trainer")
     cfg = config.load()
@@ -101,6 +101,7 @@ def main(argv: list[str]) -> int:
     st = hooks.install(cfg, code_of(cfg) if int(os.environ.get("RANK", "0")) == 0 else None)
     script_dir = checkout if function else os.path.dirname(script)
     roots = [os.path.realpath(p) for p in (script_dir, checkout) if p]
+    episodes.EPISODES.roots = roots  # a failed episode is named in the user's code, as an exception here is
     for p in shadowed_areal([script_dir, checkout]):
         _log.warn(f"{p} is not used: the script imports the installed AReaL that podkit patches and pins "
                   f"(areal {hooks_version()})")

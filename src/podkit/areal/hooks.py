@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from podkit import config, lease, log, records
-from podkit.areal import reattach
+from podkit.areal import episodes, reattach
 from podkit.areal.reattach import served_version
 from podkit.checks import API_KEY_ENV
 
@@ -114,6 +114,7 @@ def install(cfg, code: dict | None = None) -> State:
     gen = reattach.GENERATION
     gen.active = cfg.trainer.on_inference_restart == "reattach" and not cfg.multi_node
     gen.api_key, gen.state_dir = st.api_key, cfg.state_dir
+    episodes.EPISODES.limit, episodes.EPISODES.cfg = cfg.trainer.max_episode_failures, cfg
     # A cluster's server comes back elsewhere (AReaL's recover run starts it on a new port): fail fast into it.
     patches.apply(api_key=st.api_key, ride_out_s=0.0 if cfg.multi_node else cfg.inference.ready_timeout_s)
     hook_config_loader(st)
@@ -140,7 +141,8 @@ def hook_config_loader(st: State) -> None:
             except Exception as e:  # noqa: BLE001 - hydra, omegaconf and AReaL's own checks raise their own types
                 # The same on every restart: a restart loop re-importing torch every 20 s fixes nothing.
                 raise st.refuse("AReaL rejected its config", f"{type(e).__name__}: {e}".strip(),
-                                "fix trainer.areal_config or trainer.overrides, then `podkit ctl start trainer`") from e
+                                unknown_key(e, argv) + "fix trainer.areal_config or trainer.overrides, then "
+                                "`podkit ctl start trainer`") from e
             check_run(st, loaded[0] if isinstance(loaded, tuple) else loaded)
             return loaded
 
@@ -153,6 +155,31 @@ def hook_config_loader(st: State) -> None:
         if mod is not None and mod.__name__.startswith("areal") and \
                 getattr(mod, "load_expr_config", None) is hooked.__wrapped__:
             mod.load_expr_config = hooked
+
+
+def unknown_key(e: BaseException, argv) -> str:
+    """For a key AReaL's config class does not have (omegaconf's ConfigKeyError: key, full_key, object_type):
+    where the YAML sets it and the field it may have meant; "" otherwise."""
+    import dataclasses
+    import difflib
+    import re
+
+    key, full, cls = (getattr(e, a, None) for a in ("key", "full_key", "object_type"))
+    if type(e).__name__ != "ConfigKeyError" or not isinstance(key, str) or not dataclasses.is_dataclass(cls):
+        return ""
+    near = difflib.get_close_matches(key, [f.name for f in dataclasses.fields(cls)], n=1)
+    where = ""
+    args = list(argv or [])
+    path = args[args.index("--config") + 1] if "--config" in args[:-1] else None
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines() if path else []
+    except (OSError, ValueError):
+        lines = []
+    at = next((i for i, ln in enumerate(lines, 1) if re.match(rf"\s*{re.escape(key)}\s*:", ln)), None)
+    if at:
+        where = f"{path}:{at} sets {full or key}"
+    return (f"{where or (full or key)}: {cls.__name__} has no {key!r}"
+            + (f"; did you mean {near[0]!r}?" if near else "") + "; ")
 
 
 def check_run(st: State, config_) -> None:
@@ -378,6 +405,7 @@ def supervise(st: State, trainer) -> Progress | None:
         config_.experiment_name, config_.trial_name, config_.recover.fileroot)
     serving = [server_identity(cfg) if progress is not None else None]
     attacher = st.attacher = attach_on_restart(st, trainer, progress)
+    episodes.EPISODES.progress = progress  # rank 0: failed episodes go on its record
 
     def commit(epoch: int, epoch_step: int, global_step: int) -> None:
         stats, commit_ = {}, trainer.stats_logger.commit

@@ -81,7 +81,7 @@ def main(cfg) -> int:
     if changed:  # AReaL's own example YAMLs run as they are: what podkit set over them, and why
         _log.info(f"podkit sets over {cfg.trainer.areal_config}: " + "; ".join(map(str, changed)))
     run = identity.names(cfg)
-    _log.info(f"run {run} (experiment_name {run.origins['experiment'][0]}, trial_name {run.origins['trial'][0]})")
+    _log.info(f"run {run} (experiment_name from {run.origins['experiment'][0]}, trial_name from {run.origins['trial'][0]})")
     for line in identity.clear_discovery(cfg, run):
         _log.info(line)
     unpause(cfg)

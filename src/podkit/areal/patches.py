@@ -55,6 +55,12 @@ PINNED = {
     # it after the load; hooks.py keeps the latest for a re-push
     "areal.infra.remote_inf_engine:RemoteInfEngine.update_weights_from_disk": "b885280bc9cc9240",
     "areal.trainer.rl_trainer:PPOTrainer._requires_proxy_workflow": "c9a08061c679c941",
+    # episodes.py: the task's workflow.arun_episode is the one call into the user's workflow; its exception
+    # is caught and logged there, the episode dropped
+    "areal.infra.workflow_executor:WorkflowExecutor._create_workflow_task": "1a68c1e1c7312a1b",
+    # episodes.py: the main thread's wait for rollouts raises what a background thread set here
+    "areal.infra.workflow_executor:BatchTaskDispatcher._set_thread_exception": "b533eb4a0eaf4b2f",
+    "areal.infra.workflow_executor:BatchTaskDispatcher._check_thread_exception": "cda38c5f843f062e",
 }
 
 
@@ -117,6 +123,7 @@ def apply(api_key: str = "", ride_out_s: float = 0.0) -> None:
                          "src/podkit/areal/patches.py against the new version before training")
     packed_mask()
     version_weight_updates()
+    watch_episodes()
     if ride_out_s > 0:
         track_versions()
         keep_weight_updates()
@@ -198,6 +205,18 @@ def version_weight_updates() -> None:
         return with_version
 
     patch_once(SGLangBackend, "build_disk_weight_update_requests", wrap)
+
+
+# --- the user's episodes --------------------------------------------------------------------------
+
+
+def watch_episodes() -> None:
+    """Each rollout task's workflow counted (episodes.py): episodes failing in a row stop the trainer."""
+    from areal.infra.workflow_executor import WorkflowExecutor
+
+    from podkit.areal import episodes
+
+    patch_once(WorkflowExecutor, "_create_workflow_task", episodes.watch)
 
 
 # --- requests to SGLang ---------------------------------------------------------------------------
