@@ -3,8 +3,8 @@
     python rehearse/repo.py REPO OUT_DIR [REF]
 
 A URL, or a path to a bare repository, is printed as it is, with REF (default main). A directory is
-rehearsed as its files are now, on the branch main of OUT_DIR/repo.git (a bare repository, made again
-each time):
+rehearsed as its files are now, on the branch main of OUT_DIR/<its name>-<hash of its path>.git (a bare
+repository, made again each time; one per directory, so two directories are two repos to the run's identity):
 - a git checkout at its own HEAD, whatever branch or tag it is on: that commit itself when nothing is
   changed, else a snapshot commit of its working tree (uncommitted edits and new files that are not
   ignored) whose parent is HEAD, so the run's recorded commit leads back to it;
@@ -14,7 +14,9 @@ Nothing in the directory is changed (the checkout's own index, branches and stas
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,8 +32,16 @@ def git(*args: str, cwd: Path) -> None:
     subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, timeout=120)
 
 
+def bare_for(src: Path, out: Path) -> Path:
+    """The bare repository a directory is rehearsed from: one per source path, so that the run's recorded
+    repo (its identity, areal/identity.py) tells two directories apart on one workspace, and a checkpoint of
+    one is not resumed by the other."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", src.name)[:40] or "repo"
+    return out / f"{name}-{hashlib.sha256(str(src).encode()).hexdigest()[:10]}.git"
+
+
 def snapshot(src: Path, out: Path) -> str:
-    bare = out / "repo.git"
+    bare = bare_for(src, out)
     shutil.rmtree(bare, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     git("init", "-q", "--bare", "-b", "main", str(bare), cwd=out)
@@ -62,7 +72,7 @@ def checkout(src: Path, out: Path) -> str:
             tree = run("write-tree", env=env)
             commit = run("commit-tree", tree, "-p", head, "-m",
                          f"rehearsal snapshot of {src} at {head[:12]} ({where}) with its uncommitted changes", env=env)
-    bare = out / "repo.git"
+    bare = bare_for(src, out)
     shutil.rmtree(bare, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     git("init", "-q", "--bare", "-b", "main", str(bare), cwd=out)

@@ -65,3 +65,19 @@ def test_a_url_takes_ref_and_a_plain_directory_is_one_snapshot(tmp_path):
     (tmp_path / "tree" / "train.py").write_text("x\n")
     url, ref, _ = repo_py(str(tmp_path / "tree"), str(tmp_path / "out"), "v2")
     assert ref == "main" and git("show", "main:train.py", cwd=url) == "x"
+
+
+def test_two_directories_rehearsed_on_one_workspace_are_two_repos_and_one_is_always_the_same(tmp_path):
+    """Every directory was rehearsed from OUT_DIR/repo.git: to the run's identity (areal/identity.py compares the
+    repo) two different repos on one workspace were one, and one resumed the other's checkpoint. Each directory
+    has its own bare repository now, the same one each time."""
+    from podkit.areal.identity import repo_of
+
+    urls = {}
+    for name in ("mine", "theirs"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.py").write_text(f"{name}\n")
+        urls[name] = repo_py(str(tmp_path / name), str(tmp_path / "out"))[0]
+    assert repo_of(urls["mine"]) != repo_of(urls["theirs"]), urls
+    assert repo_py(str(tmp_path / "mine"), str(tmp_path / "out"))[0] == urls["mine"]
+    assert git("show", "main:train.py", cwd=urls["theirs"]) == "theirs"
