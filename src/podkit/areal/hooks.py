@@ -218,7 +218,8 @@ def check_run(st: State, config_) -> None:
     if why:
         raise st.refuse(f"the recover checkpoint in {root} belongs to another run", "; ".join(why),
                         f"give this run its own trial name (trial_name in the AReaL YAML, or trainer.trial): it starts "
-                        f"from step 0 beside the other; or run `podkit start-over` to move {root} aside (kept, not "
+                        f"from step 0 beside the other; or run `podkit start-over` (with this run's --config and "
+                        f"--workspace {st.cfg.workspace_path}; on a pod, as it is) to move {root} aside (kept, not "
                         "deleted) and train this run from step 0 under the same names")
 
 
