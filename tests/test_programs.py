@@ -145,10 +145,17 @@ def test_a_lora_config_is_refused_at_boot_naming_where_lora_is_set_instead_of_fa
     assert e.value.key == "trainer.areal_config", e.value
     assert f"{lora} sets actor.use_lora: True" in e.value.message, e.value.message
     assert "single-controller mode" in e.value.message and "set actor.use_lora and rollout.use_lora false" in e.value.hint, e.value
+    for on in ("y", "1", "ON", "2"):  # what OmegaConf reads as true for a bool field
+        assert checks.programs(load(PODKIT_TRAINER_AREAL_CONFIG=str(areal_shaped(tmp_path)),
+                                    PODKIT_TRAINER_OVERRIDES=f"actor.use_lora={on}")), on
+    for off in ("false", "0", "no", "n", "${actor.use_lora}"):
+        assert not checks.programs(load(PODKIT_TRAINER_AREAL_CONFIG=str(areal_shaped(tmp_path)),
+                                        PODKIT_TRAINER_OVERRIDES=f"'actor.use_lora={off}'")), off
     problems = checks.programs(load(PODKIT_TRAINER_AREAL_CONFIG=str(areal_shaped(tmp_path)),
                                     PODKIT_TRAINER_OVERRIDES="++rollout.use_lora=True"))
     assert [(k, what.startswith("sets rollout.use_lora=True, but AReaL")) for k, what, _ in problems] == [
         ("trainer.overrides", True)], problems
+    assert "ask SGLang for a LoRA adapter on every request" in problems[0][1], problems
     data["actor"]["use_lora"] = False
     lora.write_text(yaml.safe_dump(data))
     assert checks.programs(load(PODKIT_TRAINER_AREAL_CONFIG=str(lora))) == []
@@ -213,7 +220,7 @@ def test_trainer_waits_for_inference_then_clears_stale_discovery_and_starts_torc
     cfg = load("a40-4gpu.yaml", tmp_path, PODKIT_INFERENCE_PORT=str(port),
                PODKIT_TRAINER_NAME_RESOLVE_ROOT=str(root), PODKIT_INFERENCE_READY_TIMEOUT_S="30")
     execs = []
-    monkeypatch.setattr(launch, "supervise", lambda argv, env, run_dir, grace_s: execs.append((argv, env, grace_s)) or 0)
+    monkeypatch.setattr(launch, "supervise", lambda argv, env, run_dir, grace_s, stopping: execs.append((argv, env, grace_s)) or 0)
 
     def start_standin_later():
         time.sleep(1.5)  # the trainer starts first and must wait
@@ -342,7 +349,7 @@ LAUNCH = ("import json, os, sys; from pathlib import Path; from podkit.areal.lau
           "sys.exit(supervise(json.loads(sys.argv[1]), dict(os.environ), Path(sys.argv[2]), float(sys.argv[3]) or None))")
 
 
-def start_supervised_torchrun(procs, tmp_path, script_text=RANK_SCRIPT, grace_s=0.0):
+def start_supervised_torchrun(procs, tmp_path, script_text=RANK_SCRIPT, grace_s=0.0, rank_args=()):
     import json
 
     script = tmp_path / "rank.py"
@@ -350,7 +357,7 @@ def start_supervised_torchrun(procs, tmp_path, script_text=RANK_SCRIPT, grace_s=
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
-            str(script), str(out)]
+            str(script), str(out), *rank_args]
     p = procs.spawn([sys.executable, "-c", LAUNCH, json.dumps(argv), str(tmp_path), str(grace_s)],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_ready = lambda: all((out / f"ready-{r}").exists() for r in (0, 1))  # noqa: E731
@@ -402,6 +409,42 @@ def test_a_step_that_never_ends_after_sigterm_is_cut_by_the_launcher_so_no_rank_
     assert "did not end within trainer.stop_grace_s (3 s)" in log and p.returncode != 0, log
     wait_for(lambda: not any(alive(pid) for pid in everyone), 10, what="the ranks and torchrun to be gone")
     assert not list(out.glob("checkpointed-*")) and not record.exists()
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_writing_its_recover_checkpoint_when_the_grace_runs_out_is_not_cut(procs, tmp_path):
+    """AReaL writes the recover checkpoint in place: cut in the middle, the last good one would be lost. A rank
+    marks its save (records.SAVING_PREFIX in the run dir); the launcher leaves it to finish."""
+    import json
+    import signal
+
+    from conftest import alive, wait_for
+    from podkit import records
+
+    saving = RANK_SCRIPT.replace(
+        "time.sleep(1.0)  # the end of the step in flight and its recover checkpoint",
+        "open(os.path.join(sys.argv[2], 'recover-saving-' + os.environ['RANK']), 'w').close(); time.sleep(3600)")
+    assert records.SAVING_PREFIX == "recover-saving-"
+    (tmp_path / f"{records.SAVING_PREFIX}9").write_text("a killed rank's, from before")
+    p, out = start_supervised_torchrun(procs, tmp_path, saving, grace_s=2.0, rank_args=[str(tmp_path)])
+    assert not (tmp_path / f"{records.SAVING_PREFIX}9").exists()  # cleared at the launch
+    record = tmp_path / "torchrun.json"
+    wait_for(lambda: len(json.loads(record.read_text())["groups"]) == 3, 20, what="both ranks recorded")
+    everyone = [g for g, _ in json.loads(record.read_text())["groups"]]
+    for pid in everyone:
+        procs.track(pid)
+    p.send_signal(signal.SIGTERM)
+    time.sleep(3.5)
+    assert p.poll() is None and all(alive(pid) for pid in everyone[1:]), "a save in progress was cut"
+    p.send_signal(signal.SIGKILL)  # supervisord's last resort
+    p.wait(10)
+    for pid in everyone:  # what the next launch would do (clear_leftovers); they hold the log pipe open
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    log = p.stdout.read()
+    assert "while a rank writes its recover checkpoint: not cutting it" in log, log
 
 
 @pytest.mark.timeout(90)

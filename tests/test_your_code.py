@@ -166,7 +166,7 @@ def test_a_script_that_cannot_train_stops_the_trainer_once_naming_the_file_and_l
     remote = example_remote(tmp_path, **{"train.py": broken})
     since = time.time()
     s = rehearsal(**repo_env(remote, PODKIT_TRAINER_RESTART_DELAY_S="1", PODKIT_TRAINER_MAX_FAILURES="2",
-                             PODKIT_TRAINER_MAX_EPISODE_FAILURES="8",
+                             PODKIT_TRAINER_MAX_EPISODE_FAILURES="8", PODKIT_TRAINER_EPISODE_FAILURE_WINDOW_S="0",
                              PODKIT_TRAINER_OVERRIDES=f"{CPU_OVERRIDES} {IN_ORDER}")).start()
     checkout = s.workspace / "repo"
     stopped = _refusal(s, since)

@@ -312,3 +312,86 @@ def test_a_misspelt_key_in_the_areal_yaml_is_named_at_its_line_with_the_field_it
     assert got["type"] == "ConfigKeyError", got
     assert got["hint"] == (f"{yaml_path}:{at + 1} sets rollout.max_concurent_rollouts: InferenceEngineConfig has no "
                            "'max_concurent_rollouts'; did you mean 'max_concurrent_rollouts'?; "), got
+
+
+EPISODES_SCRIPT = """
+import asyncio, json, logging, types
+from areal.infra import workflow_executor as we
+from podkit.areal import episodes as E
+
+tripped = []
+ex = we.WorkflowExecutor.__new__(we.WorkflowExecutor)
+ex.config = types.SimpleNamespace(check_trajectory_format=False, dump_to_file=False, enable_rollout_tracing=False)
+ex._expected_trajectory_keys = None
+ex._staleness_manager = types.SimpleNamespace(on_rollout_rejected=lambda: None, on_rollout_accepted=lambda: None)
+ex.inference_engine, ex.logger = None, logging.getLogger("podkit-test")
+ex._dispatcher = types.SimpleNamespace(_set_thread_exception=lambda e: tripped.append(f"{type(e).__name__}: {e}"))
+ex.logger.disabled = True  # AReaL logs each failure with its traceback
+records = []
+E.EPISODES.progress = types.SimpleNamespace(update=lambda **kw: records.append(kw["episodes"]))
+E.WRITE_EVERY_S = 0.0
+create = E.watch(we.WorkflowExecutor._create_workflow_task)
+
+
+class W:
+    def __init__(self, out):
+        self.out = out
+
+    async def arun_episode(self, engine, data):
+        if isinstance(self.out, Exception):
+            raise self.out
+        return self.out
+
+
+def run(out, accept=None, n=1):
+    for i in range(n):
+        asyncio.run(create(ex, we._RolloutTaskInput(task_id=i, data={}, workflow=W(out), should_accept_fn=accept))())
+
+
+def state():
+    e = E.EPISODES
+    return [e.failed, e.succeeded, e.in_a_row, e.tripped]
+
+
+def reject_all(traj):
+    return False
+
+
+def broken(traj):
+    raise ValueError("my filter broke")
+
+
+E.EPISODES.limit, E.EPISODES.window_s = 3, 3600.0
+out = {}
+run(None, n=2)                                  # the workflow's own rejection: the code ran
+run({"a": 1}, accept=reject_all)                # rejected by should_accept_fn: the code ran
+out["rejections"] = state()
+run(KeyError("solution"), n=2)
+run({"a": 1})                                   # a trajectory AReaL used
+out["reset"] = state()
+run([1, 2], n=2)                                # not a dict: AReaL's assert, after arun_episode returned
+run({"a": 1}, accept=broken)
+out["window"] = state() + [list(tripped)]       # 3 in a row, but within the window: no stop yet
+E.EPISODES.window_s = 0.0
+run(KeyError("solution"))
+out["tripped"] = state() + [list(tripped)]
+run(KeyError("solution"))                       # written after the trip: still says tripped
+out["records"] = [r["tripped"] for r in records[-2:]]
+out["last"] = records[-1]["last"]
+print(json.dumps(out))
+"""
+
+
+def test_episodes_are_counted_as_the_users_code_did_in_areals_own_task_function():
+    """AReaL's real _create_workflow_task, wrapped as patches.watch_episodes wraps it: the workflow's own None and
+    should_accept_fn's rejection are the code working; an exception from either, or a trajectory AReaL cannot use
+    (checked after arun_episode returned), is a failure; a success ends a streak; the streak must also span
+    trainer.episode_failure_window_s; the trip hands the last exception over once, and the record keeps it."""
+    r = areal_run("-c", EPISODES_SCRIPT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["rejections"] == [0, 3, 0, False], got
+    assert got["reset"] == [2, 4, 0, False], got
+    assert got["window"] == [5, 4, 3, False, []], got
+    assert got["tripped"] == [6, 4, 4, True, ["KeyError: 'solution'"]], got
+    assert got["records"] == [True, True] and got["last"]["type"] == "KeyError", got

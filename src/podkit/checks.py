@@ -289,21 +289,38 @@ def _backends(cfg) -> list[Problem]:
 AREAL_LORA_REFUSAL = "LoRA is only supported in single-controller mode"  # RLTrainer._init_rollout, AReaL 1.0.4
 
 
+def _on(value) -> bool:
+    """A boolean as OmegaConf reads it for a bool field: true/yes/y/on (any case), or a number that is not 0."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value != 0
+    text = str(value).strip().lower() if value is not None else ""
+    if text in ("true", "yes", "y", "on"):
+        return True
+    try:
+        return float(text) != 0
+    except ValueError:
+        return False
+
+
 def _lora(cfg, data: dict) -> list[Problem]:
     """LoRA: AReaL 1.0.4 trains it only in its single-controller mode, where AReaL starts SGLang itself with
     the adapter preloaded. podkit runs SGLang as its own restartable program and AReaL in SPMD mode, where
     RLTrainer raises at its start ("LoRA is only supported in single-controller mode") after the model has
     loaded. Refused here instead, naming where it is set; a test reads AReaL's source for that refusal."""
     user = overridden(cfg.trainer.overrides)
+    why = {"actor.use_lora": f"under torchrun AReaL refuses LoRA at start ({AREAL_LORA_REFUSAL!r})",
+           "rollout.use_lora": "its rollout would ask SGLang for a LoRA adapter on every request, which podkit's "
+                               "SGLang (no --enable-lora) refuses"}
     for key in ("actor.use_lora", "rollout.use_lora"):
         value = user[key] if key in user else _dotted(data, key)
-        if value is True or str(value).strip().lower() in ("true", "yes", "on", "1"):
+        if _on(value):
             where, said = ("trainer.overrides", f"sets {key}={value}") if key in user else \
                 ("trainer.areal_config", f"{cfg.trainer.areal_config} sets {key}: {value}")
             return [(where, f"{said}, but AReaL 1.0.4 trains LoRA adapters only in its "
                      "single-controller mode (it starts SGLang itself); podkit runs SGLang as its own "
-                     "restartable program and AReaL's trainer under torchrun, where AReaL refuses LoRA at "
-                     f"start ({AREAL_LORA_REFUSAL!r})",
+                     f"restartable program and AReaL's trainer under torchrun, where {why[key]}",
                      "train full weights (set actor.use_lora and rollout.use_lora false, or drop them), or run "
                      "this YAML with AReaL's own launcher outside podkit")]
     return []

@@ -223,10 +223,15 @@ SCHEMA: dict[str, dict[str, Field]] = {
                               "so does a cluster worker's `ray` that fails to join its head this many times; "
                               "0: restart for ever", "", minimum=0, maximum=1000),
         "max_episode_failures": Field(int, 64, "AReaL trainer: rollout episodes (your workflow's arun_episode: "
-                                      "generation and your reward function) that fail in a row, none succeeding, "
-                                      "before the trainer stops with the last one's exception, named with its file "
-                                      "and line (the loop bound counts it); AReaL itself logs each and tries the "
-                                      "next for ever. 0: never", "episodes", minimum=0, maximum=1_000_000),
+                                      "generation and your reward function; your should_accept_fn) that fail in a "
+                                      "row, none succeeding, before the trainer stops with the last one's "
+                                      "exception, named with its file and line (the loop bound counts it); AReaL "
+                                      "itself logs each and tries the next for ever. 0: never", "episodes",
+                                      minimum=0, maximum=1_000_000),
+        "episode_failure_window_s": Field(float, 60.0, "AReaL trainer: the failures in a row must also span this "
+                                          "long before they stop the trainer: a judge or server out for a moment "
+                                          "fails every episode in flight without being your code's", "s",
+                                          minimum=0),
         "restart_delay_s": Field(float, 10.0, "loop bound: the wait before restarting a trainer that failed without "
                                  "a new step (or a worker's `ray` that did not join), doubled for each such failure "
                                  "in a row (at most 10 minutes)", "s",

@@ -204,10 +204,12 @@ def _describe(exc: BaseException, roots: list[str], workspace: str, call) -> dic
                 "a list (as AReaL's own mains take them): give it one parameter, e.g. `def main(argv=None)`")
     # Down the chain: AReaL wraps a rollout's exception (RuntimeError "Background thread failed" from it), and
     # a reward function run in AReaL's process pool raises with the worker's traceback as text under it.
-    chain, e = [], exc
-    while e is not None and len(chain) < 8 and all(e is not c for c in chain):
-        chain.append(e)
-        e = e.__cause__ or e.__context__
+    chain, todo = [], [exc]
+    while todo and len(chain) < 8:
+        e = todo.pop(0)
+        if e is not None and all(e is not c for c in chain):
+            chain.append(e)
+            todo += [e.__cause__, e.__context__]
     for e in chain if roots else ():
         text = safe_str(e, 64 * 1024)
         told = from_text(text, roots) if "Traceback" in text else None

@@ -234,6 +234,9 @@ WATCHDOG = Record("watchdog.json", [{"time": TIME, "action": str, "program": str
 # launcher's process groups.
 PROGRAMS = Record("programs.json", {"_supervisord": int})
 TORCHRUN = Record("torchrun.json", {"groups": list})  # [[pgid, start time], ...]; read with read_owned
+# In the run dir while a rank writes a recover checkpoint (AReaL writes it in place): the launcher does not
+# cut a stop's overrun then (areal/launch.py), or the last good checkpoint would be left half-written.
+SAVING_PREFIX = "recover-saving-"
 # Who belongs to this run, for the next boot to stop what a killed supervisord left running: the
 # supervisord (boot writes it before the exec, which keeps pid and start time) and each program's
 # process group (supervisord gives every program its own). Read with read_owned: they steer kills.

@@ -86,7 +86,12 @@ def _gone(pid) -> bool:
 
 
 def _count(v) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 10**15 else 0
+
+
+def _when(v) -> float | None:
+    """A record's Unix time, or None (a 400-digit integer is not one)."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e11 else None
 
 
 def printable(v, limit: int = 300) -> str:
@@ -104,8 +109,7 @@ def failed_episodes(prog: dict) -> dict | None:
     last = ep.get("last") if isinstance(ep.get("last"), dict) else {}
     return {"failed": _count(ep["failed"]), "succeeded": _count(ep.get("succeeded")),
             "in_a_row": _count(ep.get("in_a_row")), "limit": _count(ep.get("limit")),
-            "tripped": ep.get("tripped") is True, "time": ep.get("time") if isinstance(ep.get("time"), (int, float))
-            else None, "last": {k: printable(last.get(k)) for k in ("type", "message", "where", "code", "hint")}}
+            "tripped": ep.get("tripped") is True, "time": _when(ep.get("time")), "last": {k: printable(last.get(k)) for k in ("type", "message", "where", "code", "hint")}}
 
 
 def boot_failed(boot) -> str:

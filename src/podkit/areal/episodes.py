@@ -1,15 +1,20 @@
 """The user's rollout workflow, watched: its episodes (arun_episode: generation, then the user's reward
-function) run in AReaL's rollout thread, which logs each one that raises and goes on to the next. A reward
-that raised on every call looped for ever without a step: millions of log lines, status "before its first
-step", doctor "nothing wrong found", the pod billing.
+function; then AReaL's checks of the trajectory and the user's should_accept_fn) run in AReaL's rollout
+thread, which logs each one that fails and goes on to the next. A reward that raised on every call looped
+for ever without a step: millions of log lines, status "before its first step", doctor "nothing wrong
+found", the pod billing.
 
-Each episode's outcome is counted here (a patch of WorkflowExecutor._create_workflow_task wraps the
-workflow of each task). trainer.max_episode_failures episodes failing in a row, none succeeding between
-them, is code that cannot train: the last one's exception is handed to AReaL's task dispatcher as a failed
-background thread's (BatchTaskDispatcher._set_thread_exception), so the trainer's main thread raises it
-from its wait for rollouts, as AReaL does for its own threads. The bootstrap names it with the user's file
-and line (failure.own reads through AReaL's wrapper) and the loop bound counts it. Failures that do not
-come in a row (a flaky judge) are counted on rank 0's progress record: status and doctor show them.
+Each task's outcome is counted here (a patch of WorkflowExecutor._create_workflow_task wraps the function it
+makes, and the task's workflow and should_accept_fn, which are the user's code in it). A failure is an
+exception from the workflow or should_accept_fn, or a trajectory AReaL could not use; a workflow that returns
+None, or a trajectory should_accept_fn rejects, is the code working. trainer.max_episode_failures failing
+in a row, none succeeding, over at least trainer.episode_failure_window_s (a judge or server out for a
+moment fails every episode in flight without being the code's), is code that cannot train: the last
+exception is handed to AReaL's task dispatcher as a failed background thread's
+(BatchTaskDispatcher._set_thread_exception), so the trainer's main thread raises it from its wait for
+rollouts, as AReaL does for its own threads. The bootstrap names it with the user's file and line
+(failure.describe reads through AReaL's wrapper) and the loop bound counts it. Failures that do not come in
+a row (a flaky judge) are counted on rank 0's progress record: status and doctor show them.
 """
 
 from __future__ import annotations
@@ -21,17 +26,23 @@ import time
 from podkit import failure, log
 
 _log = log.get("trainer")
-WRITE_EVERY_S = 5.0  # the progress record of failures, at most this often (and at once on the first)
+WRITE_EVERY_S = 5.0  # the progress record of failures, at most this often (and at once on the first and the trip)
+
+
+class TrajectoryRefused(RuntimeError):
+    """The workflow returned a trajectory that AReaL's own checks or conversion refused (its traceback is in
+    the trainer's log, 'Workflow execution failed')."""
 
 
 class Episodes:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.limit = 0  # trainer.max_episode_failures; 0: never stop
+        self.limit, self.window_s = 0, 0.0  # trainer.max_episode_failures (0: never stop), its minimum span
         self.roots: list[str] = []  # the user's code (bootstrap): where a failure is named
         self.cfg = None  # the pod config (hooks.install): secrets are taken out of what is recorded
         self.progress = None  # rank 0's hooks.Progress while train() runs
         self.failed = self.succeeded = self.in_a_row = 0
+        self.since = 0.0  # when the failures in a row began (monotonic)
         self.tripped = False
         self.last: dict | None = None
         self.written = 0.0
@@ -40,37 +51,49 @@ class Episodes:
         with self.lock:
             self.succeeded += 1
             self.in_a_row = 0
+            # the record's counts stay current once there is a failure to show beside them
+            write = self.failed and time.monotonic() - self.written >= WRITE_EVERY_S
+            if write:
+                self.written = time.monotonic()
+        if write:
+            self._record()
 
     def fail(self, exc: BaseException, dispatcher) -> None:
+        now = time.monotonic()
         with self.lock:
             self.failed += 1
             self.in_a_row += 1
-            trip = bool(self.limit) and self.in_a_row >= self.limit and not self.tripped
+            if self.in_a_row == 1:
+                self.since = now
+            trip = bool(self.limit) and self.in_a_row >= self.limit and now - self.since >= self.window_s \
+                and not self.tripped
             self.tripped |= trip
-            n, total = self.in_a_row, self.failed
-            write = self.last is None or trip or time.monotonic() - self.written >= WRITE_EVERY_S
+            n, total, span = self.in_a_row, self.failed, now - self.since
+            write = self.last is None or trip or now - self.written >= WRITE_EVERY_S
             if write:  # read the traceback only for what is written: a broken reward fails thousands of times
-                self.written = time.monotonic()
+                self.written = now
                 err = failure.describe(exc, self.roots)
                 self.last = failure.clean(err, self.cfg) if self.cfg is not None else err
         if write:
-            self._record(trip)
+            self._record()
         if trip:
-            _log.error(f"{n} rollout episodes in a row failed in the workflow, none succeeded ({total} so far): "
+            _log.error(f"{n} rollout episodes in a row failed over {span:.0f}s, none succeeded ({total} so far): "
                        f"{self.last['type']}: {self.last['message'][:300]} at {self.last['where']}. Stopping the "
                        "trainer with it (trainer.max_episode_failures)")
             setter = getattr(dispatcher, "_set_thread_exception", None)
             if setter is not None:
                 setter(exc)
 
-    def _record(self, tripped: bool) -> None:
+    def _record(self) -> None:
         progress = self.progress
         if progress is None:
             return
-        last = {k: self.last.get(k) for k in ("type", "message", "where", "code", "hint")} if self.last else None
+        with self.lock:
+            last = {k: self.last.get(k) for k in ("type", "message", "where", "code", "hint")} if self.last else None
+            record = {"failed": self.failed, "succeeded": self.succeeded, "in_a_row": self.in_a_row,
+                      "limit": self.limit, "tripped": self.tripped, "time": time.time(), "last": last}
         try:
-            progress.update(episodes={"failed": self.failed, "succeeded": self.succeeded, "in_a_row": self.in_a_row,
-                                      "limit": self.limit, "tripped": tripped, "time": time.time(), "last": last})
+            progress.update(episodes=record)
         except OSError as e:  # a full volume must not turn the user's error into podkit's
             _log.warn(f"could not record the failed episodes: {e}")
 
@@ -78,29 +101,82 @@ class Episodes:
 EPISODES = Episodes()
 
 
-class Watched:
-    """The task's workflow, with its arun_episode's outcome counted; anything else is the workflow's own."""
+class Outcome:
+    """What one task's user code did: raised (exc), returned a trajectory or None, or had it rejected."""
 
-    def __init__(self, workflow, dispatcher) -> None:
-        self._workflow, self._dispatcher = workflow, dispatcher
+    __slots__ = ("exc", "returned", "trajectory", "rejected")
+
+    def __init__(self) -> None:
+        self.exc: BaseException | None = None
+        self.returned = self.trajectory = self.rejected = False
+
+
+class Watched:
+    """The task's workflow, its arun_episode's outcome noted; anything else is the workflow's own."""
+
+    def __init__(self, workflow, outcome: Outcome) -> None:
+        self._workflow, self._outcome = workflow, outcome
 
     def __getattr__(self, name):
+        if name in ("_workflow", "_outcome"):  # copy/pickle look before __init__ ran
+            raise AttributeError(name)
         return getattr(self._workflow, name)
 
     async def arun_episode(self, engine, data):
         try:
-            out = await self._workflow.arun_episode(engine, data)
+            traj = await self._workflow.arun_episode(engine, data)
         except Exception as e:
-            EPISODES.fail(e, self._dispatcher)
+            self._outcome.exc = e
             raise
-        EPISODES.ok()  # a trajectory, or None (rejected by the workflow): the code ran
-        return out
+        self._outcome.returned, self._outcome.trajectory = True, traj is not None
+        return traj
+
+
+def _accepting(fn, outcome: Outcome):
+    if fn is None:
+        return None
+
+    def should_accept(traj):
+        try:
+            ok = fn(traj)
+        except Exception as e:
+            outcome.exc = e
+            raise
+        outcome.rejected = not ok
+        return ok
+
+    return should_accept
+
+
+def _refused(workflow) -> TrajectoryRefused:
+    cls = type(workflow)
+    code = getattr(getattr(cls, "arun_episode", None), "__code__", None)
+    where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+    return TrajectoryRefused(f"AReaL could not use the trajectory {cls.__qualname__}.arun_episode{where} returned "
+                             "(its format check or conversion failed; logs/trainer.log has AReaL's traceback under "
+                             "'Workflow execution failed')")
 
 
 def watch(create):
     """The wrapper of WorkflowExecutor._create_workflow_task (patches.watch_episodes)."""
     def watched(self, pending_task):
-        return create(self, dataclasses.replace(pending_task, workflow=Watched(pending_task.workflow,
-                                                                               self._dispatcher)))
+        outcome = Outcome()
+        task = dataclasses.replace(pending_task, workflow=Watched(pending_task.workflow, outcome),
+                                   should_accept_fn=_accepting(pending_task.should_accept_fn, outcome))
+        execute, dispatcher = create(self, task), self._dispatcher
+
+        async def counted():
+            result = await execute()
+            if outcome.exc is not None:
+                EPISODES.fail(outcome.exc, dispatcher)
+            elif result is not None or not outcome.trajectory or outcome.rejected:
+                if outcome.returned:  # a trajectory used, None from the workflow, or one it rejected
+                    EPISODES.ok()
+            else:  # a trajectory, not rejected, and nothing came of it: AReaL's own handling failed
+                EPISODES.fail(_refused(pending_task.workflow), dispatcher)
+            return result
+
+        return counted
 
     return watched
+

@@ -114,7 +114,8 @@ def install(cfg, code: dict | None = None) -> State:
     gen = reattach.GENERATION
     gen.active = cfg.trainer.on_inference_restart == "reattach" and not cfg.multi_node
     gen.api_key, gen.state_dir = st.api_key, cfg.state_dir
-    episodes.EPISODES.limit, episodes.EPISODES.cfg = cfg.trainer.max_episode_failures, cfg
+    ep = episodes.EPISODES
+    ep.limit, ep.window_s, ep.cfg = cfg.trainer.max_episode_failures, cfg.trainer.episode_failure_window_s, cfg
     # A cluster's server comes back elsewhere (AReaL's recover run starts it on a new port): fail fast into it.
     patches.apply(api_key=st.api_key, ride_out_s=0.0 if cfg.multi_node else cfg.inference.ready_timeout_s)
     hook_config_loader(st)
@@ -390,6 +391,23 @@ def attach_on_restart(st: State, trainer, progress: Progress | None):
     return attacher
 
 
+def saving_marked(cfg, rank: int, save):
+    """The recover checkpoint's save with a marker in the run dir while it writes (records.SAVING_PREFIX)."""
+    def save_marked(*args, **kwargs):
+        marker = cfg.run_path / f"{records.SAVING_PREFIX}{rank}"
+        try:
+            marker.write_text(str(os.getpid()))
+        except OSError:
+            marker = None
+        try:
+            return save(*args, **kwargs)
+        finally:
+            if marker is not None:
+                marker.unlink(missing_ok=True)
+
+    return save_marked
+
+
 def supervise(st: State, trainer) -> Progress | None:
     """What train() runs under: the per-step commit hook on this trainer, and rank 0's progress record
     and stale-weights watcher. Returns rank 0's progress (None on other ranks)."""
@@ -401,7 +419,7 @@ def supervise(st: State, trainer) -> Progress | None:
     cfg, config_ = st.cfg, trainer.config
     progress = Progress(cfg) if st.rank == 0 else None
     export = trainer._export_and_commit_stats
-    save_recover = trainer._save_recover_checkpoint
+    save_recover = saving_marked(cfg, st.rank, trainer._save_recover_checkpoint)
     info_path = trainer.recover_handler.recover_info_path(
         config_.experiment_name, config_.trial_name, config_.recover.fileroot)
     serving = [server_identity(cfg) if progress is not None else None]
@@ -484,8 +502,8 @@ def supervise(st: State, trainer) -> Progress | None:
         return None
 
     trainer._export_and_commit_stats = commit
-    if not cfg.multi_node:  # a cluster's ranks share rank 0's lease, on other nodes
-        trainer._save_recover_checkpoint = save_if_ours
+    # a cluster's ranks share rank 0's lease, on other nodes
+    trainer._save_recover_checkpoint = save_recover if cfg.multi_node else save_if_ours
     if attacher is not None:
         threading.Thread(target=attacher.run, daemon=True, name="podkit-reattach").start()
     elif progress is not None and st.addr:

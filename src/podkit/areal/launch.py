@@ -89,7 +89,8 @@ def main(cfg) -> int:
     _log.info(f"starting {shlex.join(argv)} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r}, "
               f"AREAL_LLM_SERVER_ADDRS={env['AREAL_LLM_SERVER_ADDRS']})")
     started = time.time()
-    rc = supervise(argv, env, cfg.run_path, grace_s=cfg.trainer.stop_grace_s)
+    rc = supervise(argv, env, cfg.run_path, grace_s=cfg.trainer.stop_grace_s,
+                   stopping=lambda: supervisord.stop_requested(cfg.socket_path, "trainer"))
     return outcome(cfg, rc, started)
 
 
@@ -158,7 +159,8 @@ def outcome(cfg, rc: int, started: float) -> int:
 CUT_BEFORE_S = 0.5  # the launcher kills the ranks this long before supervisord's SIGKILL would reach it
 
 
-def supervise(argv: list[str], env: dict[str, str], run_dir: Path, grace_s: float | None = None) -> int:
+def supervise(argv: list[str], env: dict[str, str], run_dir: Path, grace_s: float | None = None,
+              stopping=None) -> int:
     """Run torchrun in a process group of its own and stand between it and supervisord's signals.
 
     supervisord stops the trainer's process group; had torchrun been in it, its elastic agent would
@@ -169,7 +171,11 @@ def supervise(argv: list[str], env: dict[str, str], run_dir: Path, grace_s: floa
     left of them when torchrun ends, or after this launcher was killed, is killed. A step that does not end
     within `grace_s` of the SIGTERM (supervisord's stopwaitsecs: it SIGKILLs this launcher then, and the ranks,
     in sessions of their own, would outlive it holding their GPUs) is cut here just before: the ranks and
-    torchrun are killed, and this launcher exits by itself."""
+    torchrun are killed, and this launcher exits by itself. Not while a rank writes its recover checkpoint
+    (AReaL writes it in place: cut, the last good one would be lost; the rank ends after it), and not after a
+    SIGTERM supervisord did not send (`stopping()` False: nothing will SIGKILL, the step ends in its time)."""
+    for marker in run_dir.glob(records.SAVING_PREFIX + "*"):  # a killed rank's: its save is long over
+        marker.unlink(missing_ok=True)
     child = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=set_pdeathsig)  # noqa: PLW1509
     groups = {child.pid: proc.starttime(child.pid) or 0}
     done = threading.Event()
@@ -189,9 +195,17 @@ def supervise(argv: list[str], env: dict[str, str], run_dir: Path, grace_s: floa
     def cut() -> None:
         if done.is_set():
             return
+        if stopping is not None and not stopping():
+            _log.info(f"the step in flight has not ended {grace_s:g} s after a SIGTERM that supervisord did not send "
+                      "(no stop is under way): letting it end")
+            return
+        if any(run_dir.glob(records.SAVING_PREFIX + "*")):
+            _log.warn("the stop's grace is running out while a rank writes its recover checkpoint: not cutting it "
+                      "(the last good checkpoint would be lost); the rank ends when it is written")
+            return
         _log.warn(f"the step in flight did not end within trainer.stop_grace_s ({grace_s:g} s) of the SIGTERM: "
                   "killing the ranks so that none outlives the trainer (this step has no recover checkpoint; the "
-                  "run resumes from the last one)")
+                  "run resumes from the one before)")
         proc.kill_groups(list(groups.items()))
 
     def forward(sig, _frame):

@@ -55,8 +55,8 @@ PINNED = {
     # it after the load; hooks.py keeps the latest for a re-push
     "areal.infra.remote_inf_engine:RemoteInfEngine.update_weights_from_disk": "b885280bc9cc9240",
     "areal.trainer.rl_trainer:PPOTrainer._requires_proxy_workflow": "c9a08061c679c941",
-    # episodes.py: the task's workflow.arun_episode is the one call into the user's workflow; its exception
-    # is caught and logged there, the episode dropped
+    # episodes.py: the task's workflow.arun_episode and should_accept_fn are its calls into the user's code;
+    # a failure anywhere in it is caught and logged there, the episode dropped (the function returns None)
     "areal.infra.workflow_executor:WorkflowExecutor._create_workflow_task": "1a68c1e1c7312a1b",
     # episodes.py: the main thread's wait for rollouts raises what a background thread set here
     "areal.infra.workflow_executor:BatchTaskDispatcher._set_thread_exception": "b533eb4a0eaf4b2f",
