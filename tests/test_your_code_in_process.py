@@ -395,3 +395,14 @@ def test_episodes_are_counted_as_the_users_code_did_in_areals_own_task_function(
     assert got["window"] == [5, 4, 3, False, []], got
     assert got["tripped"] == [6, 4, 4, True, ["KeyError: 'solution'"]], got
     assert got["records"] == [True, True] and got["last"]["type"] == "KeyError", got
+
+
+def test_the_misspelt_keys_line_is_found_in_its_own_section_not_the_first_with_that_name():
+    from podkit.areal.hooks import yaml_line
+
+    lines = ["experiment_name: x", "actor:", "  lr: 1", "  optimizer:", "    lr: 2", "ref:", "  # a comment",
+             "  lr: 3", "  scheduling_spec:", "    - task_type: worker", "      lr: 9", "rollout:",
+             "  max_concurent_rollouts: 8"]
+    assert [yaml_line(lines, p.split(".")) for p in ("ref.lr", "actor.lr", "actor.optimizer.lr",
+                                                     "rollout.max_concurent_rollouts", "rollout.lr")] == \
+        [8, 3, 5, 13, None]

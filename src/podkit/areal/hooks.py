@@ -163,7 +163,6 @@ def unknown_key(e: BaseException, argv) -> str:
     where the YAML sets it and the field it may have meant; "" otherwise."""
     import dataclasses
     import difflib
-    import re
 
     key, full, cls = (getattr(e, a, None) for a in ("key", "full_key", "object_type"))
     if type(e).__name__ != "ConfigKeyError" or not isinstance(key, str) or not dataclasses.is_dataclass(cls):
@@ -176,11 +175,39 @@ def unknown_key(e: BaseException, argv) -> str:
         lines = Path(path).read_text(encoding="utf-8").splitlines() if path else []
     except (OSError, ValueError):
         lines = []
-    at = next((i for i, ln in enumerate(lines, 1) if re.match(rf"\s*{re.escape(key)}\s*:", ln)), None)
+    at = yaml_line(lines, (full or key).split("."))
     if at:
         where = f"{path}:{at} sets {full or key}"
     return (f"{where or (full or key)}: {cls.__name__} has no {key!r}"
             + (f"; did you mean {near[0]!r}?" if near else "") + "; ")
+
+
+def yaml_line(lines: list[str], path: list[str]) -> int | None:
+    """The line (1-based) of a block-style YAML mapping key at `path` (["rollout", "max_concurent_rollouts"]):
+    each part looked for among the direct keys of the block of the one before, by indentation."""
+    import re
+
+    key_line = re.compile(r"(\s*)([^\s#:\-][^:]*?)\s*:(\s|$)")
+    start, parent = 0, -1
+    for depth, part in enumerate(path):
+        child, found = None, None
+        for i in range(start, len(lines)):
+            m = key_line.match(lines[i])
+            if not m:
+                continue  # a blank line, a comment, a list item, a value's continuation
+            ind = len(m.group(1))
+            if ind <= parent:
+                break  # the block ended
+            child = ind if child is None else child
+            if ind == child and m.group(2).strip("'\"") == part:
+                found = i
+                break
+        if found is None:
+            return None
+        if depth == len(path) - 1:
+            return found + 1
+        parent, start = child, found + 1
+    return None
 
 
 def check_run(st: State, config_) -> None:
