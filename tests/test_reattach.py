@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import urllib.request
+from types import SimpleNamespace
 
 import pytest
 
@@ -285,3 +286,28 @@ def test_the_step_hook_and_the_re_attacher_write_progress_together_without_losin
         t.join(10)
     assert not failures and not bad_reads[:1], (failures[:3], bad_reads[:3])
     assert not list(tmp_path.glob(".progress.json.*")), "no temp file left"
+
+
+def test_a_server_down_during_the_trainers_own_push_is_the_fallback_though_the_push_holds_the_lock(procs, tmp_path):
+    """The trainer's own push holds the lock while its requests ride out the restart; rank 0's look waited for
+    the lock behind it, and the push failed first: a crash of the step instead of the fallback (run 36). The
+    fallback is decided without the lock; the push, which rides out a little longer, may still land."""
+    server = Server(procs, tmp_path).start()
+    folder = tmp_path / "save"
+    server.push(version_dir(folder, 2), "2")
+    a, progress, stale = attacher(server, folder, 2, PODKIT_INFERENCE_READY_TIMEOUT_S="3")
+    released = threading.Event()
+
+    def slow_push(meta):  # the trainer's push, riding out the restart
+        released.wait(30)
+
+    push = threading.Thread(target=a.pushing(slow_push), args=(SimpleNamespace(version=None),), daemon=True)
+    push.start()
+    server.stop()
+    t0 = time.monotonic()
+    wait_for(stale.is_set, 20, what="the fallback while the trainer's push holds the lock")
+    assert time.monotonic() - t0 > 2.5 and push.is_alive()
+    assert "went down during the trainer's push" in progress.data["reattach"]["last"]["why"], progress.data
+    assert progress.data["reattach"]["fell_back"] == 1
+    released.set()
+    push.join(10)

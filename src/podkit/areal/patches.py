@@ -285,8 +285,10 @@ def ride_out_restarts(window_s: float, interval_s: float = 2.0) -> None:
             endpoint = kw.get("endpoint", args[1] if len(args) > 1 else "")
             addr = kw.get("addr", args[0] if args else "")
             generating = endpoint == "/generate"
-            # From the first failure: rank 0 decides within window_s whether it re-attaches; the requests wait a
-            # little longer. A later failure (a second restart) gives a new window.
+            # From the first failure: rank 0 decides within window_s whether it re-attaches (or falls back); the
+            # requests, the trainer's own push among them, wait a little longer, so that a server back just after
+            # the fallback lets the step end with its checkpoint instead of failing it. A later failure (a second
+            # restart) gives a new window.
             deadline, told, dropped = None, False, False
             while True:
                 try:
@@ -296,7 +298,7 @@ def ride_out_restarts(window_s: float, interval_s: float = 2.0) -> None:
                     if not last.startswith(_CONNECTION_ERRORS):
                         raise
                     if deadline is None:
-                        deadline = time.monotonic() + window_s + (30.0 if generating else 0.0)
+                        deadline = time.monotonic() + window_s + 30.0
                     elif time.monotonic() >= deadline:
                         raise
                     if not told:

@@ -147,6 +147,19 @@ def keep_latest(folder: Path, version: int) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+class _held:
+    """A lock already acquired, released on leaving the block."""
+
+    def __init__(self, lock) -> None:
+        self.lock = lock
+
+    def __enter__(self):
+        return self.lock
+
+    def __exit__(self, *exc) -> None:
+        self.lock.release()
+
+
 class Attacher:
     """Rank 0: pushes the trainer's latest weights to a restarted inference server, or falls back."""
 
@@ -205,7 +218,16 @@ class Attacher:
     def attach(self, why: str) -> bool:
         """Make inference serve self.pushed again; False (and the fallback) when it cannot."""
         t0 = time.monotonic()
-        with self.lock:
+        if not self.lock.acquire(timeout=1.0):
+            # The trainer's own push is under way (it holds the lock) and rides out a restart itself, a little
+            # longer than this window (patches.ride_out_restarts): only the fallback is decided here.
+            served = self._answering(t0 + self.window_s)
+            if served is None and not self._ended():
+                return self.fall_back(self.pushed or 0, f"inference did not answer within "
+                                                        f"inference.ready_timeout_s ({self.window_s:.0f} s) after it "
+                                                        "went down during the trainer's push", t0)
+            return True
+        with _held(self.lock):
             version = self.pushed
             if version is None:
                 return True  # the trainer holds the base weights: a restarted server serves them
