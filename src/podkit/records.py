@@ -207,6 +207,11 @@ PROGRESS = Record("progress.json", {"kind": str, "step": int, "time": TIME, "los
                                     # what trains: trainer.entry, the synced commit and whether the tree was dirty
                                     "code": {"entry": str, "commit": str, "dirty": bool},
                                     "first_step_time": TIME,
+                                    # AReaL: rollout episodes that failed in the user's workflow (areal/episodes.py)
+                                    "episodes": {"failed": int, "succeeded": int, "in_a_row": int, "limit": int,
+                                                 "tripped": bool, "time": TIME,
+                                                 "last": {"type": str, "message": str, "where": str, "code": str,
+                                                          "hint": str}},
                                     # AReaL: inference restarts the trainer went on through (areal/reattach.py)
                                     "reattach": {"count": int, "fell_back": int,
                                                  "last": {"time": TIME, "outcome": str, "version": int,

@@ -90,7 +90,7 @@ def _count(v) -> int:
 
 
 def _when(v) -> float | None:
-    """A record's Unix time, or None (a 400-digit integer is not one)."""
+    """A record's Unix time, or None (records.PROGRESS's shape already refuses one that is not a time)."""
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e11 else None
 
 
