@@ -275,7 +275,19 @@ def test_failed_episodes_on_record_are_read_as_data_by_status_and_doctor(tmp_pat
     assert tripped.evidence[0] == "KeyError: 'solution' at /ws/repo/my_reward.py:9", tripped.evidence
     for planted in ({"failed": "lots"}, {"failed": True}, {"failed": -3}, [], "x", None, {"failed": 0}):
         assert doctor.check_episodes(pod(planted), 0) is None and status.failed_episodes({"episodes": planted}) is None
+    # Every episode failed to reach inference: the server, named as such, not the workflow.
+    down = "inference unreachable at 127.0.0.2:16345 (/generate: ClientConnectorError)"
+    server = {"failed": 166, "succeeded": 0, "in_a_row": 166, "limit": 64, "tripped": True, "unreachable": down,
+              "last": {**last, "type": "RuntimeError", "message": "Failed after 5 retries each. ...",
+                       "where": "/areal/infra/utils/http.py:219"}}
+    f = doctor.check_episodes(pod(server), 0)
+    assert f.id == "episodes_inference_unreachable" and f.severity == "problem" and down in f.title, f.to_dict()
+    assert "not your code" in f.fix and "workflow" not in f.title, f.to_dict()
+    line = status.describe_episodes(status.failed_episodes({"episodes": server}))
+    assert down in line and "your workflow" not in line and "166 in a row" in line, line
     hostile = status.failed_episodes({"episodes": {"failed": 2, "succeeded": [], "last": {
         "type": "\x1b[2JError", "message": "x" * 10_000, "where": 7}}})
     line = status.describe_episodes(hostile)
     assert "\x1b" not in line and len(line) < 1000 and "of 2 since" in line and "at 7" in line, line
+    line = status.describe_episodes(status.failed_episodes({"episodes": {"failed": 2, "unreachable": "\x1b[2J" * 500}}))
+    assert "\x1b" not in line and len(line) < 1000, line

@@ -406,3 +406,34 @@ def test_the_misspelt_keys_line_is_found_in_its_own_section_not_the_first_with_t
     assert [yaml_line(lines, p.split(".")) for p in ("ref.lr", "actor.lr", "actor.optimizer.lr",
                                                      "rollout.max_concurent_rollouts", "rollout.lr")] == \
         [8, 3, 5, 13, None]
+
+
+def test_an_episode_that_could_not_reach_inference_is_named_as_the_server_not_the_workflow(tmp_path):
+    """AReaL's own request function (areal/infra/utils/http.py) against a port nothing listens on: the
+    RuntimeError it raises, wrapped as AReaL's rollout thread hands it to the trainer, is named as inference
+    unreachable at that address, with a hint that it is the server, not the user's code; one that got an
+    answer and failed otherwise (an HTTP error) is not."""
+    port = free_port()
+    script = f"""
+import asyncio, json
+from areal.infra.utils.http import arequest_with_retry
+from podkit import failure
+
+async def ask(addr):
+    try:
+        await arequest_with_retry(addr, "/generate", {{"text": "Addr: 1.2.3.4:5. Endpoint: /x. Last error: ClientOSError"}},
+                                  max_retries=2, retry_delay=0.1, timeout=5)
+    except RuntimeError as e:
+        return e
+
+down = asyncio.run(ask("127.0.0.1:{port}"))
+wrapped = RuntimeError(f"Background thread failed: {{down}}")
+wrapped.__cause__ = down
+print(json.dumps([failure.unreachable(down), failure.unreachable(wrapped),
+                  failure.describe(wrapped, ["{tmp_path}"])["hint"], failure.unreachable(RuntimeError("x"))]))
+"""
+    r = areal_run("-c", script, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    direct, wrapped, hint, other = json.loads(r.stdout.strip().splitlines()[-1])
+    assert direct == wrapped == f"inference unreachable at 127.0.0.1:{port} (/generate: ClientConnectorError)", direct
+    assert hint.startswith(direct) and "not your code" in hint and other == "", hint

@@ -87,10 +87,39 @@ def _reward_returned_none(exc: BaseException) -> str:
     return ""
 
 
+# AReaL's request to inference (areal/infra/utils/http.py arequest_with_retry, pinned in areal/patches.py) raises
+# "Failed after N retries each. Payload: ... Addr: A. Endpoint: E. Last error: ClientConnectorError(...)".
+CONNECTION_ERRORS = ("ClientConnectorError", "ServerDisconnectedError", "ClientOSError", "ConnectionRefusedError",
+                     "ConnectionResetError")
+_REQUEST = re.compile(r"Addr: (\S+)\. Endpoint: (\S+)\. Last error: (\w+)")
+
+
+def unreachable(exc: BaseException) -> str:
+    """"inference unreachable at ADDR (ENDPOINT: ERROR)" when `exc`, or an exception it wraps, is AReaL's request
+    to inference that never got through (the server down, or restarting for longer than the retries); "" else.
+    Every episode fails so while the server is down: that is not the workflow's code."""
+    seen, todo = [], [exc]
+    while todo and len(seen) < 8:
+        e = todo.pop(0)
+        if e is None or any(e is s for s in seen):
+            continue
+        seen.append(e)
+        text = safe_str(e, 64 * 1024)
+        found = list(_REQUEST.finditer(text))  # the last: a payload may quote anything before it
+        m = found[-1] if found else None
+        if m and m.group(3) in CONNECTION_ERRORS:
+            return f"inference unreachable at {m.group(1)} ({m.group(2)}: {m.group(3)})"
+        todo += [e.__cause__, e.__context__]
+    return ""
+
+
 def hint_for(exc: BaseException, frames: list, workspace: str = "/workspace", roots: list[str] = ()) -> str:
     """What to do about this kind of failure; "" when nothing more specific than "fix it" fits."""
     if none := _reward_returned_none(exc):
         return none
+    if down := unreachable(exc):
+        return (f"{down}: the inference server went down, not your code (logs/sglang.log says why; on one pod "
+                "supervisord starts it again, on a cluster AReaL's recover run starts a new one)")
     kinds = {c.__name__ for c in type(exc).__mro__}
     if isinstance(exc, KeyError):
         return _row_fields(exc, frames, list(roots))

@@ -211,7 +211,8 @@ PROGRESS = Record("progress.json", {"kind": str, "step": int, "time": TIME, "los
                                     "episodes": {"failed": int, "succeeded": int, "in_a_row": int, "limit": int,
                                                  "tripped": bool, "time": TIME,
                                                  "last": {"type": str, "message": str, "where": str, "code": str,
-                                                          "hint": str}},
+                                                          "hint": str},
+                                                 "unreachable": str},
                                     # AReaL: inference restarts the trainer went on through (areal/reattach.py)
                                     "reattach": {"count": int, "fell_back": int,
                                                  "last": {"time": TIME, "outcome": str, "version": int,

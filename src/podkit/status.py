@@ -109,7 +109,9 @@ def failed_episodes(prog: dict) -> dict | None:
     last = ep.get("last") if isinstance(ep.get("last"), dict) else {}
     return {"failed": _count(ep["failed"]), "succeeded": _count(ep.get("succeeded")),
             "in_a_row": _count(ep.get("in_a_row")), "limit": _count(ep.get("limit")),
-            "tripped": ep.get("tripped") is True, "time": _when(ep.get("time")), "last": {k: printable(last.get(k)) for k in ("type", "message", "where", "code", "hint")}}
+            "tripped": ep.get("tripped") is True, "time": _when(ep.get("time")),
+            "last": {k: printable(last.get(k)) for k in ("type", "message", "where", "code", "hint")},
+            "unreachable": printable(ep.get("unreachable"), 200)}
 
 
 def boot_failed(boot) -> str:
@@ -124,8 +126,12 @@ def boot_failed(boot) -> str:
 
 def describe_episodes(ep: dict) -> str:
     last = ep["last"]
-    out = (f"rollout episodes that failed in your workflow: {ep['failed']} of {ep['failed'] + ep['succeeded']} since "
-           f"the trainer's start; the last: {last['type']}: {last['message']} at {last['where']}")
+    if ep["unreachable"]:  # the server, not the workflow: its own words say where it was not found
+        out = (f"rollout episodes that failed: {ep['failed']} of {ep['failed'] + ep['succeeded']} since the trainer's "
+               f"start; the last: {ep['unreachable']}")
+    else:
+        out = (f"rollout episodes that failed in your workflow: {ep['failed']} of {ep['failed'] + ep['succeeded']} "
+               f"since the trainer's start; the last: {last['type']}: {last['message']} at {last['where']}")
     if ep["tripped"]:
         out += f" ({ep['in_a_row']} in a row: the trainer was stopped with it, trainer.max_episode_failures)"
     return out + (f" (hint: {last['hint']})" if last["hint"] else "")

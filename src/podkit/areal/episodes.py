@@ -14,7 +14,10 @@ exception is handed to AReaL's task dispatcher as a failed background thread's
 (BatchTaskDispatcher._set_thread_exception), so the trainer's main thread raises it from its wait for
 rollouts, as AReaL does for its own threads. The bootstrap names it with the user's file and line
 (failure.describe reads through AReaL's wrapper) and the loop bound counts it. Failures that do not come in
-a row (a flaky judge) are counted on rank 0's progress record: status and doctor show them.
+a row (a flaky judge) are counted on rank 0's progress record: status and doctor show them. Episodes that
+fail because inference is down are counted too, and named so (failure.unreachable): on a cluster, where
+nothing restarts a dead server under a waiting trainer, the trip is what ends the wait for rollouts and lets
+AReaL's recover run start a new one.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class Episodes:
         self.since = 0.0  # when the failures in a row began (monotonic)
         self.tripped = False
         self.last: dict | None = None
+        self.unreachable = ""  # the last failure was AReaL's request to inference that never got through
         self.written = 0.0
 
     def ok(self) -> None:
@@ -74,12 +78,13 @@ class Episodes:
                 self.written = now
                 err = failure.describe(exc, self.roots)
                 self.last = failure.clean(err, self.cfg) if self.cfg is not None else err
+                self.unreachable = failure.unreachable(exc)
         if write:
             self._record()
         if trip:
+            why = self.unreachable or f"{self.last['type']}: {self.last['message'][:300]} at {self.last['where']}"
             _log.error(f"{n} rollout episodes in a row failed over {span:.0f}s, none succeeded ({total} so far): "
-                       f"{self.last['type']}: {self.last['message'][:300]} at {self.last['where']}. Stopping the "
-                       "trainer with it (trainer.max_episode_failures)")
+                       f"{why}. Stopping the trainer with it (trainer.max_episode_failures)")
             setter = getattr(dispatcher, "_set_thread_exception", None)
             if setter is not None:
                 setter(exc)
@@ -91,7 +96,8 @@ class Episodes:
         with self.lock:
             last = {k: self.last.get(k) for k in ("type", "message", "where", "code", "hint")} if self.last else None
             record = {"failed": self.failed, "succeeded": self.succeeded, "in_a_row": self.in_a_row,
-                      "limit": self.limit, "tripped": self.tripped, "time": time.time(), "last": last}
+                      "limit": self.limit, "tripped": self.tripped, "time": time.time(), "last": last,
+                      "unreachable": self.unreachable}
         try:
             progress.update(episodes=record)
         except OSError as e:  # a full volume must not turn the user's error into podkit's

@@ -28,11 +28,11 @@ import hashlib
 import inspect
 import time
 
+from podkit.failure import CONNECTION_ERRORS
+
 AREAL_VERSION = "1.0.4"
 PACKED_MASK_IMPLS = ("sdpa", "eager")
 EXPECTED_MASK = {"full_attention": None, "sliding_attention": None}
-_CONNECTION_ERRORS = ("ClientConnectorError", "ServerDisconnectedError", "ClientOSError",
-                      "ConnectionRefusedError", "ConnectionResetError")
 
 # What the patches wrap, with the sha256 (first 16 hex) of its source in areal 1.0.4.
 PINNED = {
@@ -295,7 +295,7 @@ def ride_out_restarts(window_s: float, interval_s: float = 2.0) -> None:
                     result = await original(*args, **kw)
                 except RuntimeError as e:
                     last = str(e).rpartition("Last error: ")[2]
-                    if not last.startswith(_CONNECTION_ERRORS):
+                    if not last.startswith(CONNECTION_ERRORS):
                         raise
                     if deadline is None:
                         deadline = time.monotonic() + window_s + 30.0
