@@ -75,8 +75,27 @@ class Cluster:
         return (self.ws / "logs" / "trainer.log").read_text(errors="replace")
 
     def finished(self, timeout: float = 300) -> dict:
-        return wait_for(lambda: (self.record("cluster.json").get("state") == "finished") and self.progress(),
-                        timeout, interval=1, what="the cluster's run to finish")
+        return self.wait(lambda: (self.record("cluster.json").get("state") == "finished") and self.progress(),
+                         timeout, what="the cluster's run to finish")
+
+    def wait(self, cond, timeout: float, what: str):
+        """wait_for, and on a timeout what the run said last: CI keeps only the tail of its output, and a
+        scenario of minutes that timed out says nothing of why without it."""
+        try:
+            return wait_for(cond, timeout, interval=1, what=what)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.said()}") from None
+
+    def said(self, lines: int = 25) -> str:
+        """The records and the last lines of podkit's and AReaL's launcher's own, from each node's log."""
+        keep = ("[podkit:", "RayLauncher", "ERROR", "Error:", "exited:", "(raylet)")
+        out = [f"progress.json: {json.dumps(self.progress())[:600]}",
+               f"cluster.json: {json.dumps(self.record('cluster.json'))[:400]}"]
+        for log in sorted(self.root.glob("node*.log")):
+            text = log.read_text(errors="replace").splitlines()
+            out.append(f"--- {log.name}, its last {lines} lines of note:")
+            out += [line[:240] for line in text if any(k in line for k in keep)][-lines:]
+        return "\n".join(out)
 
     def ours(self, needle: str) -> list[int]:
         """Processes of this cluster (by its workspace in their environment) whose command has `needle`."""
@@ -143,16 +162,17 @@ def test_a_two_node_cluster_trains_your_repo_through_a_dead_rank_a_dead_server_a
     synced = remote.head()
     env = repo_env(remote)
     env["PODKIT_TRAINER_OVERRIDES"] += f" {CLUSTER_OVERRIDES} total_train_steps=24"  # room to leave before the end, on a busy machine too
+    env["PODKIT_TRAINER_EPISODE_FAILURE_WINDOW_S"] = "20"  # a dead server: the rank stops sooner than in 60 s
     c = cluster(**env)
     c.start(1)  # a worker before its head: it waits for it
     time.sleep(2)
     c.start(0, PODKIT_CLUSTER_JOIN_TIMEOUT_S="10", PODKIT_CLUSTER_NODE_LOST_S="5")  # rank 0's settings
-    wait_for(lambda: c.record("sync.json").get("new") == synced, 60, what="rank 0's sync")
+    c.wait(lambda: c.record("sync.json").get("new") == synced, 60, what="rank 0's sync")
     moved = remote.commit("NOTES.md", "the branch moved on after rank 0 synced\n")
     # A trainer rank SIGKILLed, once the uninterrupted run has stepped: its log-probs agree with the server's.
     gaps = []
-    p = wait_for(lambda: (gaps.append((p := c.progress()).get("on_policy_logp_gap")) or
-                          ((p.get("checkpoint_step") or 0) >= 2 and p)), 300, interval=1, what="step 2's checkpoint")
+    p = c.wait(lambda: (gaps.append((p := c.progress()).get("on_policy_logp_gap")) or
+                        ((p.get("checkpoint_step") or 0) >= 2 and p)), 300, what="step 2's checkpoint")
     gaps = [g["max_abs"] for g in gaps if g]
     assert gaps and max(gaps) < 1e-3, gaps
     assert p["code"] == {"entry": "train.py", "commit": synced, "dirty": False}, p
@@ -164,23 +184,29 @@ def test_a_two_node_cluster_trains_your_repo_through_a_dead_rank_a_dead_server_a
     hb = json.loads((c.ws / ".podkit" / "ranks" / "0.json").read_text())
     assert hb["pid"] in c.ours("ray::"), hb  # the rank is a Ray worker of this cluster
     os.kill(hb["pid"], signal.SIGKILL)
-    p = wait_for(lambda: (p := c.progress()).get("resumed_at") and (p.get("checkpoint_step") or 0) >= 4 and p, 300,
-                 interval=1, what="the run resumed after the dead rank, and step 4's checkpoint")
+    p = c.wait(lambda: (p := c.progress()).get("pid") not in (None, hb["pid"]) and p.get("resumed_at") and p, 300,
+               what="the run resumed after the dead rank, by a new rank")
     assert p["resumed_at"] >= 2, p
     assert "dead-rank" in c.log() and c.record("cluster.json")["restarts"] >= 1
-    # The SGLang server killed: AReaL's recover run (recover.mode auto) resumes the run.
-    servers = wait_for(lambda: len(s := c.ours("podkit.programs.standin_lm")) == 1 and s, 60,
-                       what="the one server of the resumed run")
-    first_resume = p["resumed_at"]
+    # The SGLang server killed, as the resumed run waits for its first rollouts (or trains on them): every
+    # episode fails to reach it, and trainer.max_episode_failures in a row over episode_failure_window_s (20 s
+    # here) stop the rank, which AReaL's launcher alone would leave waiting for rollouts for ever (or the
+    # step's weight update fails). AReaL's recover run (recover.mode auto) resumes the run, from the same step
+    # when none was saved since: a new rank (its pid), not a higher step, is what tells.
+    servers = c.wait(lambda: len(s := c.ours("podkit.programs.standin_lm")) == 1 and s, 60,
+                     what="the one server of the resumed run")
+    first_resume, rank = p["resumed_at"], p["pid"]
     os.kill(servers[0], signal.SIGKILL)
-    p = wait_for(lambda: ((p := c.progress()).get("resumed_at") or 0) > first_resume
-                 and p.get("step", 0) > p["resumed_at"] and p, 300, interval=1,
-                 what="a step of the run resumed after the server died")
-    assert not alive(servers[0])
+    p = c.wait(lambda: (p := c.progress()).get("pid") not in (None, rank) and p.get("resumed_at") is not None
+               and p.get("step", 0) > p["resumed_at"] and p, 300, what="a step of the run resumed after the server died")
+    assert p["resumed_at"] >= first_resume and not alive(servers[0]), p
+    tripped = [ln for ln in c.log().splitlines() if "rollout episodes in a row failed" in ln]
+    assert all("inference unreachable" in ln for ln in tripped), tripped
+    print(f"the server killed: {'the episodes watch stopped the rank' if tripped else 'the weight update failed'}")
     # Node 1 leaves: whatever AReaL placed on it is gone, and the run waits for it, naming it.
     assert c.stop(1) == 0
-    rec = wait_for(lambda: (r := c.record("cluster.json")).get("state") == "waiting-for-nodes" and
-                   "still missing" in c.log() and r, 180, interval=1, what="the run to wait, naming the node")
+    rec = c.wait(lambda: (r := c.record("cluster.json")).get("state") == "waiting-for-nodes" and
+                 "still missing" in c.log() and r, 180, what="the run to wait, naming the node")
     assert rec["missing"][0]["rank"] == 1 and rec["missing"][0]["addr"] == ADDRS[1], rec
     assert "node rank 1 (127.0.0.3)" in rec["why"]
     d = subprocess.run([*PODKIT, "doctor", "--json", "--workspace", str(c.ws)], capture_output=True, text=True,
