@@ -372,9 +372,10 @@ def check_episodes(pod: Pod, now: float) -> Finding | None:
                        + (f" ({ep['in_a_row']} in a row: the trainer was stopped with it)" if ep["tripped"] else ""),
                        [f"{last['type']}: {last['message']}",
                         f"the last {_ago(ep['time'], now)}; trainer.max_episode_failures {ep['limit'] or 'off'}"],
-                       "the inference server went down, not your code: logs/sglang.log says why (on a cluster, the "
-                       "node's Ray log); on one pod supervisord starts it again, on a cluster AReaL's recover run "
-                       "starts a new one and the run resumes from its checkpoint",
+                       "nothing answered at inference's address, not your code: logs/sglang.log says whether the "
+                       "server went down and why (on a cluster, the trainer's log: AReaL's launcher runs it); on one "
+                       "pod supervisord starts it again, on a cluster AReaL's recover run starts a new one and the "
+                       "run resumes from its checkpoint",
                        "problem" if ep["tripped"] else "info")
     title = (f"{ep['failed']} rollout episode(s) failed in your workflow"
              + (f" ({ep['in_a_row']} in a row, none succeeding: the trainer was stopped with it)" if ep["tripped"]

@@ -118,8 +118,9 @@ def hint_for(exc: BaseException, frames: list, workspace: str = "/workspace", ro
     if none := _reward_returned_none(exc):
         return none
     if down := unreachable(exc):
-        return (f"{down}: the inference server went down, not your code (logs/sglang.log says why; on one pod "
-                "supervisord starts it again, on a cluster AReaL's recover run starts a new one)")
+        return (f"{down}: nothing answered there, not your code. logs/sglang.log says whether the server went "
+                "down and why (on one pod supervisord starts it again, on a cluster AReaL's recover run starts a "
+                "new one); a script that sets its own server address must name the one podkit started")
     kinds = {c.__name__ for c in type(exc).__mro__}
     if isinstance(exc, KeyError):
         return _row_fields(exc, frames, list(roots))
