@@ -278,13 +278,22 @@ def test_failed_episodes_on_record_are_read_as_data_by_status_and_doctor(tmp_pat
     # Every episode failed to reach inference: the server, named as such, not the workflow.
     down = "inference unreachable at 127.0.0.2:16345 (/generate: ClientConnectorError)"
     server = {"failed": 166, "succeeded": 0, "in_a_row": 166, "limit": 64, "tripped": True, "unreachable": down,
+              "unreachable_failed": 166, "unreachable_in_a_row": 166,
               "last": {**last, "type": "RuntimeError", "message": "Failed after 5 retries each. ...",
                        "where": "/areal/infra/utils/http.py:219"}}
     f = doctor.check_episodes(pod(server), 0)
     assert f.id == "episodes_inference_unreachable" and f.severity == "problem" and down in f.title, f.to_dict()
     assert "not your code" in f.fix and "workflow" not in f.title, f.to_dict()
     line = status.describe_episodes(status.failed_episodes({"episodes": server}))
-    assert down in line and "your workflow" not in line and "166 in a row" in line, line
+    assert down in line and "your workflow" not in line and "166 in a row" in line and "hint" not in line, line
+    # The workflow's own failures, then one that never reached inference: still the workflow's, a problem.
+    mixed = {"failed": 301, "succeeded": 600, "in_a_row": 1, "limit": 64, "unreachable": down,
+             "unreachable_failed": 1, "unreachable_in_a_row": 1, "last": last}
+    f = doctor.check_episodes(pod(mixed), 0)
+    assert f.id == "episodes_failing" and f.severity == "problem" and f.title.startswith("300 "), f.to_dict()
+    assert any("1 more never reached inference" in e for e in f.evidence), f.evidence
+    line = status.describe_episodes(status.failed_episodes({"episodes": mixed}))
+    assert "in your workflow: 300 of 901" in line and "1 more never reached inference" in line, line
     hostile = status.failed_episodes({"episodes": {"failed": 2, "succeeded": [], "last": {
         "type": "\x1b[2JError", "message": "x" * 10_000, "where": 7}}})
     line = status.describe_episodes(hostile)

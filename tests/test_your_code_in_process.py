@@ -378,6 +378,19 @@ out["tripped"] = state() + [list(tripped)]
 run(KeyError("solution"))                       # written after the trip: still says tripped
 out["records"] = [r["tripped"] for r in records[-2:]]
 out["last"] = records[-1]["last"]
+ex.inference_engine = types.SimpleNamespace(_engine=types.SimpleNamespace(addresses=["127.0.0.9:30000"]))
+
+
+def request_error(addr):  # AReaL's request helper's words (http.py), after a prompt of 20000 tokens
+    return RuntimeError(f"Failed after 5 retries each. Payload: {{'input_ids': {list(range(20000))}}}. Addr: {addr}. "
+                        "Endpoint: /generate. Last error: ClientConnectorError(ConnectionKey(host='x', port=1))")
+
+
+run(request_error("127.0.0.9:30000"), n=2)      # the engine's own server down: inference's
+run(request_error("10.0.0.1:8000"))             # a judge the workflow calls: the workflow's
+run(request_error("127.0.0.9:30000"))
+r = records[-1]
+out["servers"] = [r["unreachable_failed"], r["unreachable_in_a_row"], r["unreachable"], r["last"]["type"]]
 print(json.dumps(out))
 """
 
@@ -395,6 +408,9 @@ def test_episodes_are_counted_as_the_users_code_did_in_areals_own_task_function(
     assert got["window"] == [5, 4, 3, False, []], got
     assert got["tripped"] == [6, 4, 4, True, ["KeyError: 'solution'"]], got
     assert got["records"] == [True, True] and got["last"]["type"] == "KeyError", got
+    # Episodes that never reached the engine's own server are inference's, counted apart; a judge's address is not.
+    assert got["servers"][:3] == [3, 1, "inference unreachable at 127.0.0.9:30000 (/generate: ClientConnectorError)"]
+    assert got["servers"][3] == "RuntimeError", got["servers"]  # the judge's failure, the workflow's last (was KeyError)
 
 
 def test_the_misspelt_keys_line_is_found_in_its_own_section_not_the_first_with_that_name():
@@ -415,7 +431,7 @@ def test_an_episode_that_could_not_reach_inference_is_named_as_the_server_not_th
     answer and failed otherwise (an HTTP error) is not."""
     port = free_port()
     script = f"""
-import asyncio, json
+import asyncio, http.server, json, threading
 from areal.infra.utils.http import arequest_with_retry
 from podkit import failure
 
@@ -426,14 +442,37 @@ async def ask(addr):
     except RuntimeError as e:
         return e
 
+class Failing(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.send_response(500)
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+
+answering = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+threading.Thread(target=answering.serve_forever, daemon=True).start()
 down = asyncio.run(ask("127.0.0.1:{port}"))
-wrapped = RuntimeError(f"Background thread failed: {{down}}")
+answered = asyncio.run(ask(f"127.0.0.1:{{answering.server_address[1]}}"))
+wrapped = RuntimeError("Background thread failed")  # AReaL's dispatcher: raise ... from the thread's exception
 wrapped.__cause__ = down
-print(json.dumps([failure.unreachable(down), failure.unreachable(wrapped),
-                  failure.describe(wrapped, ["{tmp_path}"])["hint"], failure.unreachable(RuntimeError("x"))]))
+try:  # the user's code failing while it handled one: its own
+    try:
+        raise down
+    except RuntimeError:
+        {{}}["solution"]
+except KeyError as e:
+    handled = e
+at = failure.unreachable_at
+print(json.dumps([at(down), at(wrapped), failure.describe(wrapped, ["{tmp_path}"])["hint"], at(answered), str(answered)[-600:],
+                  at(handled), at(RuntimeError("x"))]))
 """
     r = areal_run("-c", script, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
-    direct, wrapped, hint, other = json.loads(r.stdout.strip().splitlines()[-1])
-    assert direct == wrapped == f"inference unreachable at 127.0.0.1:{port} (/generate: ClientConnectorError)", direct
-    assert hint.startswith(direct) and "not your code" in hint and other == "", hint
+    direct, wrapped, hint, answered, said, handled, other = json.loads(r.stdout.strip().splitlines()[-1])
+    assert direct == wrapped == {"addr": f"127.0.0.1:{port}", "endpoint": "/generate", "error": "ClientConnectorError"}
+    assert f"nothing answered at 127.0.0.1:{port} (/generate: ClientConnectorError)" in hint, hint
+    assert "not your code" in hint and "judge" in hint, hint
+    assert answered is None and "Last error: ClientResponseError" in said, said  # an HTTP error is an answer
+    assert handled is None and other is None

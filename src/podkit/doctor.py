@@ -366,27 +366,30 @@ def check_episodes(pod: Pod, now: float) -> Finding | None:
     if ep is None:
         return None
     last = ep["last"]
-    if ep["unreachable"]:
+    if status.episodes_servers(ep):
         return Finding("episodes_inference_unreachable",
                        f"{ep['failed']} rollout episode(s) failed: {ep['unreachable']}"
                        + (f" ({ep['in_a_row']} in a row: the trainer was stopped with it)" if ep["tripped"] else ""),
-                       [f"{last['type']}: {last['message']}",
+                       [f"{ep['unreachable_failed']} of {ep['failed']} failed episode(s) never reached inference",
                         f"the last {_ago(ep['time'], now)}; trainer.max_episode_failures {ep['limit'] or 'off'}"],
                        "nothing answered at inference's address, not your code: logs/sglang.log says whether the "
                        "server went down and why (on a cluster, the trainer's log: AReaL's launcher runs it); on one "
                        "pod supervisord starts it again, on a cluster AReaL's recover run starts a new one and the "
                        "run resumes from its checkpoint",
                        "problem" if ep["tripped"] else "info")
-    title = (f"{ep['failed']} rollout episode(s) failed in your workflow"
+    mine = max(ep["failed"] - ep["unreachable_failed"], 0)  # the workflow's own; the rest never reached inference
+    title = (f"{mine} rollout episode(s) failed in your workflow"
              + (f" ({ep['in_a_row']} in a row, none succeeding: the trainer was stopped with it)" if ep["tripped"]
                 else f" of {ep['failed'] + ep['succeeded']}: the steps train on the episodes that did not fail"))
     evidence = [f"{last['type']}: {last['message']} at {last['where']}"] + ([last["code"]] if last["code"] else [])
+    if ep["unreachable_failed"]:
+        evidence.append(f"{ep['unreachable_failed']} more never reached inference (the last: {ep['unreachable']})")
     evidence.append(f"the last {_ago(ep['time'], now)}; trainer.max_episode_failures {ep['limit'] or 'off'}")
     return Finding("episodes_failing", title, evidence, (last["hint"] + "; " if last["hint"] else "")
                    + "fix it in the workflow or its reward function (logs/trainer.log has each traceback, "
                    "'Workflow execution failed')",
                    # a rare failure (a flaky judge) is a note; one episode in ten is training on a biased sample
-                   "problem" if ep["tripped"] or ep["failed"] * 10 >= ep["failed"] + ep["succeeded"] else "info")
+                   "problem" if ep["tripped"] or mine * 10 >= ep["failed"] + ep["succeeded"] else "info")
 
 
 def check_reattach(pod: Pod, now: float) -> Finding | None:

@@ -87,40 +87,44 @@ def _reward_returned_none(exc: BaseException) -> str:
     return ""
 
 
-# AReaL's request to inference (areal/infra/utils/http.py arequest_with_retry, pinned in areal/patches.py) raises
-# "Failed after N retries each. Payload: ... Addr: A. Endpoint: E. Last error: ClientConnectorError(...)".
+# AReaL's request helper (areal/infra/utils/http.py arequest_with_retry, pinned in areal/patches.py) raises
+# "Failed after N retries each. Payload: ... Addr: A. Endpoint: E. Last error: ClientConnectorError(...)". The
+# payload comes first and may be megabytes (a prompt's token ids, an image): the address is read from the end.
 CONNECTION_ERRORS = ("ClientConnectorError", "ServerDisconnectedError", "ClientOSError", "ConnectionRefusedError",
                      "ConnectionResetError")
-_REQUEST = re.compile(r"Addr: (\S+)\. Endpoint: (\S+)\. Last error: (\w+)")
+_REQUEST = re.compile(r"\. Addr: (\S+)\. Endpoint: (\S+)\. Last error: (\w+)")
+_REQUEST_TAIL = 16 * 1024  # what follows "Addr:": the address, the endpoint and the last error's repr
 
 
-def unreachable(exc: BaseException) -> str:
-    """"inference unreachable at ADDR (ENDPOINT: ERROR)" when `exc`, or an exception it wraps, is AReaL's request
-    to inference that never got through (the server down, or restarting for longer than the retries); "" else.
-    Every episode fails so while the server is down: that is not the workflow's code."""
-    seen, todo = [], [exc]
-    while todo and len(seen) < 8:
-        e = todo.pop(0)
-        if e is None or any(e is s for s in seen):
-            continue
-        seen.append(e)
-        text = safe_str(e, 64 * 1024)
+def unreachable_at(exc: BaseException) -> dict | None:
+    """{addr, endpoint, error} when `exc`, or the exception it was raised from, is AReaL's request that never got
+    through (nothing listening at the address, or the connection dropped on every retry); None otherwise (an
+    HTTP error or a timeout is an answer). Only __cause__ is followed: an exception the user's code raised while
+    handling one (__context__) is the user's own."""
+    e, seen = exc, 0
+    while e is not None and seen < 8:
+        text = safe_str(e, 1 << 30)[-_REQUEST_TAIL:]
         found = list(_REQUEST.finditer(text))  # the last: a payload may quote anything before it
-        m = found[-1] if found else None
-        if m and m.group(3) in CONNECTION_ERRORS:
-            return f"inference unreachable at {m.group(1)} ({m.group(2)}: {m.group(3)})"
-        todo += [e.__cause__, e.__context__]
-    return ""
+        if found and found[-1].group(3) in CONNECTION_ERRORS:
+            m = found[-1]
+            return {"addr": m.group(1), "endpoint": m.group(2), "error": m.group(3)}
+        e, seen = e.__cause__, seen + 1
+    return None
+
+
+def unreachable(at: dict) -> str:
+    return f"inference unreachable at {at['addr']} ({at['endpoint']}: {at['error']})"
 
 
 def hint_for(exc: BaseException, frames: list, workspace: str = "/workspace", roots: list[str] = ()) -> str:
     """What to do about this kind of failure; "" when nothing more specific than "fix it" fits."""
     if none := _reward_returned_none(exc):
         return none
-    if down := unreachable(exc):
-        return (f"{down}: nothing answered there, not your code. logs/sglang.log says whether the server went "
-                "down and why (on one pod supervisord starts it again, on a cluster AReaL's recover run starts a "
-                "new one); a script that sets its own server address must name the one podkit started")
+    if at := unreachable_at(exc):
+        return (f"nothing answered at {at['addr']} ({at['endpoint']}: {at['error']}): if that is inference, the "
+                "server was down (logs/sglang.log says why; on one pod supervisord starts it again, on a cluster "
+                "AReaL's recover run starts a new one), not your code; if it is a server your code calls (a "
+                "judge), that server")
     kinds = {c.__name__ for c in type(exc).__mro__}
     if isinstance(exc, KeyError):
         return _row_fields(exc, frames, list(roots))

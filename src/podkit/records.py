@@ -212,7 +212,9 @@ PROGRESS = Record("progress.json", {"kind": str, "step": int, "time": TIME, "los
                                                  "tripped": bool, "time": TIME,
                                                  "last": {"type": str, "message": str, "where": str, "code": str,
                                                           "hint": str},
-                                                 "unreachable": str},
+                                                 # of them, AReaL's requests that never reached inference
+                                                 "unreachable": str, "unreachable_failed": int,
+                                                 "unreachable_in_a_row": int},
                                     # AReaL: inference restarts the trainer went on through (areal/reattach.py)
                                     "reattach": {"count": int, "fell_back": int,
                                                  "last": {"time": TIME, "outcome": str, "version": int,

@@ -111,7 +111,15 @@ def failed_episodes(prog: dict) -> dict | None:
             "in_a_row": _count(ep.get("in_a_row")), "limit": _count(ep.get("limit")),
             "tripped": ep.get("tripped") is True, "time": _when(ep.get("time")),
             "last": {k: printable(last.get(k)) for k in ("type", "message", "where", "code", "hint")},
-            "unreachable": printable(ep.get("unreachable"), 200)}
+            "unreachable": printable(ep.get("unreachable"), 200), "unreachable_failed": _count(ep.get("unreachable_failed")),
+            "unreachable_in_a_row": _count(ep.get("unreachable_in_a_row"))}
+
+
+def episodes_servers(ep: dict) -> bool:
+    """The failed episodes are inference's, not the workflow's: every one of them never reached it, or the streak
+    that stopped the trainer did."""
+    return bool(ep["unreachable"]) and (ep["unreachable_failed"] >= ep["failed"]
+                                        or (ep["tripped"] and ep["unreachable_in_a_row"] >= ep["in_a_row"]))
 
 
 def boot_failed(boot) -> str:
@@ -126,15 +134,18 @@ def boot_failed(boot) -> str:
 
 def describe_episodes(ep: dict) -> str:
     last = ep["last"]
-    if ep["unreachable"]:  # the server, not the workflow: its own words say where it was not found
-        out = (f"rollout episodes that failed: {ep['failed']} of {ep['failed'] + ep['succeeded']} since the trainer's "
-               f"start; the last: {ep['unreachable']}")
+    total = ep["failed"] + ep["succeeded"]
+    if episodes_servers(ep):  # the server, not the workflow: where it was not found says it
+        out = (f"rollout episodes that failed: {ep['failed']} of {total} since the trainer's start, none reaching "
+               f"inference; the last: {ep['unreachable']}")
     else:
-        out = (f"rollout episodes that failed in your workflow: {ep['failed']} of {ep['failed'] + ep['succeeded']} "
+        out = (f"rollout episodes that failed in your workflow: {max(ep['failed'] - ep['unreachable_failed'], 0)} of {total} "
                f"since the trainer's start; the last: {last['type']}: {last['message']} at {last['where']}")
+        if ep["unreachable_failed"]:
+            out += f"; {ep['unreachable_failed']} more never reached inference ({ep['unreachable']})"
     if ep["tripped"]:
         out += f" ({ep['in_a_row']} in a row: the trainer was stopped with it, trainer.max_episode_failures)"
-    return out + (f" (hint: {last['hint']})" if last["hint"] else "")
+    return out + (f" (hint: {last['hint']})" if last["hint"] and not episodes_servers(ep) else "")
 
 
 def _ago(ts) -> str:

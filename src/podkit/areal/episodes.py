@@ -47,14 +47,16 @@ class Episodes:
         self.failed = self.succeeded = self.in_a_row = 0
         self.since = 0.0  # when the failures in a row began (monotonic)
         self.tripped = False
-        self.last: dict | None = None
-        self.unreachable = ""  # the last failure was AReaL's request to inference that never got through
+        self.last: dict | None = None  # the last failure of the user's code, described
+        # Failures that were AReaL's request to inference never getting through (failure.unreachable_at, at one of
+        # the engine's own addresses): the server's, not the workflow's. The last one's words, and how many.
+        self.unreachable, self.down_failed, self.down_in_a_row = "", 0, 0
         self.written = 0.0
 
     def ok(self) -> None:
         with self.lock:
             self.succeeded += 1
-            self.in_a_row = 0
+            self.in_a_row = self.down_in_a_row = 0
             # the record's counts stay current once there is a failure to show beside them
             write = self.failed and time.monotonic() - self.written >= WRITE_EVERY_S
             if write:
@@ -62,32 +64,48 @@ class Episodes:
         if write:
             self._record()
 
-    def fail(self, exc: BaseException, dispatcher) -> None:
+    def fail(self, exc: BaseException, dispatcher, servers=()) -> None:
         now = time.monotonic()
+        at = failure.unreachable_at(exc)
+        down = at is not None and (not servers or at["addr"] in servers)  # not a judge the user's code calls
         with self.lock:
             self.failed += 1
             self.in_a_row += 1
+            self.down_failed += down
+            self.down_in_a_row = self.down_in_a_row + 1 if down else 0
             if self.in_a_row == 1:
                 self.since = now
             trip = bool(self.limit) and self.in_a_row >= self.limit and now - self.since >= self.window_s \
                 and not self.tripped
             self.tripped |= trip
             n, total, span = self.in_a_row, self.failed, now - self.since
-            write = self.last is None or trip or now - self.written >= WRITE_EVERY_S
+            server = self.down_in_a_row == self.in_a_row  # the failures in a row are all the server's
+            write = self.failed == 1 or trip or now - self.written >= WRITE_EVERY_S \
+                or (not down and self.last is None)
             if write:  # read the traceback only for what is written: a broken reward fails thousands of times
                 self.written = now
-                err = failure.describe(exc, self.roots)
-                self.last = failure.clean(err, self.cfg) if self.cfg is not None else err
-                self.unreachable = failure.unreachable(exc)
+                if down:
+                    self.unreachable = self._clean(failure.unreachable(at))
+                else:
+                    self.last = self._clean(failure.describe(exc, self.roots))
+            why = self.unreachable if server else \
+                f"{self.last['type']}: {self.last['message'][:300]} at {self.last['where']}" if self.last else ""
         if write:
             self._record()
         if trip:
-            why = self.unreachable or f"{self.last['type']}: {self.last['message'][:300]} at {self.last['where']}"
             _log.error(f"{n} rollout episodes in a row failed over {span:.0f}s, none succeeded ({total} so far): "
                        f"{why}. Stopping the trainer with it (trainer.max_episode_failures)")
             setter = getattr(dispatcher, "_set_thread_exception", None)
             if setter is not None:
                 setter(exc)
+
+    def _clean(self, err):
+        """`err` (a record, or text) with the pod's secrets taken out (failure.clean)."""
+        if self.cfg is None:
+            return err
+        if isinstance(err, str):
+            return failure.clean({"text": err}, self.cfg)["text"]
+        return failure.clean(err, self.cfg)
 
     def _record(self) -> None:
         progress = self.progress
@@ -97,7 +115,8 @@ class Episodes:
             last = {k: self.last.get(k) for k in ("type", "message", "where", "code", "hint")} if self.last else None
             record = {"failed": self.failed, "succeeded": self.succeeded, "in_a_row": self.in_a_row,
                       "limit": self.limit, "tripped": self.tripped, "time": time.time(), "last": last,
-                      "unreachable": self.unreachable}
+                      "unreachable": self.unreachable, "unreachable_failed": self.down_failed,
+                      "unreachable_in_a_row": self.down_in_a_row}
         try:
             progress.update(episodes=record)
         except OSError as e:  # a full volume must not turn the user's error into podkit's
@@ -163,6 +182,16 @@ def _refused(workflow) -> TrajectoryRefused:
                              "'Workflow execution failed')")
 
 
+def _addresses(engine) -> tuple[str, ...]:
+    """The inference servers this rollout asks (RemoteInfEngine.addresses, through RemoteSGLangEngine's _engine);
+    () when they cannot be told: any unreachable address then counts as inference's."""
+    for e in (engine, getattr(engine, "_engine", None)):
+        addrs = getattr(e, "addresses", None)
+        if isinstance(addrs, (list, tuple)) and addrs:
+            return tuple(str(a) for a in addrs)
+    return ()
+
+
 def watch(create):
     """The wrapper of WorkflowExecutor._create_workflow_task (patches.watch_episodes)."""
     def watched(self, pending_task):
@@ -170,16 +199,17 @@ def watch(create):
         task = dataclasses.replace(pending_task, workflow=Watched(pending_task.workflow, outcome),
                                    should_accept_fn=_accepting(pending_task.should_accept_fn, outcome))
         execute, dispatcher = create(self, task), self._dispatcher
+        servers = _addresses(getattr(self, "inference_engine", None))
 
         async def counted():
             result = await execute()
             if outcome.exc is not None:
-                EPISODES.fail(outcome.exc, dispatcher)
+                EPISODES.fail(outcome.exc, dispatcher, servers)
             elif result is not None or not outcome.trajectory or outcome.rejected:
                 if outcome.returned:  # a trajectory used, None from the workflow, or one it rejected
                     EPISODES.ok()
             else:  # a trajectory, not rejected, and nothing came of it: AReaL's own handling failed
-                EPISODES.fail(_refused(pending_task.workflow), dispatcher)
+                EPISODES.fail(_refused(pending_task.workflow), dispatcher, servers)
             return result
 
         return counted
