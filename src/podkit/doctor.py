@@ -366,7 +366,7 @@ def check_episodes(pod: Pod, now: float) -> Finding | None:
     if ep is None:
         return None
     last = ep["last"]
-    if status.episodes_servers(ep):
+    if ep["server"]:
         return Finding("episodes_inference_unreachable",
                        f"{ep['failed']} rollout episode(s) failed: {ep['unreachable']}"
                        + (f" ({ep['in_a_row']} in a row: the trainer was stopped with it)" if ep["tripped"] else ""),
@@ -377,8 +377,7 @@ def check_episodes(pod: Pod, now: float) -> Finding | None:
                        "pod supervisord starts it again, on a cluster AReaL's recover run starts a new one and the "
                        "run resumes from its checkpoint",
                        "problem" if ep["tripped"] else "info")
-    mine = max(ep["failed"] - ep["unreachable_failed"], 0)  # the workflow's own; the rest never reached inference
-    title = (f"{mine} rollout episode(s) failed in your workflow"
+    title = (f"{ep['own']} rollout episode(s) failed in your workflow"
              + (f" ({ep['in_a_row']} in a row, none succeeding: the trainer was stopped with it)" if ep["tripped"]
                 else f" of {ep['failed'] + ep['succeeded']}: the steps train on the episodes that did not fail"))
     evidence = [f"{last['type']}: {last['message']} at {last['where']}"] + ([last["code"]] if last["code"] else [])
@@ -389,7 +388,7 @@ def check_episodes(pod: Pod, now: float) -> Finding | None:
                    + "fix it in the workflow or its reward function (logs/trainer.log has each traceback, "
                    "'Workflow execution failed')",
                    # a rare failure (a flaky judge) is a note; one episode in ten is training on a biased sample
-                   "problem" if ep["tripped"] or mine * 10 >= ep["failed"] + ep["succeeded"] else "info")
+                   "problem" if ep["tripped"] or ep["own"] * 10 >= ep["failed"] + ep["succeeded"] else "info")
 
 
 def check_reattach(pod: Pod, now: float) -> Finding | None:

@@ -87,6 +87,18 @@ def _reward_returned_none(exc: BaseException) -> str:
     return ""
 
 
+def chain(exc: BaseException, context: bool = True, limit: int = 8) -> list[BaseException]:
+    """`exc` and the exceptions under it, nearest first, each once: what it was raised from (__cause__) and, unless
+    `context` is False, what was being handled when it was raised (__context__)."""
+    out, todo = [], [exc]
+    while todo and len(out) < limit:
+        e = todo.pop(0)
+        if e is not None and all(e is not c for c in out):
+            out.append(e)
+            todo += [e.__cause__, e.__context__] if context else [e.__cause__]
+    return out
+
+
 # AReaL's request helper (areal/infra/utils/http.py arequest_with_retry, pinned in areal/patches.py) raises
 # "Failed after N retries each. Payload: ... Addr: A. Endpoint: E. Last error: ClientConnectorError(...)". The
 # payload comes first and may be megabytes (a prompt's token ids, an image): the address is read from the end.
@@ -101,14 +113,12 @@ def unreachable_at(exc: BaseException) -> dict | None:
     through (nothing listening at the address, or the connection dropped on every retry); None otherwise (an
     HTTP error or a timeout is an answer). Only __cause__ is followed: an exception the user's code raised while
     handling one (__context__) is the user's own."""
-    e, seen = exc, 0
-    while e is not None and seen < 8:
+    for e in chain(exc, context=False):
         text = safe_str(e, 1 << 30)[-_REQUEST_TAIL:]
         found = list(_REQUEST.finditer(text))  # the last: a payload may quote anything before it
         if found and found[-1].group(3) in CONNECTION_ERRORS:
             m = found[-1]
             return {"addr": m.group(1), "endpoint": m.group(2), "error": m.group(3)}
-        e, seen = e.__cause__, seen + 1
     return None
 
 
@@ -238,13 +248,7 @@ def _describe(exc: BaseException, roots: list[str], workspace: str, call) -> dic
                 "a list (as AReaL's own mains take them): give it one parameter, e.g. `def main(argv=None)`")
     # Down the chain: AReaL wraps a rollout's exception (RuntimeError "Background thread failed" from it), and
     # a reward function run in AReaL's process pool raises with the worker's traceback as text under it.
-    chain, todo = [], [exc]
-    while todo and len(chain) < 8:
-        e = todo.pop(0)
-        if e is not None and all(e is not c for c in chain):
-            chain.append(e)
-            todo += [e.__cause__, e.__context__]
-    for e in chain if roots else ():
+    for e in chain(exc) if roots else ():
         text = safe_str(e, 64 * 1024)
         told = from_text(text, roots) if "Traceback" in text else None
         if told:  # a worker process's exception, raised here as text: its frame is the deeper one

@@ -107,19 +107,17 @@ def failed_episodes(prog: dict) -> dict | None:
     if not isinstance(ep, dict) or not _count(ep.get("failed")):
         return None
     last = ep.get("last") if isinstance(ep.get("last"), dict) else {}
-    return {"failed": _count(ep["failed"]), "succeeded": _count(ep.get("succeeded")),
-            "in_a_row": _count(ep.get("in_a_row")), "limit": _count(ep.get("limit")),
-            "tripped": ep.get("tripped") is True, "time": _when(ep.get("time")),
-            "last": {k: printable(last.get(k)) for k in ("type", "message", "where", "code", "hint")},
-            "unreachable": printable(ep.get("unreachable"), 200), "unreachable_failed": _count(ep.get("unreachable_failed")),
-            "unreachable_in_a_row": _count(ep.get("unreachable_in_a_row"))}
-
-
-def episodes_servers(ep: dict) -> bool:
-    """The failed episodes are inference's, not the workflow's: every one of them never reached it, or the streak
-    that stopped the trainer did."""
-    return bool(ep["unreachable"]) and (ep["unreachable_failed"] >= ep["failed"]
-                                        or (ep["tripped"] and ep["unreachable_in_a_row"] >= ep["in_a_row"]))
+    out = {"failed": _count(ep["failed"]), "succeeded": _count(ep.get("succeeded")),
+           "in_a_row": _count(ep.get("in_a_row")), "limit": _count(ep.get("limit")),
+           "tripped": ep.get("tripped") is True, "time": _when(ep.get("time")),
+           "last": {k: printable(last.get(k)) for k in ("type", "message", "where", "code", "hint")},
+           "unreachable": printable(ep.get("unreachable"), 200), "unreachable_failed": _count(ep.get("unreachable_failed")),
+           "unreachable_in_a_row": _count(ep.get("unreachable_in_a_row"))}
+    out["own"] = max(out["failed"] - out["unreachable_failed"], 0)  # the workflow's; the rest never reached inference
+    # inference's, not the workflow's: every failure never reached it, or the streak that stopped the trainer did
+    out["server"] = bool(out["unreachable"]) and (out["unreachable_failed"] >= out["failed"] or (
+        out["tripped"] and out["unreachable_in_a_row"] >= out["in_a_row"]))
+    return out
 
 
 def boot_failed(boot) -> str:
@@ -135,17 +133,17 @@ def boot_failed(boot) -> str:
 def describe_episodes(ep: dict) -> str:
     last = ep["last"]
     total = ep["failed"] + ep["succeeded"]
-    if episodes_servers(ep):  # the server, not the workflow: where it was not found says it
+    if ep["server"]:  # the server, not the workflow: where it was not found says it
         out = (f"rollout episodes that failed: {ep['failed']} of {total} since the trainer's start, none reaching "
                f"inference; the last: {ep['unreachable']}")
     else:
-        out = (f"rollout episodes that failed in your workflow: {max(ep['failed'] - ep['unreachable_failed'], 0)} of {total} "
+        out = (f"rollout episodes that failed in your workflow: {ep['own']} of {total} "
                f"since the trainer's start; the last: {last['type']}: {last['message']} at {last['where']}")
         if ep["unreachable_failed"]:
             out += f"; {ep['unreachable_failed']} more never reached inference ({ep['unreachable']})"
     if ep["tripped"]:
         out += f" ({ep['in_a_row']} in a row: the trainer was stopped with it, trainer.max_episode_failures)"
-    return out + (f" (hint: {last['hint']})" if last["hint"] and not episodes_servers(ep) else "")
+    return out + (f" (hint: {last['hint']})" if last["hint"] and not ep["server"] else "")
 
 
 def _ago(ts) -> str:

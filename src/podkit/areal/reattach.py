@@ -147,19 +147,6 @@ def keep_latest(folder: Path, version: int) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-class _held:
-    """A lock already acquired, released on leaving the block."""
-
-    def __init__(self, lock) -> None:
-        self.lock = lock
-
-    def __enter__(self):
-        return self.lock
-
-    def __exit__(self, *exc) -> None:
-        self.lock.release()
-
-
 class Attacher:
     """Rank 0: pushes the trainer's latest weights to a restarted inference server, or falls back."""
 
@@ -227,7 +214,7 @@ class Attacher:
                                                         f"inference.ready_timeout_s ({self.window_s:.0f} s) after it "
                                                         "went down during the trainer's push", t0)
             return True
-        with _held(self.lock):
+        try:
             version = self.pushed
             if version is None:
                 return True  # the trainer holds the base weights: a restarted server serves them
@@ -249,6 +236,8 @@ class Attacher:
             failed = self._push(path, want)
             if failed:
                 return self.fall_back(version, failed, t0)
+        finally:
+            self.lock.release()
         took = time.monotonic() - t0
         _log.info(f"{why}: re-attached, pushed version {version} from {path} in {took:.1f}s; the trainer goes on")
         self._note(version, took, why)
