@@ -54,7 +54,7 @@ rehearse: sysdeps
 	  export PODKIT_REPO_URL="$$1" PODKIT_REPO_REF="$$2" \
 	    PODKIT_TRAINER_ENTRY='$(ENTRY)' PODKIT_TRAINER_AREAL_CONFIG='$(CONFIG)' \
 	    PODKIT_TRAINER_OVERRIDES="$$(grep -v '^#' rehearse/cpu-overrides | tr '\n' ' ') $${PODKIT_TRAINER_OVERRIDES:-} $(OVERRIDES)" && ,) \
-	PYTHONPATH=$(CURDIR)/src $$py -m podkit --config configs/cpu-rehearsal.yaml up --workspace $(WORKSPACE) \
+	_PODKIT_PLACE=rehearse PYTHONPATH=$(CURDIR)/src $$py -m podkit --config configs/cpu-rehearsal.yaml up --workspace $(WORKSPACE) \
 	  $(if $(filter-out 0,$(STEPS)),--steps $(STEPS))
 
 # The suite on JOBS pytest-xdist workers: the real-trainer tests in order on one worker (their xdist_group

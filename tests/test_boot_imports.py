@@ -17,6 +17,7 @@ pytestmark = pytest.mark.timeout(60)
 # The modules the boot sequence is made of (docs/architecture.md: Layout). A new one here is a decision,
 # not an accident.
 BOOT_MODULES = {"podkit", "podkit.boot", "podkit.checks", "podkit.cli", "podkit.config", "podkit.discovery",
+                "podkit.ending",  # how the last run ended, in its kind's words (the boot history)
                 "podkit.errors", "podkit.gpu", "podkit.guard", "podkit.lease", "podkit.log", "podkit.pid1",
                 "podkit.preflight",
                 "podkit.proc", "podkit.programs", "podkit.reap", "podkit.records", "podkit.render",

@@ -167,8 +167,8 @@ def test_the_import_check_leaves_alone_what_it_cannot_tell(tmp_path):
 
 
 def test_doctor_names_a_script_that_never_trained_and_a_loop_bound_stop():
-    pod = SimpleNamespace(progress={"stopped": {"by": "never-trained", "message": "train.py ended without calling "
-                                                "PPOTrainer.train: nothing trained", "hint": "call it"}},
+    pod = SimpleNamespace(progress={"stopped": {"by": "never-trained", "time": 1.0, "message": "train.py ended "
+                                                "without calling PPOTrainer.train: nothing trained", "hint": "call it"}},
                           state=ROOT / "no-such-state-dir")
     f = doctor.check_trainer_config(pod, 0)
     assert f.id == "trainer_never_trained" and f.title.startswith("your script never trained") and f.fix == "call it"

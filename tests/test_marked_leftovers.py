@@ -45,17 +45,18 @@ time.sleep(600)
 # The trainer program (programs.run) with the fake trainer's module swapped for one that starts the
 # daemon; as supervisord starts it, in a process group of its own.
 TRAINER = """import os, signal, sys, threading
-from podkit import config, programs
+from podkit import config, ending, programs
 
 def main(cfg):
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    ending.SIGNALS.forward = lambda *_: stop.set()  # as the real trainers take their stop signal
     if os.environ.get("START_DAEMON"):
         import subprocess
-        subprocess.run([sys.executable, os.environ["DAEMON"], os.environ["PIDFILE"]], check=True)
+        env = {"PATH": os.environ["PATH"]} if os.environ.get("CLEAN_ENV") else None  # no mark inherited
+        subprocess.run([sys.executable, os.environ["DAEMON"], os.environ["PIDFILE"]], check=True, env=env)
         print("daemon started", flush=True)
         stop.wait()
-    return 75  # a restart: no loop bound, no wait for supervisord
+    return 0  # no supervisord here: a stop asked by whoever runs it, or an end; never counted
 
 sys.modules["leftover_trainer"] = sys.modules[__name__]
 programs.TABLE[("trainer", "fake")] = "leftover_trainer"
@@ -115,10 +116,24 @@ def test_a_setsid_child_of_the_trainer_that_ignores_sigterm_is_gone_after_the_st
     daemon = read_pid(tmp_path / "daemon.pid", procs)
     wait_for(lambda: "daemon started" in out.read_text(), 10, what="the trainer to go on")
     p.send_signal(signal.SIGTERM)
-    assert p.wait(15) == 75
+    assert p.wait(15) == 0
     assert not alive(daemon)
     assert f"WARNING: stopped pid {daemon} ({sys.executable} {tmp_path / 'reward_server.py'}" in out.read_text()
     assert "left running by the trainer, which has ended, with SIGKILL" in out.read_text()
+
+
+def test_a_daemon_with_a_clean_environment_is_found_by_ancestry_and_gone_after_the_stop(procs, tmp_path):
+    """A script that double-forks a setsid daemon with env={"PATH": ...} passes on no mark: the trainer program is
+    a child subreaper, so the daemon is re-parented to it and stopped, by ancestry, when it ends."""
+    p, out = run_trainer(procs, tmp_path, START_DAEMON="1", CLEAN_ENV="1")
+    daemon = read_pid(tmp_path / "daemon.pid", procs)
+    wait_for(lambda: "daemon started" in out.read_text(), 10, what="the trainer to go on")
+    assert proc.OWNER_ENV.encode() not in Path(f"/proc/{daemon}/environ").read_bytes(), "the daemon carries no mark"
+    assert proc.read_stat(daemon).ppid == p.pid, "re-parented to the trainer program, not to PID 1"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(15) == 0
+    assert not alive(daemon)
+    assert f"WARNING: stopped pid {daemon} ({sys.executable} {tmp_path / 'reward_server.py'}" in out.read_text()
 
 
 def test_what_a_killed_trainer_left_is_stopped_at_its_next_start(procs, tmp_path):
@@ -129,8 +144,8 @@ def test_what_a_killed_trainer_left_is_stopped_at_its_next_start(procs, tmp_path
     p.kill()
     p.wait(10)
     assert alive(daemon), "a daemon in a session of its own outlives its killed trainer"
-    p2, out = run_trainer(procs, tmp_path)
-    assert p2.wait(15) == 75
+    p2, out = run_trainer(procs, tmp_path, PODKIT_TRAINER_RESTART_DELAY_S="1")
+    assert p2.wait(15) == 0
     assert not alive(daemon)
     assert f"stopped pid {daemon} (" in out.read_text()
     assert "left running by the trainer's previous start" in out.read_text()
@@ -149,6 +164,22 @@ def test_a_daemon_left_by_repo_setup_is_gone_once_setup_ends(procs, tmp_path):
     assert not alive(daemon)
     assert f"stopped pid {daemon} ({sys.executable} {daemon_py}" in r.stdout + r.stderr
     assert "left running by repo.setup, which has ended" in r.stdout + r.stderr
+
+
+def test_a_daemon_repo_setup_starts_with_a_clean_environment_is_gone_once_setup_ends(procs, tmp_path):
+    """`env -i` strips the mark: the command runs below a child subreaper (podkit.subreap), which finds the
+    daemon by ancestry, stops it, and says so through the stage."""
+    (tmp_path / "ws" / "repo").mkdir(parents=True)
+    daemon_py, pidfile = tmp_path / "reward_server.py", tmp_path / "daemon.pid"
+    daemon_py.write_text(DAEMON)
+    env = {**smoke_env(tmp_path / "ws", free_port()),
+           "PODKIT_REPO_SETUP": f"env -i PATH=/usr/bin:/bin {sys.executable} {daemon_py} {pidfile}"}
+    r = subprocess.run([*PODKIT, "setup", "--json"], capture_output=True, text=True, env=env, timeout=50)
+    daemon = read_pid(pidfile, procs)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not alive(daemon)
+    assert f"stopped pid {daemon} ({sys.executable} {daemon_py}" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "left running by repo.setup, which has ended, with SIGKILL" in r.stdout + r.stderr
 
 
 def test_boot_stops_what_the_previous_runs_trainer_and_setup_left_and_dry_run_only_names_it(procs, tmp_path):

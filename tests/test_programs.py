@@ -279,11 +279,19 @@ def test_both_stand_ins_answer_sglangs_shared_routes_alike_from_one_handler(tmp_
     assert answers[0][2][0] == 400 and "does not exist" in answers[0][2][1]["message"]
 
 
-def test_trainer_stops_waiting_when_supervisord_reports_inference_dead(tmp_path):
-    cfg = load("a40-4gpu.yaml", tmp_path, PODKIT_INFERENCE_PORT=str(free_port()))
+def test_trainer_stops_waiting_when_supervisord_reports_inference_dead_and_waits_for_it_stopped_on_request(tmp_path):
+    """FATAL: nothing will start it again. STOPPED: a person stopped it (`podkit ctl stop sglang`), and will start it
+    again: waited for without a limit (here until the trainer is asked to stop), never a failure."""
+    from podkit import health
+
+    cfg = load("a40-4gpu.yaml", tmp_path, PODKIT_INFERENCE_PORT=str(free_port()), PODKIT_INFERENCE_READY_TIMEOUT_S="1")
     t0 = time.monotonic()
-    why = launch.wait_for_inference(cfg, is_dead=lambda: "FATAL", interval=0.1)
+    why = health.wait_for_inference(cfg, is_dead=lambda: "FATAL", interval=0.1)
     assert "FATAL" in why and time.monotonic() - t0 < 5
+    t0 = time.monotonic()
+    why = health.wait_for_inference(cfg, is_dead=lambda: "STOPPED", interval=0.1,
+                                    stopping=lambda: time.monotonic() - t0 > 3)
+    assert why == "stopping" and time.monotonic() - t0 >= 3, "past inference.ready_timeout_s (1 s): no limit"
 
 
 def test_sglang_start_waits_for_an_old_server_to_let_go_of_its_gpu(procs, devices):
@@ -394,7 +402,9 @@ def test_a_step_that_never_ends_after_sigterm_is_cut_by_the_launcher_so_no_rank_
     from conftest import alive, wait_for
 
     stuck = RANK_SCRIPT.replace("time.sleep(1.0)  # the end of the step in flight and its recover checkpoint",
-                                "time.sleep(3600)  # a step that never ends")
+                                "time.sleep(3600)  # a step that never ends").replace(
+        'open(os.path.join(out, "ready-"', "from podkit import ending  # in train(): as the hooks note it\n"
+        'ending.rank_alive(os.path.dirname(out), int(os.environ["RANK"]), training=True)\nopen(os.path.join(out, "ready-"')
     p, out = start_supervised_torchrun(procs, tmp_path, stuck, grace_s=3.0)
     record = tmp_path / "torchrun.json"
     wait_for(lambda: len(json.loads(record.read_text())["groups"]) == 3, 20, what="both ranks recorded")

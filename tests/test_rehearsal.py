@@ -93,13 +93,14 @@ def test_the_real_trainer_trains_pushes_each_version_evaluates_resumes_after_sig
     # This pod stalls past its lease and a pod on another host takes the workspace: the real trainer
     # writes no recover checkpoint from then on (on every rank alike) and stops after the step.
     ckpt_files = sorted(str(f) for f in s2.workspace.rglob("*") if "recover" in str(f) and f.is_file())
+    last_end = s2.progress().get("stopped")  # the hang's, judged at the restart
     other = {"host": "replacement-pod", "boot_id": "x", "pid": 4242, "start": 1, "since": time.time(),
              "renewed": time.time(), "token": "abc"}
     (s2.workspace / ".podkit" / "lease.json").write_text(json.dumps(other))
     wait_for(lambda: "lost the workspace to host replacement-pod, pid 4242" in s2.log("trainer"), 180,
              what="the lease-lost stop")
     frozen = s2.progress()
-    assert frozen.get("stopped") is None, "the holder's progress record is not this pod's to write"
+    assert frozen.get("stopped") == last_end, "the holder's progress record is not this pod's to write"
     assert sorted(str(f) for f in s2.workspace.rglob("*") if "recover" in str(f) and f.is_file()) == ckpt_files
     wait_for(lambda: s2.status()["programs"]["trainer"]["state"] == "EXITED", 60, what="the trainer's exit, 0")
     assert s2.progress() == frozen

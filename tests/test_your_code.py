@@ -6,6 +6,7 @@ as `make rehearse REPO=examples/my-repo ENTRY=train.py` runs it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import time
 import pytest
 
 from areal_stack import CPU_OVERRIDES, EXAMPLE, PYTHON, example_remote, repo_env
-from conftest import wait_for, wheel
+from conftest import free_port, wait_for, wheel
 from podkit import records
 from podkit.areal import identity
 
@@ -251,7 +252,82 @@ def test_a_script_that_cannot_train_stops_the_trainer_once_naming_the_file_and_l
     assert finding["evidence"][0].startswith(f"KeyError: 'solution' at {checkout / 'my_reward.py'}:{line}"), finding
     assert "rollout episodes that failed in your workflow" in s.podkit("status").stdout
     print(f"a reward that always raises: 2 starts, {failed} failed episodes logged; doctor: {finding['title']}")
+
+    # The fix, pushed, and `podkit resume` on the live pod: one verb syncs it and starts the trainer. The script
+    # now fetches from its data mirror first, which is down at first: a network error, retried (not a config
+    # error), and the next start trains. Its workflow can be made to await for ever (a judge that never answers).
+    port = free_port()
+    fixed = (EXAMPLE / "train.py").read_text().replace("import sys\n", "import sys\nimport urllib.request\n", 1).replace(
+        "    config, _ = load_expr_config(argv, MyConfig)\n",
+        f"    urllib.request.urlopen('http://127.0.0.1:{port}/ok', timeout=10).read()  # the data's mirror\n"
+        "    config, _ = load_expr_config(argv, MyConfig)\n", 1)
+    remote.commit("my_reward.py", (EXAMPLE / "my_reward.py").read_text())
+    remote.commit("my_workflow.py", HANGING_WORKFLOW)
+    head = remote.commit("train.py", fixed)
+    since = time.time()
+    r = s.podkit("resume")
+    assert r.returncode == 0 and f"-> {head[:12]}" in r.stdout and "started" in r.stdout, r.stdout + r.stderr
+    wait_for(lambda: f"could not reach 127.0.0.1:{port}: URLError" in s.log("trainer"), 180, interval=1,
+             what="the mirror's network error")
+    loop = json.loads((s.workspace / ".podkit" / "trainer-loop.json").read_text())
+    assert loop.get("outside") == 1 and not loop.get("failures") and not loop.get("gave_up"), loop
+    assert (s.progress().get("stopped") or {}).get("by") == "network-error", s.progress()
+    with mirror(port):
+        p = wait_for(lambda: (p := s.progress()).get("time", 0) > since and isinstance(p.get("step"), int)
+                     and p["step"] > (p.get("resumed_at") or 0) and p, 300, interval=1,
+                     what="a step trained once the mirror answers")
+    print(f"one network error, then training: step {p['step']}")
+    # The workflow awaits for ever: the rank's own dump of its asyncio tasks (the watchdog's) names the line.
+    (checkout / "hang.flag").touch()
+    wait_for(lambda: (checkout / "hung.flag").exists(), 180, interval=1, what="an episode to hang")
+    from podkit import stacks, watchdog
+
+    dump = s.workspace / "logs" / "hang-test.txt"
+    watchdog.dump_stacks(s.pid("trainer"), dump, s.workspace / "logs")
+    frame = stacks.user_frame(dump.read_text(), [str(checkout)])
+    line = HANGING_WORKFLOW.splitlines().index("            await asyncio.Event().wait()  # never answers") + 1
+    assert frame and frame["shown"] == f"my_workflow.py:{line}" and frame["function"] == "arun_episode", frame
+    assert stacks.describe(frame, True) == f"hung in your workflow at my_workflow.py:{line} in arun_episode"
+    # The pod's stop while that step hangs: cut at the end of the grace, and a stop, not a failure.
     assert s.stop() == 0
+    stopped = s.progress()["stopped"]
+    assert stopped["by"] == "SIGTERM" and stopped.get("cut") and "the pod's stop" in stopped["asked"], stopped
+
+
+# examples/my-repo's workflow, made to await for ever once hang.flag is in the checkout (its cwd).
+HANGING_WORKFLOW = (EXAMPLE / "my_workflow.py").read_text().replace(
+    "from areal.workflow.rlvr import RLVRWorkflow\n",
+    "import asyncio\nimport os\n\nfrom areal.workflow.rlvr import RLVRWorkflow\n") + """
+    async def arun_episode(self, engine, data):
+        if os.path.exists("hang.flag"):
+            open("hung.flag", "w").close()
+            await asyncio.Event().wait()  # never answers
+        return await super().arun_episode(engine, data)
+"""
+
+
+@contextlib.contextmanager
+def mirror(port: int):
+    """The data's mirror, answering on 127.0.0.1."""
+    import http.server
+    import threading
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *_):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), Answer)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_an_entry_that_is_not_in_the_checkout_waits_in_safe_mode_at_boot(rehearsal, tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
@@ -476,3 +477,84 @@ print(json.dumps([at(down), at(wrapped), failure.describe(wrapped, ["{tmp_path}"
     assert "not your code" in hint and "judge" in hint, hint
     assert answered is None and "Last error: ClientResponseError" in said, said  # an HTTP error is an answer
     assert handled is None and other is None
+
+
+# One entry per run of the bootstrap, each in its own process (a SIGTERM test needs its own), with what it
+# raised (what may pass goes to the loop bound), its record and its rank's error record.
+ONE = """
+import json, os, sys, traceback
+sys.path.insert(0, os.environ["SRC"])
+from podkit import records
+from podkit.areal import bootstrap
+os.environ["PODKIT_TRAINER_ENTRY"] = sys.argv[1]
+print("starting", flush=True)
+try:
+    rc, raised = bootstrap.main(sys.argv[2:]), None
+except BaseException as e:
+    rc, raised = None, type(e).__name__
+ws = os.environ["PODKIT_WORKSPACE"]
+err = records.Record("trainer-error-0.json", records.ERROR).read(os.environ["PODKIT_RUN_DIR"])
+print(json.dumps({"rc": rc, "raised": raised, "stopped": records.PROGRESS.read(ws + "/.podkit").get("stopped"),
+                  "error": err}))
+"""
+
+
+def test_what_may_pass_goes_to_the_loop_bound_a_missing_files_key_is_named_and_a_sigterm_before_train_ends_at_once(
+        tmp_path):
+    """A refused connection before training is raised for the loop bound (its back-off, then a retry), named by
+    what it could not reach; a data file the loaded config names is named by its key as well as the line that
+    read it; in a rehearsal, a hub dataset's fix is an override, not the volume; and a SIGTERM while the script is
+    still in its own code ends the rank within seconds, as a stop, with nothing in flight."""
+    import signal
+    import subprocess
+
+    repo = tmp_path / "ws" / "repo"
+    repo.mkdir(parents=True)
+    port = free_port()  # nothing listens: the data mirror is down
+    (repo / "mirror.py").write_text(f"import urllib.request\n\n"
+                                    f"urllib.request.urlopen('http://127.0.0.1:{port}/data.jsonl', timeout=5)\n")
+    (repo / "cfgdata.py").write_text(
+        "import sys\nfrom datasets import load_dataset\nfrom areal.api.cli_args import GRPOConfig, load_expr_config\n\n"
+        "config, _ = load_expr_config(sys.argv[1:], GRPOConfig)\n"
+        "rows = load_dataset('json', data_files=config.train_dataset.path, split='train')\n")
+    (repo / "hub.py").write_text("from datasets import load_dataset\n\n"
+                                 "train = load_dataset('openai/gsm8k', 'main', split='train')\n")
+    (repo / "slow.py").write_text("import time\n\nprint('loading', flush=True)\ntime.sleep(120)  # data to prepare\n")
+    env = {**os.environ, "PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"),
+           "PODKIT_WORKSPACE": str(tmp_path / "ws"), "PODKIT_REPO_URL": "https://example.invalid/r.git",
+           "PODKIT_RUN_DIR": str(tmp_path / "run"), "RANK": "0", "SRC": str(ROOT / "src"), "HF_HUB_OFFLINE": "1",
+           "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets"),
+           "PYTHONPATH": str(ROOT / "src")}
+
+    def one(entry, *argv, **extra):
+        r = areal_run("-c", ONE, entry, *argv, env={**env, **extra}, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    mirror = one("mirror.py")
+    assert mirror["raised"] == "URLError" and mirror["error"]["transient"] == f"could not reach 127.0.0.1:{port}", \
+        mirror
+    assert (mirror["stopped"] or {}).get("by") != "config-error", "a network error is not the script's config"
+    yaml = str(ROOT / "configs" / "areal" / "grpo-cpu.yaml")
+    data = one("cfgdata.py", "--config", yaml, "train_dataset.path=data/missing.jsonl", "experiment_name=e",
+               "trial_name=t", f"cluster.fileroot={tmp_path / 'fr'}", f"recover.fileroot={tmp_path / 'fr'}")
+    stopped = data["stopped"]
+    assert stopped["by"] == "config-error" and f"{repo / 'cfgdata.py'}:6" in stopped["message"], stopped
+    assert "train_dataset.path names a file that is not there" in stopped["hint"], stopped
+    hub = one("hub.py", _PODKIT_PLACE="rehearse")
+    assert "OVERRIDES='train_dataset.path=" in hub["stopped"]["hint"] and "make rehearse" in hub["stopped"]["hint"]
+    assert "push" not in hub["stopped"]["hint"], hub["stopped"]
+
+    p = subprocess.Popen([PYTHON, "-c", ONE, "slow.py"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    try:
+        assert next(ln for ln in p.stdout if ln.strip() == "loading")  # in the script's own code, before train()
+        t0 = time.time()
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    took = time.time() - t0
+    slow = json.loads(out.strip().splitlines()[-1])
+    assert took < 5 and slow["rc"] == 0 and slow["raised"] is None, (took, slow)
+    assert slow["stopped"]["by"] == "SIGTERM" and "before training started" in slow["stopped"]["message"], slow

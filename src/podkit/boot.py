@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from podkit import checks, config, guard, log, preflight, proc, reap, records, render, safemode
+from podkit import checks, config, ending, guard, log, preflight, proc, reap, records, render, safemode
 from podkit.errors import ConfigError, PodkitError, StageError
 
 _log = log.get("boot")
@@ -239,6 +239,7 @@ def up(cfg, steps: int | None = None) -> int:
             record.rec["reason"], record.rec["hint"] = e.message, e.hint
             record.done("failed")
         raise
+    env[ending.PLACE_ENV] = ending.place(cfg) if ending.place(cfg) != "pod" else "up"  # fixes say `podkit up` here
     proc = subprocess.Popen(supervisord_argv(env), env=env)
     _record_current(cfg, proc.pid)
     if record:
@@ -248,10 +249,12 @@ def up(cfg, steps: int | None = None) -> int:
 
     def forward(signum, _frame):
         stopping.append(signum)
+        ending.ask(cfg.run_path, ["all"], f"you (podkit up got {signal.Signals(signum).name})")
         proc.send_signal(signal.SIGTERM)
 
     def stop(why: str) -> None:
         _log.info(f"{why}: stopping everything")
+        ending.ask(cfg.run_path, ["all"], f"podkit up: {why}")
         stopping.append(0)
         proc.send_signal(signal.SIGTERM)
 
@@ -308,18 +311,69 @@ def _run_ended(cfg, started: float) -> tuple[str, str] | None:
     state = info.get("statename")
     if state != supervisord.STOPPED and (state != supervisord.EXITED or info.get("exitstatus") != 0):
         return None  # any other exit code is restarted (exitcodes=0)
-    stopped = records.PROGRESS.read(cfg.state_dir).get("stopped") or {}
-    if (stopped.get("time") or 0) < started:
+    end = ending.read(cfg.state_dir, since=started)
+    if end is None:
         return None
-    if stopped.get("by") in records.FINISHED:
+    if end.family == ending.FINISHED:
         if cfg.multi_node:
             return None  # a cluster's nodes share the run's end: their operator stops each one
-        return "finished", f"training finished ({stopped['by']}) {records.at_step(stopped.get('step'))}"
-    if state == supervisord.STOPPED:
+        return "finished", f"training finished ({end.kind.name}) {records.at_step(end.step)}"
+    if state == supervisord.STOPPED or end.family != ending.FINAL:
         return None  # stopped mid-run by a person (`podkit ctl stop`): theirs to start again
-    at = records.at_step(stopped.get("step"))
-    first = str(stopped.get("message") or "").strip().splitlines()[:1]
-    return "failed", f"the trainer stopped for good ({stopped.get('by')}) {at}" + (f": {first[0]}" if first else "")
+    at = records.at_step(end.step)
+    return "failed", f"the trainer stopped for good ({end.kind.name}) {at}" + (f": {end.first()}" if end.first() else "")
+
+
+def live_supervisord(cfg) -> bool:
+    """A pod that runs (its supervisord answers) and does not wait in safe mode."""
+    from podkit import supervisord
+
+    if records.SAFE_MODE.read(cfg.state_dir).get("pid"):
+        return False
+    return supervisord.process_info(cfg.socket_path, "trainer") is not None
+
+
+def resume_trainer(cfg, say=print) -> int:
+    """`podkit resume` on a running pod: once the trainer has stopped (for good, or by a person), the fix the
+    user pushed reaches it: the repo synced and set up as at boot, then the trainer (and the watchdog, if it
+    was stopped with it) started; the loop bound counts from zero. Nothing is started after a failed stage."""
+    from podkit import supervisord
+
+    rpc = supervisord.rpc(cfg.socket_path).supervisor
+    info = supervisord.process_info(cfg.socket_path, "trainer") or {}
+    if info.get("statename") not in supervisord.STOPPED_STATES:
+        say(f"the trainer is {info.get('statename', 'not known to supervisord')}: nothing to resume "
+            "(`podkit status` says how it is doing)")
+        return 0
+    end = ending.read(cfg.state_dir)
+    if end is not None:
+        say(f"the trainer's last run: {end.said()}")
+    try:
+        if cfg.repo.url:
+            before = records.SYNC.read(cfg.state_dir).get("new")
+            sync_stage(cfg)
+            after = records.SYNC.read(cfg.state_dir).get("new")
+            say(f"synced {cfg.repo.url} ({cfg.repo.ref}): " + (f"{(before or '?')[:12]} -> {after[:12]}"
+                                                               if after and after != before else
+                                                               f"no new commit ({(after or '?')[:12]})"))
+        setup_stage(cfg)
+    except PodkitError as e:
+        say(f"podkit: error: {e}")
+        say("the trainer was not started: fix what is named above, then `podkit resume` again")
+        return 1
+    started = []
+    for name in ("watchdog", "trainer"):
+        state = (supervisord.process_info(cfg.socket_path, name) or {}).get("statename")
+        if state in supervisord.STOPPED_STATES:
+            try:
+                rpc.startProcess(name, False)
+                started.append(name)
+            except Exception as e:  # noqa: BLE001 - xmlrpc faults and socket errors alike
+                say(f"could not start {name} ({e}): `podkit ctl start {name}`")
+                return 1
+    say(f"started {' and '.join(started) or 'nothing'}: the trainer resumes from its last checkpoint "
+        "(`podkit status` follows it)")
+    return 0
 
 
 def _print_findings(cfg) -> None:

@@ -193,10 +193,14 @@ def _doctor(cfg, args) -> int:
     return doctor.main(cfg, cfg.workspace_path, args.json)
 
 
-@verb("resume", "leave safe mode: forgive past boots and boot again", workspace=True, tolerant=True)
+@verb("resume", "start training again: in safe mode, forgive past boots and boot again; on a running pod whose "
+      "trainer stopped for good, sync the repo (the fix you pushed), set it up and start the trainer",
+      workspace=True, tolerant=True)
 def _resume(cfg, args) -> int:
-    from podkit import guard
+    from podkit import boot, guard
 
+    if not getattr(cfg, "load_error", None) and boot.live_supervisord(cfg):
+        return boot.resume_trainer(cfg)
     print(guard.resume(cfg.state_dir))
     return 0
 
@@ -241,6 +245,13 @@ def _ctl(cfg, args) -> int:
         raise PodkitError(f"no podkit has booted on {cfg.workspace_path}", "start it with podkit boot or podkit up")
     exe = str(Path(preflight.supervisord_path() or "supervisord").with_name("supervisorctl"))
     argv = [exe, "-c", str(Path(current["run_dir"]) / "supervisorctl.conf"), *args.args]
+    words = [a for a in args.args if not a.startswith("-")]
+    if words and words[0] in ("stop", "restart") and words[1:]:
+        from podkit import ending
+
+        # Who asks: the program stopped says "stopped by you", and its stop is never counted as a failure.
+        names = [w.split(":")[0] for w in words[1:]]  # "trainer", "trainer:*": each program is its own group
+        ending.ask(Path(current["run_dir"]), names, f"you (podkit ctl {' '.join(words)})")
     os.execv(argv[0], argv)
     return 127  # not reached
 

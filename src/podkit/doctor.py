@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from podkit import gpu, guard, health, proc, records, status, supervisord
+from podkit import ending, gpu, guard, health, proc, records, status, supervisord
 from podkit.watchdog import STARTUP
 
 ERROR_LINE = re.compile(r"error|exception|traceback|cuda|out of memory|killed|fatal", re.I)
@@ -141,7 +141,29 @@ def check_workspace(pod: Pod, now: float, min_free_bytes: int, min_mb_s: float) 
     return out
 
 
+KMSG_STAMP = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\]")
+OOM_MEMCG = re.compile(r"oom-kill:.*task_memcg=([^,\s]*),.*\bpid=(\d+)")
+
+
+def memcg() -> str | None:
+    """This process's memory cgroup, as the kernel names it in its log ("/process_api/x"); None unknown."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            hier, ctrl, path = line.split(":", 2)
+            if "memory" in ctrl.split(",") or hier == "0" and ctrl == "":
+                return path
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _below(path: str, root: str) -> bool:
+    return root in ("/", "") or path == root or path.startswith(root.rstrip("/") + "/")
+
+
 def check_oom(pod: Pod, now: float, cgroup_dir: Path) -> Finding | None:
+    """An OOM kill in this container (its cgroup's count), or one the kernel logged since this boot: the
+    kernel's log outlives containers and boots, and an old line is not this run's."""
     evidence = []
     try:
         events = dict(line.split() for line in (cgroup_dir / "memory.events").read_text().splitlines() if line)
@@ -149,9 +171,27 @@ def check_oom(pod: Pod, now: float, cgroup_dir: Path) -> Finding | None:
             evidence.append(f"{cgroup_dir}/memory.events: oom_kill {events['oom_kill']}, oom {events.get('oom', '?')}")
     except (OSError, ValueError):
         pass
+    booted = pod.boots[-1].get("time") if pod.boots else None
     try:
-        kmsg = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5).stdout
-        evidence += [ln.strip() for ln in kmsg.splitlines() if OOM_LINE.search(ln)][-3:]
+        kernel_up = now - float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        kernel_up = None
+    try:
+        kmsg = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5).stdout.splitlines()
+        ours = memcg()
+        # The kernel names the killed task's memory cgroup: a kill in another container's (or a sibling's) is not
+        # this pod's. Without a name (an older kernel), the time decides alone.
+        foreign = {m.group(2) for ln in kmsg if (m := OOM_MEMCG.search(ln))
+                   and ours is not None and not _below(m.group(1), ours)}
+        for ln in kmsg:
+            m, hit = KMSG_STAMP.match(ln), OOM_LINE.search(ln)
+            pid = next((g for g in (hit.groups() if hit else ()) if g and g.isdigit()), None) or \
+                ((OOM_MEMCG.search(ln) or [None, None, None])[2])
+            if not hit or pid in foreign or (booted and kernel_up is not None and m
+                                              and kernel_up + float(m.group(1)) < booted - 5):
+                continue  # another cgroup's, or before this boot
+            evidence.append(ln.strip())
+        evidence = evidence[:1] + evidence[1:][-3:]
     except (OSError, subprocess.SubprocessError):
         pass
     if not evidence:
@@ -163,19 +203,34 @@ def check_oom(pod: Pod, now: float, cgroup_dir: Path) -> Finding | None:
 def check_restarts(pod: Pod, now: float, program: str, what: str) -> Finding | None:
     rec = pod.programs.get(program) if isinstance(pod.programs.get(program), dict) else {}
     starts = rec.get("starts", 0)
-    if starts < 2 or program == "trainer" and (pod.progress.get("stopped") or {}).get("by") == "crash-loop":
-        return None  # the loop bound's finding names the cause
+    end = ending.of(pod.progress.get("stopped")) if program == "trainer" else None
+    if starts < 2 or end is not None and end.family == ending.FINAL:
+        return None  # the loop bound's (or the refusal's) finding names the cause
+    loop = getattr(pod, "loop", None) or {}
+    if program == "trainer" and loop.get("boot") == records.CURRENT.read(pod.state).get("started") and \
+            loop.get("ends") and not [e for e in loop["ends"] if isinstance(e, dict) and e.get("family") ==
+                                      ending.FAILURE]:
+        return None  # every end of this boot was a stop asked for or a restart podkit wanted: nothing failed
     err = last_error(pod) if program == "trainer" else {}
     # The rank's own exception when it recorded one: torchrun's ChildFailedError lines say only that a rank failed.
     errors = error_lines(err) if err else [ln.strip() for ln in pod.log_tail(program) if ERROR_LINE.search(ln)][-5:]
+    if end is not None and end.family == ending.FAILURE:
+        errors = [f"the last end: {status.printable(end.words(), 600)}"] + errors
     fatal = rec.get("state") == supervisord.FATAL
     by_watchdog = [a.get("reason") for a in records.WATCHDOG.read(pod.state) if a.get("program") == program]
+    # Recovered: the trainer runs and has stepped since its last start; what ended it before is history, a note.
+    since = rec.get("started_at")
+    recovered = program == "trainer" and not fatal and rec.get("state") == supervisord.RUNNING and \
+        isinstance(since, (int, float)) and (pod.progress.get("time") or 0) > since and \
+        isinstance(pod.progress.get("step"), int) and pod.progress.get("step") != pod.progress.get("resumed_at")
     return Finding(f"{what}_restarts", f"{what} restarted {starts - 1} time(s)" + (", then gave up (FATAL)"
-                   if fatal else ""), (errors or [f"no error lines in logs/{program}.log (killed from outside?)"])
+                   if fatal else ", and trains again since" if recovered else ""),
+                   (errors or [f"no error lines in logs/{program}.log (killed from outside?)"])
                    + [f"watchdog: {r}" for r in by_watchdog[-2:]],
                    "the last error lines above say why; a kill with no error is often an OOM (see oom_kill) or "
                    "the watchdog (.podkit/watchdog.json)" + ("; the trainer resumes from its latest checkpoint"
-                                                             if program == "trainer" else ""))
+                                                             if program == "trainer" else ""),
+                   "info" if recovered else "problem")
 
 
 def check_safe_mode(pod: Pod, now: float) -> Finding | None:
@@ -283,16 +338,6 @@ def check_nan_loss(pod: Pod, now: float) -> Finding | None:
                    "before it diverged")
 
 
-STOPPED_FOR_GOOD = {
-    "config-error": ("trainer_config_error", "the trainer's config or code cannot train: the trainer is stopped, "
-                     "not looping"),
-    "crash-loop": ("trainer_crash_loop", "your script failed again and again without a new step: the loop bound "
-                   "stopped the trainer"),
-    "never-trained": ("trainer_never_trained", "your script never trained: it ended without calling "
-                      "PPOTrainer.train"),
-}
-
-
 def last_error(pod: Pod) -> dict:
     """The user's own exception from the trainer's last failure (failure.py), as the loop bound kept it."""
     rec = getattr(pod, "loop", None) or {}
@@ -313,16 +358,72 @@ def error_lines(err: dict) -> list[str]:
 
 
 def check_trainer_config(pod: Pod, now: float) -> Finding | None:
-    stopped = pod.progress.get("stopped") or {}
-    if stopped.get("by") not in STOPPED_FOR_GOOD:
+    """The trainer stopped for good (a final kind of ending.py): why, in the user's words, and the fix."""
+    end = ending.of(pod.progress.get("stopped"))
+    if end is None or end.family != ending.FINAL:
         return None
-    lines = [ln for ln in str(stopped.get("message") or "").splitlines() if ln.strip()]
-    if stopped["by"] == "crash-loop":
+    lines = [status.printable(ln, 600) for ln in str(end.message or "").splitlines() if ln.strip()]
+    if end.kind.name == ending.CRASH_LOOP:
         lines = lines[:1] + error_lines(last_error(pod))
-    # The trainer records its own hint (a script's import error, an agent workflow); older records have none.
-    hint = stopped.get("hint") or ("fix trainer.overrides (a key missing from the YAML needs hydra's +key=value) or "
-                                   "trainer.areal_config, then `podkit ctl start trainer`")
-    return Finding(*STOPPED_FOR_GOOD[stopped["by"]], lines[:8] or ["(no message recorded)"], hint)
+    elif end.where:
+        lines = lines[:1] + [f"at {status.printable(end.where, 400)}"] + lines[1:]
+    if end.kind.name == ending.HANG_LOOP:
+        hung = [a for a in records.WATCHDOG.read(pod.state) if a.get("program") == "trainer" and a.get("code")]
+        lines += [f"  {status.printable(hung[-1]['code'])}"] if hung else []
+        lines += [f"dump: {status.printable(hung[-1].get('dump'))}"] if hung and hung[-1].get("dump") else []
+    lines += [f"evidence: {status.printable(e, 400)}" for e in (end.evidence or [])[:3] if isinstance(e, str)]
+    # The trainer records its own fix (a script's import error, an agent workflow); the kind's is the fallback.
+    return Finding(end.kind.finding, end.kind.title, lines[:10] or ["(no message recorded)"],
+                   status.printable(end.hint, 800) or end.kind.fix or "fix what the evidence names; then "
+                   "`podkit resume`")
+
+
+def check_hang(pod: Pod, now: float) -> Finding | None:
+    """The watchdog restarted a hung trainer in this boot: where it hung, in the user's code when it was (a
+    workflow's await, a reward stuck in a loop), with the dump. The loop bound's own stop (hang-loop) says it."""
+    end = ending.of(pod.progress.get("stopped"))
+    if end is not None and end.kind.name == ending.HANG_LOOP:
+        return None
+    booted = pod.boots[-1].get("time") if pod.boots else None
+    hung = [a for a in records.WATCHDOG.read(pod.state) if a.get("program") == "trainer"
+            and a.get("action") == "restarted" and (a.get("time") or 0) >= (booted or 0)]
+    if not hung:
+        return None
+    last = hung[-1]
+    where = stacks_words(last)
+    return Finding("trainer_hung", f"the trainer hung {len(hung)} time(s) in this boot, the last {where}",
+                   [status.printable(last.get("reason"), 600)] + ([f"  {status.printable(last['code'])}"]
+                                                                  if last.get("code") else []),
+                   ending.hang_fix(last) + "; the watchdog restarts it meanwhile (the loop bound stops it after "
+                   "trainer.max_failures hangs in a row without a new step)")
+
+
+def stacks_words(action: dict) -> str:
+    reason = str(action.get("reason") or "")
+    m = re.search(r"(hung in your \w+ at [^;]+|no frame of your code on any stack; waiting at [^;]+)", reason)
+    return status.printable(m.group(1), 300) if m else "(no frame named: see the dump)"
+
+
+def check_failing_after_progress(pod: Pod, now: float) -> Finding | None:
+    """A run that fails after every new step: never stopped (each start is progress), but each start costs its
+    resume (minutes on a GPU): named once it has cost a few starts in the last hour."""
+    from podkit import loopbound
+
+    loop = getattr(pod, "loop", None) or {}
+    if loop.get("boot") != records.CURRENT.read(pod.state).get("started"):
+        return None
+    failing = loopbound.failing_with_progress(loop, now)
+    if len(failing) < loopbound.TELL_RESTARTS:
+        return None
+    steps = [e.get("step") for e in failing if isinstance(e.get("step"), int)]
+    return Finding("trainer_failing_after_progress",
+                   f"the trainer failed {len(failing)} times in the last hour, each after a new step"
+                   + (f" (steps {steps[0]} to {steps[-1]})" if steps else ""),
+                   [f"the last: {status.printable(failing[-1].get('what'), 600)}",
+                    f"{status.last_hour(loop, now)['starts']} start(s) in the last hour: each resumes, trains a step "
+                    "and fails again, so the loop bound never stops it"],
+                   "fix the failure above (it is the same every time); "
+                   + ending.fix_code(pod.cfg))
 
 
 def check_notify(pod: Pod, now: float) -> Finding | None:
@@ -336,14 +437,27 @@ def check_notify(pod: Pod, now: float) -> Finding | None:
 
 
 def check_last_stop(pod: Pod, now: float) -> Finding | None:
+    """A stop asked for before this boot (docker stop, a RunPod stop or migration, podkit ctl): nothing wrong
+    with it; and what happened since, from the records (resumed, started over, or nothing yet)."""
     if not pod.boots:
         return None
-    last = pod.boots[-1].get("last_stop", "")
-    if not last.startswith("SIGTERM"):
+    boot = pod.boots[-1]
+    last = str(boot.get("last_stop", ""))
+    if not last.startswith(ending.SIGTERM + ":"):
         return None
-    return Finding("stopped_by_sigterm", "the run before this boot was stopped with SIGTERM", [last],
-                   "docker stop, or a RunPod stop or migration: nothing is wrong; it resumed from the "
-                   "checkpoint it wrote", "info")
+    booted = boot.get("time") or 0
+    prog = pod.progress
+    end = ending.of(prog.get("stopped"), since=booted)
+    if isinstance(prog.get("resumed_at"), int) and (prog.get("time") or 0) >= booted:
+        since = f"it resumed from the checkpoint of step {prog['resumed_at']}"
+    elif end is not None and end.family == ending.FINAL:
+        since = f"since, nothing resumed: {status.printable(end.said(), 400)}"
+    elif isinstance(prog.get("step"), int) and (prog.get("time") or 0) >= booted:
+        since = f"since, it trains from step 0 (no checkpoint of its run to resume; step {prog['step']} now)"
+    else:
+        since = "no step since this boot yet"
+    return Finding("stopped_by_sigterm", "the run before this boot was stopped on request", [status.printable(last, 600)],
+                   f"nothing is wrong with that stop; {since}", "info")
 
 
 def check_boot_failed(pod: Pod, now: float) -> Finding | None:
@@ -469,6 +583,7 @@ def examine(cfg, workspace: Path, *, environ=None, cgroup_dir: Path = Path("/sys
              check_safe_mode(pod, now), check_gpu_busy(pod, now), check_startup_phase(pod, now),
              check_startup_slow(pod, now),
              check_nccl_ifname(pod, now, environ, net_dir), check_nan_loss(pod, now), check_trainer_config(pod, now),
+             check_hang(pod, now), check_failing_after_progress(pod, now),
              check_notify(pod, now), check_last_stop(pod, now), check_boot_failed(pod, now), check_episodes(pod, now), check_reattach(pod, now), check_cluster(pod, now), check_cluster_join(pod, now),
              check_guard_file(pod, now)]
     return [f for f in found if f is not None]

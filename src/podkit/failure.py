@@ -126,8 +126,120 @@ def unreachable(at: dict) -> str:
     return f"inference unreachable at {at['addr']} ({at['endpoint']}: {at['error']})"
 
 
-def hint_for(exc: BaseException, frames: list, workspace: str = "/workspace", roots: list[str] = ()) -> str:
-    """What to do about this kind of failure; "" when nothing more specific than "fix it" fits."""
+# Network errors that may pass by themselves: a refused or reset connection, a timeout, a name that did not
+# resolve for now, a service's 5xx or 429. Matched by class name too (requests, urllib3, httpx, aiohttp,
+# huggingface_hub: none imported here).
+TRANSIENT_NAMES = {"ConnectionError", "ConnectTimeout", "ReadTimeout", "Timeout", "NewConnectionError",
+                   "ProtocolError", "ReadTimeoutError", "ConnectTimeoutError", "ConnectError", "RemoteProtocolError",
+                   "ClientConnectorError", "ServerDisconnectedError", "ClientOSError", "TimeoutException",
+                   "ChunkedEncodingError", "IncompleteRead", "RemoteDisconnected", "ServerTimeoutError"}
+# What cannot heal by itself however often it is tried: the hub told offline with nothing cached, a repo or file
+# that is not there or is gated, a name that does not exist.
+PERMANENT = ("OfflineModeIsEnabled", "GatedRepoError", "RepositoryNotFoundError", "RevisionNotFoundError",
+             "EntryNotFoundError", "DatasetNotFoundError", "Name or service not known", "nodename nor servname")
+_PERMANENT = re.compile(r"\b(?:" + "|".join(re.escape(p) for p in PERMANENT) + r")\b")
+_URL = re.compile(r"(?:https?|wss?)://([A-Za-z0-9.\-\[\]:]+)")
+_HOST = re.compile(r"host='([^']+)'(?:, port=(\d+))?")
+_REACH = re.compile(r"Couldn't reach '([^']+)'")
+
+
+def _status(e: BaseException) -> int | None:
+    """An HTTP error's status: requests' and huggingface_hub's `response.status_code`, urllib's `code`,
+    aiohttp's `status`."""
+    for value in (getattr(getattr(e, "response", None), "status_code", None), getattr(e, "code", None),
+                  getattr(e, "status", None)):
+        if isinstance(value, int) and not isinstance(value, bool) and 100 <= value < 600:
+            return value
+    return None
+
+
+def transient(exc: BaseException, frames: list = ()) -> str:
+    """What a network error that may pass by itself could not reach ("could not reach huggingface.co (dataset
+    'openai/gsm8k')"); "" when `exc` is no such error: a KeyError, a missing file, a 404, the hub offline with
+    nothing cached cannot heal by itself, and is stopped once instead of retried."""
+    import socket
+
+    found, texts = False, []
+    for e in chain(exc):
+        text = safe_str(e, 4000)
+        texts.append(text)
+        names = {c.__name__ for c in type(e).__mro__}
+        if names & set(PERMANENT) or _PERMANENT.search(text):
+            return ""
+        status = _status(e)
+        if status is not None and status >= 400:
+            if status < 500 and status != 429:
+                return ""  # the service answered: not there, not allowed
+            found = True
+        elif isinstance(e, (ConnectionError, TimeoutError)) or names & TRANSIENT_NAMES or \
+                isinstance(e, socket.gaierror) and e.errno == socket.EAI_AGAIN:
+            found = True
+        elif type(e).__name__ == "URLError" and isinstance(getattr(e, "reason", None), (ConnectionError, TimeoutError)):
+            found = True
+    if not found:
+        return ""
+    frames = frames or [tb.tb_frame for e in chain(exc) for tb in _frames(e)]
+    hub = _dataset(frames) or any(_REACH.search(t) or "huggingface" in t.lower() for t in texts)
+    if hub and any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+                   for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")):
+        return ""  # the hub, told to stay offline: it fetches nothing, however often it is tried
+    return "could not reach " + _reached(texts, frames)
+
+
+def _reached(texts: list[str], frames: list) -> str:
+    dataset = _dataset(frames)
+    host = ""
+    for text in texts:
+        m = _HOST.search(text) or _URL.search(text)
+        if m:
+            host = m.group(1) + (f":{m.group(2)}" if m.re is _HOST and m.group(2) else "")
+            break
+    if not host:
+        for frame in reversed(frames):
+            for name in ("url", "full_url", "req", "request", "endpoint", "address"):
+                value = frame.f_locals.get(name)
+                value = getattr(value, "full_url", value)
+                m = _URL.search(value) if isinstance(value, str) else None
+                if m:
+                    host = m.group(1)
+                    break
+            if host:
+                break
+    reach = next((m.group(1) for t in texts if (m := _REACH.search(t))), "")
+    if dataset or reach:
+        return f"{host or 'the hub'} (dataset {dataset or reach!r})"
+    return host or "a service the script connects to"
+
+
+def oom_of(exc: BaseException) -> str:
+    """"GPU" for CUDA's out of memory, "host" for Python's MemoryError, "" otherwise."""
+    for e in chain(exc):
+        names = {c.__name__ for c in type(e).__mro__}
+        if "OutOfMemoryError" in names or "CUDA out of memory" in safe_str(e, 2000):
+            return "GPU"
+        if isinstance(e, MemoryError):
+            return "host"
+    return ""
+
+
+def classify(exc: BaseException, err: dict, frames: list = ()) -> dict:
+    """`err` (describe's record of `exc`) with what the end's judge reads (ending.judge): out of memory, or a
+    network error that may pass."""
+    try:
+        oom = oom_of(exc)
+        if oom:
+            err["oom"] = oom
+        elif (reach := transient(exc, frames)):
+            err["transient"] = reach
+    except Exception:  # noqa: BLE001 - never lose the record for want of a class
+        pass
+    return err
+
+
+def hint_for(exc: BaseException, frames: list, workspace: str = "/workspace", roots: list[str] = (),
+             place: str = "pod") -> str:
+    """What to do about this kind of failure; "" when nothing more specific than "fix it" fits. `place` is where
+    the trainer runs (ending.place): a rehearsal is offline, and its fix is an override, not the volume."""
     if none := _reward_returned_none(exc):
         return none
     if at := unreachable_at(exc):
@@ -140,6 +252,11 @@ def hint_for(exc: BaseException, frames: list, workspace: str = "/workspace", ro
         return _row_fields(exc, frames, list(roots))
     if kinds & set(HUB_ERRORS) or isinstance(exc, ConnectionError):
         dataset = _dataset(frames)
+        if dataset and place == "rehearse":
+            return (f"the rehearsal is offline: dataset {dataset!r} cannot come from the hub here; point the YAML's "
+                    "dataset at a local copy with OVERRIDES='train_dataset.path=<dir or file> "
+                    "valid_dataset.path=<dir or file>' (rehearse/assets.py makes a GSM8K-shaped one in "
+                    "<workspace>/rehearsal/gsm8k)")
         if dataset:
             return (f"the trainer could not fetch dataset {dataset!r} from the hub: fill its cache on the volume "
                     f"before the GPU pod (HF_HOME={workspace}/hf python -c \"import datasets; "
@@ -206,19 +323,19 @@ def safe_str(value, limit: int = MAX_MESSAGE) -> str:
     return text[:limit]
 
 
-def describe(exc: BaseException, roots: list[str], workspace: str = "/workspace", call=None) -> dict:
+def describe(exc: BaseException, roots: list[str], workspace: str = "/workspace", call=None, place: str = "pod") -> dict:
     """The record of `exc`: type, message, where (the deepest frame under `roots`, the user's code), that
     line of code, the traceback's frames from the user's first one on, and a hint. `call` is the user's
     function that podkit called, for a TypeError from the call itself (a wrong signature). Never raises: it
     runs in the handler of the user's exception, which it must not hide."""
     try:
-        return _describe(exc, roots, workspace, call)
+        return _describe(exc, roots, workspace, call, place)
     except Exception as e:  # noqa: BLE001
         return {"type": type(exc).__name__, "message": safe_str(exc), "where": "?", "code": "", "traceback": "",
                 "hint": "", "time": time.time(), "note": f"podkit could not read the traceback ({type(e).__name__})"}
 
 
-def _describe(exc: BaseException, roots: list[str], workspace: str, call) -> dict:
+def _describe(exc: BaseException, roots: list[str], workspace: str, call, place: str = "pod") -> dict:
     linecache.checkcache()  # the file as it is now, not as an earlier read of it cached it
     exc = own(exc, roots) if roots else exc
     tbs = _frames(exc)
@@ -236,7 +353,7 @@ def _describe(exc: BaseException, roots: list[str], workspace: str, call) -> dic
         where, code = f"{f.filename}:{f.lineno}", (linecache.getline(f.filename, f.lineno) or "").strip()
     else:
         where, code = "?", ""
-    hint = hint_for(exc, frames, workspace, roots)
+    hint = hint_for(exc, frames, workspace, roots, place)
     if call is not None and isinstance(exc, TypeError) and len(summary) <= 1:
         # Raised by the call itself: the function does not take what podkit passes (argv, a list).
         fn = getattr(call, "__wrapped__", call)
@@ -252,7 +369,7 @@ def _describe(exc: BaseException, roots: list[str], workspace: str, call) -> dic
         text = safe_str(e, 64 * 1024)
         told = from_text(text, roots) if "Traceback" in text else None
         if told:  # a worker process's exception, raised here as text: its frame is the deeper one
-            return {**told, "hint": hint_for(e, frames, workspace, roots), "time": time.time()}
+            return {**told, "hint": hint_for(e, frames, workspace, roots, place), "time": time.time()}
     start = mine[0] if mine else max(0, len(summary) - 8)
     lines = [ln.rstrip() for ln in traceback.format_list(summary[start:])[-12:]]
     return {"type": type(exc).__name__, "message": safe_str(exc), "where": where, "code": code[:300],
@@ -273,18 +390,6 @@ def clean(err: dict, cfg) -> dict:
 
 def hint_for_import() -> str:
     return "a missing package goes in the repo's requirements (repo.setup installs them), else a typo in a name"
-
-
-def stop_for_good(state_dir: Path, by: str, message: str, hint: str) -> None:
-    """progress.json's stop record for a trainer that stays stopped (records.CANNOT_TRAIN): the launcher then
-    exits 0, status, doctor and `podkit up` read why, and the cost guard stops the pod."""
-    prog = records.PROGRESS.read(state_dir)
-    prog["stopped"] = {"by": by, "time": time.time(), "step": prog.get("step"), "message": message[:2000],
-                       "hint": hint}
-    try:
-        records.PROGRESS.write(state_dir, prog)
-    except OSError:
-        pass  # the log says it too
 
 
 def summary(err: dict) -> str:

@@ -14,7 +14,7 @@ import signal
 import time
 from pathlib import Path
 
-from podkit import records
+from podkit import ending, records
 from podkit.errors import PodkitError
 
 KEEP = 50
@@ -52,16 +52,17 @@ class Boot:
 
 
 def last_stop(state_dir: Path, previous: dict | None) -> str:
-    """Why the run before this boot ended, from what its programs recorded."""
+    """Why the run before this boot ended, from the end its trainer recorded (ending.py), in its kind's words
+    and at the end's own step (a start-over since clears the progress record's)."""
     if previous is None:
         return "first boot on this workspace"
-    progress = records.PROGRESS.read(state_dir)
-    stopped = progress.get("stopped") or {}
-    if stopped.get("time", 0) > previous.get("time", 0):
-        return f"{stopped.get('by', 'stop')}: trainer stopped cleanly {records.at_step(progress.get('step'))}"
+    when = previous.get("time")
+    end = ending.read(state_dir, since=when if isinstance(when, (int, float)) else None)
+    if end is not None:
+        return f"{end.kind.name}: {end.said()}"
     if previous.get("outcome") == "safe-mode":
         return f"stopped in safe mode ({previous.get('reason', '')})"
-    return "unknown: no clean stop recorded (killed, crashed, OOM, or the container was restarted)"
+    return "unknown: no end recorded (killed, crashed, OOM, or the container was restarted)"
 
 
 def recent(state_dir: Path, window_s: float, now: float | None = None) -> list[dict]:

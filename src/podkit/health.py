@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -113,3 +114,55 @@ def inference_phase(host: str, port: int, log_path: Path, running: bool | None =
     phase = phase_from_log(log_path)
     # Past "fired up" but not answering: it died or hangs.
     return "unhealthy" if phase == "ready" else phase
+
+
+def wait_for_inference(cfg, is_dead=None, interval: float = 1.0, stopping=None, logger=None) -> str | None:
+    """Wait until SGLang answers /health. Returns why not, or None when ready. `is_dead` says what supervisord
+    says of the server when it will not start it again by itself (FATAL, EXITED, STOPPED): a dead one is not
+    waited for; one stopped on request (STOPPED: `podkit ctl stop sglang`) is, without a limit, said every few
+    minutes (the user stopped it: the trainer waiting on it neither fails nor loops), and the start-up limit
+    counts again from its start. `stopping()` True ends the wait ("stopping")."""
+    from podkit import ending, log, supervisord
+
+    _log = logger or log.get("trainer")
+    inf = cfg.inference
+    host = inf.host if inf.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    t0 = time.monotonic()
+    told = 0.0
+    held = None  # since when inference is stopped on request
+    while not probe(host, inf.port):
+        if stopping is not None and stopping():
+            return "stopping"
+        waited = time.monotonic() - t0
+        dead = is_dead() if is_dead else None
+        if dead == supervisord.STOPPED:
+            if held is None or time.monotonic() - held >= 300:
+                asker = ending.asked_by(cfg.run_path, "sglang")
+                _log.info(f"inference was stopped on request{' by ' + asker if asker else ''}: the trainer waits "
+                          "for it without a limit (`podkit ctl start sglang`); this is not a failure")
+                held = time.monotonic()
+            t0, told = time.monotonic(), 0.0  # its start-up gets the full limit once it is started again
+            time.sleep(interval)
+            continue
+        held = None
+        if dead:
+            return f"inference is {dead} in supervisord: not waiting for it (see logs/sglang.log)"
+        if waited > inf.ready_timeout_s:
+            return f"inference at {inf.host}:{inf.port} not ready after {inf.ready_timeout_s:.0f}s"
+        if waited - told >= 30:
+            _log.info(f"waiting for inference at {inf.host}:{inf.port} ({waited:.0f}s; loading weights and "
+                      "capturing CUDA graphs takes minutes)")
+            told = waited
+        time.sleep(interval)
+    return None
+
+
+def sglang_state(cfg):
+    """supervisord's word on the sglang program when it will not start it again by itself (STOPPED: on
+    request; EXITED; FATAL), else None."""
+    from podkit import supervisord
+
+    def check():
+        info = supervisord.process_info(cfg.socket_path, "sglang")
+        return info["statename"] if info and info["statename"] in (supervisord.STOPPED, supervisord.FATAL) else None
+    return check

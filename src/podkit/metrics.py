@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from podkit import log, records, status, supervisord
+from podkit import ending, log, records, status, supervisord
 from podkit.checks import METRICS_KEY_ENV as KEY_ENV
 from podkit.checks import loopback, usable_key
 
@@ -84,13 +84,14 @@ class PodCollector:
                  t.get("weight_update_s"))):
             if isinstance(value, (int, float)):
                 yield GaugeMetricFamily(metric, doc, value=float(value))
-        stopped = t.get("stopped") or {}
+        end = ending.of(t.get("stopped"))
         trainer_state = (st["programs"].get("trainer") or {}).get("state")
         g = GaugeMetricFamily("podkit_trainer_stopped_for_good", "1 while the trainer stays stopped because it cannot "
-                              "train (config-error, crash-loop: the loop bound, never-trained), by why",
-                              labels=["by"])
-        for by in records.CANNOT_TRAIN:
-            g.add_metric([by], 1.0 if stopped.get("by") == by and trainer_state == supervisord.EXITED else 0.0)
+                              "train, by why (ending.py's final kinds: config-error, never-trained, and the loop "
+                              "bound's crash-loop, hang-loop, oom-loop, outside-loop)", labels=["by"])
+        for by in ending.FINAL_KINDS:
+            g.add_metric([by], 1.0 if end is not None and end.kind.name == by and trainer_state == supervisord.EXITED
+                         else 0.0)
         yield g
         loop = records.TRAINER_LOOP.read(self.state)
         if loop.get("boot") != records.CURRENT.read(self.state).get("started"):
@@ -98,6 +99,13 @@ class PodCollector:
         yield GaugeMetricFamily("podkit_trainer_failures_in_a_row", "the trainer's failures in a row without a new "
                                 "step (the loop bound stops it at trainer.max_failures)",
                                 value=float(loop.get("failures") or 0))
+        g = GaugeMetricFamily("podkit_trainer_ends_in_a_row", "the loop bound's counts of the trainer's ends in a row "
+                              "without a new step, by count: failures (the script's), hangs, ooms, outside (not the "
+                              "script's: inference down, a network error, a kill)", labels=["count"])
+        for c in ending.COUNTS.values():
+            n = loop.get(c.key)
+            g.add_metric([c.key], float(n) if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 10**6 else 0.0)
+        yield g
         code = t.get("code") or {}
         if code.get("entry"):  # what trains: a run is traceable to its code
             info = GaugeMetricFamily("podkit_trainer_code_info", "1, labelled with the trainer's entry, the synced "

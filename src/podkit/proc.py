@@ -422,3 +422,50 @@ def kill_groups(groups: list) -> list[int]:
             except ProcessLookupError:
                 pass
     return killed
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (prctl): an orphan below it (a daemon that forked twice, in a session
+    and an environment of its own) is re-parented here instead of to PID 1, so that it is found by ancestry.
+    False where the kernel refuses."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def reap_orphans(keep=()) -> None:
+    """Wait for the children of this process that have exited, except `keep` (a child a subprocess.Popen waits
+    for itself: reaped here, its exit status would be lost). A subreaper's re-parented orphans are reaped only
+    so."""
+    me = os.getpid()
+    for p in processes():
+        if p.ppid == me and p.gone and p.pid not in keep:
+            try:
+                os.waitpid(p.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def stop_descendants(reason: str, grace_s: float = 2.0, kill_wait_s: float = 1.0, rounds: int = 3) -> list[Target]:
+    """Stop (TERM, grace, KILL) every process below this one, never this one or its ancestors; what a stopped
+    parent leaves is re-parented here (a subreaper) and stopped in the next round. Returns them with their
+    outcomes."""
+    done: list[Target] = []
+    me = os.getpid()
+    for _ in range(rounds):
+        reap_orphans()
+        procs = processes()
+        below = set(descendants(me, procs))
+        targets = [Target.of(p, reason=reason) for p in procs if p.pid in below and not p.gone]
+        if not targets:
+            break
+        stop(targets, grace_s, kill_wait_s, reap_children=reap_orphans)
+        done += targets
+    reap_orphans()
+    return done

@@ -171,12 +171,11 @@ def write_json(path: Path, data: object, mode: int = 0o644) -> None:
 
 
 # -- the records ------------------------------------------------------------------------------------------
-STOPPED = {"by": str, "time": TIME, "step": int, "message": str, "hint": str}
-FINISHED = ("done", "max_steps")  # stopped.by when the trainer ended its run (AReaL's total steps; max_steps)
-# stopped.by when the trainer stays stopped because it cannot train: AReaL refused its config or the script
-# failed before training (config-error), it failed max_failures times without a new step (crash-loop), or
-# the script ended without training (never-trained). Supervisord leaves it EXITED; the cost guard stops the pod.
-CANNOT_TRAIN = ("config-error", "crash-loop", "never-trained")
+# How the trainer's last run ended (ending.py: the kinds, the one writer and reader). `program` is the trainer
+# program's pid (which run it ends); `asked` who asked for a stop; `where` the user's frame; `evidence` what the
+# kind was decided on; `cut` a stop whose step in flight was cut; `last` the last end before a final stop.
+STOPPED = {"by": str, "time": TIME, "step": int, "message": str, "hint": str, "program": int, "asked": str,
+           "where": str, "evidence": [str], "cut": bool, "last": str}
 
 
 def at_step(step) -> str:
@@ -190,8 +189,10 @@ def checkpoint_at(step) -> str:
     return f"last checkpoint at step {step}" if isinstance(step, int) and not isinstance(step, bool) and step > 0 \
         else "no checkpoint"
 # A rank's exception, in the user's words (failure.py): one per rank in the run dir, the first kept below.
+# `transient`: a network error that may pass (what it could not reach); `oom`: "GPU" or "host"; `unreachable`:
+# inference, not answering the rollouts (areal/episodes.py's trip).
 ERROR = {"type": str, "message": str, "where": str, "code": str, "traceback": str, "hint": str, "rank": int,
-         "time": TIME}
+         "time": TIME, "transient": str, "oom": str, "unreachable": str}
 # Written by podkit boot (one item per boot; guard.py).
 BOOTS = Record("boots.json", [{"time": TIME, "pid": int, "stages": dict, "outcome": str, "last_stop": str,
                                "reason": str, "traceback": str, "took_s": dict}])
@@ -230,14 +231,21 @@ SETUP = Record("setup.json", {"key": str, "python": str, "command": str, "commit
                               "fallback": bool})
 LAST_GOOD_SETUP = Record("last-good.json", {"env": str, "time": TIME})
 RESUME = Record("resume.json", {"time": TIME})
-# The trainer's loop bound (loopbound.py): failures in a row without a new step, in this boot.
+# The trainer's loop bound (loopbound.py): its ends in a row without a new step, in this boot, one count per
+# ending.COUNTS (failures: the script's; hangs; ooms; outside: not the script's); the run in flight (`running`
+# since, by `program`, the OOM kill count then); every start's time and the last ends, for status and doctor.
 TRAINER_LOOP = Record("trainer-loop.json", {"boot": NUMBER, "failures": int, "best_step": int, "last_failure": TIME,
-                                            "outside": int, "running": TIME, "gave_up": bool, "error": ERROR,
-                                            "starts": int})
+                                            "outside": int, "hangs": int, "ooms": int, "running": TIME,
+                                            "program": int, "oom_kills": int, "gave_up": bool, "error": ERROR,
+                                            "starts": int, "backoff_until": TIME, "started": [NUMBER],
+                                            "phase": str, "ended_at": TIME,
+                                            "ends": [dict], "told_restarts": bool})
 # A cluster node's `ray` program (areal/ray_node.py): starts in a row that did not join the head, in this boot.
 RAY_LOOP = Record("ray-loop.json", {"boot": NUMBER, "failures": int, "last_failure": TIME, "gave_up": bool,
                                     "head": str, "why": str, "joined": TIME, "starts": int})
-WATCHDOG = Record("watchdog.json", [{"time": TIME, "action": str, "program": str, "reason": str, "dump": str}])
+# `where`, `function`, `code`: a hang's frame in the user's code (stacks.user_frame), else the main thread's.
+WATCHDOG = Record("watchdog.json", [{"time": TIME, "action": str, "program": str, "reason": str, "dump": str,
+                                     "where": str, "function": str, "code": str}])
 # In the run dir (local disk): the log listener's view of supervisord's programs, and the AReaL
 # launcher's process groups.
 PROGRAMS = Record("programs.json", {"_supervisord": int})
@@ -283,6 +291,14 @@ class Progress:
     def __init__(self, state_dir: Path, kind: str) -> None:
         self.state_dir = Path(state_dir)
         self.data: dict = {"kind": kind, "pid": os.getpid()}
+        before = PROGRESS.read(self.state_dir)
+        if isinstance(before.get("stopped"), dict):
+            self.data["stopped"] = before["stopped"]  # the last run's end stays on record (ending.py reads it)
+        # The start-up timeline ends at this boot's first step, not at each trainer restart's.
+        first = before.get("first_step_time")
+        booted = CURRENT.read(self.state_dir).get("started")
+        if isinstance(first, (int, float)) and isinstance(booted, (int, float)) and first >= booted:
+            self.data["first_step_time"] = first
         self.failed = False
         self.lock = threading.RLock()  # rank 0's step hook and its re-attacher (areal/reattach.py) both write
 
@@ -312,6 +328,3 @@ class Progress:
         self.data.setdefault("first_step_time", time.time())
         return self.update(**fields)
 
-    def stopped(self, by: str) -> bool:
-        """The next boot reads this to tell a clean stop from a kill (guard.last_stop)."""
-        return self.update(stopped={"by": by, "time": time.time(), "step": self.data.get("step")})

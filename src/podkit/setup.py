@@ -196,14 +196,20 @@ def build(cfg, env: Path, command: str, python: str, log_path: Path) -> Built:
     out.write(f"[podkit:setup] {time.strftime('%Y-%m-%d %H:%M:%S')} $ ".encode() + os.fsencode(command) + b"\n",
               keep=False)
     r, w = os.pipe()
+    # Below a child subreaper (subreap.py): what the command leaves, whatever its session or environment, is
+    # stopped when it ends, and named here from the report.
+    report = env / ".podkit-left.json"  # in the env being built: there, and podkit's
+    report.unlink(missing_ok=True)
     try:
-        child = subprocess.Popen(["/bin/sh", "-c", command], cwd=cfg.repo.dest, env=env_vars, stdout=w,
+        child = subprocess.Popen([sys.executable, "-m", "podkit.subreap", "--report", str(report), "--", "/bin/sh",
+                                  "-c", command], cwd=cfg.repo.dest, env=env_vars, stdout=w,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     except BaseException:
         os.close(r)
         raise
     finally:
         os.close(w)
+    rc = None
     try:
         rc = _pump(child, r, out, time.monotonic() + cfg.repo.setup_timeout_s)
     except BaseException:  # a stop signal during the install: nothing of it may outlive the boot
@@ -211,11 +217,28 @@ def build(cfg, env: Path, command: str, python: str, log_path: Path) -> Built:
         raise
     finally:
         try:
+            _tell_left(report, quiet=rc is None)  # what a kill (the timeout, a stop) ended is no leftover
             stop_leftovers(cfg, "left running by repo.setup, which has ended")
         finally:
             os.close(r)
             out.close()
     return Built(rc, out.tail(), out.error)
+
+
+def _tell_left(report: Path, quiet: bool = False) -> None:
+    """What the command's subreaper stopped, named as stop_leftovers names what carries the mark."""
+    try:
+        left = json.loads(report.read_text()) if report.exists() and not quiet else []
+    except (OSError, ValueError):
+        left = []
+    finally:
+        report.unlink(missing_ok=True)
+    for t in left if isinstance(left, list) else []:
+        if isinstance(t, dict) and t.get("outcome") != "vanished":
+            target = proc.Target(int(t.get("pid") or 0), cmdline=str(t.get("cmdline") or ""),
+                                 reason=str(t.get("reason") or ""), state=str(t.get("state") or ""))
+            target.outcome, target.signal = str(t.get("outcome") or ""), str(t.get("signal") or "")
+            _log.warn(proc.told(target))
 
 
 def _pump(child: subprocess.Popen, r: int, out: SetupLog, deadline: float) -> int | None:
@@ -241,9 +264,15 @@ def _pump(child: subprocess.Popen, r: int, out: SetupLog, deadline: float) -> in
 
 
 def _kill(child: subprocess.Popen) -> None:
-    """The command's process group, killed and gone: what the kill already ended is not reported after as
-    "left running" (a member dies a moment after the signal)."""
+    """The command's process group, killed and gone: first its subreaper is asked (SIGTERM: it stops the
+    command's whole tree, every session of it), then the group is killed. What the kill already ended is not
+    reported after as "left running" (a member dies a moment after the signal)."""
     start = proc.starttime(child.pid) or 0
+    try:
+        child.send_signal(signal.SIGTERM)
+        child.wait(5)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
     try:
         os.killpg(child.pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -92,11 +92,13 @@ def timeline(state_dir: Path, log_dir: Path, program_starts: dict[str, float]) -
             marks.append((name, max(t, at)))
             if key == "sglang":
                 inference_at = max(t, at)
+    whole = set()
     for name, t in log_times(log_dir / "sglang.log", unread).items():
         # The log's stamps are whole seconds: a line from the boot's first second would sort before the
         # stages that ran before inference could print it, so it is never placed before inference's start
         if t >= start - 1:
             marks.append((name, max(t, inference_at)))
+            whole.add(name)
     progress = records.PROGRESS.read(state_dir)
     first = progress.get("first_step_time")
     if isinstance(first, (int, float)) and first >= start:
@@ -104,7 +106,10 @@ def timeline(state_dir: Path, log_dir: Path, program_starts: dict[str, float]) -
     marks.sort(key=lambda m: m[1])
     phases, before = [], start
     for name, t in marks:
-        phases.append({"phase": name, "at": round(t, 3), "took_s": round(max(0.0, t - before), 3)})
+        phase = {"phase": name, "at": round(t, 3), "took_s": round(max(0.0, t - before), 3)}
+        if name in whole:
+            phase["whole_s"] = True  # read from a whole-second stamp: no tenths to show
+        phases.append(phase)
         before = max(before, t)
     done = next((p["at"] for p in phases if p["phase"] == "first_step"), None)
     out = {"phases": phases, "total_s": round(done - start, 3) if done else None, "boot": start}
@@ -115,10 +120,17 @@ def timeline(state_dir: Path, log_dir: Path, program_starts: dict[str, float]) -
     return {**out, "unread": unread} if unread else out
 
 
+def _took(p: dict) -> str:
+    """A phase's duration as precisely as it was measured: inference's log stamps are whole seconds."""
+    if p.get("whole_s"):
+        return "<1s" if p["took_s"] < 1 else f"{p['took_s']:.0f}s"
+    return f"{p['took_s']:.1f}s"
+
+
 def describe(t: dict) -> str:
     if not t.get("phases"):
         return "start-up: no boot on record"
-    parts = ", ".join(f"{p['phase'].replace('_', ' ')} +{p['took_s']:.1f}s" for p in t["phases"])
+    parts = ", ".join(f"{p['phase'].replace('_', ' ')} +{_took(p)}" for p in t["phases"])
     end = f"; {t['total_s']:.0f}s from boot to the first step" if t.get("total_s") is not None else \
         "; no first step yet"
     unread = "".join(f"; could not read {u}" for u in t.get("unread") or ())

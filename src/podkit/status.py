@@ -8,7 +8,7 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
-from podkit import failure, health, proc, programs, records, startup, supervisord
+from podkit import ending, failure, health, proc, programs, records, startup, supervisord
 from podkit.supervisord import EXITED, FATAL, RUNNING, STOPPED, UP
 
 
@@ -57,11 +57,13 @@ def collect(workspace: Path, state_dir: Path | None = None) -> dict:
                       "code": prog.get("code"), "run": prog.get("run"), "reattach": prog.get("reattach"),
                       "episodes": failed_episodes(prog)}
     loop = records.TRAINER_LOOP.read(state_dir)
-    if loop.get("boot") == current.get("started") and (loop.get("failures") or loop.get("outside")):
-        # The loop bound's count in this boot: failures in a row without a new step.
-        out["trainer"]["loop"] = {"failures": loop.get("failures") or 0, "outside": loop.get("outside") or 0,
-                                  "last": (loop.get("error") or {}).get("type") and failure.summary(loop["error"]),
-                                  "gave_up": bool(loop.get("gave_up"))}
+    if loop.get("boot") == current.get("started"):
+        counts = {c.key: _count(loop.get(c.key)) for c in ending.COUNTS.values()}
+        if any(counts.values()):
+            # The loop bound's counts in this boot: ends in a row without a new step, by kind.
+            out["trainer"]["loop"] = {**counts, "last": (loop.get("error") or {}).get("type")
+                                      and failure.summary(loop["error"]), "gave_up": bool(loop.get("gave_up"))}
+        out["trainer"]["last_hour"] = last_hour(loop)
     join = records.RAY_LOOP.read(state_dir)
     if join.get("boot") == current.get("started") and (join.get("failures") or join.get("gave_up")):
         # A cluster node's `ray` that did not join the head (areal/ray_node.py), in this boot.
@@ -150,26 +152,34 @@ def _ago(ts) -> str:
     return f"{time.time() - ts:.0f}s ago" if ts else "never"
 
 
+def last_hour(loop: dict, now: float | None = None) -> dict:
+    """The trainer's starts in the last hour and, of its ends, the failures that came after a new step (the loop
+    bound never stops a run that makes progress: these say what its restarts cost). The record is data."""
+    from podkit import loopbound
+
+    now = time.time() if now is None else now
+    started = [t for t in loop.get("started") or [] if isinstance(t, (int, float)) and 0 <= now - t < 3600]
+    failing = loopbound.failing_with_progress(loop, now)
+    return {"starts": len(started), "failed_after_progress": len(failing),
+            "last": printable(failing[-1].get("what")) if failing else ""}
+
+
 def _last_stop(t: dict, started=None) -> str:
-    """How the trainer's last run ended, in words, from its own record; a record older than the pod's
-    start is an earlier run's."""
-    stopped = t.get("stopped") or {}
+    """How the trainer's last run ended, in words, from its own record (ending.py); a record older than the
+    pod's start is an earlier run's."""
+    end = ending.of(t.get("stopped"))
     ckpt = records.checkpoint_at(t.get("checkpoint_step"))
-    if stopped.get("by") and isinstance(started, (int, float)) and (stopped.get("time") or 0) < started:
-        return (f"the trainer recorded no stop since the pod started {_ago(started)} (killed, out of memory or "
-                f"crashed: `podkit doctor`); last {records.at_step(t.get('step')).removeprefix('at ')}, {ckpt}")
-    if not stopped.get("by"):
-        return (f"the trainer left no stop record: last {records.at_step(t.get('step')).removeprefix('at ')} "
+    if end is not None and isinstance(started, (int, float)) and (end.time or 0) < started:
+        return (f"the trainer recorded no end since the pod started {_ago(started)} (killed, out of memory or "
+                f"crashed); last {records.at_step(t.get('step')).removeprefix('at ')}, {ckpt}")
+    if end is None:
+        return (f"the trainer left no record of an end: last {records.at_step(t.get('step')).removeprefix('at ')} "
                 f"{_ago(t.get('last_progress'))}, {ckpt}")
-    what = {"done": "finished its run", "max_steps": "finished (trainer.max_steps)",
-            "config-error": "stopped for good: its config or code cannot train",
-            "crash-loop": "stopped for good by the loop bound (trainer.max_failures)",
-            "never-trained": "stopped for good: the script ended without training"}.get(
-        stopped["by"], f"stopped by {stopped['by']}")
-    out = f"the trainer {what} {records.at_step(stopped.get('step'))} {_ago(stopped.get('time'))}, {ckpt}"
-    if stopped["by"] in records.CANNOT_TRAIN and stopped.get("message"):
-        out += f"\n    why: {stopped['message'].splitlines()[0]}" + (f"\n    fix: {stopped['hint']}" if stopped.get("hint")
-                                                                   else "") + "\n    (`podkit doctor` says more)"
+    out = f"{printable(end.said(), 600)} {_ago(end.time)}, {ckpt}"
+    if end.family == ending.FINAL and end.first():
+        out += f"\n    why: {printable(end.first(), 600)}"
+    if end.family in (ending.FINAL, ending.FAILURE) and (end.hint or end.kind.fix):
+        out += f"\n    fix: {printable(end.hint or end.kind.fix, 600)}"
     return out
 
 
@@ -208,15 +218,22 @@ def human(st: dict) -> str:
                         if last else ""))
     loop = t.get("loop") or {}
     if loop and not loop.get("gave_up"):
-        lines.append(f"  loop bound: {loop['failures']} failure(s) in a row without a new step"
-                     + (f" (and {loop['outside']} end(s) not the script's)" if loop.get("outside") else "")
+        others = [f"{loop[k]} {w}" for k, w in (("hangs", "hang(s)"), ("ooms", "out-of-memory end(s)"),
+                                                  ("outside", "end(s) not the script's")) if loop.get(k)]
+        lines.append(f"  loop bound: {loop.get('failures') or 0} failure(s) in a row without a new step"
+                     + (f" (and {', '.join(others)})" if others else "")
                      + (f"; the last: {loop['last']}" if loop.get("last") else ""))
+    hour = t.get("last_hour") or {}
+    if hour.get("failed_after_progress", 0) >= 2:
+        lines.append(f"  restarts: {hour['starts']} start(s) in the last hour, {hour['failed_after_progress']} after "
+                     "a failure that followed a new step (it makes progress, so the loop bound lets it go on; each "
+                     f"start costs its resume); the last: {hour['last']}")
     if t.get("episodes"):
         lines.append(f"  {describe_episodes(t['episodes'])}")
     if st.get("ray"):
         lines.append(f"  ray: {cannot_join(st['ray'])}")
     trainer_state = (st["programs"].get("trainer") or {}).get("state")
-    if trainer_state in ("EXITED", "STOPPED", "FATAL") and (t.get("stopped") or {}).get("by"):
+    if trainer_state in ("EXITED", "STOPPED", "FATAL", "BACKOFF") and ending.of(t.get("stopped")) is not None:
         lines.append("  " + _last_stop(t))
     code = t.get("code") or {}
     if code.get("entry"):
@@ -264,20 +281,20 @@ def health_problem(st: dict, progress_timeout_s: float, multi_node: bool = False
         return "supervisord is not reachable"
     if st.get("ray"):
         return cannot_join(st["ray"])
-    stopped = st["trainer"].get("stopped") or {}
-    finished = stopped.get("by") in records.FINISHED
+    end = ending.of(st["trainer"].get("stopped"))
+    finished = end is not None and end.family == ending.FINISHED
     # Over too: a finished trainer that did not exit, STOPPED by the watchdog, when the record is this
     # pod's (st has no start time for a STOPPED program: the last boot's bounds it).
     booted = ((st.get("boots") or {}).get("last") or {}).get("time") or 0
-    over = (EXITED, STOPPED) if (stopped.get("time") or 0) >= booted else (EXITED,)
+    over = (EXITED, STOPPED) if end is not None and (end.time or 0) >= booted else (EXITED,)
     for name in programs.NAMES:
         p = st["programs"].get(name)
         if name == "trainer" and finished and p and p["state"] in over:
             continue  # training is over: nothing is wrong with the pod
         if not p or p["state"] not in UP:
-            why = stopped.get("message", "").splitlines()[:1] if stopped.get("by") in records.CANNOT_TRAIN else []
+            why = end.first() if end is not None and end.family == ending.FINAL else ""
             return f"{name} is {p['state'] if p else 'missing'}" + (
-                f" (stopped for good, {stopped['by']}: {why[0]})" if name == "trainer" and why else "")
+                f" (stopped for good, {end.kind.name}: {printable(why)})" if name == "trainer" and why else "")
     if not multi_node and st["inference"]["phase"] != "ready":  # a cluster's SGLang is AReaL's, in Ray
         return f"inference is {st['inference']['phase']}"
     last = st["trainer"].get("last_progress")

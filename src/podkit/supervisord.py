@@ -45,14 +45,6 @@ def stop_requested(socket_path: str | Path, name: str) -> bool:
 
 
 SHUTDOWN_STATE_FAULT = 6  # supervisor.xmlrpc.Faults.SHUTDOWN_STATE
-EXIT_RESTART = 75  # EX_TEMPFAIL: the trainer is not finished; supervisord starts it again (exitcodes=0)
-
-
-def exit_after_sigterm(socket_path: str | Path, name: str = "trainer") -> int:
-    """The exit code after the checkpoint a SIGTERM asked for: 0 when supervisord is stopping the program
-    (a pod stop, `podkit ctl stop trainer`), where it then stays; EXIT_RESTART after a stray SIGTERM
-    (someone's `kill`), so supervisord starts it again and it resumes. Only a finished run ends the trainer."""
-    return 0 if stop_requested(socket_path, name) else EXIT_RESTART
 
 
 def process_info(socket_path: str | Path, name: str) -> dict | None:

@@ -24,9 +24,11 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
-from podkit import health, log, notify, proc, records, supervisord
+from podkit import ending, health, log, notify, proc, records, stacks, supervisord
 
 _log = log.get("watchdog")
+MAX_BACKOFF_S = 700.0  # loopbound.MAX_DELAY_S and a margin: a back-off said to last longer is not one
+ENDED_S = 60.0  # a run that ended: its program exits within supervisord's startsecs (programs.run), and leftovers
 STARTUP = ("starting", "loading_weights", "weights_loaded", "capturing_cuda_graphs", "cuda_graphs_captured",
            "warming_up")
 
@@ -35,10 +37,12 @@ def _py_spy(pid: int) -> str | None:
     spy = proc.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not os.path.exists(spy):
         return None
-    # A process that cannot be suspended (stopped, or mid-syscall in a hang) is read without suspending.
+    # A process that cannot be suspended (stopped, or mid-syscall in a hang) is read without suspending. Full
+    # file names: the user's frame is told by its path (stacks.user_frame).
     for extra in ([], ["--nonblocking"]):
         try:
-            r = subprocess.run([spy, "dump", *extra, "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+            r = subprocess.run([spy, "dump", "--full-filenames", *extra, "--pid", str(pid)], capture_output=True,
+                               text=True, timeout=30)
         except (OSError, subprocess.SubprocessError):
             return None
         if r.returncode == 0 and "Thread " in r.stdout:
@@ -46,28 +50,37 @@ def _py_spy(pid: int) -> str | None:
     return None
 
 
-def _faulthandler(pid: int, stacks: Path) -> str | None:
-    """Ask the process itself (SIGUSR2, registered by `podkit run trainer`) and read what it wrote."""
-    before = stacks.stat().st_size if stacks.exists() else None
+def _faulthandler(pid: int, path: Path) -> str | None:
+    """Ask the process itself (SIGUSR2, registered by `podkit run trainer`: stacks.on_sigusr2) and read what it
+    wrote: its threads at once, then its asyncio tasks once its main thread runs Python again (a few seconds at
+    most are waited for them)."""
+    before = path.stat().st_size if path.exists() else None
     if before is None:
         return None
     try:
         os.kill(pid, signal.SIGUSR2)
     except ProcessLookupError:
         return None
-    for _ in range(20):
+    until, text = time.monotonic() + 2.0, ""
+    while time.monotonic() < until:
         time.sleep(0.1)
-        if stacks.stat().st_size > before:
-            time.sleep(0.2)  # let it finish every thread
-            with open(stacks, "rb") as f:
+        try:
+            with open(path, "rb") as f:
                 f.seek(before)
-                return f.read().decode(errors="replace")
-    return None
+                text = f.read(4 << 20).decode(errors="replace")
+        except OSError:
+            return None
+        if stacks.TASKS_END in text:
+            return text
+        if text and until - time.monotonic() < 1.5:
+            until = max(until, time.monotonic() + 3.0)  # the threads are in: the tasks follow from Python
+    return text or None
 
 
 def dump_stacks(pid: int, path: Path, stacks_dir: Path) -> str:
-    """The Python stacks of `pid` and its descendants (torchrun and its ranks) into `path`, by py-spy where it
-    attaches, else by the process's own faulthandler; the kernel's view always. Returns what worked."""
+    """The Python stacks of `pid` and its descendants (torchrun and its ranks) into `path`: py-spy's where it
+    attaches, and the process's own (its threads by faulthandler, its asyncio tasks: a workflow's await is on
+    no thread's stack) where it registered them; the kernel's view always. Returns what worked."""
     lines = [f"# hang dump of pid {pid} and its children at {time.strftime('%Y-%m-%d %H:%M:%S')}"]
     used = set()
     for p in [pid, *proc.descendants(pid)]:
@@ -75,10 +88,10 @@ def dump_stacks(pid: int, path: Path, stacks_dir: Path) -> str:
         text = _py_spy(p)
         if text:
             used.add("py-spy")
-        else:
-            text = _faulthandler(p, stacks_dir / f"stacks-{p}.txt")
-            if text:
-                used.add("faulthandler")
+        own = _faulthandler(p, stacks_dir / f"stacks-{p}.txt")
+        if own:
+            used.add("faulthandler")
+            text = f"{text}\n{own}" if text else own
         lines.append(text or "(no Python stacks: py-spy could not attach and the process did not answer SIGUSR2)")
         for what in ("status", "wchan", "stack"):
             try:
@@ -154,7 +167,8 @@ class Watchdog:
         except OSError as e:
             _log.error(f"cannot record the action ({e.strerror}); the log line above is all there is")
 
-    def restart(self, name: str) -> None:
+    def restart(self, name: str, why: str = "") -> None:
+        ending.ask(self.cfg.run_path, [name], f"the watchdog ({why or 'a restart'})")
         self.server.supervisor.stopProcess(name, True)
         self.server.supervisor.startProcess(name, False)
 
@@ -247,18 +261,20 @@ class Watchdog:
         info = self.info("trainer")
         if info["statename"] != supervisord.RUNNING:
             return
-        prog = records.PROGRESS.read(self.state_dir)
-        stopped = prog.get("stopped") or {}
         # This trainer's own finish (an earlier run's record on the volume says nothing of it): not a hang,
         # whatever inference does.
-        if stopped.get("by") in records.FINISHED and (stopped.get("time") or 0) >= info["start"]:
-            return self.check_finished(now, info, stopped)
+        end = ending.read(self.state_dir, since=info["start"], program_pid=info["pid"])
+        if end is not None and end.family == ending.FINISHED:
+            return self.check_finished(now, info, end.rec)
         if not inference_ready:
             return
+        prog = records.PROGRESS.read(self.state_dir)
         last = prog.get("time") or 0
         if last > now + 60:  # a step stamped ahead of this clock (another's, or this one stepped back)
             last = 0
-        floor = info["start"]  # a fresh trainer gets the full window
+        floor = self.run_started(info, now)  # a fresh trainer gets the full window
+        if floor is None:
+            return  # podkit's own back-off before the next start: not a hang
         if self.cfg.multi_node:  # waiting for a node is explained, not a hang; each (re)start gets the full window
             rec = records.CLUSTER.read(self.state_dir)
             if rec.get("state") != "running":
@@ -269,12 +285,61 @@ class Watchdog:
             return
         dump = self.cfg.log_dir / f"hang-{time.strftime('%Y%m%d-%H%M%S')}.txt"
         tool = dump_stacks(info["pid"], dump, self.cfg.log_dir)
-        self.record("restarted", "trainer", f"no training step for {since:.0f}s while inference is ready; "
-                    f"stacks ({tool}) in {dump}", dump=str(dump))
+        frame = self.hang_frame(dump)
+        words = f"no training step for {since:.0f}s while inference is ready; {frame[0]}"
+        self.record("restarted", "trainer", f"{words}; stacks ({tool}) in {dump}", dump=str(dump), **frame[1])
         if self.cfg.multi_node:  # the cluster launcher's own stop cancels AReaL's tasks on every node
-            self.restart("trainer")
+            self.restart("trainer", words)
         else:
             self.kill_and_restart("trainer", info["pid"])
+
+    def run_started(self, info: dict, now: float) -> float | None:
+        """When the trainer program's run began: its start, or later, once podkit's own back-off (inside the
+        program, loopbound.py) has passed; None while there is no run to stall: during the back-off, and in the
+        moments after the run ended while the program waits to exit. The loop record is data: only this
+        program's, only times that fit it; anything else gives the full window from the program's start."""
+        loop = records.TRAINER_LOOP.read(self.state_dir)
+        start = float(info["start"])
+        if loop.get("boot") != records.CURRENT.read(self.state_dir).get("started") or loop.get("program") != info["pid"]:
+            return start
+        phase, until, ended, running = (loop.get(k) for k in ("phase", "backoff_until", "ended_at", "running"))
+        if phase == "backoff" and isinstance(until, (int, float)) and now - 5 < until <= now + MAX_BACKOFF_S:
+            return None
+        if phase == "ended" and isinstance(ended, (int, float)) and 0 <= now - ended < ENDED_S:
+            return None
+        if phase == "running" and isinstance(running, (int, float)) and start - 1 <= running <= now:
+            return max(start, running)
+        return start
+
+    def hang_frame(self, dump: Path) -> tuple[str, dict]:
+        """The hang in words ("hung in your workflow at my_workflow.py:42 in arun_episode") and its frame's fields
+        for the record (where, function, code), read from the dump."""
+        try:
+            text = dump.read_text(errors="replace")
+        except OSError:
+            return "the dump could not be read", {}
+        frame = stacks.user_frame(text, self.user_roots())
+        mine = frame is not None
+        frame = frame or stacks.top_frame(text)
+        if frame is None:
+            return stacks.describe(None, False), {}
+        path, _, line = frame["where"].rpartition(":")
+        code = ""
+        try:
+            import linecache
+
+            code = linecache.getline(path, int(line)).strip()[:300]
+        except (ValueError, OSError):
+            pass
+        return stacks.describe(frame, mine), {"where": frame["where"], "function": frame["function"], "code": code}
+
+    def user_roots(self) -> list[str]:
+        """The user's code: the synced checkout when trainer.entry names a script in it, else podkit's example."""
+        if self.cfg.trainer.kind != "areal":
+            return []
+        if self.cfg.trainer.entry:
+            return [str(self.cfg.repo.dest)]
+        return [str(Path(__file__).resolve().parent / "areal" / "example")]
 
     def check_finished(self, now: float, info: dict, stopped: dict) -> None:
         """A trainer still running after its finish record: what is left after PPOTrainer.train returned is
@@ -300,6 +365,7 @@ class Watchdog:
         why = "the finished trainer's"
         targets = {p.pid: proc.Target.of(p, reason=why) for p in procs if p.pid in mine or p.pgid == pid}
         targets.update({t.pid: t for t in proc.marked(self.state_dir, {"trainer": why}) if t.pid not in targets})
+        ending.ask(self.cfg.run_path, ["trainer"], "the watchdog (the run finished, the trainer did not exit)")
         try:
             self.server.supervisor.stopProcess("trainer", False)
         except xmlrpc.client.Fault as e:

@@ -210,7 +210,9 @@ def test_a_stray_sigterm_to_the_trainer_checkpoints_and_it_restarts_but_a_stop_e
     trainer = s.pid("trainer")
     os.kill(trainer, signal.SIGTERM)
     new = wait_for(lambda: (p := s.pid("trainer")) not in (0, trainer) and p, 40, what="the trainer to come back")
-    assert "exiting 75 so it restarts and resumes" in s.log("trainer")
+    assert "stopped by a SIGTERM that supervisord did not send (someone's kill), and restarted to resume at " \
+           "step" in s.log("trainer")
+    assert s.progress()["stopped"]["by"] == "stray SIGTERM", s.progress()
     wait_for(lambda: "resumed from checkpoint" in s.log("trainer").split(f"starting trainer (pid {new})")[-1], 30,
              what="the restarted trainer to resume")
     ctl = [os.path.join(os.path.dirname(sys.executable), "supervisorctl"),

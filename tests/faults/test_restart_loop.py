@@ -52,7 +52,8 @@ def test_each_boot_records_why_the_run_before_it_stopped(stack_factory, procs):
     s.wait_step(3)
     assert s.stop() == 0
     s = stack_factory().start()
-    assert boots(s.workspace)[-1]["last_stop"].startswith("SIGTERM: trainer stopped cleanly at step")
+    assert boots(s.workspace)[-1]["last_stop"].startswith("SIGTERM: the trainer stopped by the pod's stop (docker "
+                                                          "stop, a RunPod stop or migration) at step")
     s.wait_step(s.progress()["step"] + 2)
     pids = [s.proc.pid, s.pid("sglang"), s.pid("trainer"), s.pid("logs")]
     for pid in pids:  # what a container kill does to every process in it
@@ -60,7 +61,7 @@ def test_each_boot_records_why_the_run_before_it_stopped(stack_factory, procs):
     s.proc.wait(10)
     wait_for(lambda: not any(alive(p) for p in pids), 10, what="the stack gone")
     s = stack_factory().start()
-    assert boots(s.workspace)[-1]["last_stop"].startswith("unknown: no clean stop recorded")
+    assert boots(s.workspace)[-1]["last_stop"].startswith("unknown: no end recorded")
     assert s.stop() == 0
 
 

@@ -112,7 +112,8 @@ def test_docker_restart_boots_again_without_a_loop_and_resumes_from_the_checkpoi
     engine.docker("restart", c, timeout=120)
     logs = wait_for(lambda: "resumed from checkpoint" in (out := engine.docker("logs", c).stdout) and out, 120, 1,
                     what="the trainer to resume after docker restart")
-    stopped_at = int(re.search(r"last stop: SIGTERM: trainer stopped cleanly at step (\d+)", logs).group(1))
+    stopped_at = int(re.search(r"last stop: SIGTERM: the trainer stopped by the pod's stop \(docker stop, a RunPod "
+                               r"stop or migration\) at step (\d+)", logs).group(1))
     assert f"resumed from checkpoint step-{stopped_at:08d}.pt" in logs
     st = state(engine, c)
     assert st["Running"] and not st["Restarting"]

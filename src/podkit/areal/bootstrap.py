@@ -14,11 +14,15 @@ with `sys.argv` = [script, *argv], cwd = the checkout and `sys.path` = [its dire
   cluster.py, ...) shadows a module of the script's.
 
 Any exception the script raises before training starts (an import, a data field named differently, a
-`main` that takes no argument, a dataset the pod cannot download) is the script's own: the trainer stops
+`main` that takes no argument, a data file that is not there) is the script's own: the trainer stops
 once, naming the exception, the file and line in the user's code and a hint, and does not restart into
-the same error. Only the distributed or CUDA runtime's failures at start-up (a port taken, out of memory)
-go to the loop bound instead, as they may pass. Every rank's exception, before or during training, is
-recorded in its own words (failure.py) for status, doctor and the notification.
+the same error. What may pass goes to the loop bound instead, named as what it is: a network error (a
+refused or reset connection, a timeout, a hub's 5xx or 429: ending.NETWORK, retried with its back-off), out
+of memory, the distributed or CUDA runtime's start-up failures (a port taken). Every rank's exception, before
+or during training, is recorded in its own words (failure.py) for status, doctor and the notification, and
+each rank notes that it lives (ending.rank_alive): one that ends without a word was killed.
+
+A SIGTERM before train() ends the rank at once (ending.Stop): the script has no step in flight to finish.
 """
 
 import os
@@ -29,9 +33,9 @@ if sys.path and sys.path[0] and os.path.realpath(sys.path[0]) == _HERE:
     del sys.path[0]
 
 import errno  # noqa: E402 - after the path is cleared
+import re  # noqa: E402
 import runpy  # noqa: E402
 import subprocess  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 EXAMPLE = os.path.join(_HERE, "example", "gsm8k_grpo.py")
@@ -92,11 +96,22 @@ def shadowed_areal(paths: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    from podkit import config, failure, log
+    from podkit import config, ending
+
+    cfg = config.load()
+    rank = int(os.environ.get("RANK", "0"))
+    ending.rank_alive(cfg.run_path, rank)
+    try:
+        return run(cfg, argv)
+    finally:
+        ending.rank_exited(cfg.run_path, rank)  # through Python's exit: not killed
+
+
+def run(cfg, argv: list[str]) -> int:
+    from podkit import ending, failure, log
     from podkit.areal import episodes, hooks
 
     _log = log.get("trainer")
-    cfg = config.load()
     script, function, checkout = entry_of(cfg)
     st = hooks.install(cfg, code_of(cfg) if int(os.environ.get("RANK", "0")) == 0 else None)
     script_dir = checkout if function else os.path.dirname(script)
@@ -121,20 +136,33 @@ def main(argv: list[str]) -> int:
         else:
             sys.argv = [script, *argv]
             runpy.run_path(script, run_name="__main__")
+    except ending.Stop:  # a SIGTERM while the script was still in its own code: nothing in flight
+        if st.rank == 0:
+            ending.write(cfg.state_dir, ending.SIGTERM, "stopped before training started (no step in flight)",
+                         step=None)
+        _log.info("SIGTERM before train(): the script stops at once, with nothing in flight")
+        return 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if code or st.training or isinstance(e, hooks.Refused):
             return code
         # sys.exit(0) (or sys.exit(main())) without training: as a script that ended, below.
     except Exception as e:
-        err = failure.clean(failure.describe(e, roots, str(cfg.workspace_path), call=target), cfg)
+        err = failure.clean(failure.describe(e, roots, str(cfg.workspace_path), call=target,
+                                             place=ending.place(cfg)), cfg)
+        failure.classify(e, err)
+        down = episodes.EPISODES.server_down()
+        if down:
+            err["unreachable"] = down
+        missing = missing_file_key(e, st.config)
+        if missing:
+            err["hint"] = missing + ("; " + err["hint"] if err.get("hint") else "")
         failure.write(cfg.run_path, st.rank, err)
-        if st.training or runtime_error(e, err["message"]):
-            raise  # the loop bound counts it; the record above names it
+        if st.training or runtime_error(e, err["message"]) or err.get("transient") or err.get("oom"):
+            raise  # the loop bound counts it, by its kind (ending.judge); the record above names it
         st.refuse(f"the training script failed before training started, at {err['where']}",
                   f"{err['type']}: {err['message']}" + (f"\n{err['code']}" if err["code"] else ""),
-                  (err["hint"] + "; " if err["hint"] else "") + "fix it in the repo and push: the next boot syncs "
-                  "it (or fix the checkout, then `podkit ctl start trainer`)")
+                  (err["hint"] + "; " if err["hint"] else "") + ending.fix_code(cfg))
         return 2
     if not st.training:
         name = Path(script).name + (f":{function}" if function else "")
@@ -142,10 +170,43 @@ def main(argv: list[str]) -> int:
                "records no steps, and a `main` that is defined but never called does nothing)")
         _log.error(msg)
         if st.rank == 0:
-            hooks.Progress(cfg).update(stopped={"by": "never-trained", "time": time.time(),
-                                                "message": msg, "hint": "call PPOTrainer(...).train(...) from the "
-                                                "script (as AReaL's examples do under `if __name__ == \"__main__\"`)"})
+            ending.write(cfg.state_dir, ending.NEVER_TRAINED, msg, "call PPOTrainer(...).train(...) from the script "
+                         "(as AReaL's examples do under `if __name__ == \"__main__\"`); " + ending.fix_code(cfg),
+                         step=None)
     return 0
+
+
+def missing_file_key(exc: BaseException, loaded) -> str:
+    """For a file that is not there: the config key that names it (`train_dataset.path is '...'`), looked up in
+    the config AReaL loaded; "" when no key does."""
+    import dataclasses
+
+    from podkit import failure
+
+    wanted = set()
+    for e in failure.chain(exc):
+        if isinstance(e, FileNotFoundError) or "Unable to find" in failure.safe_str(e, 2000):
+            if isinstance(getattr(e, "filename", None), str):
+                wanted.add(e.filename)
+            wanted.update(re.findall(r"'([^']{1,4096})'", failure.safe_str(e, 8000)))
+    if not wanted or loaded is None:
+        return ""
+    real = {os.path.realpath(w) for w in wanted}
+    found = []
+
+    def walk(obj, prefix: str, depth: int) -> None:
+        if depth > 4 or len(found) >= 3 or not dataclasses.is_dataclass(obj):
+            return
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name, None)
+            if isinstance(value, str) and value and (value in wanted or os.path.realpath(value) in real):
+                found.append(f"{prefix}{f.name}")
+            else:
+                walk(value, f"{prefix}{f.name}.", depth + 1)
+
+    walk(loaded, "", 0)
+    return "; ".join(f"{key} names a file that is not there: set it to the data's path (in the AReaL YAML or "
+                     "trainer.overrides)" for key in found)
 
 
 def hooks_version() -> str:

@@ -31,7 +31,7 @@ import time
 import uuid
 from pathlib import Path
 
-from podkit import checks, log, notify, proc, records, supervisord
+from podkit import checks, ending, log, notify, proc, records
 from podkit.areal import command, ray_node
 from podkit.areal.heartbeat import RUN_ENV, heartbeat_dir, heartbeats
 from podkit.programs import refused
@@ -256,8 +256,8 @@ class Cluster:
             return 1
         ray.init(address=f"{self.c.head}:{self.c.ray_port}", logging_level="ERROR", log_to_driver=False)
         # After ray.init: its core worker installs a SIGTERM handler that ends the process at once.
-        signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
-        signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, ending.SIGNALS.on_signal)
         if not self.wait_for_nodes("the cluster is forming"):
             return 0
         problems = self.check_volume()
@@ -273,10 +273,10 @@ class Cluster:
             run = uuid.uuid4().hex[:12]
             self.note("running", f"AReaL's Ray launcher on {self.c.nodes} nodes", run=run, missing=[],
                       restarts=restarts)
-            started = time.time()
+            started, kills = time.time(), ending.oom_kills()
             rc, why = self.run_driver(run)
             if not why:
-                return self.outcome(rc, started)
+                return self.outcome(rc, started, kills and kills[0])
             step = records.PROGRESS.read(self.state_dir).get("step")
             restarts = 1 if step != last_step else restarts + 1
             last_step = step
@@ -291,13 +291,13 @@ class Cluster:
                                f"{self.describe(self.lost_nodes() or [{'rank': '?', 'addr': '?', 'why': 'lost'}])}; "
                                "it resumes from its checkpoint when the node is back")
                 if not self.wait_for_nodes(f"a node was lost {records.at_step(step)}"):
-                    return self.outcome(rc, started)
+                    return self.outcome(rc, started, kills and kills[0])
             else:
                 _log.warn(f"{why}: AReaL's launcher would wait for ever; restarting it from the recover checkpoint")
                 self.note("restarting", why, restarts=restarts)
             self.free()
             if self.stopping.is_set():
-                return self.outcome(rc, started)
+                return self.outcome(rc, started, kills and kills[0])
 
     def wait_for_head(self) -> bool:
         why = ray_node.wait_for_head(self.cfg, self.stopping)
@@ -305,25 +305,22 @@ class Cluster:
             _log.error(f"{why} (on rank 0 that is this node's `ray` program: see logs/ray.log)")
         return not why
 
-    def outcome(self, rc: int, started: float) -> int:
+    def outcome(self, rc: int, started: float, oom_before=None) -> int:
+        """How the run ended, judged as one pod's is (ending.judge), and the exit code for supervisord."""
         heartbeat = heartbeat_dir(self.state_dir)
         for p in heartbeat.glob("*.json"):
             p.unlink(missing_ok=True)
         records.CLUSTER_STOP.path(self.state_dir).unlink(missing_ok=True)
-        stopped = records.PROGRESS.read(self.state_dir).get("stopped")
-        fresh = isinstance(stopped, dict) and isinstance(stopped.get("time"), (int, float)) and stopped["time"] >= started
-        by = stopped.get("by") if fresh else None
-        if by in records.FINISHED:
-            self.note("finished", f"training finished {records.at_step(stopped.get('step'))}")
-            return 0
-        if by == "config-error":  # AReaL's refusal or podkit's: the record says whose, in its words
-            self.note("stopped", str(stopped.get("message") or "the trainer cannot train").splitlines()[0][:300])
-            return 0
-        if by == "SIGTERM" or self.stopping.is_set():
-            self.note("stopped", "stopped by SIGTERM")
-            return supervisord.exit_after_sigterm(self.cfg.socket_path)
-        self.note("failed", f"AReaL's launcher exited {rc}")
-        return rc or 1
+        end = ending.judge(self.cfg, rc, started, oom_before=oom_before)
+        if not end.stored and end.kind.name != ending.ENDED:
+            ending.store(self.state_dir, end.rec)
+        if end.family == ending.FINISHED:
+            self.note("finished", f"training finished {records.at_step(end.step)}")
+        elif end.family in (ending.FINAL, ending.STOP):  # a refusal in its own words; a stop, by whom
+            self.note("stopped", (end.first() if end.family == ending.FINAL else "") or end.words()[:300])
+        else:
+            self.note("failed", f"AReaL's launcher exited {rc}: {end.words()[:300]}")
+        return ending.exit_code(end, rc)
 
 
 def overrides(cfg) -> list[str]:
@@ -357,6 +354,13 @@ def main(cfg) -> int:
     for pid in command.clear_leftovers(cfg.run_path):
         _log.warn(f"killed pid {pid}, left by a previous launcher that was killed")
     c = Cluster(cfg)
-    signal.signal(signal.SIGTERM, lambda *_: c.stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: c.stopping.set())
+    # Its stop signal (noted by ending.SIGNALS since the program's first line, or here for a bare launcher) asks
+    # every rank to stop after its step.
+    ending.SIGNALS.forward = lambda *_: c.stopping.set()
+    if ending.SIGNALS.cfg is None:
+        ending.SIGNALS.cfg = cfg
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, ending.SIGNALS.on_signal)
+    if ending.SIGNALS.at is not None:
+        c.stopping.set()
     return c.main()

@@ -53,6 +53,12 @@ class Episodes:
         self.unreachable, self.down_failed, self.down_in_a_row = "", 0, 0
         self.written = 0.0
 
+    def server_down(self) -> str:
+        """The server's words when the trip that stopped the trainer was every failure of it inference not
+        answering (its own addresses), else "": the end is then inference's, not the workflow's (ending.judge)."""
+        with self.lock:
+            return self.unreachable if self.tripped and self.in_a_row and self.down_in_a_row >= self.in_a_row else ""
+
     def ok(self) -> None:
         with self.lock:
             self.succeeded += 1

@@ -35,13 +35,12 @@ import threading
 import time
 from pathlib import Path
 
-from podkit import config, lease, log, records
+from podkit import config, ending, lease, log, records
 from podkit.areal import episodes, reattach
 from podkit.areal.reattach import served_version
 from podkit.checks import API_KEY_ENV
 
 _log = log.get("trainer")
-CONFIG_ERROR = "config-error"  # progress.json stopped.by: the trainer stays stopped (the launcher exits 0)
 
 
 class Refused(SystemExit):
@@ -74,20 +73,24 @@ class State:
         self.api_key = os.environ.get(API_KEY_ENV, "")
         self.addr = os.environ.get("AREAL_LLM_SERVER_ADDRS", "").split(",")[0]
         self.sigterm, self.stale = threading.Event(), threading.Event()
-        self.stopped_by: str | None = None
+        self.stopped_by: str | None = None  # an ending kind: SIGTERM, STALE, LEASE_LOST
         self.training = False  # train() was entered: an error from here on is a training failure
+        self.config = None  # the config AReaL loaded (a missing file's key is looked up in it)
         self.run: tuple | None = None  # (save root, record): the run that owns its checkpoints (check_run)
         self.attacher = None  # rank 0's reattach.Attacher while train() runs (trainer.on_inference_restart)
 
     def on_sigterm(self, *_) -> None:
+        """During training: the step in flight ends with a recover checkpoint, then train() returns. Before it:
+        nothing is in flight, and the script's own code (loading data, a model) stops at once."""
         self.sigterm.set()
+        if not self.training:
+            raise ending.Stop()
 
     def refuse(self, what: str, message: str, hint: str) -> Refused:
         """Record a setup that cannot train (rank 0) and say so; the caller raises what this returns."""
         _log.error(f"{what}: {message.splitlines()[0] if message else ''} (hint: {hint})")
         if self.rank == 0:
-            Progress(self.cfg).update(stopped={"by": CONFIG_ERROR, "time": time.time(),
-                                               "message": f"{what}: {message}"[:2000], "hint": hint})
+            ending.write(self.cfg.state_dir, ending.CONFIG_ERROR, f"{what}: {message}", hint, step=None)
         return Refused()
 
 
@@ -142,9 +145,10 @@ def hook_config_loader(st: State) -> None:
             except Exception as e:  # noqa: BLE001 - hydra, omegaconf and AReaL's own checks raise their own types
                 # The same on every restart: a restart loop re-importing torch every 20 s fixes nothing.
                 raise st.refuse("AReaL rejected its config", f"{type(e).__name__}: {e}".strip(),
-                                unknown_key(e, argv) + "fix trainer.areal_config or trainer.overrides, then "
-                                "`podkit ctl start trainer`") from e
-            check_run(st, loaded[0] if isinstance(loaded, tuple) else loaded)
+                                unknown_key(e, argv) + "fix trainer.areal_config or trainer.overrides: "
+                                + ending.fix_setting(st.cfg)) from e
+            st.config = loaded[0] if isinstance(loaded, tuple) else loaded
+            check_run(st, st.config)
             return loaded
 
         return load_expr_config
@@ -271,6 +275,7 @@ def hook_trainer(st: State) -> None:
             refuse_what_spmd_cannot_run(st, self, bound.arguments, where)
             signal.signal(signal.SIGTERM, st.on_sigterm)  # taken back from the script's own handler
             st.training = True
+            ending.rank_alive(st.cfg.run_path, st.rank, training=True)
             if st.rank == 0 and st.run is not None:  # this run owns its checkpoints from here on
                 from podkit.areal import identity
 
@@ -281,8 +286,8 @@ def hook_trainer(st: State) -> None:
             finally:
                 if st.attacher is not None:
                     st.attacher.done.set()
-            if progress is not None and st.stopped_by != "lease-lost":
-                progress.stopped(st.stopped_by or "done")
+            if progress is not None and st.stopped_by != ending.LEASE_LOST:  # a lost lease: the record is theirs
+                ending.write(st.cfg.state_dir, st.stopped_by or ending.DONE, progress=progress)
             return result
 
         return train
@@ -466,7 +471,7 @@ def supervise(st: State, trainer) -> Progress | None:
         finally:
             trainer.stats_logger.commit = commit_
         step = global_step + 1  # AReaL pushed these weights as version global_step + 1
-        if progress is not None and st.stopped_by != "lease-lost":  # the record is the new holder's now
+        if progress is not None and st.stopped_by != ending.LEASE_LOST:  # the record is the new holder's now
             data = stats.get("data") or {}
             saved = patches.recover_checkpoint_written(trainer, global_step)
             progress.data.setdefault("first_step_time", time.time())  # a trained step: the start-up's end
@@ -501,11 +506,11 @@ def supervise(st: State, trainer) -> Progress | None:
         flags = torch.tensor([st.sigterm.is_set(), st.stale.is_set()], dtype=torch.int64)
         dist.all_reduce(flags, group=trainer.actor.cpu_group)
         by_sigterm, by_stale = bool(flags[0]), bool(flags[1])
-        if not (by_sigterm or by_stale) or st.stopped_by == "lease-lost":
+        if not (by_sigterm or by_stale) or st.stopped_by == ending.LEASE_LOST:
             return
         saved = patches.recover_checkpoint_written(trainer, global_step) or \
             patches.force_recover_checkpoint(trainer, save_recover, epoch, epoch_step, global_step)
-        st.stopped_by = "SIGTERM" if by_sigterm else "stale-weights"
+        st.stopped_by = ending.SIGTERM if by_sigterm else ending.STALE
         if progress is not None and saved:
             progress.write(checkpoint_step=step)
         _log.info(f"{st.stopped_by}: stopping after step {step}, " + (
@@ -520,7 +525,7 @@ def supervise(st: State, trainer) -> Progress | None:
         dist.all_reduce(flag, group=trainer.actor.cpu_group)
         if not int(flag[0]):
             return save_recover(epoch=epoch, epoch_step=epoch_step, global_step=global_step)
-        st.stopped_by = "lease-lost"
+        st.stopped_by = ending.LEASE_LOST
         if holder:
             _log.error(f"this pod lost the workspace to {holder} (it stalled past guard.lease_s, and a pod took "
                        f"over): stopping after step {global_step + 1} without writing a checkpoint; the pod that "
@@ -537,7 +542,7 @@ def supervise(st: State, trainer) -> Progress | None:
         threading.Thread(target=watch_served_weights, args=(cfg, progress, st.addr, st.api_key, st.stale),
                          daemon=True).start()
     if progress is not None:
-        fresh = {"resumed_from": None, "resumed_at": None, "stopped": None, "logp_gap": None,
+        fresh = {"resumed_from": None, "resumed_at": None, "logp_gap": None,
                  "on_policy_logp_gap": None, "code": st.code,
                  "run": f"{config_.experiment_name}/{config_.trial_name}"}  # the names AReaL uses
         if trainer.recover_info is not None:

@@ -18,11 +18,10 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
-from podkit import checks, failure, health, log, proc, records, setup, supervisord
+from podkit import checks, ending, failure, health, log, proc, records, setup, supervisord
 from podkit.areal import cluster, identity
 from podkit.areal.command import clear_leftovers, command, environment, set_pdeathsig
 from podkit.programs import refused
@@ -30,40 +29,16 @@ from podkit.programs import refused
 _log = log.get("trainer")
 
 
-def wait_for_inference(cfg, is_dead=None, interval: float = 1.0) -> str | None:
-    """Wait until SGLang answers /health (bounded). Returns why not, or None when ready. `is_dead` says
-    whether supervisord already reports the server dead (FATAL/EXITED): then waiting is pointless."""
-    inf = cfg.inference
-    t0 = time.monotonic()
-    told = 0.0
-    while not health.probe(inf.host if inf.host not in ("0.0.0.0", "::") else "127.0.0.1", inf.port):
-        waited = time.monotonic() - t0
-        dead = is_dead() if is_dead else None
-        if dead:
-            return f"inference is {dead} in supervisord: not waiting for it (see logs/sglang.log)"
-        if waited > inf.ready_timeout_s:
-            return f"inference at {inf.host}:{inf.port} not ready after {inf.ready_timeout_s:.0f}s"
-        if waited - told >= 30:
-            _log.info(f"waiting for inference at {inf.host}:{inf.port} ({waited:.0f}s; loading weights and "
-                      "capturing CUDA graphs takes minutes)")
-            told = waited
-        time.sleep(interval)
-    return None
-
-
-def sglang_state(cfg):
-    """supervisord's word on the sglang program when it is stopped for good, else None."""
-    def check():
-        info = supervisord.process_info(cfg.socket_path, "sglang")
-        return info["statename"] if info and info["statename"] in supervisord.STOPPED_STATES else None
-    return check
-
-
 def main(cfg) -> int:
+    """The trainer's run: torchrun's exit code (the loop bound judges the end, ending.judge), or 0/1 with the
+    end recorded here when torchrun never started."""
     if cfg.multi_node:  # rank 0 of a cluster (the others idle): AReaL's own Ray launcher
         return cluster.main(cfg)
-    if refused(cfg, checks.areal(cfg), _log):
-        return 2
+    problems = checks.areal(cfg)
+    if refused(cfg, problems, _log):  # what the boot checks, changed since (an env edited under a running pod)
+        ending.write(cfg.state_dir, ending.CONFIG_ERROR, "; ".join(f"{cfg.origin(k)}: {k}: {w}" for k, w, _ in problems),
+                     "; ".join(h for _, _, h in problems[:1]) + "; " + ending.fix_setting(cfg))
+        return 0
     # First: a rank left by a killed launcher trains on (and writes progress) until it is stopped.
     for pid in clear_leftovers(cfg.run_path):
         _log.warn(f"killed pid {pid}, left by a previous torchrun whose launcher was killed")
@@ -73,9 +48,10 @@ def main(cfg) -> int:
     env = environment(cfg)
     if precheck(cfg, python, env):  # before the wait: an import error is named now, not after SGLang's start
         return 0
-    why = wait_for_inference(cfg, sglang_state(cfg))
+    why = health.wait_for_inference(cfg, health.sglang_state(cfg), logger=_log)
     if why:
         _log.error(why)
+        ending.write(cfg.state_dir, ending.INFERENCE, why, "logs/sglang.log says why inference did not start")
         return 1
     changed = checks.settings(cfg)[0]
     if changed:  # AReaL's own example YAMLs run as they are: what podkit set over them, and why
@@ -88,10 +64,8 @@ def main(cfg) -> int:
     argv = command(cfg, python)
     _log.info(f"starting {shlex.join(argv)} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r}, "
               f"AREAL_LLM_SERVER_ADDRS={env['AREAL_LLM_SERVER_ADDRS']})")
-    started = time.time()
-    rc = supervise(argv, env, cfg.run_path, grace_s=cfg.trainer.stop_grace_s,
-                   stopping=lambda: supervisord.stop_requested(cfg.socket_path, "trainer"))
-    return outcome(cfg, rc, started)
+    return supervise(argv, env, cfg.run_path, grace_s=cfg.trainer.stop_grace_s,
+                     stopping=lambda: supervisord.stop_requested(cfg.socket_path, "trainer"))
 
 
 def precheck(cfg, python: str | None, env: dict[str, str]) -> bool:
@@ -108,11 +82,10 @@ def precheck(cfg, python: str | None, env: dict[str, str]) -> bool:
     if not isinstance(err, dict) or not err.get("type"):
         return False
     err = failure.clean({k: str(v) for k, v in err.items()}, cfg)
-    failure.stop_for_good(cfg.state_dir, "config-error",
-                          f"the training script failed before training started, at {err.get('where')}: "
-                          f"{err['type']}: {err.get('message')}" + (f"\n{err['code']}" if err.get("code") else ""),
-                          (failure.hint_for_import() + "; " if "Import" in err["type"] else "") + "fix it in the repo "
-                          "and push: the next boot syncs it (or fix the checkout, then `podkit ctl start trainer`)")
+    ending.write(cfg.state_dir, ending.CONFIG_ERROR,
+                 f"the training script failed before training started, at {err.get('where')}: "
+                 f"{err['type']}: {err.get('message')}" + (f"\n{err['code']}" if err.get("code") else ""),
+                 (failure.hint_for_import() + "; " if "Import" in err["type"] else "") + ending.fix_code(cfg))
     _log.error(f"{err['type']}: {err.get('message')} at {err.get('where')}: the trainer stays stopped (found before "
                "waiting for inference)")
     return True
@@ -132,28 +105,6 @@ def unpause(cfg) -> None:
     except (OSError, ValueError) as e:
         _log.warn(f"could not ask inference to continue generating ({e}); a server left paused by a dead trainer "
                   "would stall the rollouts")
-
-
-def outcome(cfg, rc: int, started: float) -> int:
-    """torchrun's 1 for any failed rank loses why the ranks stopped; rank 0's progress record says it.
-    A config AReaL refuses exits 0 (stays stopped: restarting cannot fix it); a stop for stale weights exits 75 (supervisord restarts the trainer, which resumes); a SIGTERM
-    exits 0 when supervisord is stopping the trainer and 75 after a stray one; a finished run 0."""
-    stopped = records.PROGRESS.read(cfg.state_dir).get("stopped")
-    if not isinstance(stopped, dict) or not isinstance(stopped.get("time"), (int, float)) or stopped["time"] < started:
-        return rc
-    by = stopped.get("by")
-    if by in records.CANNOT_TRAIN:
-        # Exit 0: supervisord leaves the trainer stopped instead of restarting it into the same error;
-        # status and doctor show why (progress.json).
-        _log.error(f"{stopped.get('message') or by}: the trainer stays stopped until it is fixed "
-                   "(`podkit doctor` shows the error; then `podkit ctl start trainer`)")
-        return 0
-    if by == "stale-weights":
-        return supervisord.EXIT_RESTART
-    if by == "SIGTERM":
-        return supervisord.exit_after_sigterm(cfg.socket_path)
-    return rc
-
 
 
 CUT_BEFORE_S = 0.5  # the launcher kills the ranks this long before supervisord's SIGKILL would reach it
@@ -176,6 +127,10 @@ def supervise(argv: list[str], env: dict[str, str], run_dir: Path, grace_s: floa
     SIGTERM supervisord did not send (`stopping()` False: nothing will SIGKILL, the step ends in its time)."""
     for marker in run_dir.glob(records.SAVING_PREFIX + "*"):  # a killed rank's: its save is long over
         marker.unlink(missing_ok=True)
+    ending.clear_ranks(run_dir)
+    program = ending.SIGNALS.cfg is not None  # in the trainer program, whose stop signal ending.SIGNALS notes
+    if program:
+        ending.SIGNALS.forward = lambda *_: None  # noted, not raised, while torchrun starts: passed on below
     child = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=set_pdeathsig)  # noqa: PLW1509
     groups = {child.pid: proc.starttime(child.pid) or 0}
     done = threading.Event()
@@ -183,10 +138,14 @@ def supervise(argv: list[str], env: dict[str, str], run_dir: Path, grace_s: floa
     def track() -> None:
         interval = 0.5
         while not done.wait(interval):
-            fresh = {c.pid: c.starttime for c in proc.children(child.pid) if c.pgid == c.pid and c.pid not in groups}
+            procs = proc.processes()
+            # torchrun's ranks, and what was re-parented here (this program is a subreaper) in a session of its own
+            fresh = {c.pid: c.starttime for c in procs if c.pid not in groups and c.pgid == c.pid
+                     and (c.ppid == child.pid or c.ppid == os.getpid() and c.pid != child.pid)}
             if fresh:
                 groups.update(fresh)
                 records.TORCHRUN.write(run_dir, {"groups": [[g, t] for g, t in groups.items()]}, mode=0o600)
+            proc.reap_orphans(keep={child.pid})  # torchrun's exit status is Popen's to read
             interval = min(10.0, interval * 1.5)
 
     records.TORCHRUN.write(run_dir, {"groups": [[g, t] for g, t in groups.items()]}, mode=0o600)
@@ -203,9 +162,15 @@ def supervise(argv: list[str], env: dict[str, str], run_dir: Path, grace_s: floa
             _log.warn("the stop's grace is running out while a rank writes its recover checkpoint: not cutting it "
                       "(the last good checkpoint would be lost); the rank ends when it is written")
             return
-        _log.warn(f"the step in flight did not end within trainer.stop_grace_s ({grace_s:g} s) of the SIGTERM: "
-                  "killing the ranks so that none outlives the trainer (this step has no recover checkpoint; the "
-                  "run resumes from the one before)")
+        if ending.training(run_dir):
+            _log.warn(f"the step in flight did not end within trainer.stop_grace_s ({grace_s:g} s) of the SIGTERM: "
+                      "killing the ranks so that none outlives the trainer (this step has no recover checkpoint; the "
+                      "run resumes from the one before)")
+        else:
+            _log.warn(f"the script was still in its own code before train() {grace_s:g} s after the SIGTERM (blocked "
+                      "where Python's signal handling cannot reach it): killing the ranks; there was no step in "
+                      "flight, nothing is lost")
+        ending.SIGNALS.cut = True
         proc.kill_groups(list(groups.items()))
 
     def forward(sig, _frame):
@@ -227,12 +192,20 @@ def supervise(argv: list[str], env: dict[str, str], run_dir: Path, grace_s: floa
                 pass
 
     timers: list[threading.Timer] = []
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
-        signal.signal(sig, forward)
+    signal.signal(signal.SIGUSR2, forward)
+    if program:
+        ending.SIGNALS.forward = forward
+        if ending.SIGNALS.at is not None:  # asked while torchrun started: pass it on now
+            forward(signal.SIGTERM, None)
+    else:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, forward)
     try:
         rc = child.wait()
     finally:
         done.set()
+        if ending.SIGNALS.forward is forward:
+            ending.SIGNALS.forward = lambda *_: None  # torchrun is gone: a late stop is noted, nothing to pass on
         for t in timers:
             t.cancel()
         proc.kill_groups(list(groups.items()))

@@ -8,7 +8,6 @@ read from the config key in KIND. supervisord.conf's [program:x] sections are ch
 
 from __future__ import annotations
 
-import faulthandler
 import glob
 import importlib
 import os
@@ -48,11 +47,13 @@ def stacks_file(cfg, pid: int):
 
 
 def stacks_on_sigusr2(cfg) -> None:
-    """SIGUSR2 writes every thread's Python stack (the watchdog's dump when py-spy cannot attach).
-    faulthandler writes from the C signal handler: it works while Python code is blocked in C."""
+    """SIGUSR2 writes every thread's Python stack and every pending asyncio task's (stacks.py; the watchdog's
+    dump, beside py-spy's). faulthandler writes from the C signal handler: it works while Python code is
+    blocked in C."""
+    from podkit import stacks
+
     cfg.log_dir.mkdir(parents=True, exist_ok=True)
-    f = open(stacks_file(cfg, os.getpid()), "a")  # noqa: SIM115 - open for the process's lifetime
-    faulthandler.register(signal.SIGUSR2, file=f, all_threads=True)
+    stacks.on_sigusr2(str(stacks_file(cfg, os.getpid())))
 
 
 def refused(cfg, problems: list[tuple[str, str, str]], logger) -> bool:
@@ -92,6 +93,12 @@ def run(name: str, cfg) -> int:
     if name not in NAMES:
         print(f"podkit: error: unknown program {name!r}; one of: {', '.join(NAMES)}", file=sys.stderr)
         return 2
+    if name == "trainer":
+        from podkit import ending  # here: render imports this module on the boot path
+
+        ending.SIGNALS.install(cfg)  # first: a stop before anything runs is a stop, not a kill
+        os.environ[ending.PROGRAM_ENV] = str(os.getpid())  # an end the ranks record names this run
+        proc.become_subreaper()  # what it starts and leaves (a double-forked daemon) is re-parented here
     if name != "logs":  # the listener's stdout is supervisord's event protocol
         # The marker line lets phase detection read only this start's part of the log.
         print(f"[podkit:run] starting {name} (pid {os.getpid()})", flush=True)
@@ -101,34 +108,51 @@ def run(name: str, cfg) -> int:
     if why:
         return idle(name, why)
     if name == "trainer":
-        stop_own_leftovers(cfg, "left running by the trainer's previous start")  # its launcher may have been killed
         os.environ[proc.OWNER_ENV] = proc.owner_mark(cfg.state_dir, "trainer")  # what it starts inherits it
     try:
-        main = importlib.import_module(module(cfg, name)).main
-        if name == "trainer" and not cfg.multi_node:  # a cluster's launcher bounds its own restarts
-            from podkit import loopbound  # here: render imports this module on the boot path
+        if name == "trainer":
+            from podkit import ending
 
-            code = loopbound.run(cfg, lambda: main(cfg))
+            try:
+                # First what its previous start left (its launcher may have been killed: ranks and daemons hold
+                # GPU memory), before any back-off.
+                stop_own_leftovers(cfg, "left running by the trainer's previous start")
+                if cfg.multi_node:  # a cluster's launcher bounds its own restarts
+                    code = importlib.import_module(module(cfg, name)).main(cfg)
+                else:
+                    from podkit import loopbound
+
+                    code = loopbound.run(cfg, lambda: importlib.import_module(module(cfg, name)).main(cfg))
+            except ending.Stop:  # asked to stop before anything ran
+                code = 0
         else:
-            code = main(cfg)
+            code = importlib.import_module(module(cfg, name)).main(cfg)
     finally:
         if name == "trainer":  # stopped, finished or failed: nothing it started outlives it
-            stop_own_leftovers(cfg, "left running by the trainer, which has ended")
-    if name == "trainer" and code == 0:
+            stop_own_leftovers(cfg, "left running by the trainer, which has ended", descendants=True)
+    if name == "trainer":
         from podkit import supervisord  # here: render imports this module on the boot path
 
-        # Finished (or stopped for good) moments after its start: supervisord would count the exit as a
-        # failed start, restart it and end FATAL, so it exits only once it counts as started.
+        # An exit within supervisord's startsecs is a failed start to it, whatever its code: finished (or stopped
+        # for good) that soon, it would be restarted and end FATAL; failing that soon after a new step, its own
+        # startretries would end FATAL a run the loop bound lets go on. The loop bound alone bounds the trainer:
+        # it exits only once it counts as started.
         supervisord.wait_started(cfg.socket_path, name)
     if name == "trainer" and cfg.trainer.kind == "fake":
         pid1.exit_now(code)  # torch's teardown at exit costs 1-2 s of the stop's budget, and saves nothing
     return code
 
 
-def stop_own_leftovers(cfg, reason: str) -> None:
+def stop_own_leftovers(cfg, reason: str, descendants: bool = False) -> None:
     """Stop every process that carries this workspace's trainer mark: what the trainer started, in any
-    session or group (a reward server, a daemon), where supervisord's killasgroup does not reach."""
-    proc.tell(proc.stop_marked(cfg.state_dir, {"trainer": reason}), log.get("trainer"))
+    session or group (a reward server, a daemon), where supervisord's killasgroup does not reach; and, once the
+    trainer has ended, every process still below this program, whatever its environment (this program is a
+    child subreaper: a daemon that forked twice with an environment of its own was re-parented to it). Never
+    anything outside those."""
+    logger = log.get("trainer")
+    if descendants:
+        proc.tell(proc.stop_descendants(reason), logger)
+    proc.tell(proc.stop_marked(cfg.state_dir, {"trainer": reason}, reap_children=proc.reap_orphans), logger)
 
 
 def idle_because(cfg, name: str) -> str:

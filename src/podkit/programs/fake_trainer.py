@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from podkit import lease, log, records, supervisord
+from podkit import ending, health, lease, log, records
 from podkit.checkpoint import CheckpointDir
 from podkit.programs import hold_devices, stacks_on_sigusr2
 
@@ -91,19 +91,19 @@ class FakeTrainer:
         self.resumed_from = path.name
         _log.info(f"resumed from checkpoint {path.name} (step {self.step})")
 
-    def wait_for_inference(self) -> None:
-        t0 = time.monotonic()
-        told = 0.0
-        while not self.inference.ready():
-            if self.stopping:
-                raise Stop
-            waited = time.monotonic() - t0
-            if waited > self.ready_timeout:
-                raise SystemExit(f"inference at {self.inference.base} not ready after {self.ready_timeout:.0f}s")
-            if waited - told >= 5:
-                _log.info(f"waiting for inference at {self.inference.base} ({waited:.0f}s)")
-                told = waited
-            time.sleep(0.25)
+    def wait_for_inference(self) -> bool:
+        """False when inference did not come (recorded as the end: ending.INFERENCE). Inference stopped on
+        request is waited for without a limit (health.wait_for_inference)."""
+        why = health.wait_for_inference(self.cfg, health.sglang_state(self.cfg), interval=0.25,
+                                        stopping=lambda: self.stopping, logger=_log)
+        if why == "stopping":
+            raise Stop
+        if why:
+            _log.error(why)
+            ending.write(self.cfg.state_dir, ending.INFERENCE, why, "logs/sglang.log says why inference did not start",
+                         progress=self.progress)
+            return False
+        return True
 
     # -- one step ---------------------------------------------------------------------------------------
     def rollout(self) -> bool:
@@ -216,8 +216,12 @@ class FakeTrainer:
 
     def injected_failure(self) -> tuple[int, Path | None]:
         """Fault injection for the loop bound's tests: FAKE_TRAINER_FAIL_AT_STEP=N raises at step N on every
-        run (a script's bug), N:once on the first run only (a failure after progress)."""
-        at, _, once = os.environ.get(FAIL_AT_STEP, "").partition(":")
+        run (a script's bug), N:once on the first run only (a failure after progress); `new` raises right after
+        each run's first new step (progress every time: never stopped, but named)."""
+        raw = os.environ.get(FAIL_AT_STEP, "")
+        if raw == "new":
+            return self.step + 2, None
+        at, _, once = raw.partition(":")
         n = int(at) if at.isdigit() else 0
         return n, (self.cfg.state_dir / f"fake-failed-at-{n}" if once == "once" else None)
 
@@ -226,11 +230,12 @@ class FakeTrainer:
             return lease_lost(self.step, self.last_ckpt_step, holder)
         self.resume()
         try:
-            self.wait_for_inference()
+            if not self.wait_for_inference():
+                return 1
             self.ensure_served_weights()
             if self.max_steps and self.step >= self.max_steps:  # resumed at its end: nothing left to train
                 self.progress.update(step=self.step, checkpoint_step=self.last_ckpt_step)
-                self.progress.stopped("max_steps")
+                ending.write(self.cfg.state_dir, ending.MAX_STEPS, progress=self.progress)
                 _log.info(f"already at step {self.step} of max_steps {self.max_steps}: done")
                 return 0
             fail_at, once = self.injected_failure()
@@ -258,7 +263,7 @@ class FakeTrainer:
                 if self.max_steps and self.step >= self.max_steps:
                     if self.last_ckpt_step != self.step:
                         self.checkpoint("final step")
-                    self.progress.stopped("max_steps")
+                    ending.write(self.cfg.state_dir, ending.MAX_STEPS, progress=self.progress)
                     _log.info(f"reached max_steps {self.max_steps}: done")
                     return 0
                 time.sleep(max(0.0, self.interval - (time.monotonic() - t0)))
@@ -295,14 +300,11 @@ def lease_lost(step: int, checkpoint_step: int, holder: str) -> int:
 
 
 def stopped_by_sigterm(cfg, progress, step) -> int:
-    code = supervisord.exit_after_sigterm(cfg.socket_path)
-    progress.stopped("SIGTERM" if code == 0 else "stray SIGTERM")
-    if code == 0:
-        _log.info(f"stopped cleanly at step {step}")
-    else:
-        _log.warn(f"stopped at step {step} with a checkpoint after a SIGTERM that was not supervisord's: exiting "
-                  f"{code} so it restarts and resumes (training ends only when it is finished)")
-    return code
+    """Stopped with a checkpoint; who asked, and so whether it stays stopped or restarts to resume, is the
+    judge's to say (ending.judge)."""
+    ending.write(cfg.state_dir, ending.SIGTERM, f"stopped at step {step} with a checkpoint", progress=progress)
+    _log.info(f"stopped cleanly at step {step}")
+    return 0
 
 
 HANG_AFTER_DONE = "FAKE_TRAINER_HANG_AFTER_DONE"  # not PODKIT_: not a setting
@@ -321,11 +323,17 @@ def main(cfg) -> int:
     stacks_on_sigusr2(cfg)
     held = hold_devices(cfg)  # noqa: F841 - held for the process's lifetime, as a CUDA trainer holds its GPU
     trainer = FakeTrainer(cfg)
-    signal.signal(signal.SIGTERM, trainer.on_sigterm)
-    signal.signal(signal.SIGINT, trainer.on_sigterm)
+    if ending.SIGNALS.cfg is not None:  # the trainer program: its stop signal, noted there, comes here
+        ending.SIGNALS.forward = trainer.on_sigterm
+        if ending.SIGNALS.at is not None:
+            trainer.on_sigterm()
+    else:
+        signal.signal(signal.SIGTERM, trainer.on_sigterm)
+        signal.signal(signal.SIGINT, trainer.on_sigterm)
     signal.signal(signal.SIGUSR1, _injected_hang)
     code = trainer.run()
-    if os.environ.get(HANG_AFTER_DONE) == "1" and (trainer.progress.data.get("stopped") or {}).get("by") in records.FINISHED:
+    if os.environ.get(HANG_AFTER_DONE) == "1" and \
+            (trainer.progress.data.get("stopped") or {}).get("by") in ending.FINISHED_KINDS:
         # Fault injection for the watchdog tests: a script that finished and left a non-daemon thread running
         # never exits (its SIGTERM handler only sets a flag).
         threading.Thread(target=threading.Event().wait, name="left-running").start()

@@ -22,7 +22,7 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
-from podkit import costguard, lease, log, notify, pid1, records, supervisord
+from podkit import costguard, ending, lease, log, notify, pid1, records, supervisord
 
 READY = b"READY\n"
 OK = b"RESULT 2\nOK"
@@ -112,10 +112,10 @@ class Pump:
                         "up: `podkit doctor` names the cause", self.state_dir)
         # STOPPED too: a finished trainer that did not exit, stopped by the watchdog. A process ends once (EXITED
         # or STOPPED), and finished() counts only a record made since its start: one run is told once.
+        pid = headers.get("pid", "")
         if name == "trainer" and self.state_dir and (
                 to == supervisord.STOPPED or to == supervisord.EXITED and headers.get("expected") == "1"):
-            self.finished()
-        pid = headers.get("pid", "")
+            self.finished(int(pid) if pid.isdigit() and int(pid) else rec.get("pid"))
         rec.update(state=to, since=time.time(), pid=int(pid) if pid.isdigit() and int(pid) else rec.get("pid"))
         if name in ("trainer", "sglang", "ray") and self.state_dir:
             self.idle_rule()
@@ -125,16 +125,20 @@ class Pump:
         if self.run_dir:
             records.PROGRAMS.write(self.run_dir, self.states)
 
-    def finished(self) -> None:
-        """An expected exit after the trainer recorded its end (max_steps for the fake trainer, AReaL's
-        total steps): a stop or a stray SIGTERM also exits 0, but records why."""
-        prog = records.PROGRESS.read(self.state_dir)
-        stopped = prog.get("stopped") or {}
+    def trainer_end(self, pid=None) -> ending.End | None:
+        """The trainer's own end record, only if it is the end of the run that just ended (an earlier run's "done"
+        on the volume says nothing of a trainer that exited 0 without training): by its program's pid when the
+        record names one, else since its start (a second's slack: this listener's clock stamps the start late)."""
         started = (self.states.get("trainer") or {}).get("started_at")
-        # Only this trainer's own record: an earlier run's "done" on the volume says nothing of a trainer
-        # that exited 0 without training (a cluster whose volume is not shared, one that gave up).
-        fresh = isinstance(stopped.get("time"), (int, float)) and (started is None or stopped["time"] >= started - 1)
-        if stopped.get("by") in records.FINISHED and fresh:
+        return ending.read(self.state_dir, since=started - 1 if isinstance(started, (int, float)) else None,
+                           program_pid=pid)
+
+    def finished(self, pid=None) -> None:
+        """An expected exit after the trainer recorded its end (max_steps for the fake trainer, AReaL's
+        total steps): a stop also exits 0, but records why."""
+        end = self.trainer_end(pid)
+        if end is not None and end.family == ending.FINISHED:
+            prog = records.PROGRESS.read(self.state_dir)
             sent = notify.send("finished", f"training finished {records.at_step(prog.get('step'))} "
                                f"({records.checkpoint_at(prog.get('checkpoint_step'))})", self.state_dir)
             costguard.when_finished(prog.get("step"), self.guard, self.state_dir, self.say, after=sent)
@@ -152,12 +156,10 @@ class Pump:
             return f"this node cannot join its cluster (the Ray head at {join.get('head')})"
         rec = self.states.get("trainer") or {}
         if rec.get("state") != supervisord.EXITED:
-            return ""
-        stopped = records.PROGRESS.read(self.state_dir).get("stopped") or {}
-        started = rec.get("started_at")
-        fresh = isinstance(stopped.get("time"), (int, float)) and (started is None or stopped["time"] >= started - 1)
-        return f"the trainer stopped for good ({stopped['by']})" if fresh and stopped.get("by") in \
-            records.CANNOT_TRAIN else ""
+            return ""  # STOPPED: stopped by a person, who starts it again: never the pod's stop
+        end = self.trainer_end(rec.get("pid"))
+        return f"the trainer stopped for good ({end.kind.name})" if end is not None and end.family == ending.FINAL \
+            else ""
 
     def idle_rule(self) -> None:
         """Tells the cost guard whether the pod can train, and since when it cannot (costguard.cannot_train)."""
@@ -179,6 +181,8 @@ class Pump:
         again; then the trainer, wait=True: the call returns once it has exited (its checkpoint written) or been
         killed. Says where the checkpoint is."""
         rpc = supervisord.rpc(self.socket_path).supervisor
+        if self.run_dir:
+            ending.ask(self.run_dir, ["watchdog", "trainer"], "the maximum run time (guard.stop_pod_at)")
         for name in ("watchdog", "trainer"):
             try:
                 rpc.stopProcess(name, True)
