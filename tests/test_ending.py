@@ -508,3 +508,89 @@ def test_status_says_who_stopped_the_trainer_and_shows_a_hostile_exception_as_te
                             "fix \x1b]8;;evil\x07it")
     out = status._last_stop({"stopped": hostile})
     assert "\x1b" not in out and "<script>x</script>" in out and "why: the trainer failed 3 times" in out, out
+
+
+# -- what an adversarial pass found confusable, and is not any more -------------------------------------------------
+def test_torchruns_own_sigterm_after_another_ranks_failure_is_that_failure_not_a_stray_stop(tmp_path):
+    """Rank 1 raises before training; torchrun SIGTERMs rank 0, which records nothing of a stop unless the
+    launcher forwarded one (ending.FORWARDED); and a SIGTERM record with a rank's exception beside it is that
+    exception's end, counted as the script's."""
+    cfg = cfg_of(tmp_path)
+    started = time.time()
+    assert not ending.forwarded(cfg.run_path, started)
+    ending.FORWARDED.write(cfg.run_path, {"time": time.time()}, mode=0o600)
+    assert ending.forwarded(cfg.run_path, started) and not ending.forwarded(cfg.run_path, time.time() + 5)
+    records.PROGRESS.write(tmp_path, {"stopped": ending.record(ending.SIGTERM, "stopped before training started")})
+    failure.write(cfg.run_path, 1, {"type": "OutOfMemoryError", "message": "CUDA out of memory", "where": "x.py:1",
+                                    "time": time.time(), "oom": "GPU"})
+    end = judge(cfg, 1, started)
+    assert end.kind.name == ending.OOM and end.kind.counts == "oom", end.rec
+    failure.write(cfg.run_path, 1, {"type": "KeyError", "message": "'question'", "where": "x.py:1", "time": time.time()})
+    end = judge(cfg, 1, started)
+    assert end.kind.name == ending.FAILED and end.kind.counts == "script", end.rec
+
+
+def test_a_rank_torchrun_killed_after_another_ranks_exception_is_fallout_and_an_oom_kill_beside_an_exception_is_oom(
+        tmp_path, monkeypatch):
+    cfg = cfg_of(tmp_path)
+    events = stand_in_cgroup(tmp_path, monkeypatch, 0)
+    started = time.time()
+    failure.write(cfg.run_path, 1, {"type": "KeyError", "message": "'solution'", "where": "r.py:9", "time": time.time()})
+    silent_rank(cfg, 0)
+    end = judge(cfg, 1, started, oom_before=0)
+    assert end.kind.name == ending.FAILED and end.first() == "KeyError: 'solution' at r.py:9", end.rec
+    assert "ended without a word (torchrun's stop)" in end.evidence[0], end.rec
+    failure.write(cfg.run_path, 0, {"type": "RuntimeError", "message": "DataLoader worker (pid(s) 77) exited "
+                                    "unexpectedly", "where": "t.py:3", "time": time.time() + 0.5})
+    (cfg.run_path / "trainer-error-1.json").unlink()
+    events.write_text("oom_kill 1\n")  # the kernel killed the loader's worker for memory
+    end = judge(cfg, 1, started, oom_before=0)
+    assert end.kind.name == ending.OOM and "DataLoader worker" in end.first() and "dataloader workers" in end.hint, \
+        end.rec
+
+
+def test_inference_you_stopped_or_restarted_is_yours_in_whatever_state_supervisord_has_it_now(tmp_path, monkeypatch):
+    from podkit import supervisord
+
+    cfg = cfg_of(tmp_path)
+    started = time.time() - 1
+    ending.ask(cfg.run_path, ["sglang"], "you (podkit ctl stop sglang)")
+    for state in ("STOPPING", "STOPPED", "RUNNING"):
+        monkeypatch.setattr(supervisord, "process_info", lambda sock, name, s=state: {"statename": s,
+                                                                                     "start": time.time()})
+        end = judge(cfg, 1, started)
+        assert end.kind.name == ending.INFERENCE_STOPPED and end.asked == "you (podkit ctl stop sglang)", (state,
+                                                                                                           end.rec)
+        assert end.kind.counts is None
+    (cfg.run_path / "stop-asked.json").unlink()
+    ending.ask(cfg.run_path, ["sglang"], "the watchdog (unhealthy)")
+    end = judge(cfg, 1, started)
+    assert end.kind.name == ending.INFERENCE and "restarted" in end.first(), end.rec
+
+
+def test_an_end_stamped_ahead_of_this_clock_is_no_end(tmp_path):
+    """A planted (or another node's) finish a day ahead would have faked every run's finish, silenced the
+    watchdog and stopped the pod."""
+    assert ending.of({"by": ending.DONE, "time": time.time() + 3600}) is None
+    assert ending.of({"by": ending.DONE, "time": time.time() + 30}) is not None
+
+
+def test_a_clusters_hang_restart_by_the_watchdog_is_a_hang_not_a_stop(tmp_path):
+    cfg = cfg_of(tmp_path)
+    sig = ending.Signals()
+    sig.cfg, sig.at = cfg, time.time()
+    sig.asked = ending.Asked(sig.at, "the watchdog (no training step for 900s)", True, ending.HANG)
+    end = judge(cfg, 0, time.time() - 5, signals=sig)
+    assert end.kind.name == ending.HANG and end.kind.counts == "hang", end.rec
+
+
+def test_doctor_reads_a_stop_for_good_as_history_once_a_newer_run_of_the_trainer_is_underway(tmp_path):
+    now = time.time()
+    boot = {"time": now - 300, "pid": 1, "stages": {}, "outcome": "supervisord", "last_stop": ""}
+    final = ending.record(ending.CRASH_LOOP, "the trainer failed 3 times in a row")
+    final["time"] = now - 100
+    doctor, pod = doctor_pod(tmp_path, {"step": 4, "stopped": final}, [boot])
+    pod.st = {"programs": {"trainer": {"state": "EXITED"}}}
+    assert doctor.check_trainer_config(pod, now).id == "trainer_crash_loop"
+    pod.st = {"programs": {"trainer": {"state": "RUNNING", "started": now - 50}}}  # `podkit resume` since
+    assert doctor.check_trainer_config(pod, now) is None

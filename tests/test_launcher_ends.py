@@ -92,6 +92,7 @@ def test_a_step_that_never_ends_after_the_stop_you_asked_for_is_cut_and_is_a_sto
     assert [e["by"] for e in loop["ends"]] == ["SIGTERM"] * 3 and not loop.get("gave_up"), loop
     assert (loop.get("failures") or 0, loop.get("outside") or 0) == (0, 0), loop
     assert "not counted by the loop bound" in log
+    assert (tmp_path / "run" / "stop-forwarded.json").exists(), "the ranks can tell this stop from torchrun's own"
 
 
 def memory_cgroup(limit: int) -> Path | None:

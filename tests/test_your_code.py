@@ -261,8 +261,7 @@ def test_a_script_that_cannot_train_stops_the_trainer_once_naming_the_file_and_l
         "    config, _ = load_expr_config(argv, MyConfig)\n",
         f"    urllib.request.urlopen('http://127.0.0.1:{port}/ok', timeout=10).read()  # the data's mirror\n"
         "    config, _ = load_expr_config(argv, MyConfig)\n", 1)
-    remote.commit("my_reward.py", (EXAMPLE / "my_reward.py").read_text())
-    remote.commit("my_workflow.py", HANGING_WORKFLOW)
+    remote.commit("my_workflow.py", HANGING_WORKFLOW)  # the reward on the remote is the example's: not the checkout's
     head = remote.commit("train.py", fixed)
     since = time.time()
     r = s.podkit("resume")

@@ -545,16 +545,26 @@ def test_what_may_pass_goes_to_the_loop_bound_a_missing_files_key_is_named_and_a
     assert "OVERRIDES='train_dataset.path=" in hub["stopped"]["hint"] and "make rehearse" in hub["stopped"]["hint"]
     assert "push" not in hub["stopped"]["hint"], hub["stopped"]
 
-    p = subprocess.Popen([PYTHON, "-c", ONE, "slow.py"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
-    try:
-        assert next(ln for ln in p.stdout if ln.strip() == "loading")  # in the script's own code, before train()
-        t0 = time.time()
-        p.send_signal(signal.SIGTERM)
-        out, _ = p.communicate(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    took = time.time() - t0
-    slow = json.loads(out.strip().splitlines()[-1])
+    def sigterm_while_loading(forwarded: bool) -> tuple[float, dict]:
+        p = subprocess.Popen([PYTHON, "-c", ONE, "slow.py"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+        try:
+            assert next(ln for ln in p.stdout if ln.strip() == "loading")  # in the script's own code: before train()
+            if forwarded:  # as the launcher notes it before it hands the stop to the ranks
+                from podkit import ending
+
+                ending.FORWARDED.write(tmp_path / "run", {"time": time.time()}, mode=0o600)
+            t0 = time.time()
+            p.send_signal(signal.SIGTERM)
+            out, _ = p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        return time.time() - t0, json.loads(out.strip().splitlines()[-1])
+
+    # torchrun's own SIGTERM (another rank failed): the rank ends, and says nothing of a stop: the failed rank's
+    # record is how the run ended.
+    took, teardown = sigterm_while_loading(False)
+    assert took < 5 and teardown["rc"] == 1 and (teardown["stopped"] or {}).get("by") != "SIGTERM", teardown
+    took, slow = sigterm_while_loading(True)
     assert took < 5 and slow["rc"] == 0 and slow["raised"] is None, (took, slow)
     assert slow["stopped"]["by"] == "SIGTERM" and "before training started" in slow["stopped"]["message"], slow

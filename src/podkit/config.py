@@ -218,10 +218,12 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                    "clears <root>/<user>/<experiment>/<trial> (a dead server's address)", "path"),
         "stop_grace_s": Field(int, 7, "supervisord's stopwaitsecs for the trainer (its final checkpoint "
                               "must fit), cut to what stop_timeout_s leaves (7 s of the default 10)", "s", minimum=1),
-        "max_failures": Field(int, 3, "loop bound: a trainer that fails this many times in a row without a new "
-                              "step stays stopped (status, doctor, a notification; the cost guard stops the pod); "
-                              "so does a cluster worker's `ray` that fails to join its head this many times; "
-                              "0: restart for ever", "", minimum=0, maximum=1000),
+        "max_failures": Field(int, 3, "loop bound: a trainer whose runs end this many times in a row without a new "
+                              "step for one cause (its script's error, a hang, out of memory; three times this for a "
+                              "cause outside the script: inference down, a network error, a kill) stays stopped "
+                              "(status, doctor, a notification; the cost guard stops the pod); a stop you asked for "
+                              "counts nothing; so does a cluster worker's `ray` that fails to join its head this many "
+                              "times; 0: restart for ever", "", minimum=0, maximum=1000),
         "max_episode_failures": Field(int, 64, "AReaL trainer: rollout episodes (your workflow's arun_episode: "
                                       "generation and your reward function; your should_accept_fn) that fail in a "
                                       "row, none succeeding, before the trainer stops with the last one's "

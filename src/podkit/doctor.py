@@ -203,7 +203,7 @@ def check_oom(pod: Pod, now: float, cgroup_dir: Path) -> Finding | None:
 def check_restarts(pod: Pod, now: float, program: str, what: str) -> Finding | None:
     rec = pod.programs.get(program) if isinstance(pod.programs.get(program), dict) else {}
     starts = rec.get("starts", 0)
-    end = ending.of(pod.progress.get("stopped")) if program == "trainer" else None
+    end = trainer_end(pod) if program == "trainer" else None
     if starts < 2 or end is not None and end.family == ending.FINAL:
         return None  # the loop bound's (or the refusal's) finding names the cause
     loop = getattr(pod, "loop", None) or {}
@@ -357,9 +357,19 @@ def error_lines(err: dict) -> list[str]:
     return out + [f"traceback: {ln.strip()}" for ln in tb[-4:] if ln.strip().startswith("File ")]
 
 
+def trainer_end(pod: Pod) -> ending.End | None:
+    """The trainer's last end, unless a newer run of it is underway (`podkit resume` after a stop for good: the
+    record stays until the next end, and is history meanwhile)."""
+    end = ending.of(pod.progress.get("stopped"))
+    p = (getattr(pod, "st", None) or {}).get("programs", {}).get("trainer") or {}
+    if end is not None and p.get("state") in supervisord.UP and (p.get("started") or 0) > (end.time or 0):
+        return None
+    return end
+
+
 def check_trainer_config(pod: Pod, now: float) -> Finding | None:
     """The trainer stopped for good (a final kind of ending.py): why, in the user's words, and the fix."""
-    end = ending.of(pod.progress.get("stopped"))
+    end = trainer_end(pod)
     if end is None or end.family != ending.FINAL:
         return None
     lines = [status.printable(ln, 600) for ln in str(end.message or "").splitlines() if ln.strip()]
@@ -381,7 +391,7 @@ def check_trainer_config(pod: Pod, now: float) -> Finding | None:
 def check_hang(pod: Pod, now: float) -> Finding | None:
     """The watchdog restarted a hung trainer in this boot: where it hung, in the user's code when it was (a
     workflow's await, a reward stuck in a loop), with the dump. The loop bound's own stop (hang-loop) says it."""
-    end = ending.of(pod.progress.get("stopped"))
+    end = trainer_end(pod)
     if end is not None and end.kind.name == ending.HANG_LOOP:
         return None
     booted = pod.boots[-1].get("time") if pod.boots else None

@@ -199,6 +199,9 @@ class End:
         return f"the trainer {self.words()} {records.at_step(self.rec.get('step'))}"
 
 
+FUTURE_S = 60.0  # an end stamped further ahead than this is not one (a planted record, another node's clock)
+
+
 def of(rec, since: float | None = None, program_pid: int | None = None) -> End | None:
     """`rec` (a `stopped` record) as an End if it is one and fresh: recorded at or after `since`, and, when both
     name one, by the program `program_pid`. supervisord's start times are whole seconds, rounded down: a
@@ -208,8 +211,8 @@ def of(rec, since: float | None = None, program_pid: int | None = None) -> End |
     t = rec.get("time")
     if not isinstance(t, (int, float)) or isinstance(t, bool):
         return None
-    if since is not None and t < since:
-        return None
+    if since is not None and t < since or t > time.time() + FUTURE_S:
+        return None  # older than the run asked about; or stamped ahead of this clock (planted, or another's)
     named = rec.get("program")
     if program_pid is not None and isinstance(named, int) and not isinstance(named, bool) and named != program_pid:
         return None
@@ -223,7 +226,7 @@ def read(state_dir: Path, since: float | None = None, program_pid: int | None = 
 # -- who asked for a stop ----------------------------------------------------------------------------------------
 # Who asked supervisord to stop a program, written by whoever asks (podkit ctl, podkit up, the cost guard, the
 # watchdog) just before; the trainer program reads it when its SIGTERM comes, to name the asker.
-ASKED = records.Record("stop-asked.json", [{"program": str, "by": str, "time": records.TIME}])
+ASKED = records.Record("stop-asked.json", [{"program": str, "by": str, "time": records.TIME, "kind": str}])
 # The trainer program's own note of a SIGTERM it got, for its next start should it be killed before it judged.
 RECEIVED = records.Record("trainer-stop.json", {"pid": int, "start": int, "time": records.TIME, "by": str,
                                                 "supervisord": bool})
@@ -233,31 +236,38 @@ ASKED_FRESH_S = 120.0  # an ask older than this before the SIGTERM is not its ca
 ASKED_KEEP_S = 86400.0
 
 
-def ask(run_dir: Path, programs: list[str], by: str) -> None:
-    """Say who is about to ask supervisord to stop `programs` ("all" for every one). Never raises: the stop
-    matters more than the words about it."""
+def ask(run_dir: Path, programs: list[str], by: str, kind: str = "") -> None:
+    """Say who is about to ask supervisord to stop `programs` ("all" for every one), and, when the stop is not
+    a stop but the end of a kind of its own (the watchdog's restart of a hung trainer: HANG), which. Never
+    raises: the stop matters more than the words about it."""
     try:
         asked = [a for a in ASKED.read_owned(run_dir) if time.time() - (a.get("time") or 0) < ASKED_KEEP_S][-20:]
-        asked += [{"program": p, "by": by, "time": time.time()} for p in programs]
+        asked += [{"program": p, "by": by, "time": time.time(), **({"kind": kind} if kind else {})} for p in programs]
         ASKED.write(run_dir, asked, mode=0o600)
     except OSError:
         pass
 
 
-def asked_by(run_dir: Path, name: str, at: float | None = None) -> str:
-    """Who said they asked for `name`'s stop: within ASKED_FRESH_S before `at` (a SIGTERM's time), or the last
-    one of all (inference waited for since its stop); "" when nobody did."""
-    found = [a for a in ASKED.read_owned(run_dir) if a.get("program") in (name, "all")
-             and (at is None or at - ASKED_FRESH_S <= (a.get("time") or 0) <= at + 5)]
+def _asks(run_dir: Path, name: str, at: float | None = None, since: float | None = None) -> list[dict]:
+    return [a for a in ASKED.read_owned(run_dir) if a.get("program") in (name, "all")
+            and (at is None or at - ASKED_FRESH_S <= (a.get("time") or 0) <= at + 5)
+            and (since is None or (a.get("time") or 0) >= since)]
+
+
+def asked_by(run_dir: Path, name: str, at: float | None = None, since: float | None = None) -> str:
+    """Who said they asked for `name`'s stop: within ASKED_FRESH_S before `at` (a SIGTERM's time), since `since`,
+    or the last one of all (inference waited for since its stop); "" when nobody did."""
+    found = _asks(run_dir, name, at, since)
     return str(found[-1]["by"])[:200] if found else ""
 
 
 class Asked:
-    """A stop this program was asked for: when its SIGTERM (or SIGINT) came, who asked, and whether
-    supervisord was the one stopping it (then it stays stopped; else it is restarted to resume)."""
+    """A stop this program was asked for: when its SIGTERM (or SIGINT) came, who asked, whether supervisord was
+    the one stopping it (then it stays stopped; else it is restarted to resume), and the kind the asker said it
+    was when it was no plain stop (HANG)."""
 
-    def __init__(self, at: float, by: str, supervisord: bool) -> None:
-        self.at, self.by, self.supervisord = at, by, supervisord
+    def __init__(self, at: float, by: str, supervisord: bool, kind: str = "") -> None:
+        self.at, self.by, self.supervisord, self.kind = at, by, supervisord, kind
 
 
 def who_asked(socket_path, run_dir: Path, name: str, at: float) -> Asked:
@@ -270,14 +280,25 @@ def who_asked(socket_path, run_dir: Path, name: str, at: float) -> Asked:
     except Exception as e:  # noqa: BLE001 - a fault, a socket error: what it says is the evidence
         state = "SHUTDOWN" if getattr(e, "faultCode", None) == supervisord.SHUTDOWN_STATE_FAULT else \
             "NO-SUPERVISORD" if isinstance(e, OSError) else "?"
-    note = asked_by(run_dir, name, at)
+    notes = _asks(run_dir, name, at)
+    note, kind = (str(notes[-1]["by"])[:200], notes[-1].get("kind") or "") if notes else ("", "")
     if state == supervisord.STOPPING:
-        return Asked(at, note or "supervisord (podkit ctl or supervisorctl)", True)
+        return Asked(at, note or "supervisord (podkit ctl or supervisorctl)", True, kind if kind == HANG else "")
     if state == "SHUTDOWN":
         return Asked(at, note or "the pod's stop (docker stop, a RunPod stop or migration)", True)
     if state == "NO-SUPERVISORD":  # a bare `podkit run trainer`: whoever runs it asked
         return Asked(at, note or "whoever runs this program (no supervisord)", True)
     return Asked(at, "a SIGTERM that supervisord did not send (someone's kill)", False)
+
+
+# The launcher's note that it handed a stop signal to the ranks (launch.supervise): a rank's SIGTERM is then the
+# stop that was asked for; without it, it is torchrun's own (its teardown after another rank failed).
+FORWARDED = records.Record("stop-forwarded.json", {"time": records.TIME})
+
+
+def forwarded(run_dir: Path, since: float) -> bool:
+    t = FORWARDED.read_owned(run_dir).get("time")
+    return isinstance(t, (int, float)) and since - 1 <= t <= time.time() + 1
 
 
 class Stop(BaseException):
@@ -459,8 +480,12 @@ def silent_ranks(run_dir: Path, since: float, log_file: Path | None = None) -> l
 # -- the judge -------------------------------------------------------------------------------------------------------
 def judge(cfg, rc: int, started: float, err: dict | None = None, oom_before=None, signals: Signals = SIGNALS,
           name: str = "trainer") -> End:
-    """How the run this program started at `started` ended, on the evidence (the module's docstring says in
-    which order). `err` is the exception this process saw itself (the fake trainer runs in-process)."""
+    """How the run this program started at `started` ended, on the evidence, in this order: the trainer's own
+    final word (finished, refused); the stop this program was asked for; the kernel's OOM count (a process of
+    the run killed for memory, or the rank's own out-of-memory error); inference stopped by you, or down; a
+    rank's own exception (the first one: a rank that torchrun then stopped or killed is its fallout); ranks
+    that ended without a word. `err` is the exception this process saw itself (the fake trainer runs
+    in-process)."""
     from podkit import failure
 
     own = read(cfg.state_dir, since=started, program_pid=os.getpid())
@@ -473,55 +498,59 @@ def judge(cfg, rc: int, started: float, err: dict | None = None, oom_before=None
                                f"{asked.by}"]}
         if own is not None and own.step is not None:
             fields["step"] = own.step
+        if asked.kind == HANG:  # the watchdog's restart of a hung trainer (a cluster's): a hang, not a stop
+            return End(record(HANG, asked.by, hang_fix({}), **fields))
         return End(record(SIGTERM if asked.supervisord else STRAY, own.message if own else "", **fields))
-    if own is not None:  # the ranks stopped on a SIGTERM this program never got: someone signalled them
+    step = records.PROGRESS.read(cfg.state_dir).get("step")
+    err = err or failure.first_since(cfg.run_path, started)
+    if own is not None and not err:  # the ranks stopped on a SIGTERM this program never got: someone signalled them
         return End(record(STRAY, own.message, step=own.step, asked="a SIGTERM sent to the ranks, not to the trainer "
                           "program (someone's kill)"))
-    step = records.PROGRESS.read(cfg.state_dir).get("step")
-    if rc == 0:
+    if rc == 0 and not err:
         return End(record(ENDED, step=step))
-    err = err or failure.first_since(cfg.run_path, started)
     evidence = []
     silent = silent_ranks(cfg.run_path, started, Path(cfg.log_dir) / f"{name}.log")
+    who = ", ".join(f"rank {r['rank']} (pid {r['pid']}{', ' + r['signal'] if r['signal'] else ''})" for r in silent)
+    said = f"; the run ended with {failure.summary(err)}" if err else ""
     oom = oom_since(oom_before)
-    if oom:
-        evidence.append(oom)
     if err and err.get("oom"):  # CUDA's (or the host's MemoryError) in the rank's own words
         return End(record(OOM, f"out of {err['oom']} memory {records.at_step(step)}: {failure.summary(err)}",
-                          oom_fix(err["oom"]), step=step, where=err.get("where"), evidence=evidence or None))
-    if silent or rc in (128 + signal.SIGKILL, -signal.SIGKILL) and not err:
-        who = ", ".join(f"rank {r['rank']} (pid {r['pid']}{', ' + r['signal'] if r['signal'] else ''})"
-                        for r in silent) or f"the trainer (exit {rc})"
-        if oom:
-            return End(record(OOM, f"out of host memory {records.at_step(step)}: {who} killed by the kernel's OOM "
-                              "killer", oom_fix("host"), step=step, evidence=evidence))
+                          oom_fix(err["oom"]), step=step, where=err.get("where"), evidence=[oom] if oom else None,
+                          error=err))
+    if oom:  # the kernel killed a process of this run for memory: a rank, or what a rank raised about (its workers)
+        killed = f"{who} killed by the kernel's OOM killer" if silent else "the kernel's OOM killer killed a process"
+        return End(record(OOM, f"out of host memory {records.at_step(step)}: {killed}{said}", oom_fix("host"),
+                          step=step, evidence=[oom], error=err))
+    inf = inference_under(cfg, started)
+    if inf in ("stopped", "asked"):
+        by = asked_by(cfg.run_path, "sglang", since=started)
+        return End(record(INFERENCE_STOPPED, f"inference was stopped or restarted {'by ' + by if by else 'on request'}"
+                          f" (`podkit ctl start sglang` starts a stopped one again){said}", step=step, asked=by or None))
+    if inf:
+        return End(record(INFERENCE, f"inference was {inf} while the trainer ran" + (said or f" (exit {rc})"),
+                          step=step, where=(err or {}).get("where"), error=err))
+    if err and err.get("unreachable"):  # the episodes' trip, every failure of it inference's
+        return End(record(INFERENCE, f"{err['unreachable']}", err.get("hint", ""), step=step, where=err.get("where"),
+                          error=err))
+    if err and err.get("transient"):
+        return End(record(NETWORK, f"{err['transient']}: {failure.summary(err)}", err.get("hint", ""), step=step,
+                          where=err.get("where"), error=err))
+    if err:  # a rank's own exception; a rank torchrun stopped or killed because of it is its fallout
+        return End(record(FAILED, failure.summary(err), err.get("hint", ""), step=step, where=err.get("where"),
+                          error=err, evidence=[f"then {who} ended without a word (torchrun's stop)"] if silent
+                          else None))
+    if silent or rc in (128 + signal.SIGKILL, -signal.SIGKILL):
+        who = who or f"the trainer (exit {rc})"
         sigs = {r["signal"] for r in silent if r["signal"]}
         if sigs & {s.name for s in NATIVE_CRASH}:
             return End(record(FAILED, f"{who} crashed in native code ({', '.join(sorted(sigs))}): no Python "
-                              "exception (a CUDA or extension fault; logs/trainer.log has what it printed)",
-                              step=step, evidence=evidence or None))
-        evidence.append("no OOM kill on record" + (f" ({oom_kills()[1]})" if oom_kills() else " (no memory cgroup "
-                                                                                             "to read here)"))
+                              "exception (a CUDA or extension fault; logs/trainer.log has what it printed)", step=step))
+        kills = oom_kills()
+        evidence.append("no OOM kill on record" + (f" ({kills[1]})" if kills else " (no memory cgroup to read here)"))
         return End(record(KILLED, f"{who} ended without a word: killed by "
                           f"{'/'.join(sorted(sigs)) or 'a signal'} that podkit did not send",
                           "an OOM kill leaves no trace where the cgroup cannot be read: check `dmesg` on the host; "
                           "else find who sends it", step=step, evidence=evidence))
-    inf = inference_under(cfg, started)
-    if inf == "stopped":
-        return End(record(INFERENCE_STOPPED, "inference was stopped on request (`podkit ctl start sglang` starts "
-                          "it again)" + (f"; the run ended with {failure.summary(err)}" if err else ""), step=step))
-    if inf:
-        return End(record(INFERENCE, f"inference was {inf} while the trainer ran"
-                          + (f"; the run ended with {failure.summary(err)}" if err else f" (exit {rc})"), step=step,
-                          where=(err or {}).get("where")))
-    if err and err.get("transient"):
-        return End(record(NETWORK, f"{err['transient']}: {failure.summary(err)}", err.get("hint", ""), step=step,
-                          where=err.get("where")))
-    if err and err.get("unreachable"):  # the episodes' trip, every failure of it inference's
-        return End(record(INFERENCE, f"{err['unreachable']}", err.get("hint", ""), step=step, where=err.get("where")))
-    if err:
-        return End(record(FAILED, failure.summary(err), err.get("hint", ""), step=step, where=err.get("where"),
-                          error=err))
     return End(record(FAILED, f"exit {rc}, no exception recorded (logs/{name}.log has what it printed)", step=step))
 
 
@@ -553,8 +582,9 @@ def judge_killed(cfg, ran: float, program_pid: int | None, oom_before=None) -> E
 
 
 def inference_under(cfg, started: float) -> str:
-    """supervisord's word on inference since `started`: "restarted", "down", "stopped" (on request: STOPPED is
-    the state only a stop puts it in), or "" (up all along, or no supervisord to ask)."""
+    """supervisord's word on inference since `started`: "asked" (you stopped or restarted it: `podkit ctl` noted it),
+    "stopped" (on request: STOPPED is the state only a stop puts it in), "restarted", "down", or "" (up all
+    along, or no supervisord to ask)."""
     from podkit import supervisord
 
     if cfg.multi_node:
@@ -562,11 +592,15 @@ def inference_under(cfg, started: float) -> str:
     info = supervisord.process_info(cfg.socket_path, "sglang") or {}
     if not info:
         return ""
-    if info.get("statename") == supervisord.STOPPED:
+    by = asked_by(cfg.run_path, "sglang", since=started)
+    if by.startswith("you"):  # `podkit ctl stop|restart sglang` during the run: yours, in whatever state it is now
+        return "asked"
+    state = info.get("statename")
+    if state == supervisord.STOPPED or state == supervisord.STOPPING and not by:  # only a stop puts it there
         return "stopped"
-    if (info.get("start") or 0) > started:
+    if (info.get("start") or 0) > started or state == supervisord.STOPPING:  # the watchdog's restart, say
         return "restarted"
-    return "" if info.get("statename") in supervisord.UP else "down"
+    return "" if state in supervisord.UP else "down"
 
 
 def oom_fix(where: str) -> str:

@@ -167,8 +167,8 @@ class Watchdog:
         except OSError as e:
             _log.error(f"cannot record the action ({e.strerror}); the log line above is all there is")
 
-    def restart(self, name: str, why: str = "") -> None:
-        ending.ask(self.cfg.run_path, [name], f"the watchdog ({why or 'a restart'})")
+    def restart(self, name: str, why: str = "", kind: str = "") -> None:
+        ending.ask(self.cfg.run_path, [name], f"the watchdog ({why or 'a restart'})", kind)
         self.server.supervisor.stopProcess(name, True)
         self.server.supervisor.startProcess(name, False)
 
@@ -289,7 +289,7 @@ class Watchdog:
         words = f"no training step for {since:.0f}s while inference is ready; {frame[0]}"
         self.record("restarted", "trainer", f"{words}; stacks ({tool}) in {dump}", dump=str(dump), **frame[1])
         if self.cfg.multi_node:  # the cluster launcher's own stop cancels AReaL's tasks on every node
-            self.restart("trainer", words)
+            self.restart("trainer", words, ending.HANG)  # a hang, not a stop, to the judge
         else:
             self.kill_and_restart("trainer", info["pid"])
 

@@ -137,6 +137,10 @@ def run(cfg, argv: list[str]) -> int:
             sys.argv = [script, *argv]
             runpy.run_path(script, run_name="__main__")
     except ending.Stop:  # a SIGTERM while the script was still in its own code: nothing in flight
+        if not ending.forwarded(cfg.run_path, st.started):
+            # torchrun's own SIGTERM: another rank failed, and its record says how (ending.judge reads it).
+            _log.info("SIGTERM from torchrun before train() (another rank ended): stopping")
+            return 1
         if st.rank == 0:
             ending.write(cfg.state_dir, ending.SIGTERM, "stopped before training started (no step in flight)",
                          step=None)
@@ -148,6 +152,7 @@ def run(cfg, argv: list[str]) -> int:
             return code
         # sys.exit(0) (or sys.exit(main())) without training: as a script that ended, below.
     except Exception as e:
+        st.handling = True  # a SIGTERM now (torchrun's, as this rank exits) must not cut its record short
         err = failure.clean(failure.describe(e, roots, str(cfg.workspace_path), call=target,
                                              place=ending.place(cfg)), cfg)
         failure.classify(e, err)

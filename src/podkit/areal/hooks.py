@@ -75,6 +75,8 @@ class State:
         self.sigterm, self.stale = threading.Event(), threading.Event()
         self.stopped_by: str | None = None  # an ending kind: SIGTERM, STALE, LEASE_LOST
         self.training = False  # train() was entered: an error from here on is a training failure
+        self.handling = False  # the bootstrap records the script's exception: a SIGTERM must not cut that short
+        self.started = time.time()
         self.config = None  # the config AReaL loaded (a missing file's key is looked up in it)
         self.run: tuple | None = None  # (save root, record): the run that owns its checkpoints (check_run)
         self.attacher = None  # rank 0's reattach.Attacher while train() runs (trainer.on_inference_restart)
@@ -83,7 +85,7 @@ class State:
         """During training: the step in flight ends with a recover checkpoint, then train() returns. Before it:
         nothing is in flight, and the script's own code (loading data, a model) stops at once."""
         self.sigterm.set()
-        if not self.training:
+        if not self.training and not self.handling:
             raise ending.Stop()
 
     def refuse(self, what: str, message: str, hint: str) -> Refused:

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -181,6 +182,10 @@ def supervise(argv: list[str], env: dict[str, str], run_dir: Path, grace_s: floa
             _log.info(f"{signal.Signals(sig).name}: passing it to the {len(ranks)} worker process(es), not "
                       "torchrun, so the step in flight ends with a recover checkpoint")
             sig = signal.SIGTERM
+            try:  # the ranks tell this stop from torchrun's own SIGTERM (its teardown after a rank failed)
+                ending.FORWARDED.write(run_dir, {"time": time.time()}, mode=0o600)
+            except OSError:
+                pass
             if grace_s and not timers:  # the first stop signal starts the countdown; later ones do not move it
                 timers.append(threading.Timer(max(0.5, grace_s - CUT_BEFORE_S), cut))
                 timers[0].daemon = True

@@ -94,11 +94,7 @@ def run(name: str, cfg) -> int:
         print(f"podkit: error: unknown program {name!r}; one of: {', '.join(NAMES)}", file=sys.stderr)
         return 2
     if name == "trainer":
-        from podkit import ending  # here: render imports this module on the boot path
-
-        ending.SIGNALS.install(cfg)  # first: a stop before anything runs is a stop, not a kill
-        os.environ[ending.PROGRAM_ENV] = str(os.getpid())  # an end the ranks record names this run
-        proc.become_subreaper()  # what it starts and leaves (a double-forked daemon) is re-parented here
+        return run_trainer(cfg)
     if name != "logs":  # the listener's stdout is supervisord's event protocol
         # The marker line lets phase detection read only this start's part of the log.
         print(f"[podkit:run] starting {name} (pid {os.getpid()})", flush=True)
@@ -107,38 +103,51 @@ def run(name: str, cfg) -> int:
     why = idle_because(cfg, name)
     if why:
         return idle(name, why)
-    if name == "trainer":
-        os.environ[proc.OWNER_ENV] = proc.owner_mark(cfg.state_dir, "trainer")  # what it starts inherits it
+    return importlib.import_module(module(cfg, name)).main(cfg)
+
+
+def run_trainer(cfg) -> int:
+    """The trainer program: its stop signal handled from its first line (a stop before anything runs is a
+    stop, not a kill: ending.SIGNALS), a child subreaper (what it starts and leaves, a double-forked daemon, is
+    re-parented here), its run under the loop bound (a cluster's launcher bounds its own restarts), and
+    nothing it started outliving it."""
+    from podkit import ending, supervisord  # here: render imports this module on the boot path
+
+    ending.SIGNALS.install(cfg)
     try:
-        if name == "trainer":
-            from podkit import ending
-
-            try:
-                # First what its previous start left (its launcher may have been killed: ranks and daemons hold
-                # GPU memory), before any back-off.
-                stop_own_leftovers(cfg, "left running by the trainer's previous start")
-                if cfg.multi_node:  # a cluster's launcher bounds its own restarts
-                    code = importlib.import_module(module(cfg, name)).main(cfg)
-                else:
-                    from podkit import loopbound
-
-                    code = loopbound.run(cfg, lambda: importlib.import_module(module(cfg, name)).main(cfg))
-            except ending.Stop:  # asked to stop before anything ran
-                code = 0
+        os.environ[ending.PROGRAM_ENV] = str(os.getpid())  # an end the ranks record names this run
+        proc.become_subreaper()
+        # The marker line lets phase detection read only this start's part of the log.
+        print(f"[podkit:run] starting trainer (pid {os.getpid()})", flush=True)
+        log.set_level(cfg.log_level)
+        register(cfg, "trainer")
+        why = idle_because(cfg, "trainer")
+        if why:
+            return idle("trainer", why)
+        os.environ[proc.OWNER_ENV] = proc.owner_mark(cfg.state_dir, "trainer")  # what it starts inherits it
+        # First what its previous start left (its launcher may have been killed: ranks and daemons hold GPU
+        # memory), before any back-off.
+        stop_own_leftovers(cfg, "left running by the trainer's previous start")
+        main = lambda: importlib.import_module(module(cfg, "trainer")).main(cfg)  # noqa: E731
+        if cfg.multi_node:
+            code = main()
         else:
-            code = importlib.import_module(module(cfg, name)).main(cfg)
-    finally:
-        if name == "trainer":  # stopped, finished or failed: nothing it started outlives it
-            stop_own_leftovers(cfg, "left running by the trainer, which has ended", descendants=True)
-    if name == "trainer":
-        from podkit import supervisord  # here: render imports this module on the boot path
+            from podkit import loopbound
 
-        # An exit within supervisord's startsecs is a failed start to it, whatever its code: finished (or stopped
-        # for good) that soon, it would be restarted and end FATAL; failing that soon after a new step, its own
-        # startretries would end FATAL a run the loop bound lets go on. The loop bound alone bounds the trainer:
-        # it exits only once it counts as started.
-        supervisord.wait_started(cfg.socket_path, name)
-    if name == "trainer" and cfg.trainer.kind == "fake":
+            code = loopbound.run(cfg, main)
+    except ending.Stop:  # asked to stop before its run began: nothing in flight
+        code = 0
+    finally:
+        if ending.SIGNALS.forward is None:
+            ending.SIGNALS.forward = lambda *_: None  # from here on a stop is noted, never raised mid-cleanup
+        # Stopped, finished or failed: nothing it started outlives it.
+        stop_own_leftovers(cfg, "left running by the trainer, which has ended", descendants=True)
+    # An exit within supervisord's startsecs is a failed start to it, whatever its code: finished (or stopped for
+    # good) that soon, it would be restarted and end FATAL; failing that soon after a new step, its own
+    # startretries would end FATAL a run the loop bound lets go on. The loop bound alone bounds the trainer: it
+    # exits only once it counts as started.
+    supervisord.wait_started(cfg.socket_path, "trainer")
+    if cfg.trainer.kind == "fake":
         pid1.exit_now(code)  # torch's teardown at exit costs 1-2 s of the stop's budget, and saves nothing
     return code
 
