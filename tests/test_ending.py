@@ -594,3 +594,20 @@ def test_doctor_reads_a_stop_for_good_as_history_once_a_newer_run_of_the_trainer
     assert doctor.check_trainer_config(pod, now).id == "trainer_crash_loop"
     pod.st = {"programs": {"trainer": {"state": "RUNNING", "started": now - 50}}}  # `podkit resume` since
     assert doctor.check_trainer_config(pod, now) is None
+
+
+def test_doctor_names_a_hang_at_the_line_in_your_workflow_with_a_fix_that_is_an_action(tmp_path):
+    now = time.time()
+    boot = {"time": now - 300, "pid": 1, "stages": {}, "outcome": "supervisord", "last_stop": ""}
+    doctor, pod = doctor_pod(tmp_path, {"step": 4}, [boot])
+    records.WATCHDOG.write(pod.state, [{"time": now - 10, "action": "restarted", "program": "trainer",
+                                        "reason": "no training step for 40s while inference is ready; hung in your "
+                                                  "workflow at my_workflow.py:12 in arun_episode; stacks (py-spy) in "
+                                                  "/w/logs/hang-1.txt", "dump": "/w/logs/hang-1.txt",
+                                        "where": "/w/repo/my_workflow.py:12", "function": "arun_episode",
+                                        "code": "await judge.score(answer)"}])
+    f = doctor.check_hang(pod, now)
+    assert f.title == ("the trainer hung 1 time(s) in this boot; the last: hung in your workflow at my_workflow.py:12 "
+                       "in arun_episode"), f.title
+    assert "  await judge.score(answer)" in f.evidence and "/w/repo/my_workflow.py:12" in f.fix, f.to_dict()
+    assert "asyncio.wait_for" in f.fix and "doctor" not in f.fix

@@ -31,7 +31,7 @@ def test_a_trainer_failing_at_step_2_on_every_run_stops_after_four_starts_and_th
     runpod_api.fail("POST", "/v2/pods/pod-abc123/action", 502, times=2, body=b"Bad Gateway")
     t0, port = time.time(), free_port()
     s = stack_factory(FAKE_TRAINER_FAIL_AT_STEP="2", PODKIT_METRICS_PORT=str(port), PODKIT_TRAINER_CHECKPOINT_EVERY="1",
-                      PODKIT_TRAINER_RESTART_DELAY_S="12", PODKIT_GUARD_STOP_POD_AFTER_S="3",
+                      PODKIT_TRAINER_RESTART_DELAY_S="4", PODKIT_GUARD_STOP_POD_AFTER_S="3",
                       PODKIT_NOTIFY_WEBHOOK_URL=receiver.url, **on_runpod(runpod_api.url)).start()
     stopped = wait_for(lambda: (st := s.progress().get("stopped") or {}).get("by") == "crash-loop" and st, 120,
                        interval=0.5, what="the loop bound to stop the trainer")
@@ -42,9 +42,9 @@ def test_a_trainer_failing_at_step_2_on_every_run_stops_after_four_starts_and_th
              what="the trainer to stay stopped")
     assert starts(s) == 4, s.log("trainer")
     log = s.log("trainer")
-    # Each failing start outlives supervisord's startsecs (10 s) before its exit: what is left of the growing
+    # Each failing start outlives supervisord's startsecs (3 s) before its exit: what is left of the growing
     # back-off is waited at the next start.
-    assert "restarting in 12s" in log and "restarting in 24s" in log and "back-off: waiting" in log
+    assert "restarting in 4s" in log and "restarting in 8s" in log and "back-off: waiting" in log
     # Named everywhere: --health, status, doctor, metrics, a notification.
     health = subprocess.run([*PODKIT, "status", "--health", "--workspace", str(s.workspace)], capture_output=True,
                             text=True, env=s.env, timeout=30)

@@ -143,9 +143,9 @@ def test_status_reports_programs_progress_and_inference_phase(stack_factory):
     last progress, and the inference phase."""
     s = stack_factory().start()
     s.wait_step(3)
-    # supervisord calls a program RUNNING once it has lived startsecs (10 s for the trainer).
-    st = wait_for(lambda: (st := s.status())["programs"]["trainer"]["state"] == "RUNNING" and st, 30,
-                  what="trainer RUNNING")
+    # supervisord calls a program RUNNING once it has lived startsecs (3 s for the trainer, 5 s for inference).
+    st = wait_for(lambda: all((st := s.status())["programs"][n]["state"] == "RUNNING" for n in ("sglang", "trainer"))
+                  and st, 30, what="both RUNNING")
     for name in ("sglang", "trainer"):
         p = st["programs"][name]
         assert p["state"] == "RUNNING" and p["pid"] == s.pid(name) and p["restarts"] == 0
@@ -159,12 +159,12 @@ def test_status_reports_programs_progress_and_inference_phase(stack_factory):
 
 
 def test_a_run_that_reaches_max_steps_ends_exited_even_when_it_finishes_within_startsecs(stack_factory):
-    """12 steps at 0.1 s finish inside the trainer's startsecs (10 s), where supervisord counts any exit,
+    """4 steps at 0.1 s finish inside the trainer's startsecs (3 s), where supervisord counts any exit,
     exit 0 included, as a failed start: the trainer must still end EXITED once, not be restarted into
     BACKOFF and FATAL. Booted again on the finished workspace, it resumes at its last step, trains
     nothing more and ends EXITED again."""
     for name in ("first", "again"):
-        s = stack_factory(PODKIT_TRAINER_MAX_STEPS="12")
+        s = stack_factory(PODKIT_TRAINER_MAX_STEPS="4")
         s.workspace = s.workspace.parent / "ws"
         s.out_path = s.workspace.parent / f"{name}-stdout.log"
         s.start()
@@ -175,6 +175,6 @@ def test_a_run_that_reaches_max_steps_ends_exited_even_when_it_finishes_within_s
         st = s.status()["programs"]["trainer"]
         assert st["state"] == "EXITED" and st["restarts"] == 0, st
         p = s.progress()
-        assert p["step"] == 12 and p["stopped"]["by"] == "max_steps", p
+        assert p["step"] == 4 and p["stopped"]["by"] == "max_steps", p
         assert "not expected" not in (s.workspace / "logs" / "supervisord.log").read_text()
         assert s.stop() == 0

@@ -479,23 +479,28 @@ print(json.dumps([at(down), at(wrapped), failure.describe(wrapped, ["{tmp_path}"
     assert handled is None and other is None
 
 
-# One entry per run of the bootstrap, each in its own process (a SIGTERM test needs its own), with what it
-# raised (what may pass goes to the loop bound), its record and its rank's error record.
-ONE = """
-import json, os, sys, traceback
+# Runs of the bootstrap, one per [entry, argv, env] of argv[1] (a JSON list), in one process: what each raised
+# (what may pass goes to the loop bound), its record and its rank's error record.
+RUNS = """
+import json, os, sys
 sys.path.insert(0, os.environ["SRC"])
 from podkit import records
 from podkit.areal import bootstrap
-os.environ["PODKIT_TRAINER_ENTRY"] = sys.argv[1]
-print("starting", flush=True)
-try:
-    rc, raised = bootstrap.main(sys.argv[2:]), None
-except BaseException as e:
-    rc, raised = None, type(e).__name__
-ws = os.environ["PODKIT_WORKSPACE"]
-err = records.Record("trainer-error-0.json", records.ERROR).read(os.environ["PODKIT_RUN_DIR"])
-print(json.dumps({"rc": rc, "raised": raised, "stopped": records.PROGRESS.read(ws + "/.podkit").get("stopped"),
-                  "error": err}))
+out = []
+for entry, argv, env in json.loads(sys.argv[1]):
+    os.environ.update(env, PODKIT_TRAINER_ENTRY=entry)
+    print("starting", flush=True)
+    try:
+        rc, raised = bootstrap.main(argv), None
+    except BaseException as e:
+        rc, raised = None, type(e).__name__
+    ws = os.environ["PODKIT_WORKSPACE"]
+    err = records.Record("trainer-error-0.json", records.ERROR).read(os.environ["PODKIT_RUN_DIR"])
+    out.append({"rc": rc, "raised": raised, "stopped": records.PROGRESS.read(ws + "/.podkit").get("stopped"),
+                "error": err})
+    for k in env:
+        os.environ.pop(k)
+print(json.dumps(out))
 """
 
 
@@ -526,27 +531,27 @@ def test_what_may_pass_goes_to_the_loop_bound_a_missing_files_key_is_named_and_a
            "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets"),
            "PYTHONPATH": str(ROOT / "src")}
 
-    def one(entry, *argv, **extra):
-        r = areal_run("-c", ONE, entry, *argv, env={**env, **extra}, cwd=tmp_path)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-        return json.loads(r.stdout.strip().splitlines()[-1])
-
-    mirror = one("mirror.py")
+    yaml = str(ROOT / "configs" / "areal" / "grpo-cpu.yaml")
+    runs = [["mirror.py", [], {}],
+            ["cfgdata.py", ["--config", yaml, "train_dataset.path=data/missing.jsonl", "experiment_name=e",
+                            "trial_name=t", f"cluster.fileroot={tmp_path / 'fr'}", f"recover.fileroot={tmp_path / 'fr'}"],
+             {}],
+            ["hub.py", [], {"_PODKIT_PLACE": "rehearse"}]]
+    r = areal_run("-c", RUNS, json.dumps(runs), env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    mirror, data, hub = json.loads(r.stdout.strip().splitlines()[-1])
     assert mirror["raised"] == "URLError" and mirror["error"]["transient"] == f"could not reach 127.0.0.1:{port}", \
         mirror
     assert (mirror["stopped"] or {}).get("by") != "config-error", "a network error is not the script's config"
-    yaml = str(ROOT / "configs" / "areal" / "grpo-cpu.yaml")
-    data = one("cfgdata.py", "--config", yaml, "train_dataset.path=data/missing.jsonl", "experiment_name=e",
-               "trial_name=t", f"cluster.fileroot={tmp_path / 'fr'}", f"recover.fileroot={tmp_path / 'fr'}")
     stopped = data["stopped"]
     assert stopped["by"] == "config-error" and f"{repo / 'cfgdata.py'}:6" in stopped["message"], stopped
     assert "train_dataset.path names a file that is not there" in stopped["hint"], stopped
-    hub = one("hub.py", _PODKIT_PLACE="rehearse")
     assert "OVERRIDES='train_dataset.path=" in hub["stopped"]["hint"] and "make rehearse" in hub["stopped"]["hint"]
     assert "push" not in hub["stopped"]["hint"], hub["stopped"]
 
     def sigterm_while_loading(forwarded: bool) -> tuple[float, dict]:
-        p = subprocess.Popen([PYTHON, "-c", ONE, "slow.py"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+        p = subprocess.Popen([PYTHON, "-c", RUNS, json.dumps([["slow.py", [], {}]])], env=env, cwd=tmp_path,
+                             stdout=subprocess.PIPE, text=True)
         try:
             assert next(ln for ln in p.stdout if ln.strip() == "loading")  # in the script's own code: before train()
             if forwarded:  # as the launcher notes it before it hands the stop to the ranks
@@ -559,7 +564,7 @@ def test_what_may_pass_goes_to_the_loop_bound_a_missing_files_key_is_named_and_a
         finally:
             if p.poll() is None:
                 p.kill()
-        return time.time() - t0, json.loads(out.strip().splitlines()[-1])
+        return time.time() - t0, json.loads(out.strip().splitlines()[-1])[0]
 
     # torchrun's own SIGTERM (another rank failed): the rank ends, and says nothing of a stop: the failed rank's
     # record is how the run ended.

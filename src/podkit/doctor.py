@@ -401,7 +401,7 @@ def check_hang(pod: Pod, now: float) -> Finding | None:
         return None
     last = hung[-1]
     where = stacks_words(last)
-    return Finding("trainer_hung", f"the trainer hung {len(hung)} time(s) in this boot, the last {where}",
+    return Finding("trainer_hung", f"the trainer hung {len(hung)} time(s) in this boot; the last: {where}",
                    [status.printable(last.get("reason"), 600)] + ([f"  {status.printable(last['code'])}"]
                                                                   if last.get("code") else []),
                    ending.hang_fix(last) + "; the watchdog restarts it meanwhile (the loop bound stops it after "

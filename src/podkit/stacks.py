@@ -132,12 +132,16 @@ def user_frame(text: str, roots: list[str]) -> dict | None:
 
 
 def top_frame(text: str) -> dict | None:
-    """The main thread's innermost frame (faulthandler: the current thread; py-spy: the first), when no frame of
-    the user's is on any stack."""
+    """The main thread's innermost frame outside Python's own library (a lock's wait says less than who waits),
+    when no frame of the user's is on any stack (faulthandler: the current thread; py-spy: the first)."""
+    import sysconfig
+
     stacks = [s for s in stacks_in(text) if not s[0]]
     if not stacks:
         return None
-    path, line, name = stacks[0][1][0]
+    lib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    frames = stacks[0][1]
+    path, line, name = next((f for f in frames if _under(f[0], [lib]) is None), frames[0])
     return {"where": f"{path}:{line}", "function": name, "task": False, "shown": f"{os.path.basename(path)}:{line}"}
 
 

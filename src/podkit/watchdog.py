@@ -61,7 +61,9 @@ def _faulthandler(pid: int, path: Path) -> str | None:
         os.kill(pid, signal.SIGUSR2)
     except ProcessLookupError:
         return None
-    until, text = time.monotonic() + 2.0, ""
+    t0, text = time.monotonic(), ""
+    until = t0 + 2.0  # the threads come from C, at once
+    extended = False
     while time.monotonic() < until:
         time.sleep(0.1)
         try:
@@ -72,8 +74,8 @@ def _faulthandler(pid: int, path: Path) -> str | None:
             return None
         if stacks.TASKS_END in text:
             return text
-        if text and until - time.monotonic() < 1.5:
-            until = max(until, time.monotonic() + 3.0)  # the threads are in: the tasks follow from Python
+        if text and not extended:  # the tasks come from Python once its main thread runs Python: 2 s more, once
+            until, extended = time.monotonic() + 2.0, True
     return text or None
 
 

@@ -41,8 +41,19 @@ def test_a_hung_trainer_is_dumped_and_restarted_and_resumes(stack_factory):
     dump = open(act["dump"]).read()
     assert f"pid {trainer}" in dump and "_injected_hang" in dump and "fake_trainer.py" in dump, dump[:3000]
     assert "/proc/" in dump and act["dump"].startswith(str(s.workspace / "logs" / "hang-"))
+    # Named where it waits (podkit's fake trainer has no code of yours), and its end judged a hang by the next start.
+    assert "no frame of your code on any stack; waiting at fake_trainer.py:" in act["reason"], act
+    assert act["function"] == "_injected_hang" and act["where"].split(":")[0].endswith("fake_trainer.py"), act
     wait_for(lambda: "resumed from checkpoint" in s.log("trainer").split("starting trainer")[-1], 60,
              what="the new trainer to resume")
+    ends = json.loads((s.workspace / ".podkit" / "trainer-loop.json").read_text())["ends"]
+    assert ends[0]["by"] == "hung" and "no frame of your code" in ends[0]["what"], ends
+    assert "the trainer hung" in s.log("trainer") and "killed by a signal" not in s.log("trainer")
+    doc = json.loads(subprocess.run([*PODKIT, "doctor", "--json", "--workspace", str(s.workspace)], env=s.env,
+                                    capture_output=True, text=True, timeout=60).stdout)
+    hung = next(f for f in doc["findings"] if f["id"] == "trainer_hung")
+    assert "the last: no frame of your code on any stack; waiting at fake_trainer.py:" in hung["title"], hung
+    assert "podkit doctor" not in hung["fix"], "the fix is an action, never doctor itself"
     assert s.stop() == 0
 
 

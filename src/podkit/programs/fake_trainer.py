@@ -280,7 +280,7 @@ class FakeTrainer:
 
 
 STARTED = time.monotonic()
-START_SECS = 11  # supervisord.conf's startsecs for the trainer (10), and a second
+START_SECS = 4  # supervisord.conf's startsecs for the trainer (3), and a second
 
 
 class LeaseLost(Exception):
