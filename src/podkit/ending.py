@@ -496,8 +496,8 @@ def judge(cfg, rc: int, started: float, err: dict | None = None, oom_before=None
         fields = {"asked": asked.by, "cut": signals.cut or None,
                   "evidence": [f"a SIGTERM at {time.strftime('%H:%M:%S', time.localtime(asked.at))}, asked by "
                                f"{asked.by}"]}
-        if own is not None and own.step is not None:
-            fields["step"] = own.step
+        fields["step"] = own.step if own is not None and own.step is not None else \
+            records.PROGRESS.read(cfg.state_dir).get("step")
         if asked.kind == HANG:  # the watchdog's restart of a hung trainer (a cluster's): a hang, not a stop
             return End(record(HANG, asked.by, hang_fix({}), **fields))
         return End(record(SIGTERM if asked.supervisord else STRAY, own.message if own else "", **fields))
