@@ -6,14 +6,17 @@ tests/test_your_code.py; the judge and the counts themselves: tests/test_ending.
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
 import subprocess
+import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
-from conftest import PODKIT, wait_for
+from conftest import PODKIT, free_port, wait_for
 from gitserver import Remote
 from test_costguard import KEY, STOP, on_runpod, receiver, runpod_api  # noqa: F401 - fixtures
 
@@ -175,4 +178,41 @@ def test_resume_on_a_live_pod_syncs_the_pushed_fix_and_starts_the_trainer_stoppe
              what="the trainer's new start")
     r = podkit(s, "resume")
     assert "nothing to resume" in r.stdout or "synced" in r.stdout, r.stdout
+    assert s.stop() == 0
+
+
+@contextmanager
+def mirror(port: int):
+    """A data mirror, answering on 127.0.0.1."""
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *_):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), Answer)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_one_off_network_error_before_training_is_retried_named_and_the_next_start_trains(stack_factory):
+    """The trainer's data mirror is down at its first start: a refused connection, named by what it could not
+    reach, counted apart from the script's failures (it may pass), and retried after the back-off; the mirror is
+    back, and the next start trains. (It used to stop the trainer for good as the script's config error.)"""
+    port = free_port()
+    s = stack_factory(FAKE_TRAINER_FETCH=f"http://127.0.0.1:{port}/data.jsonl", PODKIT_TRAINER_RESTART_DELAY_S="2").start()
+    wait_for(lambda: counted(s)["outside"] == 1, 60, interval=0.5, what="the network error's end")
+    assert f"could not reach a service it needs (a network error) before its first step without a new step (1 of 9 " \
+           f"in a row): could not reach 127.0.0.1:{port}: URLError" in s.log("trainer"), s.log("trainer")[-3000:]
+    assert s.progress()["stopped"]["by"] == "network-error" and counted(s)["failures"] == 0
+    with mirror(port):
+        p = s.wait_step(2, timeout=60)
+    assert p["stopped"]["by"] == "network-error", "the last end stays on record while the next run trains"
     assert s.stop() == 0

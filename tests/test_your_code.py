@@ -11,12 +11,11 @@ import os
 import re
 import subprocess
 import time
-from contextlib import contextmanager
 
 import pytest
 
 from areal_stack import CPU_OVERRIDES, EXAMPLE, PYTHON, example_remote, repo_env
-from conftest import free_port, wait_for, wheel
+from conftest import wait_for, wheel
 from podkit import records
 from podkit.areal import identity
 
@@ -40,18 +39,11 @@ def test_your_repo_trains_under_its_own_names_stops_with_a_checkpoint_despite_it
     record of its run. The pod's stop ends the step in flight with a checkpoint, whatever the script's own
     SIGTERM handler says; a new commit of the repo resumes it. Another entry on the same volume under the
     same names does not: it stops once, saying why, and `podkit start-over` moves the old run aside (kept)
-    and trains from step 1. Its data mirror is down at the first start: a network error, retried with the
-    back-off, and the next start trains. At the end its workflow awaits for ever, and the rank's own dump (the
-    watchdog's) names the line; the pod's stop then cuts the hung step, and it is a stop."""
-    # Its own requirement (a wheel in the repo: no index here), installed by the setup stage; the data's mirror,
-    # fetched first.
-    port = free_port()
+    and trains from step 1. At the end its workflow awaits for ever, and the rank's own dump (the watchdog's)
+    names the line; the pod's stop then cuts the hung step, and it is a stop."""
+    # Its own requirement (a wheel in the repo: no index here), installed by the setup stage.
     train = (EXAMPLE / "train.py").read_text().replace(
-        "import sys\n", "import sys\nimport urllib.request\n" + OWN_SIGTERM + "import podkit_demo_dep  # from "
-        "requirements.txt\n", 1).replace(
-        "    config, _ = load_expr_config(argv, MyConfig)\n",
-        f"    urllib.request.urlopen('http://127.0.0.1:{port}/ok', timeout=10).read()  # the data's mirror\n"
-        "    config, _ = load_expr_config(argv, MyConfig)\n", 1)
+        "import sys\n", "import sys\n" + OWN_SIGTERM + "import podkit_demo_dep  # from requirements.txt\n", 1)
     # The repo's YAML is shaped like AReaL's own examples: recovery off, xccl, backends for 8 GPUs.
     yaml = areal_shaped((EXAMPLE / "config.yaml").read_text()).replace(
         "experiment_name: podkit\ntrial_name: run\n", "experiment_name: myrepo\ntrial_name: t0\n", 1)
@@ -59,83 +51,76 @@ def test_your_repo_trains_under_its_own_names_stops_with_a_checkpoint_despite_it
                             **{"train.py": train, "other.py": train, "config.yaml": yaml,
                                "areal/__init__.py": VENDORED_AREAL, "my_workflow.py": HANGING_WORKFLOW,
                                "requirements.txt": "./wheels/podkit_demo_dep-1.0-py3-none-any.whl\n"})
-    s = rehearsal(**repo_env(remote, PODKIT_REPO_SETUP="pip install --no-index -r requirements.txt",
-                             PODKIT_TRAINER_RESTART_DELAY_S="1")).start()
-    wait_for(lambda: f"could not reach 127.0.0.1:{port}: URLError" in s.log("trainer"), 240, interval=1,
-             what="the data mirror's network error")
-    loop = json.loads((s.workspace / ".podkit" / "trainer-loop.json").read_text())
-    assert loop.get("outside") == 1 and not loop.get("failures") and not loop.get("gave_up"), loop
-    assert (s.progress().get("stopped") or {}).get("by") == "network-error", s.progress()
-    with mirror(port):  # the mirror is back: the next start trains
-        p = s.wait_step(3, timeout=300)
-        # The synced commit trains, and says so.
-        assert p["code"] == {"entry": "train.py", "commit": remote.head(), "dirty": False}, p
-        log = s.log("trainer")
-        assert "run myrepo/t0 (experiment_name from " in log
-        assert (f"podkit sets over {s.workspace / 'repo' / 'config.yaml'}: recover.mode disabled -> auto (podkit resumes "
-                "every restart") in log and "actor.weight_update_mode xccl -> disk (" in log, log[-3000:]
-        assert "actor.backend fsdp:d4p1t1 -> fsdp:d1 (trainer.cpu_ranks 1 gives" in log, log[-3000:]
-        assert f"running {s.workspace / 'repo' / 'train.py'} under podkit's hooks" in log
-        env_python = json.loads((s.workspace / ".podkit" / "setup.json").read_text())["python"]
-        assert f"starting {env_python} -m torch.distributed.run" in log  # the repo's env, not the image's Python
-        assert f"{s.workspace / 'repo' / 'areal'} is not used" in log  # the vendored copy, named
-        assert isinstance(p.get("reward"), float) and p.get("on_policy_logp_gap"), p
-        root = identity.save_root(str(s.workspace / "areal"), "myrepo", "t0")
-        owner = json.loads((root / identity.RECORD).read_text())
-        assert owner["names"] == ["myrepo", "t0"] and owner["entry"] == "train.py", owner
-        assert owner["model"]["shape"] == {"hidden_size": 64, "layers": 2, "vocab": 224}, owner
-        assert p["run"] == "myrepo/t0" and "; run myrepo/t0" in s.podkit("status").stdout, p
-        # The pod's stop: the step in flight ends with its recover checkpoint, whatever the script's handler says.
-        assert s.stop() == 0
-        p = s.progress()
-        assert p["stopped"]["by"] == "SIGTERM" and p["checkpoint_step"] == p["step"], p
-        assert identity.has_checkpoint(root) and (s.workspace / "areal" / "logs" / "root" / "myrepo" / "t0").is_dir()
-        stopped_at = p["step"]
-        # A fix pushed meanwhile: the next boot syncs the new commit and resumes the run from that checkpoint.
-        fixed = remote.commit("README.md", "fixed\n")
-        again = time.time()
-        s.start()
-        p = s.wait_fresh_step(stopped_at + 1, again, timeout=300)
-        assert p["resumed_at"] == stopped_at and p["code"]["commit"] == fixed, p
-        assert "[podkit:setup] reusing" in s.stdout()  # installed once
-        assert s.stop() == 0
-        # Another script under the same names on this volume: not resumed from this run's checkpoint.
-        s.env["PODKIT_TRAINER_ENTRY"] = "other.py"
-        since = time.time()
-        s.start()
-        stopped = _refusal(s, since)
-        assert f"the recover checkpoint in {root} belongs to another run" in stopped["message"], stopped
-        assert "it was trained by train.py, this run runs other.py" in stopped["message"], stopped
-        assert "own trial name" in stopped["hint"] and "podkit start-over" in stopped["hint"], stopped
-        assert identity.has_checkpoint(root)  # nothing removed, and one start: no loop
-        assert s.log("trainer").count(f"running {s.workspace / 'repo' / 'other.py'} under") == 1
-        # The second way on: the old run set aside (kept), this one trains from the start.
-        moved = time.time()
-        r = s.podkit("start-over")
-        assert r.returncode == 0 and "nothing deleted" in r.stdout and "started the trainer" in r.stdout, r.stdout + r.stderr
-        kept = [d for d in root.parent.iterdir() if d.name.startswith("t0.set-aside-")]
-        assert len(kept) == 1 and identity.has_checkpoint(kept[0]), kept
-        # Training started from scratch (not resumed) and the run's record is the new run's.
-        p = wait_for(lambda: (p := s.progress()).get("time", 0) > moved and (p.get("code") or {}).get("entry") ==
-                     "other.py" and "resumed_at" in p and p, 240, interval=0.5, what="the new run to start training")
-        assert p["resumed_at"] is None and p.get("step", 0) <= 1, p
-        assert json.loads((root / identity.RECORD).read_text())["entry"] == "other.py"
-        # The workflow awaits for ever (a judge that never answers): the rank's own dump of its asyncio tasks,
-        # read as the watchdog reads it, names the line; the pod's stop cuts the hung step, and it is a stop.
-        checkout = s.workspace / "repo"
-        (checkout / "hang.flag").touch()
-        wait_for(lambda: (checkout / "hung.flag").exists(), 180, interval=1, what="an episode to hang")
-        from podkit import stacks, watchdog
+    s = rehearsal(**repo_env(remote, PODKIT_REPO_SETUP="pip install --no-index -r requirements.txt")).start()
+    p = s.wait_step(3, timeout=300)
+    # The synced commit trains, and says so.
+    assert p["code"] == {"entry": "train.py", "commit": remote.head(), "dirty": False}, p
+    log = s.log("trainer")
+    assert "run myrepo/t0 (experiment_name from " in log
+    assert (f"podkit sets over {s.workspace / 'repo' / 'config.yaml'}: recover.mode disabled -> auto (podkit resumes "
+            "every restart") in log and "actor.weight_update_mode xccl -> disk (" in log, log[-3000:]
+    assert "actor.backend fsdp:d4p1t1 -> fsdp:d1 (trainer.cpu_ranks 1 gives" in log, log[-3000:]
+    assert f"running {s.workspace / 'repo' / 'train.py'} under podkit's hooks" in log
+    env_python = json.loads((s.workspace / ".podkit" / "setup.json").read_text())["python"]
+    assert f"starting {env_python} -m torch.distributed.run" in log  # the repo's env, not the image's Python
+    assert f"{s.workspace / 'repo' / 'areal'} is not used" in log  # the vendored copy, named
+    assert isinstance(p.get("reward"), float) and p.get("on_policy_logp_gap"), p
+    root = identity.save_root(str(s.workspace / "areal"), "myrepo", "t0")
+    owner = json.loads((root / identity.RECORD).read_text())
+    assert owner["names"] == ["myrepo", "t0"] and owner["entry"] == "train.py", owner
+    assert owner["model"]["shape"] == {"hidden_size": 64, "layers": 2, "vocab": 224}, owner
+    assert p["run"] == "myrepo/t0" and "; run myrepo/t0" in s.podkit("status").stdout, p
+    # The pod's stop: the step in flight ends with its recover checkpoint, whatever the script's handler says.
+    assert s.stop() == 0
+    p = s.progress()
+    assert p["stopped"]["by"] == "SIGTERM" and p["checkpoint_step"] == p["step"], p
+    assert identity.has_checkpoint(root) and (s.workspace / "areal" / "logs" / "root" / "myrepo" / "t0").is_dir()
+    stopped_at = p["step"]
+    # A fix pushed meanwhile: the next boot syncs the new commit and resumes the run from that checkpoint.
+    fixed = remote.commit("README.md", "fixed\n")
+    again = time.time()
+    s.start()
+    p = s.wait_fresh_step(stopped_at + 1, again, timeout=300)
+    assert p["resumed_at"] == stopped_at and p["code"]["commit"] == fixed, p
+    assert "[podkit:setup] reusing" in s.stdout()  # installed once
+    assert s.stop() == 0
+    # Another script under the same names on this volume: not resumed from this run's checkpoint.
+    s.env["PODKIT_TRAINER_ENTRY"] = "other.py"
+    since = time.time()
+    s.start()
+    stopped = _refusal(s, since)
+    assert f"the recover checkpoint in {root} belongs to another run" in stopped["message"], stopped
+    assert "it was trained by train.py, this run runs other.py" in stopped["message"], stopped
+    assert "own trial name" in stopped["hint"] and "podkit start-over" in stopped["hint"], stopped
+    assert identity.has_checkpoint(root)  # nothing removed, and one start: no loop
+    assert s.log("trainer").count(f"running {s.workspace / 'repo' / 'other.py'} under") == 1
+    # The second way on: the old run set aside (kept), this one trains from the start.
+    moved = time.time()
+    r = s.podkit("start-over")
+    assert r.returncode == 0 and "nothing deleted" in r.stdout and "started the trainer" in r.stdout, r.stdout + r.stderr
+    kept = [d for d in root.parent.iterdir() if d.name.startswith("t0.set-aside-")]
+    assert len(kept) == 1 and identity.has_checkpoint(kept[0]), kept
+    # Training started from scratch (not resumed) and the run's record is the new run's.
+    p = wait_for(lambda: (p := s.progress()).get("time", 0) > moved and (p.get("code") or {}).get("entry") ==
+                 "other.py" and "resumed_at" in p and p, 240, interval=0.5, what="the new run to start training")
+    assert p["resumed_at"] is None and p.get("step", 0) <= 1, p
+    assert json.loads((root / identity.RECORD).read_text())["entry"] == "other.py"
+    # The workflow awaits for ever (a judge that never answers): the rank's own dump of its asyncio tasks,
+    # read as the watchdog reads it, names the line; the pod's stop cuts the hung step, and it is a stop.
+    checkout = s.workspace / "repo"
+    (checkout / "hang.flag").touch()
+    wait_for(lambda: (checkout / "hung.flag").exists(), 180, interval=1, what="an episode to hang")
+    from podkit import stacks, watchdog
 
-        dump = s.workspace / "logs" / "hang-test.txt"
-        watchdog.dump_stacks(s.pid("trainer"), dump, s.workspace / "logs")
-        frame = stacks.user_frame(dump.read_text(), [str(checkout)])
-        line = HANGING_WORKFLOW.splitlines().index("            await asyncio.Event().wait()  # never answers") + 1
-        assert frame and frame["shown"] == f"my_workflow.py:{line}" and frame["function"] == "arun_episode", frame
-        assert stacks.describe(frame, True) == f"hung in your workflow at my_workflow.py:{line} in arun_episode"
-        assert s.stop() == 0
-        stopped = s.progress()["stopped"]
-        assert stopped["by"] == "SIGTERM" and stopped.get("cut") and "the pod's stop" in stopped["asked"], stopped
+    dump = s.workspace / "logs" / "hang-test.txt"
+    watchdog.dump_stacks(s.pid("trainer"), dump, s.workspace / "logs")
+    frame = stacks.user_frame(dump.read_text(), [str(checkout)])
+    line = HANGING_WORKFLOW.splitlines().index("            await asyncio.Event().wait()  # never answers") + 1
+    assert frame and frame["shown"] == f"my_workflow.py:{line}" and frame["function"] == "arun_episode", frame
+    assert stacks.describe(frame, True) == f"hung in your workflow at my_workflow.py:{line} in arun_episode"
+    assert s.stop() == 0
+    stopped = s.progress()["stopped"]
+    assert stopped["by"] == "SIGTERM" and stopped.get("cut") and "the pod's stop" in stopped["asked"], stopped
 
 
 def areal_shaped(yaml: str) -> str:
@@ -296,30 +281,6 @@ HANGING_WORKFLOW = (EXAMPLE / "my_workflow.py").read_text().replace(
             await asyncio.Event().wait()  # never answers
         return await super().arun_episode(engine, data)
 """
-
-
-@contextmanager
-def mirror(port: int):
-    """The data's mirror, answering on 127.0.0.1."""
-    import http.server
-    import threading
-
-    class Answer(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - the stdlib's name
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *_):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), Answer)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_an_entry_that_is_not_in_the_checkout_waits_in_safe_mode_at_boot(rehearsal, tmp_path):

@@ -270,7 +270,7 @@ def run(cfg, main) -> int:
             print(e.code, file=sys.stderr, flush=True)
     except Exception as e:  # noqa: BLE001 - the fake trainer runs in-process: its exception is the failure
         traceback.print_exc()
-        err = failure.clean(failure.describe(e, [], str(cfg.workspace_path)), cfg)
+        err = failure.clean(failure.classify(e, failure.describe(e, [], str(cfg.workspace_path))), cfg)
         code = 1
     finally:
         if ending.SIGNALS.forward is None:

@@ -229,6 +229,9 @@ class FakeTrainer:
         if not self.cfg.multi_node and (holder := lease.lost(self.cfg.state_dir)):
             return lease_lost(self.step, self.last_ckpt_step, holder)
         self.resume()
+        fetch = os.environ.get(FETCH)  # fault injection: a data mirror fetched first (its own network errors)
+        if fetch:
+            urllib.request.urlopen(fetch, timeout=10).read()
         try:
             if not self.wait_for_inference():
                 return 1
@@ -309,6 +312,7 @@ def stopped_by_sigterm(cfg, progress, step) -> int:
 
 HANG_AFTER_DONE = "FAKE_TRAINER_HANG_AFTER_DONE"  # not PODKIT_: not a setting
 FAIL_AT_STEP = "FAKE_TRAINER_FAIL_AT_STEP"  # likewise: the loop bound's tests
+FETCH = "FAKE_TRAINER_FETCH"  # likewise: a network error before training
 
 
 def _injected_hang(*_) -> None:
