@@ -50,7 +50,7 @@ OVERRIDES ?=
 rehearse: sysdeps
 	py=$$(PYTHON=$(PYTHON) sh rehearse/env.sh) && \
 	$$py rehearse/assets.py $(WORKSPACE)/rehearsal && \
-	$(if $(REPO),set -- $$($$py rehearse/repo.py '$(REPO)' $(WORKSPACE)/rehearsal-repo '$(REF)') && \
+	$(if $(REPO),repo=$$($$py rehearse/repo.py '$(REPO)' $(WORKSPACE)/rehearsal-repo '$(REF)') && set -- $$repo && \
 	  export PODKIT_REPO_URL="$$1" PODKIT_REPO_REF="$$2" \
 	    PODKIT_TRAINER_ENTRY='$(ENTRY)' PODKIT_TRAINER_AREAL_CONFIG='$(CONFIG)' \
 	    PODKIT_TRAINER_OVERRIDES="$$(grep -v '^#' rehearse/cpu-overrides | tr '\n' ' ') $${PODKIT_TRAINER_OVERRIDES:-} $(OVERRIDES)" && ,) \

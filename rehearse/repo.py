@@ -7,9 +7,11 @@ rehearsed as its files are now, on the branch main of OUT_DIR/<its name>-<hash o
 repository, made again each time; one per directory, so two directories are two repos to the run's identity):
 - a git checkout at its own HEAD, whatever branch or tag it is on: that commit itself when nothing is
   changed, else a snapshot commit of its working tree (uncommitted edits and new files that are not
-  ignored) whose parent is HEAD, so the run's recorded commit leads back to it;
+  ignored) whose parent is HEAD, so the run's recorded commit leads back to it; a shallow clone
+  (`git clone --depth 1`) too: the bare repository takes its shallow history (receive.shallowUpdate);
 - any other directory (examples/my-repo, a tree being edited): one snapshot commit of its files.
-Nothing in the directory is changed (the checkout's own index, branches and stashes stay as they are).
+Nothing in the directory is changed (the checkout's own index, branches and stashes stay as they are). A
+checkout git cannot read is refused in one line, with git's own reason, exit 2.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def checkout(src: Path, out: Path) -> str:
     shutil.rmtree(bare, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     git("init", "-q", "--bare", "-b", "main", str(bare), cwd=out)
+    git("config", "receive.shallowUpdate", "true", cwd=bare)  # a shallow clone's history is all it has
     run("push", "-q", str(bare), f"{commit}:refs/heads/main")
     print(f"rehearsing {src} at {head[:12]} ({where})" + (f" with its uncommitted changes as {commit[:12]}"
                                                           if commit != head else ""), file=sys.stderr)
@@ -88,14 +91,21 @@ def main(argv: list[str]) -> int:
         return 2
     repo, out, ref = argv[0], argv[1], argv[2] if len(argv) == 3 and argv[2] else "main"
     path = Path(repo).expanduser()
-    if path.is_dir() and (path / ".git").exists():
-        print(checkout(path.resolve(), Path(out).resolve()), "main")
-    elif path.is_dir() and not (path / "HEAD").is_file():
-        print(snapshot(path.resolve(), Path(out).resolve()), "main")
-    elif path.exists():
-        print(path.resolve(), ref)
-    else:
-        print(repo, ref)
+    try:
+        if path.is_dir() and (path / ".git").exists():
+            print(checkout(path.resolve(), Path(out).resolve()), "main")
+        elif path.is_dir() and not (path / "HEAD").is_file():
+            print(snapshot(path.resolve(), Path(out).resolve()), "main")
+        elif path.exists():
+            print(path.resolve(), ref)
+        else:
+            print(repo, ref)
+    except subprocess.CalledProcessError as e:  # git's own reason, in one line: never a traceback
+        said = (e.stderr if isinstance(e.stderr, str) else (e.stderr or b"").decode(errors="replace")).strip()
+        last = said.splitlines()[-1] if said else f"exit {e.returncode}"
+        print(f"rehearse: cannot rehearse {path}: `git {' '.join(map(str, e.cmd[1:4]))} ...` says: {last}",
+              file=sys.stderr)
+        return 2
     return 0
 
 

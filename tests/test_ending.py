@@ -104,6 +104,7 @@ def test_a_stop_asked_for_is_a_stop_whatever_the_exit_and_names_who_asked(tmp_pa
     ending.ask(cfg.run_path, ["trainer"], "you (podkit ctl restart trainer)")
     end = judge(cfg, 137, started, signals=sig)
     assert end.kind.name == ending.SIGTERM and end.asked == "you (podkit ctl restart trainer)", end.rec
+    assert "message" not in end.rec, "no word of the ranks: none made up"
     assert end.cut and "cut at the end of trainer.stop_grace_s" in end.words()
     assert ending.exit_code(end, 137) == 0 and end.kind.counts is None
     # Its note, for a next start should the program have been killed before it judged

@@ -81,3 +81,31 @@ def test_two_directories_rehearsed_on_one_workspace_are_two_repos_and_one_is_alw
     assert repo_of(urls["mine"]) != repo_of(urls["theirs"]), urls
     assert repo_py(str(tmp_path / "mine"), str(tmp_path / "out"))[0] == urls["mine"]
     assert git("show", "main:train.py", cwd=urls["theirs"]) == "theirs"
+
+
+def test_a_shallow_clone_rehearses_its_head_and_its_edit_and_one_git_cannot_read_is_refused_in_one_line(tmp_path):
+    """`git clone --depth 1` was refused by the bare repository ("shallow update not allowed") with a traceback:
+    it rehearses now, and the sync stage can clone what it made. A checkout git cannot read says why, in one
+    line, without a traceback (the make target stops on it)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    git("init", "-q", "-b", "main", cwd=src)
+    for n in range(3):
+        (src / "train.py").write_text(f"v{n}\n")
+        git("add", "-A", cwd=src)
+        git("-c", "user.name=me", "-c", "user.email=me@example.invalid", "commit", "-qm", f"v{n}", cwd=src)
+    shallow = tmp_path / "shallow"
+    git("clone", "-q", "--depth", "1", f"file://{src}", str(shallow), cwd=tmp_path)
+    assert git("rev-parse", "--is-shallow-repository", cwd=shallow) == "true"
+    (shallow / "train.py").write_text("mine\n")
+    url, ref, said = repo_py(str(shallow), str(tmp_path / "out"))
+    clone = tmp_path / "clone"
+    git("clone", "-q", "-b", ref, url, str(clone), cwd=tmp_path)  # as the sync stage clones it
+    assert (clone / "train.py").read_text() == "mine\n" and "with its uncommitted changes" in said, said
+    broken = tmp_path / "broken"
+    (broken / ".git").mkdir(parents=True)  # a .git with nothing in it
+    r = subprocess.run([sys.executable, str(ROOT / "rehearse" / "repo.py"), str(broken), str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith(f"rehearse: cannot rehearse {broken}: `git ") and len(r.stderr.splitlines()) == 1, \
+        r.stderr

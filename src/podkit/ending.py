@@ -500,12 +500,12 @@ def judge(cfg, rc: int, started: float, err: dict | None = None, oom_before=None
             records.PROGRESS.read(cfg.state_dir).get("step")
         if asked.kind == HANG:  # the watchdog's restart of a hung trainer (a cluster's): a hang, not a stop
             return End(record(HANG, asked.by, hang_fix({}), **fields))
-        return End(record(SIGTERM if asked.supervisord else STRAY, own.message if own else "", **fields))
+        return End(record(SIGTERM if asked.supervisord else STRAY, (own.message if own else "") or "", **fields))
     step = records.PROGRESS.read(cfg.state_dir).get("step")
     err = err or failure.first_since(cfg.run_path, started)
     if own is not None and not err:  # the ranks stopped on a SIGTERM this program never got: someone signalled them
-        return End(record(STRAY, own.message, step=own.step, asked="a SIGTERM sent to the ranks, not to the trainer "
-                          "program (someone's kill)"))
+        return End(record(STRAY, own.message or "", step=own.step, asked="a SIGTERM sent to the ranks, not to the "
+                          "trainer program (someone's kill)"))
     if rc == 0 and not err:
         return End(record(ENDED, step=step))
     evidence = []
