@@ -125,6 +125,19 @@ def test_user_overrides_that_contradict_what_podkit_depends_on_are_refused_all_a
     assert "sets actor.backend=fsdp:d4, but podkit needs fsdp:d3: trainer.gpus '1,2,3' gives the trainer 3" in msg
 
 
+def test_overrides_in_hydras_other_syntaxes_that_turn_off_what_podkit_needs_are_refused_at_boot_too(tmp_path):
+    """The boot's fast path reads a deletion (~key) and a flat dict (section={key:value}) as well; the trainer
+    checks the config AReaL ends up with whatever the syntax (tests/test_run_identity.py)."""
+    cfg = load(tmp_path=tmp_path / "ws", PODKIT_TRAINER_AREAL_CONFIG=str(areal_shaped(tmp_path)), PODKIT_DEVICES="",
+               PODKIT_RUN_DIR=str(tmp_path / "run"),
+               PODKIT_TRAINER_OVERRIDES="~recover.mode actor={weight_update_mode:xccl}")
+    with pytest.raises(ConfigError) as e:
+        preflight.run(cfg)
+    msg = e.value.message
+    assert "deletes recover.mode (~recover.mode), where podkit sets recover.mode=auto" in msg, msg
+    assert "sets actor.weight_update_mode=xccl, but podkit needs disk" in msg, msg
+
+
 def test_a_lora_config_is_refused_at_boot_naming_where_lora_is_set_instead_of_failing_after_the_model_loads(
         tmp_path):
     """AReaL's LoRA example (actor.use_lora: true) under podkit: AReaL 1.0.4 raises "LoRA is only supported in

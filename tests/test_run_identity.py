@@ -66,23 +66,61 @@ def test_a_name_that_is_a_path_is_a_config_error_naming_the_key_and_nothing_outs
     assert outside.is_dir() and "not cleared" in lines[0]
 
 
-def test_a_repo_or_a_model_written_another_way_is_the_same_one():
-    """A fix pushed over ssh to a repo cloned over https, a model moved from the hub to the volume: the same
-    run, resumed (a false 'another run' would send it back to step 0)."""
+def test_a_repo_or_a_script_written_another_way_is_the_same_one_and_a_model_is_told_by_its_full_name(tmp_path):
+    """A fix pushed over ssh to a repo cloned over https, ./train.py for train.py, a hub id and its own cache
+    snapshot: the same run, resumed (a false 'another run' would send it back to step 0). A model is told by
+    its full name: Qwen/X and the user's fine-tune me/X, or .../sft-v1/hf and .../sft-v2/hf, are two models."""
     same = {identity.repo_of(u) for u in ("https://tok@GitHub.com/me/r.git/", "git@github.com:Me/R.git",
                                           "ssh://git@github.com:22/me/r.git", "http://github.com/me/r")}
     assert same == {"github.com/me/r"}
     assert identity.repo_of("https://github.com/me/other") != "github.com/me/r"
-    names = {identity.model_name(m) for m in ("Qwen/Qwen2.5-0.5B-Instruct", "/workspace/models/qwen2.5-0.5b-instruct",
-                                             "/ws/hf/hub/models--Qwen--Qwen2.5-0.5B-Instruct/snapshots/7ae557/")}
-    assert names == {"qwen2.5-0.5b-instruct"}
+    ids = {identity.model_id(m) for m in ("Qwen/Qwen2.5-0.5B-Instruct", "qwen/qwen2.5-0.5b-instruct",
+                                          "/ws/hf/hub/models--Qwen--Qwen2.5-0.5B-Instruct/snapshots/7ae557/")}
+    assert ids == {"qwen/qwen2.5-0.5b-instruct"}
+    for v in ("sft-v1", "sft-v2"):
+        (tmp_path / v / "hf").mkdir(parents=True)
+        (tmp_path / v / "hf" / "config.json").write_text('{"hidden_size": 64}')
     mine = identity.record_for(["e", "t"], "train.py", "Qwen/Qwen2.5-0.5B-Instruct", "https://github.com/me/r.git")
-    moved = identity.record_for(["e", "t"], "train.py", "/workspace/models/Qwen2.5-0.5B-Instruct",
-                                "git@github.com:me/r.git")
+    moved = identity.record_for(["e", "t"], "./train.py", "Qwen/Qwen2.5-0.5B-Instruct", "git@github.com:me/r.git")
     assert identity.differences(moved, mine, Path("/nonexistent")) == []
-    base = identity.record_for(["e", "t"], "train.py", "Qwen/Qwen2.5-0.5B", "https://github.com/me/r")
-    assert identity.differences(base, mine, Path("/nonexistent")) == [
-        "its model is Qwen/Qwen2.5-0.5B-Instruct, this run's Qwen/Qwen2.5-0.5B"]
+    for theirs, ours in (("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B-Instruct"), ("me/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),
+                         (str(tmp_path / "sft-v1" / "hf"), str(tmp_path / "sft-v2" / "hf"))):
+        a = identity.record_for(["e", "t"], "train.py", theirs, "https://github.com/me/r")
+        b = identity.record_for(["e", "t"], "train.py", ours, "https://github.com/me/r")
+        assert identity.differences(b, a, Path("/nonexistent")) == [
+            f"its model is {theirs}, this run's {ours} (the same model at a new place? set inference.model to "
+            f"{theirs} to resume it)"], (theirs, ours)
+    # The same directory written over with another model: its config.json tells.
+    v1 = str(tmp_path / "sft-v1" / "hf")
+    before = identity.record_for(["e", "t"], "train.py", v1, "")
+    (tmp_path / "sft-v1" / "hf" / "config.json").write_text('{"hidden_size": 128}')
+    why = identity.differences(identity.record_for(["e", "t"], "train.py", v1, ""), before, Path("/nonexistent"))
+    assert any("config.json" in w and "has changed" in w for w in why), why
+    # A record from before podkit kept resolved ids (path only) is compared by its path resolved now.
+    legacy = {**mine, "model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"}, "entry": "./train.py"}
+    legacy.pop("entry_id")
+    assert identity.differences(mine, legacy, Path("/nonexistent")) == []
+
+
+def test_a_run_from_step_0_under_names_that_trained_before_gets_a_new_wandb_run(tmp_path):
+    """The W&B id a start logs into: AReaL's own while the names never trained; after a start-over (the old run
+    set aside) or a checkpoint removed, the next free -2, -3; a resume keeps the id its run recorded."""
+    root = tmp_path / "checkpoints" / "root" / "e" / "t[0]"
+    base = "e_t[0]_train"
+    assert identity.wandb_id(root, base, resuming=False) == base
+    identity.write_record(root, {**identity.record_for(["e", "t[0]"], "train.py", "m/x", ""), "wandb": base})
+    assert identity.wandb_id(root, base, resuming=True) == base
+    root.rename(root.with_name("t[0].set-aside-20260101-000000"))  # what start-over does
+    assert identity.wandb_id(root, base, resuming=False) == f"{base}-2"
+    identity.write_record(root, {**identity.record_for(["e", "t[0]"], "train.py", "m/x", ""), "wandb": f"{base}-2"})
+    assert identity.wandb_id(root, base, resuming=True) == f"{base}-2"
+    assert identity.wandb_id(root, base, resuming=False) == f"{base}-3"  # its checkpoint removed by hand
+    # W&B off in a run (None) used no id; a record from before podkit chose used AReaL's.
+    other = tmp_path / "checkpoints" / "root" / "e" / "u"
+    identity.write_record(other, {**identity.record_for(["e", "u"], "train.py", "m/x", ""), "wandb": None})
+    assert identity.wandb_id(other, "e_u_train", resuming=False) == "e_u_train"
+    identity.write_record(other, identity.record_for(["e", "u"], "train.py", "m/x", ""))
+    assert identity.wandb_id(other, "e_u_train", resuming=False) == "e_u_train-2"
 
 
 def test_names_only_areals_loader_can_tell_are_left_to_it(tmp_path):
@@ -249,3 +287,90 @@ def test_areals_loader_refuses_another_runs_checkpoint_and_resumes_its_own_acros
     assert path["stopped"]["by"] == "config-error" and "trial_name '../t0' is not a name" in \
         path["stopped"]["message"], path
     assert not (tmp_path / "ws" / "areal" / "checkpoints" / "t0").exists()
+
+
+# A script that builds its config without AReaL's load_expr_config (parse_cli_args + to_structured_cfg) and may
+# change it itself: podkit's check at PPOTrainer's construction, before anything is loaded, is the one every
+# script passes. A config let through goes on into AReaL's own __init__, which fails at once here (the model
+# directory has no tokenizer): not podkit's refusal.
+CONSTRUCTS = ("import os, sys\n\nfrom omegaconf import OmegaConf\n\n"
+              "from areal.api.cli_args import GRPOConfig, parse_cli_args, to_structured_cfg\n"
+              "from areal.trainer.rl_trainer import PPOTrainer\n\n"
+              "cfg, _ = parse_cli_args(sys.argv[1:])\n"
+              "config = OmegaConf.to_object(to_structured_cfg(cfg, config_cls=GRPOConfig))\n"
+              "if os.environ.get('SCRIPT_TURNS_RECOVERY_OFF'):\n"
+              "    config.recover.mode = 'disabled'\n"
+              "PPOTrainer(config)\n")
+
+
+@pytest.mark.rehearsal
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not PYTHON and not os.environ.get("CI"), reason="no AReaL environment (AREAL_PYTHON)")
+def test_what_areal_runs_is_checked_at_the_trainers_construction_whatever_loaded_or_changed_it(tmp_path):
+    """Recovery or disk weight updates turned off in a Hydra syntax podkit's boot does not read (~key,
+    section={...}) or by the script itself: stopped once, naming the key. A script that loads its config
+    without load_expr_config, on a volume where another script's run (or a model of the same leaf name in
+    another directory) left a checkpoint under its names: stopped once, saying so. ./construct.py is the
+    run construct.py trained: let through to resume."""
+    repo = tmp_path / "ws" / "repo"
+    repo.mkdir(parents=True)
+    (repo / "construct.py").write_text(CONSTRUCTS)
+    model, elsewhere = tmp_path / "model", tmp_path / "elsewhere" / "model"
+    for d in (model, elsewhere):
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 224}))
+    cfg_for(tmp_path, {"experiment_name": "myrepo", "trial_name": "t0"}, base=ROOT / "configs" / "areal" / "grpo-cpu.yaml")
+    url, names, mine = "https://example.invalid/me/r.git", ["myrepo", "t0"], str(model)
+
+    def overridden(extra: str) -> dict:
+        return {"PODKIT_TRAINER_OVERRIDES": f"{CPU_OVERRIDES} {extra}"}
+
+    plain = overridden("")
+    cases = [
+        {"names": names, "env": overridden("~recover.mode")},
+        {"names": names, "env": overridden("recover={mode:disabled}")},
+        {"names": names, "env": overridden("actor={weight_update_mode:xccl}")},
+        {"names": names, "env": {**plain, "SCRIPT_TURNS_RECOVERY_OFF": "1"}},
+        {"names": names, "checkpoint": True, "record": [names, "other.py", mine, url], "env": {"SCRIPT_TURNS_RECOVERY_OFF": ""}},
+        {"names": names, "checkpoint": True, "record": [names, "construct.py", str(elsewhere), url]},
+        {"names": names, "checkpoint": True, "record": [names, "construct.py", mine, "git@example.invalid:me/r"],
+         "env": {"PODKIT_TRAINER_ENTRY": "./construct.py"}},
+    ]
+    env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
+           "PODKIT_TRAINER_AREAL_CONFIG": str(tmp_path / "config.yaml"), "PODKIT_TRAINER_ENTRY": "construct.py",
+           "PODKIT_REPO_URL": url, "PODKIT_INFERENCE_MODEL": mine, "PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES,
+           "PODKIT_RUN_DIR": str(tmp_path / "run"), "RANK": "0", "SRC": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
+    r = areal_run("-c", CHECKS, json.dumps(cases), env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    deleted, as_dict, xccl, by_script, loader, leaf, dotted = json.loads(r.stdout.strip().splitlines()[-1])
+    for off, key, value in ((deleted, "recover.mode", "disabled"), (as_dict, "recover.mode", "disabled"),
+                            (xccl, "actor.weight_update_mode", "xccl"), (by_script, "recover.mode", "disabled")):
+        stopped = off["stopped"]
+        assert off["rc"] == 2 and stopped["by"] == "config-error", off
+        assert stopped["message"].startswith("AReaL's final config turns off what podkit needs: ") and \
+            f"{key} is {value!r}, but podkit needs" in stopped["message"], stopped
+        assert "trainer.overrides in any Hydra syntax" in stopped["hint"] and "the training script" in stopped["hint"]
+    root = identity.save_root(str(tmp_path / "ws" / "areal"), *names)
+    for bad, why in ((loader, "it was trained by other.py, this run runs construct.py"),
+                     (leaf, f"its model is {elsewhere}, this run's {model}")):
+        assert bad["rc"] == 2 and bad["stopped"]["by"] == "config-error" and bad["kept"], bad
+        assert f"the recover checkpoint in {root} belongs to another run" in bad["stopped"]["message"], bad
+        assert why in bad["stopped"]["message"], bad["stopped"]["message"]
+    # Let through: AReaL's own __init__ went on (and failed on the tokenizer), nothing of podkit's refused it.
+    told = json.dumps(dotted["stopped"])
+    assert "tokenizer" in told and "belongs to another run" not in told and "podkit needs" not in told, told
+    assert dotted["kept"], dotted
+
+
+def test_status_names_the_wandb_run_the_trainer_recorded_and_ignores_a_planted_one(tmp_path):
+    from podkit import records, status
+
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    records.PROGRESS.write(state, {"step": 3, "time": 1.0, "run": "myrepo/t0", "wandb": "myrepo_t0_train-2",
+                                   "code": {"entry": "train.py", "commit": "a" * 40, "dirty": False}})
+    text = status.human(status.collect(tmp_path, state))
+    assert "; run myrepo/t0" in text and "W&B run: myrepo_t0_train-2" in text, text
+    records.PROGRESS.write(state, {"step": 3, "time": 1.0, "wandb": {"<script>": 1}})
+    st = status.collect(tmp_path, state)
+    assert st["trainer"]["wandb"] is None and "W&B run" not in status.human(st)

@@ -16,6 +16,7 @@ import pytest
 from conftest import PODKIT, wait_for
 from gitserver import HTTPRemote, Remote, git
 from podkit import sync
+from podkit.areal import identity
 from podkit.sync import SyncError
 
 pytestmark = pytest.mark.timeout(90)
@@ -123,6 +124,7 @@ def test_a_directory_that_is_not_a_repo_is_moved_aside_and_recloned(remote, tmp_
     assert r.mode == "recovered" and git("rev-parse", "HEAD", cwd=dest) == remote.head()
     aside = list(tmp_path.glob("repo.broken-*"))
     assert len(aside) == 1 and (aside[0] / "precious.txt").read_text() == "do not delete\n"
+    assert not list(tmp_path.glob("repo.other-*")), "not a repo at all: broken, not another repo"
 
 
 def test_an_empty_directory_such_as_a_mount_point_is_cloned_into(remote, tmp_path):
@@ -133,16 +135,76 @@ def test_an_empty_directory_such_as_a_mount_point_is_cloned_into(remote, tmp_pat
     assert not list(tmp_path.glob("repo.broken-*"))
 
 
-def test_a_clone_of_another_remote_is_moved_aside_and_recloned(remote, tmp_path):
-    """DEST is a checkout of some other repository: kept aside, URL cloned fresh."""
+def test_a_clone_of_another_repo_is_moved_aside_as_other_and_kept(remote, tmp_path):
+    """DEST is a checkout of some other repository: not broken, the user's work. It is moved aside as
+    DEST.other-<time> with its files and history, the note names the repo it is a clone of, and URL is
+    cloned fresh."""
     other = Remote(tmp_path, "other.git")
-    other.commit("other.py", "z = 3\n")
+    theirs = other.commit("other.py", "z = 3\n")
     dest = tmp_path / "repo"
     git("clone", "-q", other.url, str(dest))
+    (dest / "wip.txt").write_text("my work on the other repo\n")
     r = do_sync(remote.url, dest)
     assert r.mode == "recovered" and git("rev-parse", "HEAD", cwd=dest) == remote.head()
-    (aside,) = tmp_path.glob("repo.broken-*")
-    assert (aside / "other.py").exists()
+    (aside,) = tmp_path.glob("repo.other-*")
+    assert not list(tmp_path.glob("repo.broken-*"))
+    assert (aside / "other.py").read_text() == "z = 3\n" and (aside / "wip.txt").read_text() == \
+        "my work on the other repo\n"
+    assert git("rev-parse", "HEAD", cwd=aside) == theirs
+    (note,) = [n for n in r.notes if str(aside) in n]
+    assert f"is a clone of another repo ({other.url})" in note and "kept, nothing deleted" in note, note
+
+
+def test_one_repo_is_one_repo_in_every_url_form(tmp_path):
+    """https, http, ssh://, git+ssh, scp-like, with credentials, a port, '.git', a trailing '/' or
+    another case of the host: one repo. Another owner or name is another repo. A local path and its
+    file:// URL are the directory's realpath."""
+    forms = ["https://github.com/me/r.git", "http://github.com/me/r", "git@github.com:me/r.git",
+             "ssh://git@github.com/me/r", "ssh://git@GitHub.com:22/me/r.git/", "git+ssh://git@github.com/me/r.git",
+             "https://x-access-token:tok@github.com/me/r.git/", "https://user@GITHUB.COM:443/me/r/",
+             "github.com:me/r.git"]
+    assert {identity.repo_of(u) for u in forms} == {"github.com/me/r"}
+    assert identity.repo_of("git@github.com:me/other.git") != identity.repo_of(forms[0])
+    assert identity.repo_of("https://gitlab.com/me/r.git") != identity.repo_of(forms[0])
+    bare = tmp_path / "train.git"
+    bare.mkdir()
+    (tmp_path / "link.git").symlink_to(bare)
+    local = {identity.repo_of(u) for u in (str(bare), f"{bare}/", f"file://{bare}", str(tmp_path / "link.git"))}
+    assert local == {str(bare.resolve()).removesuffix(".git")}
+    assert identity.repo_of("") == ""
+
+
+def test_the_same_repo_switched_from_https_to_ssh_keeps_the_checkout_and_follows_the_url(
+        remote, tmp_path, monkeypatch, capsys):
+    """The user switches repo.url from https to ssh (and back): one repo, so no move aside. origin takes
+    the configured URL, the checkout updates as usual: edits left in place while nothing is new, stashed
+    by name when the tree moves; untracked files stay."""
+    https, ssh = "https://example.invalid/me/r.git", "ssh://git@example.invalid/me/r"
+    # Both forms reach the local bare repo: git rewrites them (the sync's git inherits GIT_CONFIG_GLOBAL).
+    cfg = tmp_path / "gitconfig"
+    cfg.write_text(f'[url "{remote.url}"]\n\tinsteadOf = {https}\n\tinsteadOf = {ssh}\n')
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(cfg))
+    dest = tmp_path / "repo"
+    first = do_sync(https, dest).new
+    (dest / "train.py").write_text("print('my experiment')\n")
+    (dest / "notes.txt").write_text("keep me\n")
+
+    r = do_sync(ssh, dest)
+    assert (r.mode, r.old, r.new) == ("unchanged", first, first)
+    assert git("config", "--get", "remote.origin.url", cwd=dest) == ssh
+    assert (dest / ".git" / "podkit-synced").read_text().split("\n")[1] == ssh
+    assert (dest / "train.py").read_text() == "print('my experiment')\n", "nothing new: the edit stays in place"
+    assert "URL changed form" in capsys.readouterr().out
+
+    new = remote.commit("other.py", "x = 1\n")
+    r = do_sync(https, dest)
+    assert (r.mode, r.old, r.new) == ("updated", first, new) and git("rev-parse", "HEAD", cwd=dest) == new
+    assert git("config", "--get", "remote.origin.url", cwd=dest) == https
+    assert not list(tmp_path.glob("repo.*-*")), "the same repo is never moved aside"
+    assert (dest / "notes.txt").read_text() == "keep me\n"
+    assert any("stashed as 'podkit-sync-" in n for n in r.notes)
+    git("stash", "pop", cwd=dest)
+    assert (dest / "train.py").read_text() == "print('my experiment')\n"
 
 
 def slow_upload_pack(tmp_path) -> dict:

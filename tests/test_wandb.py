@@ -16,7 +16,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import PODKIT, ROOT
 from podkit import config
 from podkit.areal import command
 
@@ -41,12 +41,40 @@ print("WANDB " + json.dumps({"id": wandb.run.id, "mode": wandb.run.settings.mode
 logger.commit(0, 0, 0, {"reward": 1.0})
 logger.close()
 """
+# The same start with podkit's hooks installed, as the bootstrap installs them: what PPOTrainer's construction
+# runs first under podkit (hooks.hook_construction: the checks, then the W&B run chosen), AReaL's StatsLogger,
+# and the run's record as train() writes it when it starts. CHECKPOINT=1: the run leaves a recover checkpoint.
+HOOKED = """
+import json, os, sys
+sys.path.insert(0, os.environ["SRC"])
+import wandb
+from podkit import config as pod_config
+from podkit.areal import hooks, identity
+from areal.api import FinetuneSpec
+from areal.api.cli_args import GRPOConfig, load_expr_config
+from areal.utils.stats_logger import StatsLogger
+
+st = hooks.install(pod_config.load())
+config, _ = load_expr_config(sys.argv[1:], GRPOConfig)
+hooks.check_required(st, config)
+hooks.check_run(st, config)
+hooks.choose_wandb_run(st, config)
+logger = StatsLogger(config, FinetuneSpec(total_train_epochs=1, dataset_size=1, train_batch_size=1))
+print("WANDB " + json.dumps({"id": wandb.run.id, "mode": wandb.run.settings.mode}), flush=True)
+identity.write_record(*st.run)
+logger.commit(0, 0, 0, {"reward": 1.0})
+logger.close()
+if os.environ.get("CHECKPOINT"):
+    (st.run[0] / "recover_info").mkdir(parents=True, exist_ok=True)
+    (st.run[0] / "recover_info" / "step_info.json").write_text("{}")
+"""
 OFFLINE_RUN = re.compile(r"offline-run-\d{8}_\d{6}-(?P<id>.+)")
 REFUSED = "http://127.0.0.1:9"  # the discard port: nothing listens, a connection is refused at once
 
 
-def start(tmp_path, trial: str, overrides: str = "", **pod_env: str) -> subprocess.Popen:
-    """One start of the run myrepo/<trial>: the user's YAML names it, and their trainer.overrides as given."""
+def start(tmp_path, trial: str, overrides: str = "", hooked: bool = False, **pod_env: str) -> subprocess.Popen:
+    """One start of the run myrepo/<trial>: the user's YAML names it, and their trainer.overrides as given.
+    hooked: under podkit's hooks (HOOKED), which read the pod config from the env as the bootstrap does."""
     ws = tmp_path / "ws"
     data = yaml.safe_load((ROOT / "configs" / "areal" / "grpo-cpu.yaml").read_text())
     data.update(experiment_name="myrepo", trial_name=trial)
@@ -70,7 +98,12 @@ def start(tmp_path, trial: str, overrides: str = "", **pod_env: str) -> subproce
     env = command.environment(cfg, environ=pod)
     if "WANDB_MODE" not in pod_env:
         assert env["WANDB_MODE"] == "disabled"  # podkit's default: W&B off unless the user turns it on
-    return subprocess.Popen([PYTHON, "-c", TRAINER, "--config", cfg.trainer.areal_config, *command.overrides(cfg)],
+    if hooked:
+        env.update(PODKIT_CONFIG=str(ROOT / "configs" / "cpu-rehearsal.yaml"), PODKIT_RUN_DIR=str(tmp_path / "run"),
+                   PODKIT_TRAINER_AREAL_CONFIG=str(areal_yaml), PODKIT_TRAINER_OVERRIDES=overrides,
+                   SRC=str(ROOT / "src"), RANK="0")
+    return subprocess.Popen([PYTHON, "-c", HOOKED if hooked else TRAINER, "--config", cfg.trainer.areal_config,
+                             *command.overrides(cfg)],
                             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -121,3 +154,38 @@ def test_each_start_of_a_run_logs_into_its_one_wandb_run_and_another_trial_into_
     t2 = next((tmp_path / "ws" / "areal" / "logs").glob("*/myrepo/t2"))
     assert (t2 / "config.yaml").is_file() and not (t2 / "wandb").exists(), sorted(t2.iterdir())
     assert not list(tmp_path.glob("**/run-*-myrepo_t2_train")), "W&B wrote a run for t2"
+
+
+def test_a_start_over_opens_a_new_wandb_run_and_a_resume_keeps_the_one_it_resumes(tmp_path):
+    """AReaL's id with resume="allow" would send the run that a start-over restarts from step 0 into the W&B run
+    it set aside, where W&B drops every step below the last one logged. Under podkit's hooks: the first run
+    logs into myrepo_t0_train and its resume into the same; after `podkit start-over` the run from step 0 logs
+    into myrepo_t0_train-2, its record and the log say so, and its own resume stays there."""
+    offline = "stats_logger.wandb.mode=offline"
+    runs = []
+    for step in ("first", "its resume", "start-over", "from step 0", "its resume"):
+        if step == "start-over":
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+            r = subprocess.run([*PODKIT, "start-over", "--workspace", str(tmp_path / "ws")],
+                               env={**env, "PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"),
+                                    "PODKIT_TRAINER_AREAL_CONFIG": str(tmp_path / "t0.yaml"),
+                                    "PODKIT_RUN_DIR": str(tmp_path / "run")},
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0 and "nothing deleted" in r.stdout, r.stdout + r.stderr
+            continue
+        p = start(tmp_path, "t0", offline, hooked=True, CHECKPOINT="1")
+        try:
+            runs.append(finished(p))
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert [r["id"] for r in runs] == ["myrepo_t0_train", "myrepo_t0_train", "myrepo_t0_train-2",
+                                       "myrepo_t0_train-2"], runs
+    assert offline_runs(tmp_path, "t0") == ["myrepo_t0_train"] * 2 + ["myrepo_t0_train-2"] * 2
+    from podkit.areal import identity
+
+    root = identity.save_root(str(tmp_path / "ws" / "areal"), "myrepo", "t0")
+    assert identity.read_record(root)["wandb"] == "myrepo_t0_train-2"
+    aside = identity.set_aside(root)
+    assert len(aside) == 1 and identity.read_record(aside[0])["wandb"] == "myrepo_t0_train", aside

@@ -46,7 +46,7 @@ def test_your_repo_trains_under_its_own_names_stops_with_a_checkpoint_despite_it
         "import sys\n", "import sys\n" + OWN_SIGTERM + "import podkit_demo_dep  # from requirements.txt\n", 1)
     # The repo's YAML is shaped like AReaL's own examples: recovery off, xccl, backends for 8 GPUs.
     yaml = areal_shaped((EXAMPLE / "config.yaml").read_text()).replace(
-        "experiment_name: podkit\ntrial_name: run\n", "experiment_name: myrepo\ntrial_name: t0\n", 1)
+        "experiment_name: my-repo\ntrial_name: gsm8k-v1\n", "experiment_name: myrepo\ntrial_name: t0\n", 1)
     remote = example_remote(tmp_path, with_files=lambda work: wheel(work / "wheels"),
                             **{"train.py": train, "other.py": train, "config.yaml": yaml,
                                "areal/__init__.py": VENDORED_AREAL, "my_workflow.py": HANGING_WORKFLOW,

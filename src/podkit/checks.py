@@ -368,7 +368,33 @@ def settings(cfg, data: dict | None = None) -> tuple[list[Setting], list[Problem
     if data is None:
         data = _areal_yaml(cfg)
         data = data if isinstance(data, dict) else {}
-    t, user = cfg.trainer, overridden(cfg.trainer.overrides)
+    from podkit.areal import userconf
+
+    user, gone = overridden(cfg.trainer.overrides), userconf.deleted(cfg.trainer.overrides)
+    changes, problems = [], []
+    for key, value, fits, why, pod_key in required(cfg, data):
+        dropped = next((d for d in gone if key == d or key.startswith(d + ".")), None)
+        if dropped:
+            problems.append(("trainer.overrides", f"deletes {dropped} (~{dropped}), where podkit sets {key}={value}: "
+                             f"{why}", f"drop ~{dropped} from trainer.overrides (podkit sets {value} itself)"))
+            continue
+        if key in user and not fits(user[key]):
+            problems.append(("trainer.overrides", f"sets {key}={user[key]}, but podkit needs {value}: {why}",
+                             f"drop {key} from trainer.overrides (podkit sets {value} itself)"
+                             + (f", or change {pod_key} to match" if pod_key else "")))
+            continue
+        was = user.get(key, _dotted(data, key))
+        if key in user or (was is not None and fits(was)):
+            continue  # the user's own value, and it fits
+        changes.append(Setting(key, was, value, why))
+    return changes, problems
+
+
+def required(cfg, data: dict) -> list[tuple]:
+    """What podkit needs of AReaL's config: (key, the value podkit sets, fits(value), why, the pod setting that
+    decides it or ""). Read at boot over the user's YAML and overrides (settings), and again by the trainer
+    over the config AReaL will run, after every loader and the script's own changes (hooks.check_required)."""
+    t = cfg.trainer
     wants = [("recover.mode", "auto", lambda v: v not in ("disabled", "off"),
               "podkit resumes every restart (a SIGTERM, stale weights, a crash) from the recover checkpoint", ""),
              ("actor.weight_update_mode", "disk", lambda v: v not in ("xccl", "nccl"),
@@ -388,18 +414,7 @@ def settings(cfg, data: dict | None = None) -> tuple[list[Setting], list[Problem
                       f"podkit runs one SGLang server on {tp} GPU(s) (inference.gpus {cfg.inference.gpus!r})"
                       if cfg.inference.kind == "sglang" else
                       f"podkit runs one server ({cfg.inference.kind}) that AReaL reaches as SGLang", "inference.gpus"))
-    changes, problems = [], []
-    for key, value, fits, why, pod_key in wants:
-        if key in user and not fits(user[key]):
-            problems.append(("trainer.overrides", f"sets {key}={user[key]}, but podkit needs {value}: {why}",
-                             f"drop {key} from trainer.overrides (podkit sets {value} itself)"
-                             + (f", or change {pod_key} to match" if pod_key else "")))
-            continue
-        was = user.get(key, _dotted(data, key))
-        if key in user or (was is not None and fits(was)):
-            continue  # the user's own value, and it fits
-        changes.append(Setting(key, was, value, why))
-    return changes, problems
+    return wants
 
 
 METRICS_KEY_ENV = "PODKIT_METRICS_KEY"  # a secret, like SGLANG_API_KEY

@@ -55,7 +55,8 @@ def collect(workspace: Path, state_dir: Path | None = None) -> dict:
                       "stopped": prog.get("stopped"), "kind": prog.get("kind"), "reward": prog.get("reward"),
                       "resumed_from_step": prog.get("resumed_at"), "logp_gap": prog.get("logp_gap"),
                       "code": prog.get("code"), "run": prog.get("run"), "reattach": prog.get("reattach"),
-                      "episodes": failed_episodes(prog)}
+                      "episodes": failed_episodes(prog),
+                      "wandb": prog["wandb"] if isinstance(prog.get("wandb"), str) else None}
     loop = records.TRAINER_LOOP.read(state_dir)
     if loop.get("boot") == current.get("started"):
         counts = {c.key: _count(loop.get(c.key)) for c in ending.COUNTS.values()}
@@ -240,6 +241,8 @@ def human(st: dict) -> str:
         lines.append(f"code: {code['entry']}" + (f" at {code['commit'][:12]}" if code.get("commit") else "")
                      + (" (with uncommitted changes)" if code.get("dirty") else "")
                      + (f"; run {t['run']}" if t.get("run") else ""))
+    if t.get("wandb"):  # the W&B run this run logs into (a start from step 0 opens a new one)
+        lines.append(f"W&B run: {t['wandb']}")
     lines.append(f"inference: {st['inference']['phase']}")
     if st.get("startup", {}).get("phases"):
         lines.append(startup.describe(st["startup"]))

@@ -4,7 +4,10 @@ Every path ends in a usable checkout or a clear error the boot turns into safe m
 what a person wrote. A fresh clone is fetched into a temp dir beside DEST and published by rename,
 so a container killed mid-clone never leaves a half repo at DEST. Uncommitted edits stay in place
 while DEST is already at REF (they are the user's run), and are stashed (named, timestamped) when
-the tree must move; untracked files stay where they are; local commits get a backup branch; a directory that is not a usable clone of URL is moved aside, never removed.
+the tree must move; untracked files stay where they are; local commits get a backup branch. A checkout
+of the same repo under another URL form (https, ssh, scp-like) follows the configured URL; a checkout of
+another repo is moved aside as DEST.other-<time>, a directory that is not a usable clone as
+DEST.broken-<time>: never removed.
 A token reaches git only through GIT_ASKPASS and the environment: never argv, .git/config or logs.
 """
 
@@ -25,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from podkit import log, proc, records
+from podkit.areal.identity import repo_of
 from podkit.config import split_credentials
 from podkit.errors import StageError
 from podkit.pidlock import Busy, PidLock
@@ -58,16 +62,6 @@ class Result:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
-
-
-def normalize_url(url: str) -> str:
-    url = split_credentials(url)[0].strip().rstrip("/")
-    url = url.removeprefix("file://")
-    if url.endswith(".git"):
-        url = url[:-4]
-    if url.startswith("/") or url.startswith("."):
-        url = os.path.realpath(url).removesuffix(".git")
-    return url
 
 
 def is_local(url: str) -> bool:
@@ -227,6 +221,7 @@ class Syncer:
         self.head: str = ""
         self.branch: str | None = None
         self.remote_sha: str | None = None  # what the remote's REF points at (a tag object for tags)
+        self.origin: str | None = None  # DEST's origin URL, as the checkout has it
 
     # -- the stage ---------------------------------------------------------------------------------------
     def update(self) -> Result:
@@ -244,6 +239,9 @@ class Syncer:
         if state == "broken":
             _log.warn(f"{self.dest} {why}; it will be moved aside (kept) and cloned fresh")
             return self._clone("recovered")
+        if state == "other":
+            _log.warn(f"{self.dest} {why}; it will be moved aside (kept) and {self.url} cloned fresh")
+            return self._clone("recovered", aside="other", why=why)
         return self._update_existing()
 
     def _inspect(self) -> tuple[str, str]:
@@ -259,10 +257,14 @@ class Syncer:
             return "broken", "is a half-finished clone (no commit checked out)"
         self.head, self.branch = head
         origin = _read_marker(d)[1]
-        if normalize_url(origin or "") != normalize_url(self.url):
+        if origin != self.url:  # podkit did not last sync it from this very URL: what git says is origin
             origin = self.git.run(["config", "--get", "remote.origin.url"], cwd=d, check=False).stdout.strip()
-        if normalize_url(origin) != normalize_url(self.url):
-            return "broken", f"is a clone of another remote ({origin or 'none'})"
+        # A usable clone of something else is the user's work, not a broken checkout: told apart, and named.
+        if not origin:
+            return "other", "is a git repository without an origin remote (not a clone of the repo)"
+        if repo_of(origin) != repo_of(self.url):
+            return "other", f"is a clone of another repo ({split_credentials(origin)[0]})"
+        self.origin = origin
         return "ok", ""
 
     def _already_there(self, d: Path) -> bool:
@@ -350,7 +352,7 @@ class Syncer:
             depth = [f"--depth={self.depth}"] if self.depth else []
             self._with_retries("updating submodules", lambda: self.git.run(
                 ["submodule", "update", "--init", "--recursive", *depth], cwd=repo, progress=True))
-        _marker(repo).write_text(f"{commit}\n{self.url}\n{self.ref}\n{self.remote_sha or ''}\n")
+        _write_marker(repo, commit, self.url, self.ref, self.remote_sha)
 
     # -- clone ---------------------------------------------------------------------------------------------
     def _temp(self) -> Path:
@@ -363,7 +365,7 @@ class Syncer:
             _log.info(f"removing an unfinished clone left by a killed boot: {tmp}")
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def _clone(self, mode: str) -> Result:
+    def _clone(self, mode: str, aside: str = "broken", why: str = "") -> Result:
         tmp = self._temp()
         self.git.run(["init", "-q", str(tmp)])
         self.git.run(["remote", "add", "origin", self.url], cwd=tmp)
@@ -375,15 +377,20 @@ class Syncer:
         except SyncError:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        if mode == "recovered":
-            self.notes.append(f"moved the old {self.dest.name} aside to {self._move_aside()}")
+        if mode == "recovered" and aside == "other":
+            self.notes.append(f"{self.dest} {why}: moved aside to {self._move_aside(aside)} "
+                              "(kept, nothing deleted)")
+            _log.warn(self.notes[-1])
+        elif mode == "recovered":
+            self.notes.append(f"moved the old {self.dest.name} aside to {self._move_aside(aside)}")
             _log.warn(self.notes[-1])
         _publish(tmp, self.dest)
         _log.info(f"{mode} {self.dest} at {commit[:12]} ({kind} {self.ref})")
         return Result(True, None, commit, mode, str(self.dest), self.notes)
 
-    def _move_aside(self) -> Path:
-        aside = self.dest.with_name(f"{self.dest.name}.broken-{_stamp()}")
+    def _move_aside(self, kind: str) -> Path:
+        # kind: broken (not a usable clone) or other (a clone of another repo): the name says which.
+        aside = self.dest.with_name(f"{self.dest.name}.{kind}-{_stamp()}")
         try:
             self.dest.rename(aside)
         except OSError as e:
@@ -399,6 +406,8 @@ class Syncer:
     def _update_existing(self) -> Result:
         d = self.dest
         self._clear_stale_locks(d)
+        if self.origin and self.origin != self.url:
+            self._follow_url(d, self.origin)
         old = self.head
         try:
             if self._already_there(d):
@@ -433,6 +442,16 @@ class Syncer:
         mode = "updated" if old != commit else "unchanged"
         _log.info(f"{mode} {d}: {old[:12]} -> {commit[:12]} ({kind} {self.ref})")
         return Result(old != commit, old, commit, mode, str(d), self.notes)
+
+    def _follow_url(self, d: Path, origin: str) -> None:
+        """The same repo under another URL form (https -> ssh...): the configured URL is the one the user
+        chose, so origin takes it (clean, as the clone stores it); the checkout is then updated as usual."""
+        self.git.run(["remote", "set-url", "origin", self.url], cwd=d)
+        commit, _, ref, remote = _read_marker(d)
+        if commit:
+            _write_marker(d, commit, self.url, ref, remote)
+        _log.info(f"the remote's URL changed form ({split_credentials(origin)[0]} -> {self.url}; the same repo, "
+                  f"{repo_of(self.url)}): origin follows it")
 
     def _move_untracked_aside(self, repo: Path, paths: list[str]) -> Path:
         aside = repo.with_name(f"{repo.name}.untracked-{_stamp()}")
@@ -495,6 +514,10 @@ def _marker(repo: Path) -> Path:
     # The commit podkit last checked out and the URL it came from: a HEAD elsewhere means someone
     # committed or moved it.
     return repo / ".git" / "podkit-synced"
+
+
+def _write_marker(repo: Path, commit: str, url: str, ref: str | None, remote: str | None) -> None:
+    _marker(repo).write_text(f"{commit}\n{url}\n{ref or ''}\n{remote or ''}\n")
 
 
 def _read_marker(repo: Path) -> tuple[str | None, str | None, str | None, str | None]:

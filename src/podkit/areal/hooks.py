@@ -79,6 +79,7 @@ class State:
         self.started = time.time()
         self.config = None  # the config AReaL loaded (a missing file's key is looked up in it)
         self.run: tuple | None = None  # (save root, record): the run that owns its checkpoints (check_run)
+        self.resuming = False  # check_run found this run's own checkpoint under its names
         self.attacher = None  # rank 0's reattach.Attacher while train() runs (trainer.on_inference_restart)
 
     def on_sigterm(self, *_) -> None:
@@ -124,6 +125,7 @@ def install(cfg, code: dict | None = None) -> State:
     # A cluster's server comes back elsewhere (AReaL's recover run starts it on a new port): fail fast into it.
     patches.apply(api_key=st.api_key, ride_out_s=0.0 if cfg.multi_node else cfg.inference.ready_timeout_s)
     hook_config_loader(st)
+    hook_construction(st)
     hook_trainer(st)
     return st
 
@@ -243,18 +245,99 @@ def check_run(st: State, config_) -> None:
     root = identity.save_root(recover.fileroot, *names)
     st.run = (root, identity.record_for(names, entry, getattr(actor, "path", "") or "", repo,
                                         (st.code or {}).get("commit", "")))
+    st.resuming = False
     if getattr(recover, "mode", "disabled") in ("disabled", "off"):
         st.run = None  # writes no recover checkpoint: owns none, and must not claim another run's
         return
     if not identity.has_checkpoint(root):
         return
     why = identity.differences(st.run[1], identity.read_record(root), root)
+    st.resuming = not why
     if why:
         raise st.refuse(f"the recover checkpoint in {root} belongs to another run", "; ".join(why),
                         f"give this run its own trial name (trial_name in the AReaL YAML, or trainer.trial): it starts "
                         f"from step 0 beside the other; or run `podkit start-over` (with this run's --config and "
                         f"--workspace {st.cfg.workspace_path}; on a pod, as it is) to move {root} aside (kept, not "
                         "deleted) and train this run from step 0 under the same names")
+
+
+def hook_construction(st: State) -> None:
+    """PPOTrainer.__init__, before AReaL builds anything: the config it gets is the one AReaL runs, after
+    every loader (load_expr_config, or parse_cli_args + to_structured_cfg), every override in any Hydra
+    syntax and whatever the script changed. podkit's required settings and the run's identity are checked
+    there (no training script can pass around it), and the W&B run chosen, before the recover checkpoint
+    is loaded and W&B opened (rl_trainer.py:393-407)."""
+    from areal.trainer.rl_trainer import PPOTrainer
+
+    from podkit.areal.patches import patch_once
+
+    def wrap(original):
+        def __init__(self, config, *args, **kwargs):
+            st = _state
+            if st is not None:
+                check_required(st, config)
+                check_run(st, config)
+                choose_wandb_run(st, config)
+            return original(self, config, *args, **kwargs)
+
+        return __init__
+
+    patch_once(PPOTrainer, "__init__", wrap)
+
+
+def check_required(st: State, config_) -> None:
+    """What podkit depends on (checks.required: recovery on, weight updates from disk, the pod's backends), read
+    on the config AReaL will run. podkit set each on AReaL's command line; a value that differs now was set after
+    it, on purpose: the trainer stops once, saying which and where it can come from."""
+    from podkit import checks
+    from podkit.areal import identity
+
+    root = identity.fileroot(st.cfg)
+    on_volume = ("recover.fileroot", root, lambda v: os.path.normpath(str(v)) == os.path.normpath(root),
+                 "the recover checkpoints live on the volume, where the next pod (and podkit start-over) finds them",
+                 "")  # lost when an override replaces the whole section (recover={...})
+    wrong = []
+    for key, value, fits, why, pod_key in [*checks.required(st.cfg, {}), on_volume]:
+        node = config_
+        for part in key.split("."):
+            node = getattr(node, part, None)
+        if node is not None and not fits(node):
+            wrong.append((key, node, value, why, pod_key))
+    if not wrong:
+        return
+    what = "; ".join(f"{key} is {v!r}, but podkit needs {value}: {why}" for key, v, value, why, _ in wrong)
+    keys = ", ".join(k for k, *_ in wrong)
+    pods = [p for *_, p in wrong if p]
+    raise st.refuse("AReaL's final config turns off what podkit needs", what,
+                    f"podkit set {keys} on AReaL's command line, and something after it changed "
+                    f"{'them' if len(wrong) > 1 else 'it'}: trainer.overrides in any Hydra syntax (~key, "
+                    "section={key:value}, ++key=value) or the training script itself. Remove that (podkit sets "
+                    "what it needs)" + (f", or change {', '.join(pods)} to match" if pods else "")
+                    + ": " + ending.fix_setting(st.cfg))
+
+
+def choose_wandb_run(st: State, config_) -> None:
+    """A run from step 0 is a new W&B run (identity.wandb_id): AReaL names it <experiment>_<trial>_<id_suffix>
+    with resume="allow", so a start-over would write into the run it set aside, where W&B drops every step
+    below the last one logged. Sets stats_logger.wandb.id_suffix before AReaL opens W&B; the id goes on the
+    run's record and progress.json (status names it). W&B off, or id_suffix "timestamp" (a new run at every
+    start, AReaL's own): nothing chosen."""
+    from podkit.areal import identity
+
+    logger = getattr(config_, "stats_logger", None)
+    w = getattr(logger, "wandb", None)
+    if st.run is None or w is None:
+        return
+    if getattr(w, "mode", "disabled") == "disabled" or w.id_suffix == "timestamp":
+        st.run[1]["wandb"] = None
+        return
+    base = f"{logger.experiment_name}_{logger.trial_name}_{w.id_suffix}"
+    chosen = identity.wandb_id(st.run[0], base, st.resuming)
+    if chosen != base:
+        w.id_suffix = chosen[len(f"{logger.experiment_name}_{logger.trial_name}_"):]
+        _log.info(f"W&B: this run starts from step 0 under names that trained before, so it logs into a new W&B "
+                  f"run, {chosen} (not {base}, whose steps W&B would keep over this run's)")
+    st.run[1]["wandb"] = chosen
 
 
 # --- the trainer -----------------------------------------------------------------------------------
@@ -546,7 +629,8 @@ def supervise(st: State, trainer) -> Progress | None:
     if progress is not None:
         fresh = {"resumed_from": None, "resumed_at": None, "logp_gap": None,
                  "on_policy_logp_gap": None, "code": st.code,
-                 "run": f"{config_.experiment_name}/{config_.trial_name}"}  # the names AReaL uses
+                 "run": f"{config_.experiment_name}/{config_.trial_name}",  # the names AReaL uses
+                 "wandb": st.run[1].get("wandb") if st.run is not None else None}
         if trainer.recover_info is not None:
             # AReaL pushed the recovered weights as version global_step + 1.
             resumed = trainer.recover_info.last_step_info.global_step + 1

@@ -16,6 +16,7 @@ Stdlib only at import: the launcher, reap and status import it.
 from __future__ import annotations
 
 import getpass
+import hashlib
 import json
 import os
 import re
@@ -125,34 +126,47 @@ def save_root(root: str, experiment: str, trial: str, user: str | None = None) -
     return Path(root) / "checkpoints" / (user or getpass.getuser()) / experiment / trial
 
 
+_SCP_LIKE = (re.compile(r"^[^/]+@[^/:]+:"), re.compile(r"^[A-Za-z0-9.-]+\.[A-Za-z]+:[^/]"))  # user@host:path, host.tld:path
+
+
 def repo_of(url: str) -> str:
-    """A repo URL as an identity, however it is written: host/path in lower case, without the scheme
-    (https, http, ssh, scp-like git@host:path), credentials, port, '.git' or a trailing '/'."""
+    """One repo, however git's URL forms write it (the run's record and the sync agree through this): for a
+    remote, host/path in lower case without the scheme (https, http, ssh, git+ssh, scp-like user@host:path),
+    credentials, port, '.git' or a trailing '/'; for a local path or file:// URL, its realpath without '.git'."""
     url = url.strip()
+    if not url:
+        return ""  # no origin at all: never the realpath of the cwd
+    if url.startswith(("/", ".", "file://")):
+        # One directory, however the path reaches it (a symlink named x.git included).
+        return os.path.realpath(url.removeprefix("file://").rstrip("/") or "/").removesuffix(".git")
     if "://" in url:
         rest = url.partition("://")[2]
         host, _, path = rest.partition("/")
         host = host.rpartition("@")[2].partition(":")[0]
-    elif re.match(r"^[^/]+@[^/:]+:", url) or re.match(r"^[A-Za-z0-9.-]+\.[A-Za-z]+:[^/]", url):
+    elif any(p.match(url) for p in _SCP_LIKE):
         host, _, path = url.rpartition("@")[2].partition(":")
     else:
-        return url.rstrip("/").removesuffix(".git")  # a local path: as written
+        return url.rstrip("/").removesuffix(".git")  # a relative path: as written
     return f"{host}/{path.strip('/').removesuffix('.git')}".lower()
 
 
-def model_name(path: str) -> str:
-    """Which model a path names: the hub's name for a hub id or a hub cache snapshot
-    (models--Org--Name/snapshots/<sha>), else the directory's name; in lower case."""
-    parts = Path(path.rstrip("/")).parts
+def model_id(path: str) -> str:
+    """Which model a path names, in full: a hub id in lower case with its organisation (Qwen/X and me/X are
+    two models), also when written as a hub cache snapshot (.../models--Org--Name/snapshots/<sha>); a local
+    directory by its resolved path, parents included (.../sft-v1/hf and .../sft-v2/hf are two)."""
+    p = path.strip().rstrip("/")
+    parts = Path(p).parts
     for i, part in enumerate(parts):
         if part.startswith("models--") and i + 1 < len(parts) and parts[i + 1] == "snapshots":
-            return part.split("--")[-1].lower()
-    return (parts[-1] if parts else path).lower()
+            return "/".join(part.split("--")[1:]).lower()
+    if re.match(r"^[\w.-]+/[\w.-]+$", p) and not os.path.isdir(p):
+        return p.lower()  # a hub id (the hub's ids are case-insensitive)
+    return os.path.realpath(os.path.expanduser(p)) if p else ""
 
 
-def model_shape(path: str) -> dict:
-    """hidden size, layers and vocabulary from a model's config.json: a local directory's, or a hub id's
-    from the hub cache (HF_HOME, on the volume; never downloaded here). {} when it cannot be read."""
+def _config_json(path: str) -> str | None:
+    """A model's config.json: a local directory's, or a hub id's from the hub cache (HF_HOME, on the
+    volume; never downloaded here). None when there is none to read."""
     local = os.path.join(path, "config.json")
     if not os.path.isfile(local) and re.match(r"^[\w.-]+/[\w.-]+$", path):
         try:
@@ -162,10 +176,39 @@ def model_shape(path: str) -> dict:
             local = cached if isinstance(cached, str) else local
         except Exception:  # noqa: BLE001 - no hub library, or a cache it cannot read
             pass
+    return local if os.path.isfile(local) else None
+
+
+def model_fingerprint(path: str) -> str:
+    """The first 16 hex of sha256 over a local model directory's config.json ("" for a hub id or none):
+    the same path holding another model (a directory written over) is another model."""
+    if not os.path.isdir(path):
+        return ""
+    found = _config_json(path)
     try:
-        with open(local, encoding="utf-8") as f:
+        with open(found, "rb") as f:  # type: ignore[arg-type]
+            return hashlib.sha256(f.read(1 << 20)).hexdigest()[:16]
+    except (OSError, TypeError):
+        return ""
+
+
+def entry_id(entry: str) -> str:
+    """The training entry as the checkout resolves it: a script's path normalised (./train.py and train.py are
+    one script); a module:function as written."""
+    e = entry.strip()
+    if e.endswith(".py") or "/" in e:
+        return os.path.normpath(e)
+    return e
+
+
+def model_shape(path: str) -> dict:
+    """hidden size, layers and vocabulary from a model's config.json: a local directory's, or a hub id's
+    from the hub cache (HF_HOME, on the volume; never downloaded here). {} when it cannot be read."""
+    local = _config_json(path)
+    try:
+        with open(local, encoding="utf-8") as f:  # type: ignore[arg-type]
             data = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, TypeError):
         return {}
     if not isinstance(data, dict):
         return {}
@@ -197,8 +240,11 @@ def checkpoint_shape(recover_dir: Path) -> dict:
 
 
 def record_for(names: tuple[str, str], entry: str, model: str, repo: str, commit: str = "") -> dict:
-    """What trained a run's checkpoints: written beside them when training starts."""
-    return {"names": list(names), "entry": entry, "model": {"path": model, "shape": model_shape(model)},
+    """What trained a run's checkpoints: written beside them when training starts. Each part is kept as
+    written and as resolved (what differences() compares); `wandb` is added by the trainer when W&B is on."""
+    return {"names": list(names), "entry": entry, "entry_id": entry_id(entry),
+            "model": {"path": model, "id": model_id(model), "config": model_fingerprint(model),
+                      "shape": model_shape(model)},
             "repo": repo_of(repo) if repo else "", "commit": commit, "time": time.time()}
 
 
@@ -231,17 +277,25 @@ def has_checkpoint(root: Path) -> bool:
 
 
 def differences(mine: dict, theirs: dict | None, root: Path) -> list[str]:
-    """How the run that owns `root` differs from this one, the commit aside (a new commit of the same repo is
-    the normal fix-and-push, and resumes). Without a record (a checkpoint from before podkit kept one), only
-    what the checkpoint itself says: its model's shape."""
+    """How the run that owns `root` differs from this one: THE definition of "the same run". Two runs are one
+    when their names, their entry (resolved in the checkout: ./train.py is train.py), their model (its full
+    hub id, or its resolved local path and that directory's config.json) and their repo (however its URL is
+    written: https and ssh forms are one repo) are the same. The commit is not compared: a new commit of the
+    same repo is the normal fix-and-push, and resumes. Without a record (a checkpoint from before podkit kept
+    one), only what the checkpoint itself says: its model's shape."""
     out = []
     if theirs is not None:
         if theirs["names"] != mine["names"]:
             out.append(f"its names are {'/'.join(theirs['names'])}, this run's {'/'.join(mine['names'])}")
-        if theirs["entry"] != mine["entry"]:
+        if entry_id(theirs["entry"]) != entry_id(mine["entry"]):
             out.append(f"it was trained by {theirs['entry']}, this run runs {mine['entry']}")
-        if model_name(theirs["model"]["path"]) != model_name(mine["model"]["path"]):
-            out.append(f"its model is {theirs['model']['path']}, this run's {mine['model']['path']}")
+        tm, mm = theirs["model"], mine["model"]
+        if (tm.get("id") or model_id(tm["path"])) != (mm.get("id") or model_id(mm["path"])):
+            out.append(f"its model is {tm['path']}, this run's {mm['path']} (the same model at a new place? set "
+                       f"inference.model to {tm['path']} to resume it)")
+        elif tm.get("config") and mm.get("config") and tm["config"] != mm["config"]:
+            out.append(f"its model's config.json at {mm['path']} has changed since it trained (another model "
+                       "written over the directory)")
         if repo_of(theirs["repo"]) != repo_of(mine["repo"]):
             out.append(f"it came from the repo {theirs['repo'] or '(none: podkit example)'}, this run from "
                        f"{mine['repo'] or '(none: podkit example)'}")
@@ -254,6 +308,41 @@ def differences(mine: dict, theirs: dict | None, root: Path) -> list[str]:
     if wrong:
         out.append("its model has " + ", ".join(wrong))
     return out
+
+
+def set_aside(root: Path) -> list[Path]:
+    """The earlier runs under root's names that `start-over` moved aside, oldest first."""
+    return sorted(root.parent.glob(f"{glob_escape(root.name)}.set-aside-*")) if root.parent.is_dir() else []
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def wandb_id(root: Path, base: str, resuming: bool) -> str:
+    """The W&B run a start of the run at `root` logs into. AReaL names it <experiment>_<trial>_<id_suffix>
+    (`base`) with resume="allow": a run that resumes keeps the W&B run it resumes (its record says which), and
+    a run that starts from step 0 under names that trained before (a start-over, or a checkpoint removed)
+    gets the first of base-2, base-3, ... no earlier run used, so it never writes into a run whose steps W&B
+    would keep over its own."""
+    own = read_record(root)
+    if resuming:
+        kept = (own or {}).get("wandb")
+        return kept if isinstance(kept, str) and kept else base
+    used = set()
+    for rec in [own, *(read_record(d) for d in set_aside(root))]:
+        if rec is None:
+            continue
+        if "wandb" not in rec:
+            used.add(base)  # a record from before podkit chose: that run logged (if at all) on AReaL's id
+        elif isinstance(rec["wandb"], str) and rec["wandb"]:
+            used.add(rec["wandb"])  # None: W&B was off, nothing logged
+    if base not in used:
+        return base
+    n = 2
+    while f"{base}-{n}" in used:
+        n += 1
+    return f"{base}-{n}"
 
 
 def start_over(cfg, dry_run: bool = False, say=print) -> int:
@@ -294,7 +383,8 @@ def start_over(cfg, dry_run: bool = False, say=print) -> int:
         say(f"would move {root} to {aside}")
         return 0
     os.rename(root, aside)  # one directory, same filesystem: all of it or nothing
-    say(f"moved the checkpoints of run {run} aside: {aside} (nothing deleted; move it back to resume it)")
+    say(f"moved the checkpoints of run {run} aside: {aside} (nothing deleted; move it back to resume it). "
+        "Its next start trains from step 0, in a new W&B run when W&B is on (status names it)")
     # The old run's steps are not the new one's: the loop bound would count every step below them as no
     # progress, and status would show them.
     records.TRAINER_LOOP.path(cfg.state_dir).unlink(missing_ok=True)

@@ -49,6 +49,10 @@ PINNED = {
     "areal.engine.fsdp_engine:FSDPEngine._update_weights_from_disk": "42638912b2b392fa",
     # hooks.py: a config AReaL refuses is a config error; SPMD mode refuses what needs proxy workers
     "areal.api.cli_args:load_expr_config": "ace860e7e20c7390",
+    # hooks.py's construction hook: the config is __init__'s first argument, and the recover checkpoint is
+    # loaded and W&B opened inside it (StatsLogger.init names the W&B run by wandb.id_suffix)
+    "areal.trainer.rl_trainer:PPOTrainer.__init__": "c0a4330e9fc317af",
+    "areal.utils.stats_logger:StatsLogger.init": "55de3e9adb7c16ea",
     # reattach.py: set after each push (and recover's), read as "the trainer pushed weights"
     "areal.infra.remote_inf_engine:RemoteInfEngine.set_version": "75f804f3024d07e4",
     # reattach.py: AReaL's disk update writes weight_update_v<N> and (clear_checkpoint_after_load) removes

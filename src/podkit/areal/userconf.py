@@ -19,7 +19,8 @@ def areal_yaml(cfg):
 
 
 def overridden(text: str) -> dict[str, str]:
-    """trainer.overrides as {key: value} (Hydra's key=, +key=, ++key=; the last wins)."""
+    """trainer.overrides as {key: value} (Hydra's key=, +key=, ++key=; the last wins); a dict value's own keys
+    as section.key too (a flat `{k:v}` only: the fast path, the trainer checks what AReaL ends up with)."""
     try:
         words = shlex.split(text)
     except ValueError:
@@ -28,5 +29,21 @@ def overridden(text: str) -> dict[str, str]:
     for word in words:
         key, eq, value = word.partition("=")
         if eq and not key.startswith("~"):
-            out[key.lstrip("+")] = value
+            key = key.lstrip("+")
+            inner = value.strip()
+            if inner.startswith("{") and inner.endswith("}"):  # Hydra's dict: recover={mode:disabled,freq_steps:1}
+                for part in inner[1:-1].split(","):
+                    k, colon, v = part.partition(":")
+                    if colon and k.strip():
+                        out[f"{key}.{k.strip()}"] = v.strip().strip("'\"")
+            out[key] = value
     return out
+
+
+def deleted(text: str) -> list[str]:
+    """Keys trainer.overrides deletes (Hydra's ~key, ~key=value): AReaL's default takes their place."""
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        return []
+    return [w[1:].partition("=")[0] for w in words if w.startswith("~") and len(w) > 1]
