@@ -77,6 +77,7 @@ def test_a_repo_or_a_script_written_another_way_is_the_same_one_and_a_model_is_t
     ids = {identity.model_id(m) for m in ("Qwen/Qwen2.5-0.5B-Instruct", "qwen/qwen2.5-0.5b-instruct",
                                           "/ws/hf/hub/models--Qwen--Qwen2.5-0.5B-Instruct/snapshots/7ae557/")}
     assert ids == {"qwen/qwen2.5-0.5b-instruct"}
+    assert identity.model_id("gpt2") == "gpt2" == identity.model_id("/hf/hub/models--gpt2/snapshots/1/")
     for v in ("sft-v1", "sft-v2"):
         (tmp_path / v / "hf").mkdir(parents=True)
         (tmp_path / v / "hf" / "config.json").write_text('{"hidden_size": 64}')
@@ -87,15 +88,21 @@ def test_a_repo_or_a_script_written_another_way_is_the_same_one_and_a_model_is_t
                          (str(tmp_path / "sft-v1" / "hf"), str(tmp_path / "sft-v2" / "hf"))):
         a = identity.record_for(["e", "t"], "train.py", theirs, "https://github.com/me/r")
         b = identity.record_for(["e", "t"], "train.py", ours, "https://github.com/me/r")
-        assert identity.differences(b, a, Path("/nonexistent")) == [
-            f"its model is {theirs}, this run's {ours} (the same model at a new place? set inference.model to "
-            f"{theirs} to resume it)"], (theirs, ours)
-    # The same directory written over with another model: its config.json tells.
-    v1 = str(tmp_path / "sft-v1" / "hf")
-    before = identity.record_for(["e", "t"], "train.py", v1, "")
-    (tmp_path / "sft-v1" / "hf" / "config.json").write_text('{"hidden_size": 128}')
-    why = identity.differences(identity.record_for(["e", "t"], "train.py", v1, ""), before, Path("/nonexistent"))
-    assert any("config.json" in w and "has changed" in w for w in why), why
+        assert identity.differences(b, a, Path("/nonexistent")) == [f"its model is {theirs}, this run's {ours}"]
+    # The same weights at a new place (a hub model copied to the volume) are the same model; the same directory
+    # written over with other weights is another, and a config.json edit alone is not.
+    v1, copy = tmp_path / "sft-v1" / "hf", tmp_path / "volume" / "hf"
+    (v1 / "model.safetensors").write_bytes(b"v1" * (3 << 20))
+    copy.mkdir(parents=True)
+    for f in v1.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    before = identity.record_for(["e", "t"], "train.py", str(v1), "")
+    assert identity.differences(identity.record_for(["e", "t"], "train.py", str(copy), ""), before, Path("/x")) == []
+    (v1 / "config.json").write_text('{"hidden_size": 64, "torch_dtype": "bfloat16"}')
+    assert identity.differences(identity.record_for(["e", "t"], "train.py", str(v1), ""), before, Path("/x")) == []
+    (v1 / "model.safetensors").write_bytes(b"v2" * (3 << 20))
+    assert identity.differences(identity.record_for(["e", "t"], "train.py", str(v1), ""), before, Path("/x")) == [
+        f"its model's weights ({v1}) are not this run's ({v1}): the directory was written over by another model"]
     # A record from before podkit kept resolved ids (path only) is compared by its path resolved now.
     legacy = {**mine, "model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"}, "entry": "./train.py"}
     legacy.pop("entry_id")
@@ -121,6 +128,19 @@ def test_a_run_from_step_0_under_names_that_trained_before_gets_a_new_wandb_run(
     assert identity.wandb_id(other, "e_u_train", resuming=False) == "e_u_train"
     identity.write_record(other, identity.record_for(["e", "u"], "train.py", "m/x", ""))
     assert identity.wandb_id(other, "e_u_train", resuming=False) == "e_u_train-2"
+    # What W&B itself wrote on the volume counts whatever the records say (a start with W&B off rewrote the
+    # record with None; a crash before the first checkpoint left the record of a run that logged).
+    logs = tmp_path / "logs" / "e" / "u"
+    for name in ("run-20260101_000000-e_u_train", "offline-run-20260102_000000-e_u_train-2", "notes",
+                 "run-2026-x-planted"):
+        (logs / "wandb" / name).mkdir(parents=True)
+    (logs / "wandb" / "run-20260103_000000-a_file").write_text("")
+    assert identity.wandb_logged(logs) == {"e_u_train", "e_u_train-2"}
+    identity.write_record(other, {**identity.record_for(["e", "u"], "train.py", "m/x", ""), "wandb": None})
+    assert identity.wandb_id(other, "e_u_train", False, identity.wandb_logged(logs)) == "e_u_train-3"
+    # A resume of a run that never logged to W&B (off until now) takes a free id, not one a run logged into.
+    assert identity.wandb_id(other, "e_u_train", True, identity.wandb_logged(logs)) == "e_u_train-3"
+    assert identity.wandb_logged(tmp_path / "nowhere") == set()
 
 
 def test_names_only_areals_loader_can_tell_are_left_to_it(tmp_path):
@@ -166,6 +186,31 @@ def test_start_over_moves_the_runs_checkpoints_aside_and_deletes_nothing(tmp_pat
     assert json.loads((cfg.state_dir / "progress.json").read_text())["step"] is None
 
 
+def test_adopt_marks_the_checkpoint_as_this_runs_keeping_the_old_record_and_refuses_where_there_is_none(tmp_path):
+    """A refusal the user knows is wrong (the script renamed, the repo moved): `podkit adopt` resumes the
+    checkpoint as this run's (check_run reads the mark) instead of a start from step 0; the old record stays."""
+    cfg = cfg_for(tmp_path, {"experiment_name": "myrepo", "trial_name": "t0"})
+    root = identity.save_root(str(cfg.workspace_path / "areal"), "myrepo", "t0")
+    env = {**os.environ, "PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"),
+           "PODKIT_TRAINER_AREAL_CONFIG": str(tmp_path / "config.yaml"), "PYTHONPATH": str(ROOT / "src")}
+    adopt = [*PODKIT, "adopt", "--workspace", str(cfg.workspace_path)]
+    r = subprocess.run(adopt, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "has no recover checkpoint" in r.stderr, r.stdout + r.stderr
+    old = identity.record_for(["myrepo", "t0"], "old_name.py", "Qwen/X", "https://example.invalid/old/r")
+    identity.write_record(root, old)
+    (root / "recover_info").mkdir()
+    (root / "recover_info" / "step_info.json").write_text("{}")
+    r = subprocess.run([*adopt, "--dry-run"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "would mark" in r.stdout and "adopt" not in identity.read_record(root)
+    r = subprocess.run(adopt, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "its next start resumes it" in r.stdout, r.stdout + r.stderr
+    marked = identity.read_record(root)
+    assert marked["adopt"] and marked["entry"] == "old_name.py" and identity.has_checkpoint(root), marked
+    kept = list(root.parent.glob(f"t0.{identity.RECORD}.before-*"))
+    assert len(kept) == 1 and json.loads(kept[0].read_text())["entry"] == "old_name.py", kept
+    assert not identity.set_aside(root)  # a kept record is not a set-aside run
+
+
 def test_start_over_refuses_a_workspace_another_pod_holds_and_a_linked_save_root(tmp_path):
     import time
 
@@ -192,8 +237,9 @@ def test_start_over_refuses_a_workspace_another_pod_holds_and_a_linked_save_root
 
 
 # The bootstrap in one process (AReaL imported once), one case after another: a script that loads its config
-# through AReaL's own loader and ends; podkit's check runs inside that loader, before PPOTrainer would load a
-# checkpoint. A case the check lets through ends as "never trained"; one it refuses is a config error.
+# through AReaL's own loader and constructs PPOTrainer; podkit's check runs first in that construction, before
+# AReaL would load a checkpoint. A case the check lets through goes on into AReaL's own __init__, which fails
+# at once here (the model directory has no tokenizer); one it refuses is podkit's config error.
 CHECKS = """
 import json, os, sys, shutil
 sys.path.insert(0, os.environ["SRC"])
@@ -210,7 +256,7 @@ for case in json.loads(sys.argv[1]):
         (root / "recover_info").mkdir(parents=True)
         (root / "recover_info" / "step_info.json").write_text("{}")
     if case.get("record"):
-        identity.write_record(root, identity.record_for(*case["record"]))
+        identity.write_record(root, {**identity.record_for(*case["record"]), **({"adopt": 1} if case.get("adopt") else {})})
     if case.get("shape"):  # a checkpoint from before podkit recorded its run: torch's own format
         import torch, torch.distributed.checkpoint as dcp
         vocab, hidden, layers = case["shape"]
@@ -224,8 +270,9 @@ for case in json.loads(sys.argv[1]):
 print(json.dumps(out))
 """
 
-LOADS = ("import sys\n\nfrom areal.api.cli_args import GRPOConfig, load_expr_config\n\n"
-         "load_expr_config(sys.argv[1:], GRPOConfig)\n")
+LOADS = ("import sys\n\nfrom areal.api.cli_args import GRPOConfig, load_expr_config\n"
+         "from areal.trainer.rl_trainer import PPOTrainer\n\n"
+         "config, _ = load_expr_config(sys.argv[1:], GRPOConfig)\nPPOTrainer(config)\n")
 
 
 @pytest.mark.rehearsal
@@ -255,7 +302,7 @@ def test_areals_loader_refuses_another_runs_checkpoint_and_resumes_its_own_acros
         {"names": names, "checkpoint": True, "shape": [224, 32, 4]},
         {"names": names, "checkpoint": True, "shape": [224, 64, 2]},
         {"names": ["myrepo", "t1"], "env": {"PODKIT_TRAINER_TRIAL": "t1"}},  # t0's checkpoint stays beside it
-        # Recovery off: resumes nothing, so another run's checkpoint is no matter, and it claims none.
+        # Recovery off: refused before anything is looked at; another run's checkpoint stays.
         {"names": ["myrepo", "t1"], "checkpoint": True, "record": [["myrepo", "t1"], "other.py", mine, url],
          "env": {"PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES + " ++recover.mode=disabled"}},
         # AReaL recovers by recover.experiment_name/trial_name: the check looks there.
@@ -266,16 +313,20 @@ def test_areals_loader_refuses_another_runs_checkpoint_and_resumes_its_own_acros
     env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
            "PODKIT_TRAINER_AREAL_CONFIG": str(tmp_path / "config.yaml"), "PODKIT_TRAINER_ENTRY": "load.py",
            "PODKIT_REPO_URL": url, "PODKIT_INFERENCE_MODEL": mine, "PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES,
-           "PODKIT_RUN_DIR": str(tmp_path / "run"), "RANK": "0", "SRC": str(ROOT / "src")}
+           "PODKIT_RUN_DIR": str(tmp_path / "run"), "RANK": "0", "SRC": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
     r = areal_run("-c", CHECKS, json.dumps(cases), env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     fresh, same, entry, repo_, shape, shape_ok, t1, off, t9, path = json.loads(r.stdout.strip().splitlines()[-1])
-    for ok in (fresh, same, shape_ok, t1, off):
-        assert ok["stopped"]["by"] == "never-trained", ok  # let through to the script, which ends
+    for ok in (fresh, same, shape_ok, t1):  # let through into AReaL's own __init__ (no tokenizer here)
+        told = json.dumps(ok["stopped"])
+        assert "tokenizer" in told and "belongs to another run" not in told, told
     root = identity.save_root(str(tmp_path / "ws" / "areal"), "myrepo", "t0")
     assert fresh["root"] == str(root) and t1["root"] == str(root.with_name("t1")), (fresh, t1)
     assert identity.has_checkpoint(root)  # a new trial starts beside the other run, which stays
-    assert off["root"] is None and off["kept"], off  # no record of its own will be written over the other's
+    # Recovery off is podkit's refusal at the construction (the boot refuses the same override earlier): it
+    # claims no checkpoint, and the other run's stays.
+    assert off["stopped"]["by"] == "config-error" and "recover.mode is 'disabled'" in off["stopped"]["message"], off
+    assert off["root"] is None and off["kept"], off
     assert t9["stopped"]["by"] == "config-error" and str(root.with_name("t9")) in t9["stopped"]["message"], t9
     for bad, why in ((entry, "it was trained by other.py, this run runs load.py"),
                      (repo_, "it came from the repo example.invalid/x/y, this run from example.invalid/me/r"),
@@ -311,7 +362,8 @@ def test_what_areal_runs_is_checked_at_the_trainers_construction_whatever_loaded
     section={...}) or by the script itself: stopped once, naming the key. A script that loads its config
     without load_expr_config, on a volume where another script's run (or a model of the same leaf name in
     another directory) left a checkpoint under its names: stopped once, saying so. ./construct.py is the
-    run construct.py trained: let through to resume."""
+    run construct.py trained: let through to resume, and so is a checkpoint `podkit adopt` marked as this
+    run's."""
     repo = tmp_path / "ws" / "repo"
     repo.mkdir(parents=True)
     (repo / "construct.py").write_text(CONSTRUCTS)
@@ -335,6 +387,8 @@ def test_what_areal_runs_is_checked_at_the_trainers_construction_whatever_loaded
         {"names": names, "checkpoint": True, "record": [names, "construct.py", str(elsewhere), url]},
         {"names": names, "checkpoint": True, "record": [names, "construct.py", mine, "git@example.invalid:me/r"],
          "env": {"PODKIT_TRAINER_ENTRY": "./construct.py"}},
+        # `podkit adopt` after the refusal above: the user says the checkpoint is this run's.
+        {"names": names, "checkpoint": True, "record": [names, "other.py", mine, url], "adopt": True},
     ]
     env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
            "PODKIT_TRAINER_AREAL_CONFIG": str(tmp_path / "config.yaml"), "PODKIT_TRAINER_ENTRY": "construct.py",
@@ -342,7 +396,7 @@ def test_what_areal_runs_is_checked_at_the_trainers_construction_whatever_loaded
            "PODKIT_RUN_DIR": str(tmp_path / "run"), "RANK": "0", "SRC": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
     r = areal_run("-c", CHECKS, json.dumps(cases), env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    deleted, as_dict, xccl, by_script, loader, leaf, dotted = json.loads(r.stdout.strip().splitlines()[-1])
+    deleted, as_dict, xccl, by_script, loader, leaf, dotted, adopted = json.loads(r.stdout.strip().splitlines()[-1])
     for off, key, value in ((deleted, "recover.mode", "disabled"), (as_dict, "recover.mode", "disabled"),
                             (xccl, "actor.weight_update_mode", "xccl"), (by_script, "recover.mode", "disabled")):
         stopped = off["stopped"]
@@ -360,6 +414,8 @@ def test_what_areal_runs_is_checked_at_the_trainers_construction_whatever_loaded
     told = json.dumps(dotted["stopped"])
     assert "tokenizer" in told and "belongs to another run" not in told and "podkit needs" not in told, told
     assert dotted["kept"], dotted
+    told = json.dumps(adopted["stopped"])
+    assert "tokenizer" in told and "belongs to another run" not in told and adopted["kept"], told
 
 
 def test_status_names_the_wandb_run_the_trainer_recorded_and_ignores_a_planted_one(tmp_path):

@@ -37,7 +37,8 @@ def test_your_repo_trains_under_its_own_names_stops_with_a_checkpoint_despite_it
     """The repo's YAML, shaped like AReaL's own examples, runs as it is (podkit sets what it depends on and
     says so), and names the run myrepo/t0: AReaL's directories carry the names, and the checkpoint a
     record of its run. The pod's stop ends the step in flight with a checkpoint, whatever the script's own
-    SIGTERM handler says; a new commit of the repo resumes it. Another entry on the same volume under the
+    SIGTERM handler says; a new commit of the repo resumes it, and a checkpoint AReaL cannot load stops it
+    once instead of training over it from step 0. Another entry on the same volume under the
     same names does not: it stops once, saying why, and `podkit start-over` moves the old run aside (kept)
     and trains from step 1. At the end its workflow awaits for ever, and the rank's own dump (the watchdog's)
     names the line; the pod's stop then cuts the hung step, and it is a stop."""
@@ -84,6 +85,17 @@ def test_your_repo_trains_under_its_own_names_stops_with_a_checkpoint_despite_it
     assert p["resumed_at"] == stopped_at and p["code"]["commit"] == fixed, p
     assert "[podkit:setup] reusing" in s.stdout()  # installed once
     assert s.stop() == 0
+    # A checkpoint AReaL cannot load (a file of it gone, as when the trainer's rank count changed): AReaL would
+    # train from step 0 and write over it. The trainer stops once instead, and the checkpoint stays.
+    pkl = root / "recover_info" / "dataloader_info.pkl"
+    pkl.rename(pkl.with_name("dataloader_info.aside"))
+    since = time.time()
+    s.start()
+    stopped = _refusal(s, since)
+    assert f"AReaL could not load the recover checkpoint in {root}" in stopped["message"], stopped
+    assert "podkit start-over" in stopped["hint"] and (s.progress().get("step") or 0) >= stopped_at + 1
+    assert s.stop() == 0
+    pkl.with_name("dataloader_info.aside").rename(pkl)
     # Another script under the same names on this volume: not resumed from this run's checkpoint.
     s.env["PODKIT_TRAINER_ENTRY"] = "other.py"
     since = time.time()

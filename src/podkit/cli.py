@@ -214,6 +214,15 @@ def _start_over(cfg, args) -> int:
     return identity.start_over(cfg, args.dry_run)
 
 
+@verb("adopt", "resume the checkpoint under this run's names as this run's own, where the trainer stopped saying "
+      "another run wrote it and you know it is this run (a script renamed, the repo or the model moved); then "
+      "start the trainer", opt("--dry-run", action="store_true"), workspace=True)
+def _adopt(cfg, args) -> int:
+    from podkit.areal import identity
+
+    return identity.adopt(cfg, args.dry_run)
+
+
 @verb("weights", "put inference.model's weights on the volume before the GPU pod needs them: from the hub "
       "into the volume's HF cache, or --from DIR copied under <workspace>/models",
       opt("--from", dest="source", help="a local model directory to copy onto the volume"), workspace=True)

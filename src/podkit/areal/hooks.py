@@ -152,7 +152,7 @@ def hook_config_loader(st: State) -> None:
                                 unknown_key(e, argv) + "fix trainer.areal_config or trainer.overrides: "
                                 + ending.fix_setting(st.cfg)) from e
             st.config = loaded[0] if isinstance(loaded, tuple) else loaded
-            check_run(st, st.config)
+            check_names(st, st.config)  # the identity waits for the config the trainer gets (the script may change it)
             return loaded
 
         return load_expr_config
@@ -218,16 +218,12 @@ def yaml_line(lines: list[str], path: list[str]) -> int | None:
     return None
 
 
-def check_run(st: State, config_) -> None:
-    """Before PPOTrainer loads a recover checkpoint: the run's names are names, and the checkpoint under
-    them is this run's own (identity.py). Another run's is not resumed: the trainer stops once, saying
-    which checkpoint, how it differs, and the two ways on."""
-    from podkit.areal import identity
-
-    recover, actor = getattr(config_, "recover", None), getattr(config_, "actor", None)
+def check_names(st: State, config_) -> tuple[str, str] | None:
+    """The run's names, as AReaL's recovery reads them (recover.experiment_name/trial_name; the YAMLs
+    interpolate the top level's), are each one plain path component; None for a config without them."""
+    recover = getattr(config_, "recover", None)
     if recover is None or not hasattr(config_, "experiment_name"):
-        return  # not an experiment config with a recover section: nothing of AReaL's to resume
-    # AReaL's recovery reads recover.experiment_name/trial_name (the YAMLs interpolate the top level's).
+        return None  # not an experiment config with a recover section: nothing of AReaL's to resume
     named = {f"{part}{key}": getattr(obj, key, None) for part, obj in (("", config_), ("recover.", recover))
              for key in ("experiment_name", "trial_name")}
     for key, name in named.items():
@@ -239,7 +235,19 @@ def check_run(st: State, config_) -> None:
             raise st.refuse("the run's names are not names", f"{key} {e.problem}",
                             f"{key} names the run's directories: set a plain name (e.g. myrepo-v2; quote one that "
                             "YAML would read as a boolean or a number) in the AReaL YAML or trainer.overrides") from None
-    names = (named["recover.experiment_name"], named["recover.trial_name"])
+    return named["recover.experiment_name"], named["recover.trial_name"]
+
+
+def check_run(st: State, config_) -> None:
+    """At PPOTrainer's construction, before it loads a recover checkpoint: the checkpoint under the run's
+    names is this run's own (identity.differences). Another run's is not resumed: the trainer stops once,
+    saying which checkpoint, how it differs, and the ways on."""
+    from podkit.areal import identity
+
+    names = check_names(st, config_)
+    if names is None:
+        return
+    recover, actor = config_.recover, getattr(config_, "actor", None)
     entry = st.cfg.trainer.entry or "podkit:gsm8k_grpo"
     repo = st.cfg.repo.url if st.cfg.trainer.entry else ""
     root = identity.save_root(recover.fileroot, *names)
@@ -251,11 +259,19 @@ def check_run(st: State, config_) -> None:
         return
     if not identity.has_checkpoint(root):
         return
-    why = identity.differences(st.run[1], identity.read_record(root), root)
+    theirs = identity.read_record(root)
+    if theirs is not None and theirs.get("adopt"):  # `podkit adopt`: the user says it is this run's
+        _log.info(f"resuming the recover checkpoint in {root} as this run's own (podkit adopt); its record "
+                  "becomes this run's when training starts")
+        st.resuming = True
+        return
+    why = identity.differences(st.run[1], theirs, root)
     st.resuming = not why
     if why:
         raise st.refuse(f"the recover checkpoint in {root} belongs to another run", "; ".join(why),
-                        f"give this run its own trial name (trial_name in the AReaL YAML, or trainer.trial): it starts "
+                        f"if it is this run (the same script renamed, the repo or the model moved), run `podkit adopt` "
+                        f"to resume it as this run's; else give this run its own trial name (trial_name in the AReaL "
+                        f"YAML, or trainer.trial): it starts "
                         f"from step 0 beside the other; or run `podkit start-over` (with this run's --config and "
                         f"--workspace {st.cfg.workspace_path}; on a pod, as it is) to move {root} aside (kept, not "
                         "deleted) and train this run from step 0 under the same names")
@@ -278,7 +294,16 @@ def hook_construction(st: State) -> None:
                 check_required(st, config)
                 check_run(st, config)
                 choose_wandb_run(st, config)
-            return original(self, config, *args, **kwargs)
+            result = original(self, config, *args, **kwargs)
+            if st is not None and st.resuming and self.recover_info is None:
+                raise st.refuse(
+                    f"AReaL could not load the recover checkpoint in {st.run[0]}",
+                    "it logged \"Resume info not found\" and would train from step 0, writing over the checkpoint "
+                    "(its log above says why: the trainer's rank count changed since it was written, or a file of "
+                    "it is missing)",
+                    "to resume, run it as it was written (the same trainer.gpus or trainer.cpu_ranks); or run "
+                    "`podkit start-over` to move it aside (kept, not deleted) and train from step 0")
+            return result
 
         return __init__
 
@@ -331,11 +356,17 @@ def choose_wandb_run(st: State, config_) -> None:
     if getattr(w, "mode", "disabled") == "disabled" or w.id_suffix == "timestamp":
         st.run[1]["wandb"] = None
         return
-    base = f"{logger.experiment_name}_{logger.trial_name}_{w.id_suffix}"
-    chosen = identity.wandb_id(st.run[0], base, st.resuming)
+    from areal.utils.stats_logger import StatsLogger
+
+    prefix = f"{logger.experiment_name}_{logger.trial_name}_"
+    base = f"{prefix}{w.id_suffix}"
+    chosen = identity.wandb_id(st.run[0], base, st.resuming, identity.wandb_logged(StatsLogger.get_log_path(logger)))
     if chosen != base:
-        w.id_suffix = chosen[len(f"{logger.experiment_name}_{logger.trial_name}_"):]
-        _log.info(f"W&B: this run starts from step 0 under names that trained before, so it logs into a new W&B "
+        if not chosen.startswith(prefix):  # a run recorded under other names cannot be resumed here
+            chosen = base
+        w.id_suffix = chosen[len(prefix):]
+        _log.info(f"W&B: resuming the W&B run this run logged into, {chosen}" if st.resuming else
+                  f"W&B: this run starts from step 0 under names that logged before, so it logs into a new W&B "
                   f"run, {chosen} (not {base}, whose steps W&B would keep over this run's)")
     st.run[1]["wandb"] = chosen
 

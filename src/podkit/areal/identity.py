@@ -151,24 +151,25 @@ def repo_of(url: str) -> str:
 
 
 def model_id(path: str) -> str:
-    """Which model a path names, in full: a hub id in lower case with its organisation (Qwen/X and me/X are
-    two models), also when written as a hub cache snapshot (.../models--Org--Name/snapshots/<sha>); a local
-    directory by its resolved path, parents included (.../sft-v1/hf and .../sft-v2/hf are two)."""
+    """Which model a path names, in full, as transformers resolves it: an existing local directory by its
+    resolved path, parents included (.../sft-v1/hf and .../sft-v2/hf are two); else a hub id in lower case
+    with its organisation (Qwen/X and me/X are two models; gpt2 is a hub id), also when written as a hub
+    cache snapshot (.../models--Org--Name/snapshots/<sha>)."""
     p = path.strip().rstrip("/")
     parts = Path(p).parts
     for i, part in enumerate(parts):
         if part.startswith("models--") and i + 1 < len(parts) and parts[i + 1] == "snapshots":
             return "/".join(part.split("--")[1:]).lower()
-    if re.match(r"^[\w.-]+/[\w.-]+$", p) and not os.path.isdir(p):
-        return p.lower()  # a hub id (the hub's ids are case-insensitive)
-    return os.path.realpath(os.path.expanduser(p)) if p else ""
+    if not p or os.path.isdir(p) or p.startswith(("/", ".", "~")) or p.count("/") > 1:
+        return os.path.realpath(os.path.expanduser(p)) if p else ""
+    return p.lower()  # a hub id (the hub's ids are case-insensitive)
 
 
 def _config_json(path: str) -> str | None:
     """A model's config.json: a local directory's, or a hub id's from the hub cache (HF_HOME, on the
     volume; never downloaded here). None when there is none to read."""
     local = os.path.join(path, "config.json")
-    if not os.path.isfile(local) and re.match(r"^[\w.-]+/[\w.-]+$", path):
+    if not os.path.isfile(local) and re.match(r"^[\w.-]+(/[\w.-]+)?$", path):
         try:
             from huggingface_hub import try_to_load_from_cache
 
@@ -179,17 +180,32 @@ def _config_json(path: str) -> str | None:
     return local if os.path.isfile(local) else None
 
 
+WEIGHTS = (".safetensors", ".bin", ".pt", ".pth")
+
+
 def model_fingerprint(path: str) -> str:
-    """The first 16 hex of sha256 over a local model directory's config.json ("" for a hub id or none):
-    the same path holding another model (a directory written over) is another model."""
-    if not os.path.isdir(path):
-        return ""
+    """The model's weights, told without reading them all: the first 16 hex of sha256 over each weight file's
+    name, size and first and last MiB, for a local directory or a hub id's cached snapshot ("" when none is
+    here). The same files at a new place (a hub model copied to the volume) are the same model; a directory
+    written over by another training is another, whatever its config.json says."""
     found = _config_json(path)
-    try:
-        with open(found, "rb") as f:  # type: ignore[arg-type]
-            return hashlib.sha256(f.read(1 << 20)).hexdigest()[:16]
-    except (OSError, TypeError):
+    folder = os.path.dirname(found) if found else path
+    if not os.path.isdir(folder):
         return ""
+    h = hashlib.sha256()
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(WEIGHTS))[:512]
+        for name in names:
+            with open(os.path.join(folder, name), "rb") as f:  # a hub snapshot's files are links to blobs
+                size = os.fstat(f.fileno()).st_size
+                h.update(f"{name}\0{size}\0".encode())
+                h.update(f.read(1 << 20))
+                if size > 2 << 20:
+                    f.seek(-(1 << 20), os.SEEK_END)
+                    h.update(f.read(1 << 20))
+    except OSError:
+        return ""
+    return h.hexdigest()[:16] if names else ""
 
 
 def entry_id(entry: str) -> str:
@@ -243,7 +259,7 @@ def record_for(names: tuple[str, str], entry: str, model: str, repo: str, commit
     """What trained a run's checkpoints: written beside them when training starts. Each part is kept as
     written and as resolved (what differences() compares); `wandb` is added by the trainer when W&B is on."""
     return {"names": list(names), "entry": entry, "entry_id": entry_id(entry),
-            "model": {"path": model, "id": model_id(model), "config": model_fingerprint(model),
+            "model": {"path": model, "id": model_id(model), "weights": model_fingerprint(model),
                       "shape": model_shape(model)},
             "repo": repo_of(repo) if repo else "", "commit": commit, "time": time.time()}
 
@@ -279,7 +295,7 @@ def has_checkpoint(root: Path) -> bool:
 def differences(mine: dict, theirs: dict | None, root: Path) -> list[str]:
     """How the run that owns `root` differs from this one: THE definition of "the same run". Two runs are one
     when their names, their entry (resolved in the checkout: ./train.py is train.py), their model (its full
-    hub id, or its resolved local path and that directory's config.json) and their repo (however its URL is
+    hub id or resolved local path, unless the weights are the same files; never other weights) and their repo (however its URL is
     written: https and ssh forms are one repo) are the same. The commit is not compared: a new commit of the
     same repo is the normal fix-and-push, and resumes. Without a record (a checkpoint from before podkit kept
     one), only what the checkpoint itself says: its model's shape."""
@@ -290,12 +306,13 @@ def differences(mine: dict, theirs: dict | None, root: Path) -> list[str]:
         if entry_id(theirs["entry"]) != entry_id(mine["entry"]):
             out.append(f"it was trained by {theirs['entry']}, this run runs {mine['entry']}")
         tm, mm = theirs["model"], mine["model"]
-        if (tm.get("id") or model_id(tm["path"])) != (mm.get("id") or model_id(mm["path"])):
-            out.append(f"its model is {tm['path']}, this run's {mm['path']} (the same model at a new place? set "
-                       f"inference.model to {tm['path']} to resume it)")
-        elif tm.get("config") and mm.get("config") and tm["config"] != mm["config"]:
-            out.append(f"its model's config.json at {mm['path']} has changed since it trained (another model "
-                       "written over the directory)")
+        tw, mw = (str(m.get("weights") or "") for m in (tm, mm))
+        same_id = (tm.get("id") or model_id(tm["path"])) == (mm.get("id") or model_id(mm["path"]))
+        if tw and mw and tw != mw:
+            out.append(f"its model's weights ({tm['path']}) are not this run's ({mm['path']})"
+                       + (": the directory was written over by another model" if same_id else ""))
+        elif not same_id and not (tw and tw == mw):  # the same weights at a new place are the same model
+            out.append(f"its model is {tm['path']}, this run's {mm['path']}")
         if repo_of(theirs["repo"]) != repo_of(mine["repo"]):
             out.append(f"it came from the repo {theirs['repo'] or '(none: podkit example)'}, this run from "
                        f"{mine['repo'] or '(none: podkit example)'}")
@@ -319,17 +336,39 @@ def glob_escape(name: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", name)
 
 
-def wandb_id(root: Path, base: str, resuming: bool) -> str:
+_WANDB_RUN = re.compile(r"(?:offline-)?run-\d{8}_\d{6}-(.+)")
+
+
+def wandb_logged(log_dir: str | Path) -> set[str]:
+    """The W&B ids that runs under these names logged into from this volume: wandb's own run directories in
+    AReaL's log directory of the names (<log_dir>/wandb/[offline-]run-<time>-<id>), which no start-over or
+    checkpoint removal touches. Bounded: a huge or planted directory is read in part."""
+    out = set()
+    try:
+        with os.scandir(Path(log_dir) / "wandb") as it:
+            for i, e in enumerate(it):
+                if i >= 4096:
+                    break
+                m = _WANDB_RUN.fullmatch(e.name)
+                if m and e.is_dir(follow_symlinks=False):
+                    out.add(m.group(1))
+    except OSError:
+        pass
+    return out
+
+
+def wandb_id(root: Path, base: str, resuming: bool, logged: set[str] = frozenset()) -> str:
     """The W&B run a start of the run at `root` logs into. AReaL names it <experiment>_<trial>_<id_suffix>
-    (`base`) with resume="allow": a run that resumes keeps the W&B run it resumes (its record says which), and
-    a run that starts from step 0 under names that trained before (a start-over, or a checkpoint removed)
-    gets the first of base-2, base-3, ... no earlier run used, so it never writes into a run whose steps W&B
-    would keep over its own."""
+    (`base`) with resume="allow": a run that resumes keeps the W&B run its record names, and every other start
+    (from step 0, or a resume of a run that never logged to W&B) gets the first of base, base-2, base-3, ...
+    that no run under these names used: none logged into it (`logged`, wandb_logged) and no record names it
+    (this run's, and those `start-over` set aside). A run from step 0 thus never writes into a run whose steps
+    W&B would keep over its own."""
     own = read_record(root)
-    if resuming:
-        kept = (own or {}).get("wandb")
-        return kept if isinstance(kept, str) and kept else base
-    used = set()
+    kept = (own or {}).get("wandb")
+    if resuming and isinstance(kept, str) and kept:
+        return kept
+    used = set(logged)
     for rec in [own, *(read_record(d) for d in set_aside(root))]:
         if rec is None:
             continue
@@ -345,10 +384,9 @@ def wandb_id(root: Path, base: str, resuming: bool) -> str:
     return f"{base}-{n}"
 
 
-def start_over(cfg, dry_run: bool = False, say=print) -> int:
-    """`podkit start-over`: this run's checkpoints (AReaL's save root under its names) moved aside beside
-    them, kept, never deleted; then the trainer started again if the pod runs. For a run that found
-    another run's checkpoint under its names (check_run in hooks.py), or a user who wants step 0."""
+def _own_run(cfg, verb: str):
+    """The run whose checkpoints `verb` changes, refused where they may be in use: (names, save root, the
+    trainer's supervisord info or None)."""
     from podkit import lease, records, supervisord
     from podkit.errors import ConfigError, PodkitError
 
@@ -371,7 +409,57 @@ def start_over(cfg, dry_run: bool = False, say=print) -> int:
     info = supervisord.process_info(cfg.socket_path, "trainer")
     if info and info.get("statename") not in supervisord.STOPPED_STATES:
         raise PodkitError(f"the trainer of run {run} is {info.get('statename')}: its checkpoints are in use",
-                          "stop it first (`podkit ctl stop trainer`), then run `podkit start-over` again")
+                          f"stop it first (`podkit ctl stop trainer`), then run `podkit {verb}` again")
+    return run, root, info
+
+
+def _start_trainer(cfg, info, run, say) -> None:
+    from podkit import supervisord
+
+    if info is None:
+        return
+    try:
+        supervisord.rpc(cfg.socket_path).supervisor.startProcess("trainer", False)
+        say(f"started the trainer of run {run}")
+    except Exception as e:  # noqa: BLE001 - xmlrpc faults and socket errors alike: the change stands
+        say(f"could not start the trainer ({e}): `podkit ctl start trainer`")
+
+
+def adopt(cfg, dry_run: bool = False, say=print) -> int:
+    """`podkit adopt`: the checkpoint under this run's names is this run's, although its record says another
+    run wrote it (the same script renamed, the repo moved, the model copied elsewhere): the trainer's next
+    start resumes it and writes its own record over the old one (kept beside it). For a refusal the user
+    knows to be wrong; start-over is the way when the checkpoint is really another run's."""
+    from podkit.errors import PodkitError
+
+    run, root, info = _own_run(cfg, "adopt")
+    record = read_record(root)
+    if not has_checkpoint(root):
+        raise PodkitError(f"run {run} has no recover checkpoint at {root}: there is nothing to adopt",
+                          "start the trainer: it trains from step 0")
+    if dry_run:
+        say(f"would mark the checkpoint in {root} as run {run}'s own: its next start resumes it")
+        return 0
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if record is not None:
+        from podkit.records import write_json
+
+        write_json(root.parent / f"{root.name}.{RECORD}.before-{stamp}", record)
+    write_record(root, {**(record or record_for(("", ""), "", "", "")), "adopt": time.time()})
+    say(f"the checkpoint in {root} is run {run}'s own now: its next start resumes it"
+        + (f" (the old record kept as {root.parent / f'{root.name}.{RECORD}.before-{stamp}'})" if record else ""))
+    _start_trainer(cfg, info, run, say)
+    return 0
+
+
+def start_over(cfg, dry_run: bool = False, say=print) -> int:
+    """`podkit start-over`: this run's checkpoints (AReaL's save root under its names) moved aside beside
+    them, kept, never deleted; then the trainer started again if the pod runs. For a run that found
+    another run's checkpoint under its names (check_run in hooks.py), or a user who wants step 0."""
+    from podkit import records
+    from podkit.errors import PodkitError
+
+    run, root, info = _own_run(cfg, "start-over")
     if root.is_symlink():
         raise PodkitError(f"{root} is a symbolic link: podkit moves only a directory of its own",
                           "move it aside by hand (AReaL follows the link and finds the checkpoint)")
@@ -392,12 +480,7 @@ def start_over(cfg, dry_run: bool = False, say=print) -> int:
     if progress:
         records.PROGRESS.write(cfg.state_dir, {**progress, "step": None, "checkpoint_step": None,
                                                "resumed_at": None, "resumed_from": None})
-    if info is not None:
-        try:
-            supervisord.rpc(cfg.socket_path).supervisor.startProcess("trainer", False)
-            say(f"started the trainer: it trains run {run} from step 0")
-        except Exception as e:  # noqa: BLE001 - xmlrpc faults and socket errors alike: the move stands
-            say(f"could not start the trainer ({e}): `podkit ctl start trainer`")
+    _start_trainer(cfg, info, run, say)
     return 0
 
 
