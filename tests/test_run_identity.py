@@ -389,6 +389,9 @@ def test_what_areal_runs_is_checked_at_the_trainers_construction_whatever_loaded
          "env": {"PODKIT_TRAINER_ENTRY": "./construct.py"}},
         # `podkit adopt` after the refusal above: the user says the checkpoint is this run's.
         {"names": names, "checkpoint": True, "record": [names, "other.py", mine, url], "adopt": True},
+        # The hub's Qwen/X trained it; this run names the user's own fine-tune of the same leaf name.
+        {"names": names, "checkpoint": True, "record": [names, "construct.py", "Qwen/X", url],
+         "env": {"PODKIT_INFERENCE_MODEL": "me/X"}},
     ]
     env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
            "PODKIT_TRAINER_AREAL_CONFIG": str(tmp_path / "config.yaml"), "PODKIT_TRAINER_ENTRY": "construct.py",
@@ -396,7 +399,7 @@ def test_what_areal_runs_is_checked_at_the_trainers_construction_whatever_loaded
            "PODKIT_RUN_DIR": str(tmp_path / "run"), "RANK": "0", "SRC": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
     r = areal_run("-c", CHECKS, json.dumps(cases), env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    deleted, as_dict, xccl, by_script, loader, leaf, dotted, adopted = json.loads(r.stdout.strip().splitlines()[-1])
+    deleted, as_dict, xccl, by_script, loader, leaf, dotted, adopted, hub = json.loads(r.stdout.strip().splitlines()[-1])
     for off, key, value in ((deleted, "recover.mode", "disabled"), (as_dict, "recover.mode", "disabled"),
                             (xccl, "actor.weight_update_mode", "xccl"), (by_script, "recover.mode", "disabled")):
         stopped = off["stopped"]
@@ -406,7 +409,8 @@ def test_what_areal_runs_is_checked_at_the_trainers_construction_whatever_loaded
         assert "trainer.overrides in any Hydra syntax" in stopped["hint"] and "the training script" in stopped["hint"]
     root = identity.save_root(str(tmp_path / "ws" / "areal"), *names)
     for bad, why in ((loader, "it was trained by other.py, this run runs construct.py"),
-                     (leaf, f"its model is {elsewhere}, this run's {model}")):
+                     (leaf, f"its model is {elsewhere}, this run's {model}"),
+                     (hub, "its model is Qwen/X, this run's me/X")):
         assert bad["rc"] == 2 and bad["stopped"]["by"] == "config-error" and bad["kept"], bad
         assert f"the recover checkpoint in {root} belongs to another run" in bad["stopped"]["message"], bad
         assert why in bad["stopped"]["message"], bad["stopped"]["message"]
