@@ -20,12 +20,14 @@ $(VENV)/.ready: pyproject.toml
 run: $(VENV)/.ready
 	$(BIN)/podkit up --smoke --workspace $(WORKSPACE) $(if $(filter-out 0,$(STEPS)),--steps $(STEPS))
 
-# Tools the tests run for real: fuser/lsof (psmisc, lsof) and git. Installed only where missing.
+# Tools the tests run for real: fuser/lsof (psmisc, lsof), git, and a headless browser for the page
+# (Debian's chromium: tests/test_page.py). Installed only where missing.
 sysdeps:
 	@missing=""; \
 	command -v fuser >/dev/null || missing="$$missing psmisc"; \
 	command -v lsof  >/dev/null || missing="$$missing lsof"; \
 	command -v git   >/dev/null || missing="$$missing git"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq $$missing; \
 	  else echo "install:$$missing" >&2; exit 1; fi; \
@@ -64,8 +66,8 @@ rehearse: sysdeps
 # It ends with its ten slowest tests. On a fresh machine podkit's venv and the AReaL environment are
 # built side by side (-j2).
 JOBS ?= 3
-test: sysdeps
-	@$(MAKE) --no-print-directory -j2 $(VENV)/.ready areal-env
+test:
+	@$(MAKE) --no-print-directory -j3 sysdeps $(VENV)/.ready areal-env
 	$(BIN)/ruff check src tests bench docker rehearse
 	py=$$(PYTHON=$(PYTHON) sh rehearse/env.sh) && AREAL_PYTHON=$$py $(BIN)/pytest -n $(JOBS) --dist loadgroup \
 	  --durations=10
@@ -83,6 +85,7 @@ bench: $(VENV)/.ready sysdeps
 	PYTHON=$(PYTHON) $(BIN)/python bench/rehearse.py --steps 8 --runs 3 --env
 	PYTHON=$(PYTHON) $(BIN)/python bench/entry.py --steps 6 --runs 2
 	PYTHON=$(PYTHON) $(BIN)/python bench/startup.py --runs 2
+	$(BIN)/python bench/page.py --steps 100000 --runs 21
 
 clean:
 	rm -rf $(VENV) workspace

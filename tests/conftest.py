@@ -123,6 +123,7 @@ def smoke_env(workspace: Path, port: int, **extra: str) -> dict[str, str]:
         "PODKIT_WORKSPACE": str(workspace),
         "PODKIT_INFERENCE_PORT": str(port),
         "PODKIT_METRICS_PORT": str(free_port()),  # stacks side by side: not all on the default 9400
+        "PODKIT_PAGE_PORT": str(free_port()),  # nor on the page's 9401
         "PODKIT_INFERENCE_STARTUP_DELAY_S": "0.5",
         "PODKIT_TRAINER_STEP_INTERVAL_S": "0.1",
         "PODKIT_TRAINER_CHECKPOINT_EVERY": "5",

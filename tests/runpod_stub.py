@@ -10,13 +10,16 @@ RunPod's own OpenAPI document (tests/runpod/openapi.json, see tests/runpod/READM
   `default`); a mismatch is a bug in the stub and lands in `stub.errors` (`stub.assert_clean()`).
 
 Where the document only describes behaviour in words (the pod lifecycle, which actions a status allows, how
-logs resume), the stub does what the words say. The test controls (`add_pod`, `set_status`, `vanish`,
-`migrate`, `capacity_failures`, `fail`, `logs`, `drop_logs_after`, `follow_s`, `scale_cluster`) script what
-RunPod does on its own. Answers of other shapes and timings are scripted too, and are not held to the
+logs resume, what a pod bills), the stub does what the words say. The test controls (`add_pod`, `set_status`,
+`vanish`, `migrate`, `capacity_failures`, `fail`, `logs`, `drop_logs_after`, `follow_s`, `scale_cluster`,
+`set_price`, `charge`) script what RunPod does on its own. Billing: a pod bills its `cost` (its GPUs' secure
+list price x count) while it is PROVISIONING, STARTING or RUNNING, and `charge` adds to its bill; `GET
+/v2/billing/pods` answers that in time buckets. Answers of other shapes and timings are scripted too, and are not held to the
 document: `show_status` (a pod shown with a status the document does not have, or none), `fail(..., body=
 b"null")` (any body), `answer_late` (the request is done at once, its answer sent later), `list_lag_s` (a new
 pod shows in the pod list only that long after it was made) and `unlisted` (a pod left out of it), `fail(..., drip_s=)` (an answer sent a byte at a
-time) and `keepalive_s` (SSE keep-alive comments while a log stream is followed). Any request to a GraphQL
+time), `garble` (the request is done, its answer unreadable: an id of another shape, a body cut short, a
+connection dropped mid-body) and `keepalive_s` (SSE keep-alive comments while a log stream is followed). Any request to a GraphQL
 path is recorded in `stub.graphql` and answered 410.
 
     stub = RunPodV2Stub(key="rpa_TESTKEY0123456789")
@@ -39,7 +42,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import jsonschema
 
@@ -68,6 +71,8 @@ GPU_TYPES = {
     "NVIDIA RTX A6000": ("RTX A6000", 48, 0.49, 8),
     "NVIDIA GeForce RTX 4090": ("RTX 4090", 24, 0.69, 8),
 }
+BILLED = ("PROVISIONING", "STARTING", "RUNNING")  # the statuses whose pod shows a cost, and bills it
+HOSTILE_ID = "victim/action?x="  # garble("bad-id"): an id that would address another endpoint in a path
 PORT = re.compile(r"^(\d{1,5})/(tcp|http)$")
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 
@@ -96,6 +101,32 @@ def _rfc3339(t: dt.datetime, micro: bool = False) -> str:
 
 def _now() -> str:
     return _rfc3339(dt.datetime.now(dt.UTC))
+
+
+def _utc(t: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(t, dt.UTC)
+
+
+def _bucket_floor(t: dt.datetime, size: str) -> dt.datetime:
+    """The start of the billing bucket (BillingBucketSize, UTC; weeks from Monday) that holds `t`."""
+    t = t.astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
+    if size == "hour":
+        return t
+    t = t.replace(hour=0)
+    if size == "week":
+        return t - dt.timedelta(days=t.weekday())
+    return t if size == "day" else t.replace(day=1) if size == "month" else t.replace(month=1, day=1)
+
+
+def _bucket_step(t: dt.datetime, size: str, back: bool = False) -> dt.datetime:
+    """The next bucket's start after the bucket starting at `t` (or the one before it, `back`)."""
+    n = -1 if back else 1
+    if size in ("hour", "day", "week"):
+        return t + n * dt.timedelta(**{"hour": {"hours": 1}, "day": {"days": 1}, "week": {"weeks": 1}}[size])
+    if size == "year":
+        return t.replace(year=t.year + n)
+    months = t.year * 12 + t.month - 1 + n
+    return t.replace(year=months // 12, month=months % 12 + 1)
 
 
 _VALIDATORS: dict[str, jsonschema.Draft202012Validator] = {}
@@ -179,6 +210,7 @@ class _PodMeta:
     polls: int = 0
     running_since: float | None = None
     start_ssh: bool = True
+    billing_since: float | None = None  # wall clock: the open stretch of its bill, at `price`
 
 
 @dataclass
@@ -218,6 +250,10 @@ class RunPodV2Stub:
         self.list_lag_s = 0.0  # a pod made through the API shows in GET /v2/pods only this long after
         self.shown_status: dict[str, Any] = {}  # pod id -> the status shown for it (MISSING: no status field)
         self.late: list[Fault] = []
+        self.garbles: list[Fault] = []
+        # What each pod has billed, kept after it is gone: (from, to, USD/h) stretches and (time, USD) charges.
+        self.ledger: dict[str, list[tuple[float, float, float]]] = {}
+        self.charges: dict[str, list[tuple[float, float]]] = {}
         self.gpu_availability: dict[str, str] = {}  # GPU id -> NONE/LOW/MEDIUM/HIGH (default HIGH)
         self.faults: list[Fault] = []
         self.gpus_lost: set[str] = set()  # RUNNING pods whose runtime shows no GPU (restarted on a host without one)
@@ -364,6 +400,26 @@ class RunPodV2Stub:
         with self._lock:
             (self._listed.discard if hidden else self._listed.add)(pod_id)
 
+    def set_price(self, pod_id: str, per_hour: float) -> None:
+        """The pod's cost (USD/h) from now on: what GET shows while it bills, and what its bill grows by."""
+        with self._lock:
+            self._bill(pod_id, open_=False)
+            self._meta[pod_id].price = per_hour
+            self._bill(pod_id, open_=self.pods[pod_id]["status"] in BILLED)
+
+    def charge(self, pod_id: str, usd: float) -> None:
+        """`usd` more on the pod's bill, now (a run of hours in a moment)."""
+        with self._lock:
+            self.charges.setdefault(pod_id, []).append((time.time(), usd))
+
+    def garble(self, method: str, path_regex: str, how: str, times: int | None = 1) -> None:
+        """The next `times` matching requests are done (a create makes its pod) and answered unreadably: "bad-id"
+        (the answer's id is not of RunPod's shape), "cut" (the body cut short, its Content-Length the cut's) or
+        "drop" (the connection closed halfway through a body whose Content-Length is the whole)."""
+        assert how in ("bad-id", "cut", "drop"), how
+        with self._lock:
+            self.garbles.append(Fault(method.upper(), re.compile(path_regex), None, times, body=how))
+
     def answer_late(self, method: str, path_regex: str, delay_s: float, times: int | None = 1) -> None:
         """The next `times` matching requests are done at once (a create makes its pod), and answered only
         after delay_s: RunPod slow to answer what it did."""
@@ -398,10 +454,21 @@ class RunPodV2Stub:
         self.pods[pod["id"]] = pod
         self._meta[pod["id"]] = _PodMeta(ip=f"203.0.113.{self._count['ip']}", price=round(price, 2),
                                          polls_needed=self.polls_until_running, start_ssh=start_ssh)
+        self._bill(pod["id"], open_=pod["status"] in BILLED)
 
     def _drop_pod(self, pod_id: str) -> None:
+        self._bill(pod_id, open_=False)
         self.pods.pop(pod_id)
         self._meta.pop(pod_id)
+
+    def _bill(self, pod_id: str, open_: bool) -> None:
+        """Opens the pod's billed stretch (if none is open) or closes it into the ledger."""
+        meta, now = self._meta[pod_id], time.time()
+        if open_ and meta.billing_since is None:
+            meta.billing_since = now
+        elif not open_ and meta.billing_since is not None:
+            self.ledger.setdefault(pod_id, []).append((meta.billing_since, now, meta.price))
+            meta.billing_since = None
 
     def _enter(self, pod_id: str, status: str) -> None:
         pod, meta = self.pods[pod_id], self._meta[pod_id]
@@ -413,6 +480,7 @@ class RunPodV2Stub:
         if status in ("PROVISIONING", "STARTING"):
             meta.polls = 0
         pod["status"] = status
+        self._bill(pod_id, open_=status in BILLED)
 
     def _poll(self, pod_id: str) -> None:
         """A GET that shows the pod: a PROVISIONING or STARTING pod moves on."""
@@ -445,7 +513,7 @@ class RunPodV2Stub:
                   "command": f"ssh root@{meta.ip} -p {SSH_PUBLIC_PORT}"}
         pod["ssh"] = {"proxy": None if status == "PROVISIONING" else proxy,
                       "direct": direct if running and "22/tcp" in (pod.get("ports") or []) else None}
-        pod["cost"] = meta.price if status in ("PROVISIONING", "STARTING", "RUNNING") else 0.0
+        pod["cost"] = meta.price if status in BILLED else 0.0  # "0.0 when EXITED or TERMINATED"
         pod["runtime"] = None
         if running:
             seen = 0 if pod_id in self.gpus_lost else (pod.get("gpu") or {}).get("count", 0)
@@ -676,15 +744,73 @@ class RunPodV2Stub:
         include, product = query.get("include", []), query.get("product")
         if bool(include) != bool(product):
             return self._rule(req, "product is required with include=AVAILABILITY, and valid only with it")
-        gpus = []
-        for gid, (name, memory, price, max_count) in GPU_TYPES.items():
-            gpu = {"id": gid, "name": name, "pool": None, "manufacturer": "NVIDIA", "memory": memory,
-                   "secure": True, "community": False, "price": {"secure": price, "community": 0.0},
-                   "maxCount": {"secure": max_count, "community": 0}}
-            if include:
-                gpu["availability"] = self.gpu_availability.get(gid, "HIGH")
-            gpus.append(gpu)
-        return _Answer(200, {"gpus": gpus})
+        return _Answer(200, {"gpus": [self._gpu_type(gid, include) for gid in GPU_TYPES]})
+
+    def _gpu_type(self, gid: str, include: list) -> dict:
+        name, memory, price, max_count = GPU_TYPES[gid]
+        gpu = {"id": gid, "name": name, "pool": None, "manufacturer": "NVIDIA", "memory": memory,
+               "secure": True, "community": False, "price": {"secure": price, "community": 0.0},
+               "maxCount": {"secure": max_count, "community": 0}}
+        if include:
+            gpu["availability"] = self.gpu_availability.get(gid, "HIGH")
+        return gpu
+
+    def get_gpu_type(self, req: Request, params: dict, query: dict) -> _Answer:
+        include, product = query.get("include", []), query.get("product")
+        if bool(include) != bool(product):
+            return self._rule(req, "product is required with include=AVAILABILITY, and valid only with it")
+        gid = unquote(params["id"])  # "NVIDIA%20A40": the id is a name
+        if gid not in GPU_TYPES:
+            return _Answer(404, _problem(404, f"GPU type {gid!r} not found"))
+        return _Answer(200, self._gpu_type(gid, include))
+
+    def list_pod_billing(self, req: Request, params: dict, query: dict) -> _Answer:
+        """listPodBilling: each pod's bill per bucket of the window (only buckets it billed in), as the
+        document's parameters describe: startTime snapped down and endTime up to bucket boundaries (defaults:
+        30 days ago, now), or lastN buckets ending with the current one; podId narrows to one pod."""
+        size = query.get("bucketSize", "day")
+        if "lastN" in query and ("startTime" in query or "endTime" in query):
+            return self._rule(req, "lastN is mutually exclusive with startTime/endTime")
+        now = dt.datetime.now(dt.UTC)
+        if "lastN" in query:
+            end = _bucket_step(_bucket_floor(now, size), size)
+            start = end
+            for _ in range(query["lastN"]):
+                start = _bucket_step(start, size, back=True)
+        else:
+            start = _bucket_floor(_parse_ts(query["startTime"]) if "startTime" in query else
+                                  now - dt.timedelta(days=30), size)
+            end = _parse_ts(query["endTime"]) if "endTime" in query else now
+            end = end if _bucket_floor(end, size) == end else _bucket_step(_bucket_floor(end, size), size)
+        if end <= start:
+            return self._rule(req, "endTime must be after startTime")
+        pod = query.get("podId")
+        amounts: dict[tuple[str, dt.datetime], float] = {}
+        open_now = {pid: [(m.billing_since, time.time(), m.price)] for pid, m in self._meta.items()
+                    if m.billing_since is not None}
+        for pid in set(self.ledger) | set(open_now) | set(self.charges):
+            if pod is not None and pid != pod:
+                continue
+            for t0, t1, rate in self.ledger.get(pid, []) + open_now.get(pid, []):
+                a, b = max(start, _utc(t0)), min(end, _utc(t1))
+                bucket = _bucket_floor(a, size) if a < b else b
+                while bucket < b:
+                    nxt = _bucket_step(bucket, size)
+                    seconds = (min(b, nxt) - max(a, bucket)).total_seconds()
+                    amounts[pid, bucket] = amounts.get((pid, bucket), 0.0) + rate * seconds / 3600
+                    bucket = nxt
+            for t, usd in self.charges.get(pid, []):
+                if start <= _utc(t) < end:
+                    key = (pid, _bucket_floor(_utc(t), size))
+                    amounts[key] = amounts.get(key, 0.0) + usd
+        rows = [{"startTime": _rfc3339(b), "endTime": _rfc3339(_bucket_step(b, size)), "podId": pid,
+                 "totalAmount": round(v, 6), "gpuAmount": round(v, 6), "cpuAmount": 0, "diskAmount": 0}
+                for (pid, b), v in sorted(amounts.items(), key=lambda kv: (kv[0][1], kv[0][0])) if v > 0]
+        total = round(sum(r["totalAmount"] for r in rows), 6)
+        return _Answer(200, {"records": rows, "metadata": {
+            "query": {"startTime": _rfc3339(start), "endTime": _rfc3339(end), "bucketSize": size, "podId": pod},
+            "recordCount": len(rows), "uniquePodCount": len({r["podId"] for r in rows}),
+            "totals": {"totalAmount": total, "gpuAmount": total, "cpuAmount": 0, "diskAmount": 0}}})
 
     # -- clusters ----------------------------------------------------------------------------------
 
@@ -881,7 +1007,8 @@ class RunPodV2Stub:
         ("GET", "/v2/clusters"): "list_clusters", ("POST", "/v2/clusters"): "create_cluster",
         ("GET", "/v2/clusters/{id}"): "get_cluster", ("PATCH", "/v2/clusters/{id}"): "update_cluster",
         ("DELETE", "/v2/clusters/{id}"): "delete_cluster", ("GET", "/v2/clusters/{id}/pods"): "list_cluster_pods",
-        ("GET", "/v2/catalog/gpus"): "list_gpu_types",
+        ("GET", "/v2/catalog/gpus"): "list_gpu_types", ("GET", "/v2/catalog/gpus/{id}"): "get_gpu_type",
+        ("GET", "/v2/billing/pods"): "list_pod_billing",
     }
 
     def _rule(self, req: Request, detail: str) -> _Answer:
@@ -1077,7 +1204,27 @@ class RunPodV2Stub:
             return self.stream_logs(h, req, params, query, op)
         if late := self._take(self.late, req):
             time.sleep(late.delay_s)  # done already; the answer comes late (or finds the client gone)
+        if garbled := self._take(self.garbles, req):
+            return self._garbled(h, answer, garbled.body)
         return self._send(h, op, answer, call)
+
+    def _garbled(self, h: _Handler, answer: _Answer, how: str) -> None:
+        """The answer made unreadable, as garble() says; not held to the document (it is what a test asked for)."""
+        if how == "bad-id":
+            return self._write(h, answer.status, json.dumps(dict(answer.body or {}, id=HOSTILE_ID)).encode(),
+                               "application/json", {})
+        out = json.dumps(answer.body).encode()
+        if how == "cut":
+            return self._write(h, answer.status, out[:len(out) // 2], "application/json", {})
+        h.send_response(answer.status)  # "drop": the whole announced, half sent, the connection closed
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(out)))
+        h.end_headers()
+        h.wfile.write(out[:len(out) // 2])
+        h.wfile.flush()
+        h.close_connection = True
+        h.connection.shutdown(socket.SHUT_RDWR)
+        return None
 
     def _take(self, faults: list[Fault], req: Request) -> Fault | None:
         with self._lock:

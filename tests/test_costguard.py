@@ -1,11 +1,14 @@
-"""Cost guards on RunPod: a finished run, and a pod waiting in safe mode past guard.stop_pod_after_s, stop
-the pod through REST API v2's `POST /v2/pods/{id}/action` {"action": "stop"}. RunPod is the loopback stub
-of tests/runpod_stub.py, which holds every request to RunPod's OpenAPI document; notifications go to
-tests/test_notify.py's loopback receiver."""
+"""Cost guards on RunPod: a finished run, a pod waiting in safe mode past guard.stop_pod_after_s, a pod past
+its maximum run time or its budget stop the pod through REST API v2's `POST /v2/pods/{id}/action` {"action":
+"stop"}; what the pod costs (its price, its bill) is read into cost.json, shown and notified. RunPod is the
+loopback stub of tests/runpod_stub.py, which holds every request to RunPod's OpenAPI document; notifications
+go to tests/test_notify.py's loopback receiver."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -13,6 +16,8 @@ import time
 import pytest
 
 from conftest import PODKIT, wait_for
+from podkit import config, costguard, records, status
+from podkit.errors import ConfigError
 from runpod_stub import RunPodV2Stub
 from test_notify import Receiver, dead_url
 
@@ -49,15 +54,24 @@ def on_runpod(api_url: str, **extra) -> dict[str, str]:
     return {"RUNPOD_POD_ID": "pod-abc123", "RUNPOD_API_KEY": KEY, "RUNPOD_API_BASE_URL": api_url, **extra}
 
 
+def writes(stub: RunPodV2Stub) -> list[str]:
+    """What the pod asked RunPod to do (its reads of its price and bill aside)."""
+    return [c for c in stub.calls() if not c.startswith("GET ")]
+
+
 def test_a_finished_run_on_runpod_stops_its_pod_after_its_checkpoint_and_notification(stack_factory, runpod_api,
                                                                                      receiver):
+    """Both notifications carry what the pod cost (cost.json, read from RunPod's price and bill)."""
     s = stack_factory(PODKIT_TRAINER_MAX_STEPS="12", PODKIT_NOTIFY_WEBHOOK_URL=receiver.url,
-                      **on_runpod(runpod_api.url)).start()
+                      PODKIT_GUARD_COST_EVERY_S="1", **on_runpod(runpod_api.url)).start()
     wait_for(lambda: STOP in runpod_api.calls(), 60, what="the stop")
-    assert stop_sent(runpod_api) == {"action": "stop"} and runpod_api.calls() == [STOP]
+    assert stop_sent(runpod_api) == {"action": "stop"} and writes(runpod_api) == [STOP]
     assert runpod_api.pod("pod-abc123")["status"] == "EXITED"
     assert receiver.events() == ["finished", "pod-stop"], "both notifications are out before the stop"
     assert "training finished at step 12" in receiver.posts[1]["text"]
+    for post in receiver.posts:
+        assert re.search(r"this pod's cost: \$2\.69/h, \$0\.0\d spent \(billing\)", post["text"]), post["text"]
+        assert post["cost"]["per_hour"] == 2.69 and post["cost"]["source"] == "billing"
     assert s.progress()["checkpoint_step"] == 12 and s.status()["programs"]["trainer"]["state"] == "EXITED"
     assert s.stop() == 0
     assert KEY not in s.stdout() and "stopping pod pod-abc123: training finished at step 12" in s.stdout()
@@ -86,7 +100,9 @@ def test_off_runpod_or_with_never_a_finished_run_leaves_the_pod_up(stack_factory
     s = stack_factory(PODKIT_TRAINER_MAX_STEPS="12", **env).start()
     wait_for(lambda: s.status()["programs"]["trainer"]["state"] == "EXITED", 60, what="the run's end")
     time.sleep(3)
-    assert runpod_api.requests == [] and s.proc.poll() is None
+    assert writes(runpod_api) == [] and s.proc.poll() is None
+    if where == "off RunPod":
+        assert runpod_api.requests == [] and s.status()["cost"] is None, "off RunPod nothing is asked of it"
     assert s.stop() == 0
 
 
@@ -173,3 +189,163 @@ def test_when_and_how_a_pod_stops_lives_in_the_cost_guard_alone():
     why = boot._why(None, None, "config", "a broken file", "fix it")
     assert why.guards["stop_pod_after_s"] == 3600.0 and not any(
         callable(v) for k, v in vars(why).items() if k != "retry")
+
+
+# -- what the pod costs, and its budget (guard.max_spend) ---------------------------------------------------------
+def podkit_guard(s, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([*PODKIT, "guard", *args, "--workspace", str(s.workspace)], capture_output=True, text=True,
+                          env=s.env, timeout=30)
+
+
+def test_the_pods_spend_is_recorded_shown_and_its_budget_stops_the_trainer_with_its_checkpoint_then_the_pod(
+        stack_factory, runpod_api, receiver):
+    """On RunPod the log listener reads the pod's price and bill every guard.cost_every_s into cost.json, which
+    `podkit status` shows with the cost of the steps left; a RunPod that stops answering keeps the last read,
+    said once. `podkit guard set max_spend=5` on the running pod, then a bill past it: the trainer stops with
+    its checkpoint, then the pod, as at the maximum run time, and the notification says what it cost."""
+    s = stack_factory(PODKIT_GUARD_COST_EVERY_S="1", PODKIT_TRAINER_MAX_STEPS="100000",
+                      PODKIT_NOTIFY_WEBHOOK_URL=receiver.url, **on_runpod(runpod_api.url)).start()
+    s.wait_step(3)
+    state = s.workspace / ".podkit"
+    c = wait_for(lambda: (c := costguard.cost(state)) and c["projected"] is not None and c, 60,
+                 what="a cost record with the cost of the steps left")
+    assert set(json.loads(records.COST.path(state).read_text())) == {"per_hour", "spent", "source", "started",
+                                                                     "time", "projected"}
+    assert (c["per_hour"], c["source"]) == (2.69, "billing") and c["started"] <= c["time"] <= time.time()
+    assert c["projected"] > 1, "some 99,990 steps of ~0.1 s at $2.69/h"
+    st = s.status()
+    assert st["cost"]["per_hour"] == 2.69 and st["cost"]["source"] == "billing"
+    shown = subprocess.run([*PODKIT, "status", "--workspace", str(s.workspace)], capture_output=True, text=True,
+                           env=s.env, timeout=30).stdout
+    assert re.search(r"^cost: \$2\.69/h, \$0\.\d\d spent \(billing\), ~\$\d+\.\d\d to the end at this pace$",
+                     shown, re.M), shown
+
+    runpod_api.fail("GET", "/v2/pods/pod-abc123", 503, times=None)
+    wait_for(lambda: "cannot read what pod pod-abc123 costs" in s.stdout(), 30, what="the failed read said")
+    held = costguard.cost(state)
+    time.sleep(4)
+    assert costguard.cost(state) == held, "the last read holds"
+    assert s.stdout().count("cannot read what pod pod-abc123 costs") == 1, "said once, not at every read"
+    runpod_api.faults.clear()
+    wait_for(lambda: "the pod's cost is read again" in s.stdout(), 30, what="the read again")
+
+    r = podkit_guard(s, "set", "max_spend=$5")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"guard\.max_spend +\$5\.00 +\[.*guards\.json \(`podkit guard set`", r.stdout), r.stdout
+    wait_for(lambda: "guard.max_spend is now $5.00" in s.stdout(), 30, what="the budget taken")
+    time.sleep(2)
+    assert STOP not in runpod_api.calls() and s.progress().get("stopped") is None, "under budget: trains on"
+    runpod_api.charge("pod-abc123", 5.0)  # hours of GPUs in a moment
+    wait_for(lambda: STOP in runpod_api.calls(), 60, what="the stop")
+    assert stop_sent(runpod_api) == {"action": "stop"} and writes(runpod_api) == [STOP]
+    prog = s.progress()
+    assert prog["stopped"]["by"] == "SIGTERM" and prog["checkpoint_step"] == prog["step"] > 0
+    assert s.status()["programs"]["trainer"]["state"] == "STOPPED"
+    text = receiver.one("pod-stop")["text"]
+    assert "the pod's spend reached its budget ($5.0" in text and "of guard.max_spend $5.00" in text, text
+    assert f"last checkpoint at step {prog['checkpoint_step']}" in text and "this pod's cost: $2.69/h, $5.0" in text
+    assert s.stop() == 0
+    assert "set on the running pod by `podkit guard set`): stopping the trainer with a checkpoint, then the pod" \
+        in s.stdout()
+
+
+def test_the_pods_cost_is_its_bill_or_while_that_does_not_answer_its_price_times_its_running_time(
+        tmp_path, runpod_api):
+    """One read (costguard.Meter, against the stub): RunPod's bill for the pod, its price and when it started,
+    and with trainer.max_steps the steps left at the pace seen between reads; a bill the pod's key may not
+    read (403) gives way to the estimate, said once; a RunPod that does not answer keeps the last record."""
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    said: list[str] = []
+    m = costguard.Meter(state, 1, total_steps=100, say=said.append, environ=on_runpod(runpod_api.url))
+    runpod_api.charge("pod-abc123", 3.0)
+    t0 = time.time()
+    records.PROGRESS.write(state, {"step": 10, "time": t0 - 5, "pid": 7})
+    first = m.read()
+    assert first == costguard.cost(state) and (first["source"], first["projected"]) == ("billing", None)
+    assert 3.0 < first["spent"] < 3.01 and first["per_hour"] == 2.69
+    records.PROGRESS.write(state, {"step": 20, "time": t0, "pid": 7})
+    assert m.read()["projected"] == pytest.approx(80 * 0.5 * 2.69 / 3600, rel=1e-3), "80 steps left at 0.5 s each"
+
+    runpod_api.fail("GET", "/v2/billing/pods", 403, times=None)
+    assert m.read()["source"] == "estimate"
+    est = m.read()
+    assert est["source"] == "estimate" and est["spent"] < 0.01, "2.69 $/h since the pod started a moment ago"
+    assert sum("billing for pod pod-abc123 did not answer" in line for line in said) == 1
+
+    runpod_api.fail("GET", "/v2/pods/pod-abc123", 404, times=None)
+    assert m.read() is None and m.read() is None
+    assert costguard.cost(state) == est and m.spent() == est["spent"], "the last read holds"
+    assert [line for line in said if "cannot read" in line] == [
+        "cannot read what pod pod-abc123 costs (RunPod has no pod pod-abc123): cost.json keeps its last read, and "
+        "guard.max_spend goes by it; trying again every 1 s, said again once it works"]
+    runpod_api.faults.clear()
+    assert m.read()["source"] == "billing" and said[-1].startswith("the pod's cost is read again: $2.69/h, $3.0")
+
+
+GOOD = {"per_hour": 0.35, "spent": 1.2, "source": "billing", "started": 1.0, "time": None, "projected": 3.1}
+
+
+@pytest.mark.parametrize("planted, why", [
+    ('{"per_hour": 0.35, "spent": 1.2, "sour', "truncated"),
+    ("\x00\xff binary", "binary"),
+    ({"per_hour": "0.35"}, "a price that is not a number"),
+    ({"per_hour": -0.35}, "a negative price"),
+    ({"spent": -1}, "a negative spend"),
+    ('{"per_hour": 0.35, "spent": NaN, "source": "billing", "time": %(now)s}', "NaN spent"),
+    ('{"per_hour": 1e400, "spent": 1.2, "source": "billing", "time": %(now)s}', "an endless price"),
+    ({"spent": 1e300}, "a huge spend"),
+    ({"per_hour": 10 ** 400}, "a 400-digit price"),
+    ({"time": "future"}, "a read stamped days ahead"),
+    ({"time": "hour"}, "a read stamped an hour ahead"),
+    ({"source": "a guess"}, "a source that is not podkit's"),
+    ({"per_hour": True}, "a price that is a boolean"),
+])
+def test_a_planted_cost_record_is_not_believed(tmp_path, planted, why):
+    """cost.json is data on the volume: a record that is corrupt, or holds a price or spend that is not a finite
+    amount of money, or was read in the future, is no cost at all: status shows none, and says nothing of it."""
+    state = tmp_path / "ws" / ".podkit"
+    state.mkdir(parents=True)
+    now = time.time()
+    if isinstance(planted, dict):
+        rec = {**GOOD, "time": now, **planted}
+        rec["time"] = {"future": now + 3 * 86400, "hour": now + 3600}.get(rec["time"], rec["time"])
+        raw = json.dumps(rec)
+    else:
+        raw = planted % {"now": now} if "%(now)s" in planted else planted
+    records.COST.path(state).write_text(raw, errors="surrogateescape")
+    assert costguard.cost(state) is None, why
+    st = status.collect(tmp_path / "ws")
+    assert st["cost"] is None and "cost:" not in status.human(st)
+
+
+def test_a_good_cost_record_is_one_status_line_and_a_bad_value_in_it_is_dropped(tmp_path):
+    """The line `podkit status` prints; a started or projected value that is not one is dropped, not shown."""
+    state = tmp_path / "ws" / ".podkit"
+    state.mkdir(parents=True)
+    records.COST.write(state, dict(GOOD, time=time.time()))
+    st = status.collect(tmp_path / "ws")
+    assert st["cost"] == dict(GOOD, started=1.0, time=st["cost"]["time"])
+    assert "\ncost: $0.35/h, $1.20 spent (billing), ~$3.10 to the end at this pace\n" in status.human(st) + "\n"
+    records.COST.write(state, dict(GOOD, time=time.time(), projected=-3.0, started=time.time() + 3600))
+    c = costguard.cost(state)
+    assert (c["projected"], c["started"], c["spent"]) == (None, None, 1.2)
+    assert costguard.words(c) == "$0.35/h, $1.20 spent (billing)"
+    assert costguard.words(dict(c, time=time.time() - 1800)).endswith("(read 30 min ago)")
+
+
+@pytest.mark.parametrize("value, says", [("-5", "-5.0 is below the minimum 0"), (".inf", "is not a finite number"),
+                                         (".nan", "is not a finite number"), ("five", "expected a number (USD)")])
+def test_a_budget_that_is_not_an_amount_is_a_config_error_naming_the_file_and_the_key(tmp_path, value, says):
+    """guard.max_spend: USD, 0 for none; a negative, endless or non-numeric one stops the config with the file,
+    the key, what is wrong and a hint, in the file and in its env twin alike."""
+    f = tmp_path / "pod.yaml"
+    f.write_text(f"guard:\n  max_spend: {value}\n")
+    with pytest.raises(ConfigError) as e:
+        config.load(f, environ={})
+    assert e.value.message.startswith(f"{f}: guard.max_spend: ") and says in e.value.message, e.value.message
+    assert "budget" in e.value.hint
+    with pytest.raises(ConfigError) as e:
+        config.load(environ={"PODKIT_GUARD_MAX_SPEND": "-1"})
+    assert e.value.message.startswith("env PODKIT_GUARD_MAX_SPEND: guard.max_spend: -1.0 is below the minimum 0")
+    assert config.load(environ={"PODKIT_GUARD_MAX_SPEND": "25.5"}).guard.max_spend == 25.5

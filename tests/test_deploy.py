@@ -59,11 +59,19 @@ def tpl_file(tmp_path, **fields) -> str:
 
 
 def test_deploy_saves_the_template_then_a_4xa40_pod_and_says_how_to_reach_it(runpod_api):
-    """Template created, pod created on 4 A40s (v2's nested body: gpu with the image's CUDA floor, the pod
-    volume at /workspace), waited for, and the SSH command printed; the key only in the header."""
+    """The price per hour said before anything is made (RunPod's GPU catalogue), template created, pod created
+    on 4 A40s (v2's nested body: gpu with the image's CUDA floor, the pod volume at /workspace) and its own
+    price said, waited for, and the SSH command printed; the key only in the header."""
     r = podkit_deploy(runpod_api, "--image", "registry.example/podkit:1.0", "--wait-timeout", "30")
     assert r.returncode == 0, r.stderr
-    assert runpod_api.calls()[:4] == ["GET /v2/templates", "POST /v2/templates", "GET /v2/pods", "POST /v2/pods"]
+    assert runpod_api.calls()[:5] == ["GET /v2/catalog/gpus", "GET /v2/templates", "POST /v2/templates",
+                                      "GET /v2/pods", "POST /v2/pods"]
+    said = r.stdout.splitlines()
+    price = said.index("price: $1.60/h for 4x NVIDIA A40 in SECURE cloud (RunPod's list price; the pod's own is "
+                       "shown once it is made)")
+    made = next(i for i, line in enumerate(said) if line.startswith("pod stubpod") and " created: " in line)
+    assert price < made and re.fullmatch(r"pod stubpod\d+ created: RunPod bills it \$1\.60/h \(its cost\)",
+                                         said[made]), r.stdout
     assert runpod_api.refused == []
     [tpl] = sent(runpod_api, "POST /v2/templates")
     assert tpl["image"] == "registry.example/podkit:1.0" and tpl["startJupyter"] is False and tpl["args"] == ""
@@ -94,7 +102,8 @@ def test_an_image_no_runpod_host_can_pull_is_refused_before_anything_is_sent(run
     assert r.returncode == 2 and where in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert "--image ghcr.io/<you>/podkit:<tag>" in r.stderr and runpod_api.requests == []
     r = podkit_deploy(runpod_api, *args, "--dry-run")
-    assert r.returncode == 0 and "a real deploy refuses it" in r.stderr and runpod_api.requests == []
+    assert r.returncode == 0 and "a real deploy refuses it" in r.stderr
+    assert runpod_api.calls() == ["GET /v2/catalog/gpus"], "a dry run with a key reads the price, and only that"
 
 
 @pytest.mark.parametrize("image, pullable", [
@@ -233,6 +242,30 @@ def test_dry_run_prints_the_v2_requests_and_sends_nothing(runpod_api):
     pod = json.loads(r.stdout.split("/v2/pods\n")[-1].split("# nothing")[0])
     assert pod["mounts"] == {"network": [{"volumeId": VOLUME, "path": "/workspace"}]}
     assert pod["gpu"]["count"] == 2 and "graphql" not in r.stdout.lower()
+    assert "price" not in r.stdout + r.stderr and r.stdout.endswith("# nothing was sent (--dry-run)\n")
+
+
+def test_a_dry_run_with_a_key_reads_the_price_and_says_so_and_writes_nothing(runpod_api):
+    """With a key, the dry run reads RunPod's GPU catalogue, the one request it sends, says so beside the price
+    (list price x GPUs, in the cloud asked for), and still writes nothing; a catalogue that does not answer is
+    a price not known, never a failed dry run."""
+    r = podkit_deploy(runpod_api, "--dry-run", "--gpus", "2")
+    assert r.returncode == 0, r.stderr
+    assert runpod_api.calls() == ["GET /v2/catalog/gpus"]
+    assert r.stdout.startswith(f"# price: $0.80/h for 2x NVIDIA A40 in SECURE cloud (RunPod's list price; the pod's "
+                               f"own is shown once it is made); read from GET {runpod_api.url}/v2/catalog/gpus, this "
+                               "dry run's one request\n"), r.stdout
+    assert r.stdout.endswith("# nothing was written (--dry-run)\n")
+    assert json.loads(r.stdout.split("/v2/pods\n")[-1].split("# nothing")[0])["gpu"]["count"] == 2
+    runpod_api.fail("GET", "/v2/catalog/gpus", 403)
+    r = podkit_deploy(runpod_api, "--dry-run", "--cloud", "COMMUNITY")
+    assert r.returncode == 0 and r.stdout.startswith(
+        "# price: unknown for 4x NVIDIA A40 in COMMUNITY cloud (RunPod's GPU catalogue did not answer: RunPod answered "
+        "GET /v2/catalog/gpus (the GPU catalogue) with HTTP 403"), r.stdout
+    r = podkit_deploy(runpod_api, "--dry-run", "--cloud", "COMMUNITY")
+    assert r.stdout.startswith("# price: unknown: RunPod's GPU catalogue lists no price for 4x NVIDIA A40 in "
+                               "COMMUNITY cloud;"), "the stub's A40s are in Secure Cloud only"
+    assert all(c == "GET /v2/catalog/gpus" for c in runpod_api.calls())
 
 
 def test_stop_start_terminate_and_status_are_v2_actions(runpod_api):
@@ -645,3 +678,23 @@ def test_after_a_create_sent_twice_exactly_one_pod_of_the_run_is_left(runpod_api
     first = next(pid for pid in runpod_api.pods if pid != second["id"])
     pod = d.wait_running(second["id"], timeout_s=40, poll_s=0.25)
     assert pod["id"] == first and runpod_api.terminated == {second["id"]} and list(runpod_api.pods) == [first]
+
+
+# -- never pay twice (issue 43) ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["bad-id", "cut", "drop"])
+def test_a_create_made_but_answered_unreadably_is_followed_never_sent_again(runpod_api, how):
+    """RunPod made the pod, and its answer cannot be read: an id not of RunPod's shape, a body cut short, a
+    connection closed mid-body. Before any second create, podkit looks for the run's pods (by the run id it put
+    in the pod's env), finds the one RunPod made, and follows it until it runs: one create sent, one pod billing."""
+    runpod_api.garble("POST", "/v2/pods", how)
+    runpod_api.add_pod(name="p")  # an older pod of the same name, of no run: not the one made
+    d = deploy.Deployer(tiny_client(), sleep=time.sleep, create_answer_s=2, look_every_s=0.2)
+    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
+    body = deploy.pod_body(tpl, 4, "SECURE", "p", run=deploy.new_run())
+    pod = d.create_pod(body, capacity_timeout_s=0)
+    assert runpod_api.calls().count("POST /v2/pods") == 1, "never sent again"
+    [made] = [p for p in runpod_api.pods.values() if p["env"].get("PODKIT_RUN_ID") == body["env"]["PODKIT_RUN_ID"]]
+    assert pod["id"] == made["id"] and len(runpod_api.pods) == 2 and runpod_api.terminated == set()
+    assert d.wait_running(pod["id"], timeout_s=20, poll_s=0.2)["id"] == made["id"]
+    assert not [q for q in runpod_api.requests if "victim" in q.path], "the unreadable id went nowhere"

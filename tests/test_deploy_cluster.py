@@ -63,7 +63,7 @@ def test_a_cluster_create_sends_the_spec_body_and_says_what_next(runpod_api):
     assert env["GIT_TOKEN"] == "{{ RUNPOD_SECRET_GIT_TOKEN }}"
     assert 23 * 3600 < float(env["PODKIT_GUARD_STOP_POD_AT"]) - time.time() <= 24 * 3600
     assert body["mounts"] == {"network": [{"volumeId": VOLUME, "path": "/workspace"}]}
-    assert body["dataCenterIds"] == ["US-TX-3"] and body["ports"] == ["22/tcp"] and body["startSsh"] is True
+    assert body["dataCenterIds"] == ["US-TX-3"] and body["ports"] == ["22/tcp", "9401/http"] and body["startSsh"] is True
     assert {q.headers.get("authorization") for q in runpod_api.requests} == {f"Bearer {KEY}"}
     [cid] = runpod_api.clusters
     assert f"cluster {cid} created" in r.stdout

@@ -122,6 +122,30 @@ def test_the_verb_refuses_a_bad_value_with_exit_2_and_writes_nothing(tmp_path):
     assert guard(ws, "clear").returncode == 0 and not guardfile.path(ws).exists()
 
 
+def test_a_budget_is_set_on_a_running_pod_in_dollars_and_a_bad_one_is_refused(tmp_path):
+    """`podkit guard set max_spend=...` (guard.max_spend, USD; $ optional; 0: none) is checked as the config
+    checks it: a negative, endless or wordy one is exit 2 with nothing written; a good one is shown in dollars
+    and cleared like the others."""
+    ws = tmp_path / "ws"
+    (ws / ".podkit").mkdir(parents=True)
+    for item, words in (("max_spend=-1", "guard.max_spend: -1.0 is below the minimum 0"),
+                        ("max_spend=inf", "guard.max_spend: 'inf' is not a finite number"),
+                        ("max_spend=lots", "guard.max_spend: expected a number (USD), got 'lots'")):
+        r = guard(ws, "set", item)
+        assert r.returncode == 2 and r.stderr.startswith("podkit: error: command line: ") and words in r.stderr, \
+            r.stderr
+    assert not guardfile.path(ws).exists()
+    r = guard(ws, "set", "max_spend=$25.5")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(guardfile.path(ws).read_text())["max_spend"] == {
+        "value": 25.5, "over": 0.0, "time": pytest.approx(time.time(), abs=60), "run": ""}
+    assert "guard.max_spend                $25.50  [" in r.stdout, r.stdout
+    rep = json.loads(guard(ws, "show", "--json").stdout)["guards"]["max_spend"]
+    assert rep["value"] == 25.5 and "podkit guard set" in rep["from"] and rep["setting"] == 0
+    assert guard(ws, "clear", "max_spend").returncode == 0 and not guardfile.path(ws).exists()
+    assert "guard.max_spend                0 (no budget)  [config (defaults)]" in guard(ws).stdout
+
+
 def test_doctor_and_status_name_a_guard_file_that_is_not_in_force(tmp_path):
     """A file the pod ignores is a problem doctor names, with the file and what is wrong; status shows it too."""
     ws = tmp_path / "ws"

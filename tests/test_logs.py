@@ -117,10 +117,12 @@ def test_a_maximum_run_time_moved_later_after_its_stop_says_the_trainer_stays_st
 
     sent = []
     monkeypatch.setattr(notify, "send", lambda event, text, state_dir, environ=None: sent.append((event, text)))
-    guards = {"stop_pod_at": _time.time() - 5, "stop_pod_when_finished": "auto", "stop_pod_after_s": 0.0}
+    guards = {"stop_pod_at": _time.time() - 5, "stop_pod_when_finished": "auto", "stop_pod_after_s": 0.0,
+              "max_spend": 0.0}
     out = io.StringIO()
     pump = Pump(out, tmp_path, state_dir=tmp_path, on_runpod=True, guards=SimpleNamespace(values=lambda: guards))
     pump.deadline.thread = threading.Thread(target=lambda: None)  # the deadline's stop ran; the pod's was refused
+    pump.deadline.key = "stop_pod_at"  # ...for this guard
     guards["stop_pod_at"] = _time.time() + 6 * 3600
     pump.deadline.check(_time.time())
     pump.deadline.check(_time.time())

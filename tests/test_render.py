@@ -28,8 +28,8 @@ def test_shipped_supervisord_conf_parses_with_supervisors_own_parser(cfg_name, t
     as the stop budget cuts them (render.stop_budget)."""
     cfg, opts = parsed(ROOT / "configs" / cfg_name, tmp_path)
     progs = {g.name: g.process_configs[0] for g in opts.process_group_configs}
-    assert set(progs) == {"logs", "metrics", "sglang", "ray", "trainer", "watchdog"}
-    for name in ("sglang", "ray", "trainer", "metrics"):
+    assert set(progs) == {"logs", "metrics", "page", "sglang", "ray", "trainer", "watchdog"}
+    for name in ("sglang", "ray", "trainer", "metrics", "page"):
         assert progs[name].stopasgroup and progs[name].killasgroup
         assert progs[name].stdout_events_enabled and progs[name].redirect_stderr
     assert progs["sglang"].priority < progs["trainer"].priority, "trainer must stop first"

@@ -272,3 +272,65 @@ def test_answers_of_other_shapes_and_timings_are_scripted_and_not_held_to_the_do
         raw = r.read()
     assert raw.count(KEEPALIVE) >= 2 and b'"line":"hello"' in raw
     stub.assert_clean()
+
+
+def test_a_pod_shows_its_cost_and_its_bill_grows_in_the_documents_buckets(stub):
+    """`cost` is the pod's USD/h while it bills and 0.0 once it is EXITED; GET /v2/billing/pods answers its
+    bill (what it ran plus charges) in buckets of the window, narrowed by podId; lastN with startTime is refused
+    (400) and a bucketSize the document lacks is a 422. Every answer passed the document's schema."""
+    import time
+
+    pid = stub.add_pod(id="pod-bill1")["id"]
+    other = stub.add_pod(gpu={"id": "NVIDIA A40", "count": 4})["id"]
+    assert call(stub, "GET", f"/v2/pods/{pid}")[2]["cost"] == 2.69
+    assert call(stub, "GET", f"/v2/pods/{other}")[2]["cost"] == 1.6, "the GPUs' list price x their count"
+    stub.charge(pid, 12.5)
+    time.sleep(0.2)
+    status, _, bill = call(stub, "GET", f"/v2/billing/pods?podId={pid}&bucketSize=hour&lastN=2")
+    assert status == 200 and {r["podId"] for r in bill["records"]} == {pid}
+    total = sum(r["totalAmount"] for r in bill["records"])  # one bucket, or two across an hour's turn
+    assert 12.5 < total < 12.6 and total == pytest.approx(bill["metadata"]["totals"]["totalAmount"])
+    assert all(r["startTime"].endswith(":00:00Z") for r in bill["records"])
+    assert bill["metadata"]["query"]["podId"] == pid and bill["metadata"]["query"]["bucketSize"] == "hour"
+    assert bill["metadata"]["recordCount"] == len(bill["records"]) >= 1
+    everyone = call(stub, "GET", "/v2/billing/pods?bucketSize=month")[2]
+    assert everyone["metadata"]["uniquePodCount"] == 2 and everyone["metadata"]["query"]["podId"] is None
+
+    status, _, pod = call(stub, "POST", f"/v2/pods/{pid}/action", {"action": "stop"})
+    assert (status, pod["cost"]) == (200, 0.0)
+    stopped_at = call(stub, "GET", f"/v2/billing/pods?podId={pid}")[2]["metadata"]["totals"]["totalAmount"]
+    time.sleep(0.3)
+    assert call(stub, "GET", f"/v2/billing/pods?podId={pid}")[2]["metadata"]["totals"]["totalAmount"] == stopped_at, \
+        "a stopped pod's bill stands still"
+    assert call(stub, "GET", "/v2/billing/pods?lastN=3&startTime=2026-01-01T00:00:00Z")[0] == 400
+    assert call(stub, "GET", "/v2/billing/pods?bucketSize=minute")[0] == 422
+    assert call(stub, "GET", "/v2/billing/pods?startTime=yesterday")[0] == 422
+    stub.assert_clean()
+
+
+def test_the_gpu_catalogue_answers_a_type_by_its_id(stub):
+    """getGpuType: the id is a name, so it travels percent-encoded; an unknown one is 404."""
+    status, _, gpu = call(stub, "GET", "/v2/catalog/gpus/NVIDIA%20A40")
+    assert status == 200 and gpu["id"] == "NVIDIA A40" and gpu["price"]["secure"] == 0.40
+    assert gpu == next(g for g in call(stub, "GET", "/v2/catalog/gpus")[2]["gpus"] if g["id"] == "NVIDIA A40")
+    assert call(stub, "GET", "/v2/catalog/gpus/NVIDIA%20Z9")[0] == 404
+    stub.assert_clean()
+
+
+@pytest.mark.parametrize("how", ["bad-id", "cut", "drop"])
+def test_a_garbled_answer_comes_after_the_request_was_done(stub, how):
+    """garble(): the create makes its pod, and its answer cannot be read: an id of another shape, a body cut
+    short, or a connection closed halfway through the body it announced."""
+    from runpod_stub import HOSTILE_ID
+
+    stub.garble("POST", "/v2/pods", how)
+    if how == "drop":
+        with pytest.raises(http.client.IncompleteRead):
+            call(stub, "POST", "/v2/pods", CREATE)
+    else:
+        status, _, answer = call(stub, "POST", "/v2/pods", CREATE)
+        assert status == 201
+        assert answer["id"] == HOSTILE_ID if how == "bad-id" else isinstance(answer, bytes)
+    assert len(stub.pods) == 1, "the pod was made"
+    assert call(stub, "POST", "/v2/pods", CREATE)[0] == 201, "once: the next answer is whole"
+    stub.assert_clean()

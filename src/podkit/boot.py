@@ -242,6 +242,10 @@ def up(cfg, steps: int | None = None) -> int:
     env[ending.PLACE_ENV] = ending.place(cfg) if ending.place(cfg) != "pod" else "up"  # fixes say `podkit up` here
     proc = subprocess.Popen(supervisord_argv(env), env=env)
     _record_current(cfg, proc.pid)
+    if cfg.page.port:  # `make run` says where to look
+        host = "127.0.0.1" if cfg.page.host in ("0.0.0.0", "::") else cfg.page.host
+        host = f"[{host}]" if ":" in host else host
+        _log.info(f"the run at a glance: http://{host}:{cfg.page.port}/ (page.port; 0: off)")
     if record:
         record.done("supervisord")
     stopping: list[int] = []

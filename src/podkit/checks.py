@@ -442,6 +442,38 @@ def metrics(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
     return out
 
 
+PAGE_TOKEN_ENV = "PODKIT_PAGE_TOKEN"  # a secret (a RunPod secret on a pod), never the YAML
+PAGE_TOKEN_MIN = 16  # the page takes guesses from the internet through RunPod's proxy: no short password
+
+
+def page(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
+    """The page beyond loopback only with a token a person cannot guess; on a port of its own."""
+    environ = os.environ if environ is None else environ
+    p, out = cfg.page, []
+    token = environ.get(PAGE_TOKEN_ENV, "")
+    if not p.port:
+        return out
+    if token and "RUNPOD_SECRET_" not in token and (not usable_key(token) or len(token) < PAGE_TOKEN_MIN):
+        out.append((PAGE_TOKEN_ENV, f"must be at least {PAGE_TOKEN_MIN} characters of visible ASCII (letters, "
+                    "digits, punctuation; no space)", "e.g. the output of `openssl rand -hex 32`"))
+    for key, port in (("inference.port", cfg.inference.port), ("metrics.port", cfg.metrics.port)):
+        if p.port == port:
+            out.append(("page.port", f"is {key} ({port}) too", "pick another port (default 9401), or 0: off"))
+    return out
+
+
+def page_loopback_only(cfg, environ: dict[str, str] | None = None) -> str | None:
+    """Why a page set to bind beyond loopback is served on 127.0.0.1 only: no token (or RunPod's secret reference
+    left unfilled). A warning, not an error: a missing secret for the page must not keep a pod from training."""
+    environ = os.environ if environ is None else environ
+    token = environ.get(PAGE_TOKEN_ENV, "")
+    if not cfg.page.port or loopback(cfg.page.host) or (token and "RUNPOD_SECRET_" not in token):
+        return None
+    why = "RunPod's secret reference is not filled in (no RunPod secret of that name)" if token else "it is not set"
+    return (f"the page is served on 127.0.0.1 only, not {cfg.page.host}: {PAGE_TOKEN_ENV} {why}; create the secret "
+            "(e.g. from `openssl rand -hex 32`) to see the run through RunPod's proxy")
+
+
 SHAPE_KEYS = ("allocation_mode", "rollout.backend", "actor.backend", "cluster.n_nodes", "cluster.n_gpus_per_node")
 POD_GPU_KEYS = ("trainer.gpus", "trainer.cpu_ranks", "inference.gpus")  # a cluster's GPUs are Ray's
 
@@ -503,7 +535,7 @@ def cluster(cfg, synced: bool = True) -> list[Problem]:
 def programs(cfg, environ: dict[str, str] | None = None, synced: bool = False) -> list[Problem]:
     """Everything that would make the configured programs fail at once (`synced`: after the sync stage,
     when the checkout's files can be looked for)."""
-    out = metrics(cfg, environ) + devices(cfg)
+    out = metrics(cfg, environ) + page(cfg, environ) + devices(cfg)
     if cfg.multi_node:  # AReaL's Ray launcher starts SGLang; rank 0 runs it
         if cfg.inference.kind == "standin-lm":
             out += standin_lm(cfg)

@@ -234,7 +234,7 @@ def _weights(cfg, args) -> int:
 
 @verb("guard", "the cost guards of a running pod, changed without a restart (RunPod restarts a pod whose env is "
       "edited): show | set KEY=VALUE... | clear [KEY...]; keys stop_pod_at (+6h, a Unix time, 0), "
-      "stop_pod_when_finished (auto, never), stop_pod_after_s (2h, seconds, 0)",
+      "stop_pod_when_finished (auto, never), stop_pod_after_s (2h, seconds, 0), max_spend (USD, 0)",
       opt("action", nargs="?", choices=["show", "set", "clear"], default="show"),
       opt("settings", nargs="*", metavar="KEY=VALUE", help="set: KEY=VALUE pairs; clear: keys (none: all)"),
       opt("--json", action="store_true"), workspace=True, tolerant=True)

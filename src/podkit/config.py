@@ -20,7 +20,8 @@ from podkit.errors import ConfigError
 ENV_PREFIX = "PODKIT_"
 # Env vars with the prefix that are not settings (they select or locate a config).
 NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID", "PODKIT_NOTIFY_WEBHOOK_URL",
-                   "PODKIT_METRICS_KEY", "PODKIT_RUN_ID",  # `podkit deploy` names each run (guardfile.RUN_ENV)
+                   "PODKIT_METRICS_KEY", "PODKIT_PAGE_TOKEN",  # secrets (checks.py)
+                   "PODKIT_RUN_ID",  # `podkit deploy` names each run (guardfile.RUN_ENV)
                    # rendered beside the settings (render.environment) and set for a cluster's driver and ranks
                    "PODKIT_LOG_DIR", "PODKIT_RAY_STOP_WAIT_S", "PODKIT_CLUSTER_RUN", "PODKIT_RAY_ADDRESS",
                    "PODKIT_RAY_STANDIN_LM"}
@@ -96,6 +97,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "stop_pod_at": Field(float, 0.0, "cost guard: a RunPod pod stops itself at this Unix time, the trainer "
                              "first with its checkpoint (`podkit deploy --max-runtime` sets it); 0: never", "s",
                              minimum=0, maximum=4102444800),  # 2100-01-01
+        "max_spend": Field(float, 0.0, "cost guard: once this RunPod pod has cost this many US dollars (RunPod's "
+                           "billing for it, else its price x its running time: cost.json), the trainer stops with "
+                           "its checkpoint, then the pod; 0: no budget", "USD", minimum=0, maximum=1e6),
+        "cost_every_s": Field(float, 60.0, "on RunPod, how often the pod reads its price and spend from RunPod's "
+                              "API (.podkit/cost.json on the volume: podkit status, guard.max_spend)", "s", minimum=1),
         "network_volume": Field(str, "warn", "on RunPod, a pod without a network volume (no RUNPOD_VOLUME_ID): its "
                                 "checkpoints die with the pod (terminated, or migrated to another host); warn, "
                                 "refuse to train (safe mode), or off", "", choices=("warn", "refuse", "off")),
@@ -125,6 +131,12 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "metrics": {
         "port": Field(int, 9400, "the pod's Prometheus endpoint (/metrics); 0: off", "", minimum=0, maximum=65535),
         "host": Field(str, "127.0.0.1", "address /metrics binds; beyond loopback needs PODKIT_METRICS_KEY"),
+    },
+    "page": {
+        "port": Field(int, 9401, "the run at a glance: a web page of the pod's run, drawn from the records "
+                      "`podkit status` reads (podkit run page); 0: off", "", minimum=0, maximum=65535),
+        "host": Field(str, "127.0.0.1", "address the page binds; beyond loopback needs PODKIT_PAGE_TOKEN (the "
+                      "RunPod template binds 0.0.0.0 for RunPod's HTTP proxy)"),
     },
     "watchdog": {
         "interval_s": Field(float, 10.0, "how often the watchdog looks", "s", minimum=0.1),

@@ -1,7 +1,13 @@
 """Cost guards: on RunPod, a pod whose training finished, or that has waited in safe mode for
 `guard.stop_pod_after_s`, stops itself, so a run that ended at 3 a.m. does not bill GPUs until someone
-looks. Off outside RunPod (no RUNPOD_POD_ID) and with `guard.stop_pod_when_finished: never` /
-`guard.stop_pod_after_s: 0`.
+looks; so does one past its maximum run time (`guard.stop_pod_at`) or its budget (`guard.max_spend`), the
+trainer first with its checkpoint. Off outside RunPod (no RUNPOD_POD_ID) and with
+`guard.stop_pod_when_finished: never` / `guard.stop_pod_after_s: 0` / `guard.stop_pod_at: 0` /
+`guard.max_spend: 0`.
+
+What the pod costs is one record, `<state_dir>/cost.json` (records.COST): the Meter reads the pod's price
+(`GET /v2/pods/{id}`: cost, startedAt) and its bill (`GET /v2/billing/pods?podId=`) every
+`guard.cost_every_s` and writes it; `cost()` reads it back checked, for status, notifications and the page.
 
 A stopped pod keeps its volume (checkpoints, logs, the repo) and bills only for disk; it restarts from
 the console or `podkit deploy start`. The call is REST API v2's `POST /v2/pods/{id}/action` with
@@ -21,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from podkit import log
+from podkit import log, records
 
 _log = log.get("costguard")
 POD_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -259,52 +265,233 @@ def when_finished(step, guard, state_dir: Path | None, say, after: threading.Thr
 
 
 class Deadline:
-    """guard.stop_pod_at, the maximum run time, for the log listener: once it has passed, in a thread
-    (events keep flowing), `stop_trainer()` stops the trainer with its checkpoint (it returns what to say of
+    """The lines a training pod stops at, for the log listener: guard.stop_pod_at (the maximum run time) and
+    guard.max_spend (the budget, against `spent()`, the Meter's last read). Once one is crossed, in a thread
+    (events keep flowing), `stop_trainer(why)` stops the trainer with its checkpoint (it returns what to say of
     that checkpoint), then the pod (Stopper); a stop still refused after Stopper's retries is begun again
-    RETRY_MAX_S later. `guard(key)` and `from_file(key)` are looked up each time: `podkit guard set` moves
-    it, and moved past now after the trainer was stopped for it, the pod is left up, said once."""
+    RETRY_MAX_S later. `guard(key)` and `from_file(key)` are looked up each time: `podkit guard set` moves a
+    line, and moved past now (or the budget raised) after the trainer was stopped for it, the pod is left up,
+    said once."""
 
-    def __init__(self, guard, from_file, state_dir: Path | None, say, stop_trainer) -> None:
+    def __init__(self, guard, from_file, state_dir: Path | None, say, stop_trainer, spent=None) -> None:
         self.guard, self.from_file, self.state_dir, self.say = guard, from_file, state_dir, say
         self.stop_trainer = stop_trainer
+        self.spent = spent or (lambda: None)
         self.thread: threading.Thread | None = None
         self.retry_at = 0.0
         self.done = False
+        self.key = ""  # the guard whose line stopped the trainer
         self.reason = ""
         self.moved = False
 
-    def check(self, now: float) -> None:
+    def due(self, now: float) -> str:
+        """The guard whose line is crossed at `now`: "stop_pod_at", "max_spend", or ""."""
         at = self.guard("stop_pod_at")
-        if self.thread is not None and not self.done and (not at or now < at):
+        if at and now >= at:
+            return "stop_pod_at"
+        budget, spent = self.guard("max_spend"), self.spent()
+        return "max_spend" if budget and spent is not None and spent >= budget else ""
+
+    def check(self, now: float) -> None:
+        due = self.due(now)
+        if self.thread is not None and not self.done and not due:
             if not self.moved:  # moved after the trainer was stopped for it: say what is left
                 self.moved = True
-                msg = ("guard.stop_pod_at moved after the trainer was stopped for it: the pod is not stopped, and "
-                       "the trainer stays stopped until `podkit ctl start trainer watchdog`")
+                msg = (f"guard.{self.key} {_MOVED[self.key]} after the trainer was stopped for it: the pod is not "
+                       "stopped, and the trainer stays stopped until `podkit ctl start trainer watchdog`")
                 self.say(msg)
                 from podkit import notify
 
                 notify.send("guard", msg, self.state_dir)
             return
-        if self.done or not at or now < at or time.monotonic() < self.retry_at:
+        if self.done or not due or time.monotonic() < self.retry_at:
             return
         if self.thread and self.thread.is_alive():
             return
         self.retry_at = time.monotonic() + RETRY_MAX_S
         first = self.thread is None
         if first:
-            self.reason = ("the maximum run time was reached (guard.stop_pod_at, " +
-                           ("set on the running pod by `podkit guard set`)" if self.from_file("stop_pod_at")
-                            else "set by podkit deploy --max-runtime)"))
-        self.thread = threading.Thread(target=self._stop, args=(first,), name="max-runtime", daemon=True)
+            self.key, self.reason = due, self._why(due)
+        self.thread = threading.Thread(target=self._stop, args=(first,), name=_THREAD[due], daemon=True)
         self.thread.start()
+
+    def _why(self, key: str) -> str:
+        here = "set on the running pod by `podkit guard set`" if self.from_file(key) else ""
+        if key == "stop_pod_at":
+            return ("the maximum run time was reached (guard.stop_pod_at, "
+                    f"{here or 'set by podkit deploy --max-runtime'})")
+        return (f"the pod's spend reached its budget (${self.spent():.2f} of guard.max_spend "
+                f"${self.guard('max_spend'):.2f}{', ' + here if here else ''})")
 
     def _stop(self, first: bool) -> None:
         if first:
             self.say(f"{self.reason}: stopping the trainer with a checkpoint, then the pod")
-            self.reason += f"; {self.stop_trainer()}"
+            self.reason += f"; {self.stop_trainer(_ASKED[self.key])}"
 
         def wanted() -> str:
-            at = self.guard("stop_pod_at")
-            return "" if at and time.time() >= at else "guard.stop_pod_at moved"
+            return "" if self.due(time.time()) else f"guard.{self.key} {_MOVED[self.key]}"
         self.done = Stopper(self.reason, self.state_dir, wanted=wanted, say=self.say, notified=not first).run()
+
+
+# Per line: the stop's thread, and who asked for the trainer's stop (its end record says "stopped by ...").
+_THREAD = {"stop_pod_at": "max-runtime", "max_spend": "max-spend"}
+_ASKED = {"stop_pod_at": "the maximum run time (guard.stop_pod_at)", "max_spend": "the budget (guard.max_spend)"}
+_MOVED = {"stop_pod_at": "moved", "max_spend": "was raised"}
+
+
+# -- what the pod costs: cost.json -------------------------------------------------------------------------------
+PER_HOUR_MAX = 1000.0  # USD/h: a pod of 8 of RunPod's dearest GPUs costs a few tens; more is not a price
+SPENT_MAX = 1e7  # USD
+SOURCES = ("billing", "estimate")
+# RunPod's bill lags the pod's running: one that is further behind the price x this start's running time than
+# this is not yet the pod's spend, and the estimate is (a budget must not wait hours for the bill).
+BILLING_LAG_S = 300.0
+
+
+def _money(value, limit: float) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= limit
+    return float(value) if ok else None  # NaN fails the comparison
+
+
+def cost(state_dir: Path | None) -> dict | None:
+    """cost.json, checked: {"per_hour", "spent", "source", "started", "time", "projected"}, or None when there is
+    none or it cannot be trusted (a price or spend that is not a finite amount from 0 to a bound, a source not
+    podkit's, a time not a time: records.COST's shape sets a corrupt or future-stamped file aside). A started or
+    projected value that is not one is dropped to None."""
+    if state_dir is None:
+        return None
+    rec = records.COST.read(state_dir)
+    per_hour, spent = _money(rec.get("per_hour"), PER_HOUR_MAX), _money(rec.get("spent"), SPENT_MAX)
+    t = rec.get("time")
+    if per_hour is None or spent is None or rec.get("source") not in SOURCES or not isinstance(t, (int, float)) \
+            or isinstance(t, bool) or t > time.time() + 300:  # read in the future: not a read of this clock's
+        return None
+    started = rec.get("started")
+    started = float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) \
+        and 0 < started <= t + 300 else None
+    return {"per_hour": per_hour, "spent": spent, "source": rec["source"], "started": started, "time": float(t),
+            "projected": _money(rec.get("projected"), SPENT_MAX)}
+
+
+def words(c: dict, now: float | None = None) -> str:
+    """cost() in a line: "$0.35/h, $1.20 spent (billing), ~$3.10 to the end at this pace"."""
+    now = time.time() if now is None else now
+    out = f"${c['per_hour']:.2f}/h, ${c['spent']:.2f} spent ({c['source']})"
+    if c.get("projected") is not None:
+        out += f", ~${c['projected']:.2f} to the end at this pace"
+    if now - c["time"] > 600:  # the reader (the log listener) is not running, or RunPod has not answered
+        out += f" (read {(now - c['time']) / 60:.0f} min ago)"
+    return out
+
+
+class Meter:
+    """What this RunPod pod costs, read every `every_s` in a daemon thread of the log listener and written to
+    cost.json: its price (`cost`, USD/h), its spend (RunPod's bill for the pod; while that does not answer, or
+    lags, the price x its running time since `startedAt`) and, with `total_steps` (trainer.max_steps), the
+    cost of the steps left at the trainer's pace. A read RunPod does not answer keeps the last record, said once
+    (and once more when it answers again); nothing here raises into the listener."""
+
+    def __init__(self, state_dir: Path, every_s: float, total_steps: int = 0, say=None, environ=None) -> None:
+        self.state_dir, self.every_s, self.total_steps = Path(state_dir), every_s, total_steps
+        self.say = say or _log.info
+        self.environ = os.environ if environ is None else environ
+        self.pod = self.environ.get("RUNPOD_POD_ID", "")
+        self.last: dict | None = None
+        self.failing = ""  # what the last failed read said ("" once one works)
+        self.no_bill = ""
+        self.pace: list[tuple[int, float, int | None]] = []  # (step, its time, the trainer's pid): first, latest
+        self._client = None
+
+    def start(self) -> Meter:
+        def loop() -> None:
+            while True:
+                try:
+                    self.read()
+                except Exception:  # noqa: BLE001 - saying so failed (stdout gone): the next read says it again
+                    pass
+                time.sleep(self.every_s)
+        threading.Thread(target=loop, name="cost-meter", daemon=True).start()
+        return self
+
+    def spent(self) -> float | None:
+        """USD spent by the last read; None before one worked."""
+        return self.last["spent"] if self.last else None
+
+    def read(self) -> dict | None:
+        """One read of RunPod, recorded; the record, or None when RunPod did not answer (the last one holds)."""
+        try:
+            rec = self._read()
+        except Exception as e:  # noqa: BLE001 - a read that fails waits for the next, whatever failed
+            from podkit import runpod
+
+            self._failed(e.message if isinstance(e, runpod.ApiError) else f"{type(e).__name__}: {e}")
+            return None
+        try:
+            records.COST.write(self.state_dir, rec)
+        except OSError as e:
+            self._failed(f"cannot write {records.COST.path(self.state_dir)} ({e.strerror})")
+            return None
+        if self.failing:
+            self.say(f"the pod's cost is read again: {words(rec)}")
+        self.failing, self.last = "", rec
+        return rec
+
+    def _failed(self, why: str) -> None:
+        if not self.failing:
+            self.say(f"cannot read what pod {self.pod} costs ({why}): cost.json keeps its last read"
+                     + (", and guard.max_spend goes by it" if self.last else
+                        "; guard.max_spend cannot act until it can") + "; trying again every "
+                     f"{self.every_s:g} s, said again once it works")
+        self.failing = why or "?"
+
+    def _read(self) -> dict:
+        from podkit import runpod  # the listener on RunPod only: urllib stays off every other path
+
+        if self._client is None:
+            self._client = runpod.Client(environ=self.environ, timeout_s=20, retries=1, agent="podkit-costguard")
+        pod = self._client.pod(runpod.check_id(self.pod, "pod"))
+        if pod is None:
+            raise runpod.ApiError(f"RunPod has no pod {self.pod}")
+        per_hour = runpod.pod_cost(pod)
+        if per_hour is None or per_hour > PER_HOUR_MAX:
+            raise runpod.ApiError(f"RunPod's answer for pod {self.pod} has no price (cost {pod.get('cost')!r:.40})")
+        now = time.time()
+        started = runpod.started_at(pod)
+        started = started if started is not None and started <= now + 300 else None
+        estimate = per_hour * max(0.0, now - started) / 3600 if started else 0.0
+        spent, source = estimate, "estimate"
+        try:
+            billed = self._client.pod_billing(self.pod, pod.get("createdAt"))
+        except runpod.ApiError as e:  # a pod-scoped key may not read the bill: the price tells the spend
+            if not self.no_bill:
+                self.say(f"RunPod's billing for pod {self.pod} did not answer ({e.message}): its spend is estimated "
+                         "from its price and running time until it does")
+            self.no_bill = e.message or "?"
+        else:
+            if self.no_bill:
+                self.say(f"RunPod's billing for pod {self.pod} answers again")
+            self.no_bill = ""
+            if billed <= SPENT_MAX and billed >= estimate - per_hour * BILLING_LAG_S / 3600:
+                spent, source = billed, "billing"
+        return {"per_hour": per_hour, "spent": round(spent, 6), "source": source, "started": started, "time": now,
+                "projected": self.projected(per_hour)}
+
+    def projected(self, per_hour: float) -> float | None:
+        """USD for the steps left to trainer.max_steps at the pace the trainer has kept since this meter first
+        saw it step (progress.json, sampled at each read; a restarted trainer starts the pace again); None
+        without a total or before two steps were seen."""
+        prog = records.PROGRESS.read(self.state_dir)
+        step, t, pid = prog.get("step"), prog.get("time"), prog.get("pid")
+        if not isinstance(step, int) or isinstance(step, bool) or not isinstance(t, (int, float)):
+            return None
+        if not self.pace or step < self.pace[0][0] or pid != self.pace[0][2]:
+            self.pace = [(step, float(t), pid)]
+        self.pace[1:] = [(step, float(t), pid)]
+        if not self.total_steps:
+            return None
+        if step >= self.total_steps:
+            return 0.0
+        (s0, t0, _), (s1, t1, _) = self.pace[0], self.pace[-1]
+        if s1 <= s0 or t1 <= t0:
+            return None
+        return round((self.total_steps - step) * (t1 - t0) / (s1 - s0) * per_hour / 3600, 6)

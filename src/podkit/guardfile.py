@@ -3,8 +3,8 @@
 RunPod restarts a pod whose env is edited ("clearing all data outside your volume mount path"), so the
 cost guards of a running pod change here instead: `podkit guard set stop_pod_at=+6h` writes the file
 (temp + rename), and what enforces the guards reads it each time it looks, re-reading it only when it
-changed (one stat a second at most): the log listener (guard.stop_pod_at, guard.stop_pod_when_finished)
-and safe mode (guard.stop_pod_after_s, guard.stop_pod_at).
+changed (one stat a second at most): the log listener (guard.stop_pod_at, guard.stop_pod_when_finished,
+guard.stop_pod_after_s, guard.max_spend) and safe mode (guard.stop_pod_after_s, guard.stop_pod_at).
 
 Each entry names the value it replaced (`over`): it holds while the pod's own setting (config file or
 env) is still that value. An env edit on a stopped pod is newer than the file, so it wins at the pod's
@@ -30,11 +30,11 @@ from podkit import config, records
 from podkit.errors import ConfigError, PodkitError
 
 NAME = "guards.json"
-KEYS = ("stop_pod_at", "stop_pod_when_finished", "stop_pod_after_s")
+KEYS = ("stop_pod_at", "stop_pod_when_finished", "stop_pod_after_s", "max_spend")
 ENTRY_FIELDS = ("value", "over", "time", "run")
 RUN_ENV = "PODKIT_RUN_ID"  # `podkit deploy` gives each run one; its watch's replacements keep it (run_id())
 RUN_ID = re.compile(r"^[A-Za-z0-9_-]{0,64}$")
-MAX_BYTES = 4096  # three entries take a few hundred bytes
+MAX_BYTES = 4096  # four entries take a few hundred bytes
 LOOK_EVERY_S = 1.0  # the enforcers look often (every event, every 0.2 s): one stat a second at most
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -151,6 +151,8 @@ def show(key: str, value, now: float | None = None) -> str:
         return f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(value))} ({when})"
     if key == "stop_pod_after_s":
         return f"{config._format(value)} s" + (" (never)" if not value else "")
+    if key == "max_spend":
+        return f"${value:.2f}" if value else "0 (no budget)"
     return str(value)
 
 
@@ -216,9 +218,9 @@ class Live:
         stale = self.stale
         for key, why in stale.items():
             self._say(f"{self.path}: guard.{key} {why}")
-        for key in KEYS:
-            if key in self.current and (self.current[key] != before.get(key) or first and key in entries
-                                        and key not in stale):
+        for key in KEYS:  # only what this enforcer goes by (safe mode has no budget to say)
+            if key in self.base and (self.current[key] != before.get(key) or first and key in entries
+                                     and key not in stale):
                 src = f"from {self.path} (`podkit guard set`)" if key in entries and key not in stale else \
                     "the pod's own setting"
                 self._say(f"guard.{key} is now {show(key, self.current[key])}, {src}")
@@ -228,7 +230,8 @@ class Live:
 
 def parse(key: str, text: str, now: float) -> object:
     """A value given on the command line, checked as the config checks it. stop_pod_at takes a Unix time,
-    +DURATION from now (+6h, +90m, +2d, +3600) or 0 (none); stop_pod_after_s seconds or a duration."""
+    +DURATION from now (+6h, +90m, +2d, +3600) or 0 (none); stop_pod_after_s seconds or a duration;
+    max_spend US dollars ($ optional; 0: no budget)."""
     name = f"guard.{key}"
     if key not in KEYS:
         spec = config.SCHEMA["guard"].get(key)
@@ -242,6 +245,8 @@ def parse(key: str, text: str, now: float) -> object:
         return 0.0
     if key == "stop_pod_after_s" and (m := DURATION.match(t)):
         return config.check("guard", key, float(m.group(1)) * UNIT_S[m.group(2)], "command line", from_env=False)
+    if key == "max_spend":
+        return config.check("guard", key, text.strip().removeprefix("$"), "command line", from_env=True)
     return config.check("guard", key, text, "command line", from_env=True)
 
 
@@ -342,7 +347,8 @@ def main(cfg, action: str, items: list[str], as_json: bool) -> int:
 def _set(cfg, p: Path, items: list[str]) -> None:
     if not items:
         raise ConfigError("command line", "", "nothing to set",
-                          hint="podkit guard set stop_pod_at=+6h | stop_pod_when_finished=never | stop_pod_after_s=2h")
+                          hint="podkit guard set stop_pod_at=+6h | stop_pod_when_finished=never | stop_pod_after_s=2h "
+                          "| max_spend=25")
     now = time.time()
     new = {}
     for item in items:

@@ -6,9 +6,7 @@ be wrong even though nothing listens; a run capturing CUDA graphs once cost hour
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 import time
 import urllib.error
 import urllib.request
@@ -71,25 +69,11 @@ def tail(path: Path, max_bytes: int = 256 * 1024) -> list[str]:
 
 
 def _tail_bytes(path: Path, max_bytes: int) -> tuple[int, bytes]:
-    """(offset, the log's last max_bytes from it). Only a regular file is read, and no more than max_bytes
-    of it: a log is data, and a pipe or /dev/zero put in its place would block or fill memory."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return 0, b""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return 0, b""
-        base = os.lseek(fd, max(0, st.st_size - max_bytes), os.SEEK_SET)
-        data = b""
-        while len(data) < max_bytes and (chunk := os.read(fd, max_bytes - len(data))):
-            data += chunk
-        return base, data
-    except OSError:
-        return 0, b""
-    finally:
-        os.close(fd)
+    """(offset, the log's last max_bytes from it): a log is data, read bounded (records.read_end)."""
+    from podkit.records import read_end
+
+    start, _, data = read_end(path, max_bytes, follow=True)
+    return start, data
 
 
 def phase_from_log(path: Path) -> str:

@@ -1,7 +1,8 @@
 """Notifications: a JSON POST to the webhook in PODKIT_NOTIFY_WEBHOOK_URL when the pod needs a person or
 is done: safe mode (a config error too), the crash-loop guard, a program gone FATAL, a watchdog
 restart, a stop beginning, training finished. `text` (Slack) and `content` (Discord) carry the same
-line, shown as is.
+line, shown as is. On RunPod the ends of a run (finished, a pod's stop, a stop beginning) also say what the
+pod has cost (cost.json: `"cost"` in the JSON, and its words in the line).
 
 The URL is a secret (anyone with it can post to the channel): it comes from the environment only (an
 env file, a RunPod secret), never a config file, so a boot whose config does not load still has it.
@@ -23,7 +24,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from podkit import log, records
+from podkit import costguard, log, records
 
 ENV = "PODKIT_NOTIFY_WEBHOOK_URL"
 ATTEMPTS = 3
@@ -32,6 +33,7 @@ _log = log.get("notify")
 _pending: list[threading.Thread] = []
 _until: list[float] = []  # the stop's deadline (time.monotonic()) once the container is stopping
 EXIT_S = 0.5  # the listener's own exit after the last attempt, before PID 1's deadline
+SPEND_EVENTS = ("finished", "pod-stop", "pod-stop-failed", "stopping")  # a run's ends: what it cost
 
 
 def stopping(deadline_s: float) -> None:
@@ -57,8 +59,16 @@ def send(event: str, text: str, state_dir: Path | None, environ=None) -> threadi
     if not url:
         return None
     pod = pod_name(environ)
+    try:
+        spend = costguard.cost(state_dir) if event in SPEND_EVENTS else None
+    except Exception:  # noqa: BLE001 - a notification goes out whatever the cost record holds
+        spend = None
+    if spend:
+        text += f" (this pod's cost: {costguard.words(spend)})"
     body = {"text": f"[podkit {pod}] {text}", "content": f"[podkit {pod}] {text}", "event": event, "pod": pod,
             "time": round(time.time(), 3)}
+    if spend:
+        body["cost"] = spend
     t = threading.Thread(target=_post, args=(url, body, state_dir), name=f"notify-{event}", daemon=True)
     t.start()
     _pending[:] = [p for p in _pending if p.is_alive()] + [t]

@@ -95,6 +95,9 @@ def run(cfg) -> None:
     if cfg.inference.kind == "standin" and not checks.loopback(cfg.inference.host):
         raise StageError("preflight", f"inference.host {cfg.inference.host} is not loopback",
                          "the stand-in binds 127.0.0.1 only; set PODKIT_INFERENCE_HOST=127.0.0.1")
+    page_note = checks.page_loopback_only(cfg)
+    if page_note:
+        _log.warn(page_note)
     problems = checks.programs(cfg)
     if problems:
         raise checks.config_error(cfg, problems)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import threading
 import time
@@ -278,8 +279,13 @@ CLUSTER = Record("cluster.json", {"state": str, "since": TIME, "time": TIME, "wh
                                   "nodes": list, "run": str, "restarts": int})
 CLUSTER_STOP = Record("cluster-stop.json", {"run": str, "time": TIME})  # every rank stops after its step
 RANK_SHAPE = {"rank": int, "pid": int, "start": int, "host": str, "node": str, "run": str, "time": TIME}
+# What this RunPod pod costs (costguard.Meter writes it every guard.cost_every_s; costguard.cost() reads it
+# checked): USD per hour, USD spent so far and from where ("billing" | "estimate"), when the pod started, when
+# this was read, and USD to the run's end at the trainer's pace (None: unknown).
+COST = Record("cost.json", {"per_hour": NUMBER, "spent": NUMBER, "source": str, "started": TIME, "time": TIME,
+                            "projected": NUMBER})
 STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG, NOTIFY, CLUSTER, TRAINER_LOOP,
-                 RAY_LOOP)
+                 RAY_LOOP, COST)
 
 
 class Progress:
@@ -328,3 +334,168 @@ class Progress:
         self.data.setdefault("first_step_time", time.time())
         return self.update(**fields)
 
+
+# -- the trainer's per-step history (the page's pictures: page.py) -------------------------------------------------
+class History:
+    """`history.jsonl`: one JSON line per step, {"step", "time", "reward", "loss"}, appended by the trainer after
+    each step (the fake trainer; rank 0 of AReaL's, areal/hooks.py) and read by the page.
+
+    Bounded: at most MAX_LINES lines (~750 KB). Past that, the writer compacts the file (temp + rename, so a
+    reader sees the old file or the new one): the older lines keep every other step of what they held, the newest
+    quarter stays whole (_compact). A run of any length fits, evenly along its steps, with its last steps one by
+    one. Read like every other record: at most the last READ_BYTES, a partial or bad line skipped. An append that
+    fails (a full or read-only volume) is logged once and training goes on."""
+
+    name = "history.jsonl"
+    MAX_LINES = 10_000
+    READ_BYTES = 2 << 20  # twice what MAX_LINES lines take: a file past it was not written by History alone
+    MAX_LINE = 512  # a line of ours is ~75 bytes
+
+    def __init__(self) -> None:
+        self.lines: dict[Path, int] = {}  # this process's count of each file's lines, read once
+        self.failed = False
+        self.lock = threading.Lock()  # rank 0's step hook is the one writer; the count must not tear
+
+    def path(self, directory: Path) -> Path:
+        return Path(directory) / self.name
+
+    def append(self, directory: Path, step, reward=None, loss=None, now: float | None = None) -> bool:
+        """One step's line; never raises for a value (what is not a number is written as null)."""
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= INT_MAX:
+            return False
+        line = json.dumps({"step": step, "time": round(time.time() if now is None else now, 3),
+                           "reward": measure(reward), "loss": measure(loss)}, allow_nan=True) + "\n"
+        path = self.path(directory)
+        try:
+            with self.lock:
+                if path not in self.lines:
+                    size, data = tail(path, self.READ_BYTES)
+                    self.lines[path] = self.MAX_LINES + 1 if size > self.READ_BYTES else data.count(b"\n")
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+                try:
+                    os.write(fd, line.encode())
+                finally:
+                    os.close(fd)
+                self.lines[path] += 1
+                if self.lines[path] > self.MAX_LINES:
+                    self.lines[path] = self._compact(path)
+        except OSError as e:
+            if not self.failed:
+                log.get("trainer").error(f"cannot append to {path} ({e.strerror}): the page's pictures miss these "
+                                         "steps; training goes on")
+            self.failed = True
+            if self.lines.get(path, 0) > self.MAX_LINES:  # a compaction that failed is tried again a quarter later,
+                self.lines[path] = self.MAX_LINES * 3 // 4  # not at every step
+            return False
+        return True
+
+    def _compact(self, path: Path) -> int:
+        """The older lines thinned to every other step of what they held (steps at a stride S, doubled until they
+        fit in half the bound), the newest quarter whole, the first line kept: the picture of a whole run stays
+        even along its steps, and its last steps stay one by one."""
+        lines = whole_lines(tail(path, self.READ_BYTES)[1], self.MAX_LINE)
+        recent = self.MAX_LINES // 4
+        old, new = lines[:-recent], lines[-recent:]
+        steps = [int(m.group(1)) if (m := _STEP.match(ln)) else -1 for ln in old]
+        stride = 2
+        while sum(1 for s in steps if s >= 0 and s % stride == 0) > self.MAX_LINES // 2:
+            stride *= 2
+        kept = old[:1] + [ln for ln, s in zip(old[1:], steps[1:], strict=True) if s >= 0 and s % stride == 0] + new
+        tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(b"".join(ln + b"\n" for ln in kept))
+            os.replace(tmp, path)  # a line appended meanwhile would be lost: there is one writer, this one
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return len(kept)
+
+    def read(self, directory: Path) -> list[tuple[int, float, float | None, float | None]]:
+        """The steps on record, as (step, time, reward, loss) in file order; a line that is not one is skipped."""
+        return parse_history(tail(self.path(directory), self.READ_BYTES)[1], self.MAX_LINE)
+
+
+_STEP = re.compile(rb'^\{"step": (\d{1,19})[,}]')
+
+
+def read_end(path: Path, max_bytes: int, offset: int = 0, follow: bool = False) -> tuple[int, int, bytes]:
+    """(where the bytes start, the file's size, its bytes from `offset` on, at most the last max_bytes of them).
+    Only a regular file is read (a pipe or /dev/zero put in its place would block or fill memory), never through
+    a link unless `follow`; (0, 0, b"") when there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
+    except OSError:
+        return 0, 0, b""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return 0, 0, b""
+        start = os.lseek(fd, max(offset, st.st_size - max_bytes), os.SEEK_SET)
+        data = b""
+        while len(data) < max_bytes and (chunk := os.read(fd, max_bytes - len(data))):
+            data += chunk
+        return start, st.st_size, data
+    except OSError:
+        return 0, 0, b""
+    finally:
+        os.close(fd)
+
+
+def tail(path: Path, max_bytes: int, offset: int = 0) -> tuple[int, bytes]:
+    """(the file's size, its bytes from `offset` on, at most the last max_bytes of them, from a whole line): a
+    regular file only, never followed through a link; (0, b"") when there is none."""
+    start, size, data = read_end(path, max_bytes, offset)
+    if start > offset:  # cut inside the file: its first line is a part of one
+        data = data.split(b"\n", 1)[1] if b"\n" in data else b""
+    return size, data
+
+
+def whole_lines(data: bytes, max_line: int) -> list[bytes]:
+    """The lines that may be ours: ended by a newline (the last, unended, may still be being written), one
+    JSON object each, not too long."""
+    return [ln for ln in data.split(b"\n")[:-1] if 2 <= len(ln) <= max_line and ln[:1] == b"{" and ln[-1:] == b"}"]
+
+
+_NUMBER = rb"(-?[0-9][0-9.eE+-]{0,30}|null|NaN|-?Infinity)"
+_LINE = re.compile(rb'\{"step": ([0-9]{1,19}), "time": ([0-9][0-9.eE+-]{0,30}), "reward": ' + _NUMBER +
+                   rb', "loss": ' + _NUMBER + rb"\}")  # the appender's own form: read without json's cost
+
+
+def parse_history(data: bytes, max_line: int = History.MAX_LINE) -> list:
+    """(step, time, reward, loss) of each line of `data` that is a step; any other line is skipped."""
+    out = []
+    future = time.time() + FUTURE_SKEW_S
+    for ln in whole_lines(data, max_line):
+        m = _LINE.fullmatch(ln)
+        try:
+            if m:
+                step, t = int(m.group(1)), float(m.group(2))
+                reward, loss = (None if v == b"null" else float(v) for v in m.group(3, 4))
+            else:
+                d = json.loads(ln)
+                if not isinstance(d, dict):
+                    continue
+                step, t, reward, loss = d.get("step"), d.get("time"), measure(d.get("reward")), measure(d.get("loss"))
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= INT_MAX \
+                or not isinstance(t, NUMBER) or isinstance(t, bool) or not 0 <= t <= future:
+            continue
+        out.append((step, float(t), reward, loss))
+    return out
+
+
+def measure(v) -> float | None:
+    """A reward or a loss as the history keeps it: a float to 6 significant digits (NaN and infinity kept: a
+    diverged loss), or None for what is not a number."""
+    if v is None or isinstance(v, (bool, str, bytes)):
+        return None
+    try:
+        return float(f"{float(v):.6g}")
+    except Exception:  # noqa: BLE001 - a value of any type (a tensor of many elements): never what stops training
+        return None
+
+
+HISTORY = History()

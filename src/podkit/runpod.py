@@ -194,6 +194,42 @@ def pod_state(pod: dict | None) -> str:
     return STATUSES.get(status, "unknown") if isinstance(status, str) else "unknown"
 
 
+AMOUNT_MAX = 1e7  # USD: no price or bill of one pod is near it; past it, a number is not an amount
+_RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+
+
+def amount(value) -> float | None:
+    """A USD amount from an answer (a price, a bill): a finite number from 0 to AMOUNT_MAX, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= AMOUNT_MAX:
+        return None  # NaN fails the comparison too
+    return float(value)
+
+
+def pod_cost(pod: dict | None) -> float | None:
+    """The pod's price in USD per hour (its `cost`; RunPod's 0.0 once it is stopped), or None."""
+    return amount(pod.get("cost")) if isinstance(pod, dict) else None
+
+
+def started_at(pod: dict | None) -> float | None:
+    """When the pod last started (its `startedAt`, RFC 3339), as a Unix time; None when it has not or the
+    field is not a time."""
+    raw = pod.get("startedAt") if isinstance(pod, dict) else None
+    if not isinstance(raw, str) or not _RFC3339.match(raw):
+        return None
+    return dt.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+
+
+def gpu_price(gpus: list[dict], gpu_id: str, cloud: str, count: int) -> float | None:
+    """The list price in USD per hour of `count` x `gpu_id` in `cloud` (SECURE | COMMUNITY) from the GPU
+    catalogue (price per GPU x count), or None when the catalogue does not offer it there."""
+    gpu = next((g for g in gpus if g.get("id") == gpu_id), None)
+    side = cloud.lower()
+    if gpu is None or gpu.get(side) is False or not isinstance(gpu.get("price"), dict):
+        return None
+    each = amount(gpu["price"].get(side))
+    return round(each * count, 4) if each else None
+
+
 def check_id(value, what: str = "pod", redact=lambda t: t) -> str:
     """`value` when it has a RunPod id's shape (it goes into a URL path); else ApiError, which shows the
     value redacted, then cut."""
@@ -356,6 +392,30 @@ class Client:
                                    what=f"template {template_id}"), "template", self.redact)
         return _made(self.call("POST", "/v2/templates", body, what=f"template {body.get('name')!r}",
                                retry=False), "template", self.redact)
+
+    def gpu_types(self) -> list[dict]:
+        """RunPod's GPU catalogue (`GET /v2/catalog/gpus`): each type's id and list price per GPU per hour.
+        Its ids are names ("NVIDIA A40"), never put in a path: entries without a string id are dropped."""
+        answer = self.call("GET", "/v2/catalog/gpus", what="the GPU catalogue")
+        gpus = answer.get("gpus") if isinstance(answer, dict) else None
+        if not isinstance(gpus, list):
+            raise ApiError("RunPod's answer has no 'gpus' list", "RunPod's API may have changed", status=200)
+        return [g for g in gpus if isinstance(g, dict) and isinstance(g.get("id"), str)]
+
+    def pod_billing(self, pod_id: str, since: str | None = None) -> float:
+        """What RunPod has billed for the pod, in USD: the sum of `GET /v2/billing/pods?podId=` records (daily
+        buckets from `since`, the pod's createdAt; RunPod's 30 days without it). A record of another pod, or
+        whose totalAmount is not a finite amount, is dropped; no records list is an answer that cannot be read."""
+        check_id(pod_id, "pod", self.redact)
+        query = {"podId": pod_id, "bucketSize": "day"}
+        if isinstance(since, str) and _RFC3339.match(since):
+            query["startTime"] = since
+        answer = self.call("GET", "/v2/billing/pods", query=query, what=f"pod {pod_id}'s billing")
+        rows = answer.get("records") if isinstance(answer, dict) else None
+        if not isinstance(rows, list):
+            raise ApiError(f"RunPod's billing answer for pod {pod_id} has no records list", status=200)
+        return sum(r["totalAmount"] for r in rows if isinstance(r, dict) and r.get("podId") == pod_id
+                   and amount(r.get("totalAmount")) is not None)
 
     def network_volumes(self) -> list[dict]:
         return _listed(self.call("GET", "/v2/network-volumes", what="your network volumes"), "networkVolumes")

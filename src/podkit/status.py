@@ -8,7 +8,7 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
-from podkit import ending, failure, health, proc, programs, records, startup, supervisord
+from podkit import costguard, ending, failure, health, proc, programs, records, startup, supervisord
 from podkit.supervisord import EXITED, FATAL, RUNNING, STOPPED, UP
 
 
@@ -65,6 +65,7 @@ def collect(workspace: Path, state_dir: Path | None = None) -> dict:
             out["trainer"]["loop"] = {**counts, "last": (loop.get("error") or {}).get("type")
                                       and failure.summary(loop["error"]), "gave_up": bool(loop.get("gave_up"))}
         out["trainer"]["last_hour"] = last_hour(loop)
+    out["cost"] = costguard.cost(state_dir)  # on RunPod: what this pod costs (cost.json, checked); else None
     join = records.RAY_LOOP.read(state_dir)
     if join.get("boot") == current.get("started") and (join.get("failures") or join.get("gave_up")):
         # A cluster node's `ray` that did not join the head (areal/ray_node.py), in this boot.
@@ -257,6 +258,8 @@ def human(st: dict) -> str:
         lines.append(f"boot: {_ago(last.get('time'))}, {last.get('outcome')}; before it: {last.get('last_stop')}")
         if boot_failed(last):
             lines.append(f"  it {boot_failed(last)}")
+    if st.get("cost"):
+        lines.append(f"cost: {costguard.words(st['cost'])}")
     if st.get("guards"):
         from podkit import guardfile
 

@@ -596,6 +596,7 @@ def supervise(st: State, trainer) -> Progress | None:
                            loss=stat(data, "update/loss/avg", "loss/avg"),
                            reward=stat(data, "task_reward/avg", "reward/avg"),
                            logp_gap=logp_gap(data), weight_update_s=stat(data, "timeperf/update_weights"))
+            records.HISTORY.append(cfg.state_dir, step, progress.data.get("reward"), progress.data.get("loss"))
             evaluated = stat(data, "eval-rollout/reward")  # only on the evaluator's steps
             if evaluated is not None:
                 progress.write(eval_reward=evaluated, eval_step=step)

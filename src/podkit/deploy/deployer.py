@@ -71,6 +71,11 @@ class Deployer:
         return [p for p in self.api.pods() if p.get("id") not in but and maybe_live(p)
                 and volume_id in mounted_volumes(p)]
 
+    def list_price(self, count: int, cloud: str, gpu_type: str = GPU_TYPE) -> float | None:
+        """USD per hour of `count` x `gpu_type` in `cloud`: RunPod's list price from its GPU catalogue (a read);
+        None when the catalogue does not offer it there. ApiError when RunPod does not answer."""
+        return api.gpu_price(self.api.gpu_types(), gpu_type, cloud, count)
+
     # -- clusters ----------------------------------------------------------------------------------------
     def create_cluster(self, body: dict) -> dict:
         """createCluster, sent once. A create whose answer is lost is looked for by name: a second cluster

@@ -16,6 +16,7 @@ from podkit import runpod as api
 from podkit.costguard import POD_ID
 from podkit.deploy import template
 from podkit.deploy.bodies import (
+    GPU_TYPE,
     check_cluster_image,
     check_cluster_shape,
     cluster_body,
@@ -54,6 +55,9 @@ def create(args) -> int:
         base = api.base_url()
         vol = {"id": args.network_volume, "dataCenter": "<its data center>"} if args.network_volume else None
         warn_unpullable(tpl)
+        keyed = bool((os.environ.get("RUNPOD_API_KEY") or "").strip())
+        if keyed:  # a read, said; without a key nothing goes out, and nothing is said of the price
+            print(f"# {price_line(None, args)}; read from GET {base}/v2/catalog/gpus, this dry run's one request")
         print(f"# 1. GET {base}/v2/templates  (Authorization: Bearer $RUNPOD_API_KEY; finds {tpl['name']!r})")
         print(f"# 2. POST {base}/v2/templates  (PATCH {base}/v2/templates/<id> when one named {tpl['name']!r} exists)")
         print(json.dumps(template.template_body(tpl), indent=2, ensure_ascii=False))
@@ -64,7 +68,7 @@ def create(args) -> int:
         print(f"# {5 if vol else 4}. POST {base}/v2/pods")
         print(json.dumps(pod_body(tpl, args.gpus, args.cloud, name, vol, stop_at, "<a new run id>"), indent=2,
                          ensure_ascii=False))
-        print("# nothing was sent (--dry-run)")
+        print("# nothing was written (--dry-run)" if keyed else "# nothing was sent (--dry-run)")
         return 0
     template.check_image(tpl, args)
     d = Deployer()
@@ -73,8 +77,11 @@ def create(args) -> int:
         raise PodkitError(f"network volume {vol['id']} is in use by pod {busy[0]['id']} ({busy[0].get('name')}, "
                           f"{busy[0].get('status')}): two pods on one volume would train over each other",
                           f"stop it first (`podkit deploy stop {busy[0]['id']}`), or use another volume")
+    print(price_line(d, args), flush=True)  # what it will cost, before anything is made
     d.save_template(tpl)
     pod = d.create_pod(pod_body(tpl, args.gpus, args.cloud, name, vol, stop_at, new_run()), args.capacity_timeout)
+    if (cost := api.pod_cost(pod)) is not None:
+        print(f"pod {pod['id']} created: RunPod bills it ${cost:.2f}/h (its cost)", flush=True)
     if stop_at:
         _log.info(f"pod {pod['id']} stops itself at {time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(stop_at))} "
                   "(--max-runtime), the trainer first with its checkpoint")
@@ -91,6 +98,18 @@ def create(args) -> int:
         print("its checkpoints live on the pod's own volume: a pod RunPod migrates or terminates takes them with it; "
               "--network-volume keeps them apart from any one pod")
     return 0
+
+
+def price_line(d: Deployer | None, args) -> str:
+    """What the pod will cost an hour, from RunPod's GPU catalogue (its list price x the GPUs), in a line."""
+    what = f"{args.gpus}x {GPU_TYPE} in {args.cloud} cloud"
+    try:
+        price = (d or Deployer()).list_price(args.gpus, args.cloud)
+    except api.ApiError as e:
+        return f"price: unknown for {what} (RunPod's GPU catalogue did not answer: {e.message})"
+    if price is None:
+        return f"price: unknown: RunPod's GPU catalogue lists no price for {what}"
+    return f"price: ${price:.2f}/h for {what} (RunPod's list price; the pod's own is shown once it is made)"
 
 
 def warn_unpullable(tpl: dict) -> None:

@@ -26,6 +26,7 @@ TABLE: dict[tuple[str, str], str] = {
     ("watchdog", ""): "podkit.watchdog",                     # the hang watchdog
     ("logs", ""): "podkit.programs.logs",                    # supervisord's event listener
     ("metrics", ""): "podkit.metrics",                       # the pod's Prometheus endpoint
+    ("page", ""): "podkit.page",                             # the run at a glance: a web page of the records
 }
 KIND = {"sglang": ("inference", "kind"), "trainer": ("trainer", "kind")}
 NAMES = tuple(dict.fromkeys(name for name, _ in TABLE))

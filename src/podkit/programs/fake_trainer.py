@@ -213,6 +213,7 @@ class FakeTrainer:
             raise LeaseLost(holder)
         self.progress.trained(step=self.step, loss=loss, checkpoint_step=self.last_ckpt_step,
                              weight_version=self.pushed, resumed_from=self.resumed_from)
+        records.HISTORY.append(self.cfg.state_dir, self.step, None, loss)  # the page's pictures (no reward here)
 
     def injected_failure(self) -> tuple[int, Path | None]:
         """Fault injection for the loop bound's tests: FAKE_TRAINER_FAIL_AT_STEP=N raises at step N on every

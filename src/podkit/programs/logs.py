@@ -2,8 +2,9 @@
 with the program's name, and each program state change is recorded for `podkit status`. It notifies
 (notify.py) of a program gone FATAL, of training finished and of supervisord beginning to stop. On
 RunPod it tells the cost guard (costguard.py, which decides and stops the pod) what happened: a finished run,
-a pod that can no longer train, each event (the maximum run time, guard.stop_pod_at, is checked on it; the
-trainer is stopped with its checkpoint first). The guards are looked up each time, so that `podkit guard set`
+a pod that can no longer train, each event (the maximum run time, guard.stop_pod_at, and the budget,
+guard.max_spend, are checked on it; the trainer is stopped with its checkpoint first); on RunPod its thread
+costguard.Meter keeps what the pod costs in cost.json. The guards are looked up each time, so that `podkit guard set`
 changes them on the running pod (guardfile.py).
 
 supervisord writes each program's output to its rotated file under <workspace>/logs/ and emits
@@ -26,7 +27,7 @@ from podkit import costguard, ending, lease, log, notify, pid1, records, supervi
 
 READY = b"READY\n"
 OK = b"RESULT 2\nOK"
-GUARDS_OFF = {"stop_pod_at": 0.0, "stop_pod_when_finished": "never", "stop_pod_after_s": 0.0}
+GUARDS_OFF = {"stop_pod_at": 0.0, "stop_pod_when_finished": "never", "stop_pod_after_s": 0.0, "max_spend": 0.0}
 
 
 def read_payload(stdin, n: int) -> bytes:
@@ -176,13 +177,13 @@ class Pump:
         self._idle = costguard.cannot_train(self._idle, why, who, since, self.guard, self.state_dir, self.say,
                                             still=self.cannot_train)
 
-    def stop_trainer(self) -> str:
-        """For the maximum run time (costguard.Deadline): the watchdog first, so that it cannot start the trainer
-        again; then the trainer, wait=True: the call returns once it has exited (its checkpoint written) or been
-        killed. Says where the checkpoint is."""
+    def stop_trainer(self, why: str = "the maximum run time (guard.stop_pod_at)") -> str:
+        """For the maximum run time or the budget (costguard.Deadline, which says `why`): the watchdog first, so
+        that it cannot start the trainer again; then the trainer, wait=True: the call returns once it has exited
+        (its checkpoint written) or been killed. Says where the checkpoint is."""
         rpc = supervisord.rpc(self.socket_path).supervisor
         if self.run_dir:
-            ending.ask(self.run_dir, ["watchdog", "trainer"], "the maximum run time (guard.stop_pod_at)")
+            ending.ask(self.run_dir, ["watchdog", "trainer"], why)
         for name in ("watchdog", "trainer"):
             try:
                 rpc.stopProcess(name, True)
@@ -227,6 +228,9 @@ def main(cfg) -> int:
                 on_runpod=costguard.on_runpod(), socket_path=cfg.socket_path)
     pump.guards = guardfile.Live(cfg.workspace_path, {k: getattr(cfg.guard, k) for k in guardfile.KEYS}, pump.say)
     pump.idle_rule()  # a listener restarted after the trainer stopped for good: the rule holds still
+    if pump.on_runpod:  # what the pod costs (cost.json), and what guard.max_spend goes by
+        pump.deadline.spent = costguard.Meter(cfg.state_dir, cfg.guard.cost_every_s, cfg.trainer.max_steps,
+                                              pump.say).start().spent
 
     def stop(*_):
         pump.flush()

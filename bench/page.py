@@ -1,0 +1,163 @@
+"""The run at a glance: the page of a run with 100,000 steps of history, served over HTTP to a logged-in
+browser's request (targets: <= 50 ms and <= 300 KB), against the baseline of `podkit status`'s own read of the
+same records (status.collect, in process), in the same run; the ratio is page / status.
+
+    python bench/page.py [--steps 100000] [--runs 21] [--raw]
+
+The records are a run's as the trainer and the boot leave them: the history appended step by step through
+records.HISTORY (its bound compacts it as it goes; the appends are timed too: the trainer pays them), the
+progress with a failure, the loop bound's starts and ends, a boot, the logs. No supervisord answers (its
+socket is gone) and nothing listens on inference's port: both refuse at once, for the page and the baseline
+alike. Each request is a new connection with the session cookie, after one more step was appended (the
+page reads what was appended since its last request); doctor's findings are computed first, in the page's
+own background thread, as they are by the time a person refreshes. `--raw` writes the history's lines
+directly, never compacted (a file past its bound: the page reads its last 2 MiB, ~27,000 lines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import math
+import os
+import random
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.append(str(ROOT / "tests"))  # harness.py: free ports as the tests take them (never one twice)
+
+from harness import free_port, wait_for  # noqa: E402
+from podkit import config, page, records, status  # noqa: E402
+
+TOKEN = "bench-page-token-0123456789abcdef"
+STEP_S = 3.0  # a real step's pace: 100,000 steps are ~3.5 days
+
+
+def workspace(root: Path, steps: int, raw: bool = False) -> tuple[Path, list[float]]:
+    """The records of a run `steps` long; returns the workspace and each history append's seconds."""
+    ws = root / "ws"
+    state, logs = ws / ".podkit", ws / "logs"
+    state.mkdir(parents=True)
+    logs.mkdir()
+    now = time.time()
+    start = now - steps * STEP_S - 600  # the last step a few minutes ago
+    records.BOOTS.write(state, [{"time": start, "pid": 1, "outcome": "supervisord", "stages": {},
+                                 "took_s": {"preflight": 0.2, "reap": 1.1, "sync": 3.4, "setup": 0.1, "render": 0.1}}])
+    records.CURRENT.write(state, {"run_dir": str(root / "run"), "socket": str(root / "run" / "gone.sock"),
+                                  "supervisord_pid": 1, "started": start + 5,
+                                  "inference": {"host": "127.0.0.1", "port": free_port()}})
+    rng = random.Random(0)
+    took, fail_at = [], steps // 3
+    with open(records.HISTORY.path(state), "a") as raw_file:
+        for step in range(1, steps + 1):
+            t = start + 60 + step * STEP_S + (240 if step > fail_at else 0)
+            reward = min(1.0, 0.1 + 0.8 * step / steps + rng.gauss(0, 0.05))
+            loss = math.exp(-step / steps) + rng.random() * 0.1
+            if raw:
+                raw_file.write(json.dumps({"step": step, "time": round(t, 3), "reward": round(reward, 6),
+                                           "loss": round(loss, 6)}) + "\n")
+                continue
+            t0 = time.perf_counter()
+            records.HISTORY.append(state, step, reward, loss, now=t)
+            took.append(time.perf_counter() - t0)
+    last = start + 60 + steps * STEP_S + 240
+    records.PROGRESS.write(state, {"kind": "areal", "step": steps, "time": last, "loss": 0.4, "reward": 0.9,
+                                   "checkpoint_step": steps - steps % 50, "first_step_time": start + 63,
+                                   "code": {"entry": "train.py", "commit": "0123456789abcdef01234567", "dirty": False},
+                                   "run": "gsm8k/bench", "stopped": {
+                                       "by": "script-error", "time": start + 60 + fail_at * STEP_S, "step": fail_at,
+                                       "message": "KeyError: 'question'\n  at train.py:42", "hint": "the data's field"}})
+    records.TRAINER_LOOP.write(state, {"boot": start + 5, "started": [start + 20, start + 60 + fail_at * STEP_S + 200],
+                                       "ends": [{"time": start + 60 + fail_at * STEP_S, "by": "script-error",
+                                                 "family": "failure", "step": fail_at, "what": "KeyError: 'question'",
+                                                 "new": True}]})
+    for name in ("trainer", "sglang", "watchdog"):
+        with open(logs / f"{name}.log", "w") as f:
+            for i in range(20_000):
+                f.write(f"[2026-11-27 12:00:00] {name} line {i}: step {i} loss 0.{i % 997:03d} and some more words\n")
+    return ws, took
+
+
+def get(port: int, cookie: str) -> tuple[float, int, int]:
+    t0 = time.perf_counter()
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/", headers={"Cookie": cookie})
+    r = c.getresponse()
+    body = r.read()
+    c.close()
+    return (time.perf_counter() - t0) * 1000, r.status, len(body)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=100_000)
+    ap.add_argument("--runs", type=int, default=21)
+    ap.add_argument("--raw", action="store_true", help="the history written past its bound, never compacted")
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="podkit-bench-page-"))
+    try:
+        ws, took = workspace(root, args.steps, args.raw)
+        hist = records.HISTORY.path(ws / ".podkit")
+        print(f"history: {args.steps} steps {'written raw' if args.raw else 'appended'}, "
+              f"{len(hist.read_bytes().splitlines())} lines on disk ({hist.stat().st_size / 1024:.0f} KB)"
+              + (f"; an append: median {statistics.median(took) * 1e6:.0f} us, max {max(took) * 1000:.1f} ms "
+                 "(a compaction)" if took else ""))
+        cfg = config.load(None, environ={"PODKIT_WORKSPACE": str(ws), "PODKIT_RUN_DIR": str(root / "run"),
+                                         "PODKIT_TRAINER_MAX_STEPS": str(args.steps * 6 // 5)})
+        source = page.Source(cfg, environ={"PODKIT_PAGE_TOKEN": TOKEN})
+        port = free_port()
+        httpd = page.server("127.0.0.1", port, source, TOKEN)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        cookie = f"{page.COOKIE}={page.Session(TOKEN).cookie()}"
+        first, code, size = get(port, cookie)
+        assert code == 200, code
+        wait_for(lambda: source.findings.value is not None, 120, what="doctor's findings")
+        times, sizes, state = [], [], ws / ".podkit"
+        step, t = args.steps, time.time()
+        for _ in range(args.runs):
+            step += 1
+            if args.raw:  # past its bound, as a writer that never compacts leaves it
+                with open(records.HISTORY.path(state), "a") as f:
+                    f.write(json.dumps({"step": step, "time": t, "reward": 0.9, "loss": 0.4}) + "\n")
+            else:
+                records.HISTORY.append(state, step, 0.9, 0.4, now=t)
+            ms, code, size = get(port, cookie)
+            assert code == 200, code
+            times.append(ms)
+            sizes.append(size)
+        base = []
+        for _ in range(args.runs):
+            t0 = time.perf_counter()
+            status.collect(ws, state)
+            base.append((time.perf_counter() - t0) * 1000)
+        httpd.shutdown()
+        body = source.page().decode()
+        drawn = [int(n) for n in re.findall(r'data-points="(\d+)"', body)]
+        med, b = statistics.median(times), statistics.median(base)
+        print(f"page (first request: the whole history read)  {first:7.1f} ms")
+        print(f"page                 median {med:7.1f} ms  (min {min(times):.1f}, max {max(times):.1f}, n={args.runs}); "
+              f"{max(sizes) / 1024:.1f} KB; points drawn per chart: {drawn}")
+        print(f"podkit status's read median {b:7.1f} ms  (min {min(base):.1f}, max {max(base):.1f}, n={args.runs}) "
+              "(baseline)")
+        print(f"ratio page/status {med / b:.2f}x")
+        met = med <= 50 and max(sizes) <= 300 * 1024
+        print(f"target: <= 50 ms and <= 300 KB: {'met' if met else 'NOT met'}")
+        print(json.dumps({"page_ms": round(med, 1), "first_ms": round(first, 1), "kb": round(max(sizes) / 1024, 1),
+                          "status_ms": round(b, 1)}))
+    finally:
+        if not os.environ.get("PODKIT_BENCH_KEEP"):
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

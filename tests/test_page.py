@@ -1,0 +1,263 @@
+"""The run at a glance (podkit run page), as a person sees it: a real run of the smoke stack (a failure after
+progress, then a restart) drawn in a real headless browser after a login through the browser itself; the token
+tried from outside with plain HTTP; a `<script>` planted in the user's exception shown as text and never run.
+Beside them, the history record's bound and the config's rule. The browser is Debian's chromium (`make
+sysdeps` installs it); the screenshot is kept in pytest's temp dir (docs/testing.md)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PODKIT, Procs, Stack, smoke_env, wait_for
+from harness import free_port
+from podkit import page, records
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240), pytest.mark.xdist_group("page")]
+
+TOKEN = "page-token-5f0c2a9e71d84b36"  # 16+ visible ASCII characters, as the check wants
+PLANTED = "<script>document.title='pwned'</script><img src=x onerror=\"document.title='pwned-img'\">"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One smoke run for the module: its trainer fails once at step 6 (after progress: restarted at once, resumed
+    from its checkpoint at step 5), then trains on; the page on its own port, behind TOKEN."""
+    procs = Procs()
+    root = tmp_path_factory.mktemp("page")
+    s = Stack(procs, root / "ws", FAKE_TRAINER_FAIL_AT_STEP="6:once", PODKIT_PAGE_TOKEN=TOKEN,
+              PODKIT_TRAINER_CHECKPOINT_EVERY="5")
+    s.page_port = int(s.env["PODKIT_PAGE_PORT"])
+    s.root = root
+    try:
+        s.start()
+        wait_for(lambda: (s.progress().get("step") or 0) >= 14 and s.status()["programs"]["trainer"]["restarts"] >= 1,
+                 120, what="the trainer to fail once at step 6, restart and reach step 14")
+        wait_for(lambda: "serving the run at a glance" in s.log("page"), 30, what="the page to listen")
+        yield s
+    finally:
+        if s.proc and s.proc.poll() is None:
+            s.stop()
+        procs.cleanup()
+
+
+def request(s, method: str, path: str, body: str = "", headers: dict | None = None) -> http.client.HTTPResponse:
+    c = http.client.HTTPConnection("127.0.0.1", s.page_port, timeout=30)
+    c.request(method, path, body=body or None, headers=headers or {})
+    r = c.getresponse()
+    r.body = r.read()
+    c.close()
+    return r
+
+
+def login(s, token: str = TOKEN) -> http.client.HTTPResponse:
+    return request(s, "POST", "/login", f"token={token}", {"Content-Type": "application/x-www-form-urlencoded"})
+
+
+def browser(profile: Path, *args: str, timeout: float = 90) -> str:
+    """chromium --headless with a profile of its own (its cookie jar), in a session of its own: on a timeout, its
+    whole process group (the renderers it forked) is killed, nothing else."""
+    p = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                          "--disable-extensions", f"--user-data-dir={profile}", *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # a renderer left behind by a crash: the group is ours
+        except ProcessLookupError:
+            pass
+    assert p.returncode == 0, err[-3000:]
+    return out
+
+
+def browser_login(s, profile: Path) -> None:
+    """A person's login, done by the browser: the page's own form (its action, method and field, read from the
+    login page) filled with the token and submitted. The answer's cookie lands in the profile's jar."""
+    form = request(s, "GET", "/").body.decode()
+    m = re.search(r'<form method="(\w+)" action="([^"]+)">.*?<input type="password" name="(\w+)"', form, re.S)
+    assert m, form
+    method, action, field = m.groups()
+    helper = profile.parent / "login.html"
+    helper.write_text(f'<!doctype html><form method="{method}" action="http://127.0.0.1:{s.page_port}{action}">'
+                      f'<input name="{field}" value="{TOKEN}"></form><script>document.forms[0].submit()</script>')
+    browser(profile, "--virtual-time-budget=5000", "--dump-dom", helper.as_uri())
+    wait_for(lambda: "a login: a new session" in s.log("page"), 10, what="the page to take the browser's login")
+
+
+@pytest.fixture(scope="module")
+def profile(run):
+    if not CHROMIUM:
+        pytest.skip("chromium is not installed: `make sysdeps` installs Debian's (as root)")
+    p = run.root / "chromium-profile"
+    browser_login(run, p)
+    return p
+
+
+def test_a_person_logs_in_and_sees_the_run_its_pictures_and_its_failure_in_a_browser(run, profile,
+                                                                                       tmp_path_factory):
+    """After a login through the browser, the page in a real chromium shows the step the trainer is at, the
+    pictures with a point per step drawn and the restart and the failure marked on the step axis, the failure in
+    the script's own words, the programs, and the start-up; a screenshot is kept."""
+    dom = browser(profile, "--dump-dom", f"http://127.0.0.1:{run.page_port}/")
+    assert "log in" not in dom.split("</title>")[0], dom[:2000]
+    step = run.progress()["step"]
+    facts = dict(re.findall(r"<dt>(.*?)</dt><dd>(.*?)</dd>", dom))
+    shown = int(facts["step"])
+    assert 14 <= shown <= step, facts  # the step a person came for: the trainer's, as of the page's read
+    lines = (run.workspace / ".podkit" / "history.jsonl").read_text().splitlines()
+    assert len(lines) >= shown  # a line per step the trainer made, the resumed ones again
+    counts = [int(n) for n in re.findall(r'<polyline class="line" data-points="(\d+)"', dom)]
+    # loss and step time, a point per step at this length (step time: not across the restart, nor before step 2)
+    assert len(counts) == 2 and counts[0] >= shown and counts[1] >= shown - 2, (counts, shown)
+    points = re.findall(r'<polyline class="line" data-points="\d+" points="([^"]+)"', dom)[0].split()
+    assert len(points) == counts[0] and all(re.fullmatch(r"[\d.]+,[\d.]+", p) for p in points)
+    assert 'class="m-restart"' in dom and 'class="m-fail"' in dom, "the restart and the failure on the step axis"
+    assert "injected failure at step 6 (FAKE_TRAINER_FAIL_AT_STEP)" in dom, "the failure in the script's own words"
+    for program in ("trainer", "sglang", "page"):
+        assert f"<td>{program}</td><td>RUNNING</td>" in dom
+    assert "Start-up" in dom and "first step" in dom and "<script" not in dom.lower()
+    shots = tmp_path_factory.mktemp("page-artefacts")
+    browser(profile, f"--screenshot={shots / 'page.png'}", "--window-size=412,2200",
+            f"http://127.0.0.1:{run.page_port}/")
+    assert (shots / "page.png").stat().st_size > 10_000
+    print(f"screenshot: {shots / 'page.png'}")
+
+
+def test_without_the_token_the_page_answers_nothing_and_a_token_in_a_url_is_refused_and_never_logged(run):
+    """No cookie, a wrong token, a forged or lapsed cookie: the login form and nothing of the run. A token in a
+    query string: refused, and in no log. The right token: an HttpOnly SameSite=Strict cookie that is not the token,
+    and the page. Every answer carries the strict policy."""
+    for r in (request(run, "GET", "/"), request(run, "GET", "/", headers={"Cookie": "podkit_page=9999999999.00"}),
+              request(run, "GET", "/", headers={"Cookie": f"podkit_page={page.Session(TOKEN).cookie(now=1e9)}"})):
+        assert r.status == 401 and b"<form" in r.body and b"step" not in r.body and b"<svg" not in r.body, r.body[:300]
+    t0 = time.monotonic()
+    wrong = login(run, TOKEN[:-1] + "x")
+    assert wrong.status == 401 and wrong.getheader("Set-Cookie") is None and time.monotonic() - t0 >= 0.9
+    queried = [request(run, "GET", f"/?token={TOKEN}"), request(run, "GET", f"/login?token={TOKEN}"),
+               request(run, "POST", f"/login?token={TOKEN}", "x=1", {"Content-Type": "application/x-www-form-urlencoded"})]
+    assert {r.status for r in queried} == {400} and all(TOKEN.encode() not in r.body for r in queried)
+    ok = login(run)
+    cookie = ok.getheader("Set-Cookie")
+    assert ok.status == 303 and ok.getheader("Location") == "/", ok.status
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and TOKEN not in cookie, cookie
+    page_ = request(run, "GET", "/", headers={"Cookie": cookie.split(";")[0]})
+    assert page_.status == 200 and b"<svg" in page_.body
+    for r in (*queried, wrong, ok, page_, request(run, "GET", "/nowhere"), request(run, "PUT", "/")):
+        csp = r.getheader("Content-Security-Policy") or ""
+        assert "default-src 'none'" in csp and "script-src" not in csp and "frame-ancestors 'none'" in csp, r.status
+        assert r.getheader("X-Content-Type-Options") == "nosniff" and r.getheader("Referrer-Policy") == "no-referrer"
+    wait_for(lambda: "refused a request with a query string (GET /)" in run.log("page"), 10, what="the refusal said")
+    logs = [*(run.workspace / "logs").rglob("*.log*"), run.out_path]
+    leaked = [str(p) for p in logs if TOKEN.encode() in p.read_bytes()]
+    assert not leaked, f"the token is written in {leaked}"
+
+
+def test_a_script_planted_in_the_users_exception_is_shown_as_text_and_never_runs(run, profile):
+    """The trainer stopped, its record says it failed with a `<script>` (and an `<img onerror>`) in the script's
+    message: the browser's DOM holds them as text, the title is the page's own, no element of them exists."""
+    run.rpc().supervisor.stopProcess("trainer", True)
+    rec = records.PROGRESS.read(run.workspace / ".podkit")
+    rec["stopped"] = {"by": "script-error", "time": time.time(), "step": rec.get("step"), "message": PLANTED,
+                      "hint": "fix </p><script>alert(1)</script>"}
+    records.PROGRESS.write(run.workspace / ".podkit", rec)
+    dom = browser(profile, "--dump-dom", f"http://127.0.0.1:{run.page_port}/")
+    title = re.search(r"<title>(.*?)</title>", dom).group(1)
+    assert title == "ws: stopped", title
+    assert "<script" not in dom.lower() and "<img" not in dom.lower()
+    assert "&lt;script&gt;document.title='pwned'&lt;/script&gt;" in dom  # shown, as text
+    assert "fix </p>" not in dom and "fix &lt;/p&gt;&lt;script&gt;alert(1)&lt;/script&gt;" in dom
+
+
+# -- without a stack ---------------------------------------------------------------------------------------------
+
+
+class Small(records.History):
+    MAX_LINES = 40
+
+
+@pytest.mark.timeout(60)
+def test_a_long_run_keeps_a_bounded_history_along_all_its_steps_with_its_last_steps_whole(tmp_path):
+    """Past its bound the history is compacted: never more lines than the bound, the first step kept, the older
+    steps thinned to a stride (never denser than newer ones, no hole wider than a run this long needs), the last
+    steps one by one."""
+    h = Small()
+    for step in range(1, 1001):
+        assert h.append(tmp_path, step, 0.5, 1.0 / step, now=1.7e9 + step)
+        assert len((tmp_path / "history.jsonl").read_bytes().splitlines()) <= Small.MAX_LINES
+    steps = [p[0] for p in h.read(tmp_path)]
+    assert steps[0] == 1 and steps[-10:] == list(range(991, 1001))
+    gaps = [b - a for a, b in zip(steps[1:], steps[2:], strict=False)]
+    assert gaps == sorted(gaps, reverse=True) and max(gaps) <= 4 * 1000 // Small.MAX_LINES, steps
+
+
+@pytest.mark.timeout(60)
+def test_a_corrupt_huge_history_is_read_bounded_and_its_bad_lines_skipped(tmp_path):
+    """50 MB of junk, a torn line, a line of the wrong shape, a NaN loss: the reader takes the last 2 MiB only,
+    skips what is not a step, keeps the NaN; the page still draws and stays small."""
+    p = tmp_path / "history.jsonl"
+    with open(p, "wb") as f:
+        f.write(b"x" * (50 << 20) + b"\n")
+        for step in range(1, 2001):
+            f.write(json.dumps({"step": step, "time": 1.7e9 + step, "reward": 0.1, "loss": 1.0}).encode() + b"\n")
+        f.write(b'{"step": "7", "time": 1}\n{"step": 2001, "time": 1700002001, "reward": null, "loss": NaN}\n')
+        f.write(b'{"step": 2002, "ti')
+    t0 = time.perf_counter()
+    pts = records.HISTORY.read(tmp_path)
+    assert time.perf_counter() - t0 < 2.0
+    assert [x[0] for x in pts] == list(range(1, 2002)) and pts[-1][2] is None and pts[-1][3] != pts[-1][3]
+    assert repr(page.HistoryCache(p).get()) == repr(pts)
+    svg = page.chart("loss", [(x[0], x[3]) for x in pts], 1, 2001, [])
+    assert 'data-points="210"' in svg and len(svg) < 20_000
+
+
+@pytest.mark.timeout(60)
+def test_a_history_that_cannot_be_written_is_said_once_and_training_goes_on(tmp_path, capsys):
+    """An append that fails (here the record's name is a directory) returns False, raises nothing, and is logged
+    once however many steps follow."""
+    (tmp_path / "history.jsonl").mkdir()
+    h = records.History()
+    assert not any(h.append(tmp_path, step, 0.1, 0.2) for step in range(1, 6))
+    assert capsys.readouterr().out.count("cannot append to") == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_page_beyond_loopback_with_a_short_token_is_a_config_error_and_without_one_it_stays_on_loopback(tmp_path):
+    """page.host 0.0.0.0 with a short PODKIT_PAGE_TOKEN: exit 2, the key, the hint. With none (or RunPod's
+    reference left unfilled, a secret never created): the boot goes on and says the page stays on 127.0.0.1;
+    a missing page secret never keeps a pod from training."""
+    env = smoke_env(tmp_path / "short", free_port(), PODKIT_PAGE_HOST="0.0.0.0", PODKIT_PAGE_TOKEN="short")
+    r = subprocess.run([*PODKIT, "preflight"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "PODKIT_PAGE_TOKEN:" in r.stderr and "hint:" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    for i, token in enumerate(("", "{{ RUNPOD_SECRET_PODKIT_PAGE_TOKEN }}")):
+        env = smoke_env(tmp_path / f"ws{i}", free_port(), PODKIT_PAGE_HOST="0.0.0.0", PODKIT_PAGE_TOKEN=token)
+        r = subprocess.run([*PODKIT, "preflight"], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "the page is served on 127.0.0.1 only, not 0.0.0.0" in r.stdout + r.stderr, \
+            r.stdout + r.stderr
+    from podkit import page
+
+    assert page.endpoint("0.0.0.0", "") == page.endpoint("0.0.0.0", "{{ RUNPOD_SECRET_X }}") == "127.0.0.1"
+    env = smoke_env(tmp_path / "ok", free_port(), PODKIT_PAGE_HOST="0.0.0.0", PODKIT_PAGE_TOKEN=TOKEN)
+    r = subprocess.run([*PODKIT, "preflight"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "127.0.0.1 only" not in r.stdout + r.stderr, r.stderr
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
