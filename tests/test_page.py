@@ -103,8 +103,9 @@ def browser_login(s, profile: Path) -> None:
 
 @pytest.fixture(scope="module")
 def profile(run):
-    if not CHROMIUM:
-        pytest.skip("chromium is not installed: `make sysdeps` installs Debian's (as root)")
+    if not CHROMIUM:  # `make test` installs it: in CI a missing browser is a failure, not a skip
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("chromium is not installed: `make sysdeps` installs "
+                                                               "Debian's (as root)")
     p = run.root / "chromium-profile"
     browser_login(run, p)
     return p

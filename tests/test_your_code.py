@@ -18,6 +18,7 @@ from areal_stack import CPU_OVERRIDES, EXAMPLE, PYTHON, example_remote, repo_env
 from conftest import wait_for, wheel
 from podkit import records
 from podkit.areal import identity
+from test_page import CHROMIUM, browser
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"), pytest.mark.timeout(600),
               pytest.mark.skipif(not PYTHON and not os.environ.get("CI"),
@@ -191,7 +192,7 @@ def lazy_rows_with_a_bad_row(checkout) -> None:
 def test_a_script_that_cannot_train_stops_the_trainer_once_naming_the_file_and_line(rehearsal, tmp_path):
     """An import error (found before the wait for inference), an agent workflow (SPMD mode has no proxy
     workers): each found before the first step, each a config error once, never a restart loop. Then a script that raises at step 2 on every run: the loop bound stops it, in the script's
-    own words. The user fixes the checkout and starts the trainer again, as the hint says."""
+    own words, on the run's page too. The user fixes the checkout and starts the trainer again, as the hint says."""
     broken = (EXAMPLE / "train.py").read_text().replace("from my_reward import", "from my_rewards import", 1)
     remote = example_remote(tmp_path, **{"train.py": broken})
     since = time.time()
@@ -247,6 +248,12 @@ def test_a_script_that_cannot_train_stops_the_trainer_once_naming_the_file_and_l
     health = s.podkit("status", "--health")
     assert health.returncode == 1 and "crash-loop" in health.stdout, health.stdout
     print(f"a bad row every run: {starts} starts, stopped after {took:.0f}s; doctor: {finding['evidence'][1]}")
+    # The run's page in a real browser (loopback: no login): the failure in the script's own words, the steps
+    # it trained drawn.
+    assert CHROMIUM, "no chromium: `make sysdeps` installs Debian's (as root)"
+    dom = browser(tmp_path / "chromium", "--dump-dom", f"http://127.0.0.1:{s.env['PODKIT_PAGE_PORT']}/")
+    assert "ValueError: invalid literal for int() with base 10: 'n/a'" in dom, dom[-3000:]
+    assert re.search(r'<polyline class="line" data-points="[1-9]', dom), "the steps it trained, drawn"
 
     # A reward function that raises on every call (it reads a field this data names otherwise), in AReaL's
     # rollout thread: AReaL logs each failed episode and tries the next, for ever, without a step.

@@ -231,7 +231,7 @@ class Source:
                tuple((t.get("loop") or {}).values()), tuple(a.get("time") for a in st.get("watchdog") or []))
         logs = {name: health.tail(self.logs / f"{name}.log", 64 << 10)[-LOG_LINES:] for name in LOGS}
         return {"st": st, "now": now, "history": self.history.get(), "loop": loop, "guards": guards,
-                "findings": self.findings.get(sig), "logs": logs, "max_steps": self.cfg.trainer.max_steps,
+                "findings": self.findings.get(sig), "logs": logs, "total_steps": self.cfg.trainer.max_steps,
                 "on_runpod": costguard.on_runpod(), "health": status.health_problem(
                     st, self.cfg.health.progress_timeout_s, self.cfg.multi_node) if st["supervisord"].get(
                     "reachable") else None}
@@ -479,7 +479,7 @@ def render(data: dict, redact=lambda s: s) -> str:
 
     # The run's facts.
     step = t.get("step")
-    total = data.get("max_steps") or 0
+    total = data.get("total_steps") or 0
     rate = pace(points, now)
     facts = [("step", (f"{step} of {total}" if total else f"{step}") if isinstance(step, int) else "none yet")]
     if rate:
@@ -607,7 +607,7 @@ def _guards(data: dict, rate: float | None, said) -> list[str]:
         if key == "stop_pod_at":
             when = f"at {_utc(v)}, {_ago(v, now)}" if v else "no maximum run time"
         elif key == "stop_pod_when_finished":
-            total, step = data.get("max_steps") or 0, st["trainer"].get("step")
+            total, step = data.get("total_steps") or 0, st["trainer"].get("step")
             when = "never" if v != "auto" else "when training finishes" + (
                 f" (step {total}; at this pace {_ago(now + (total - step) / rate * 60, now)})"
                 if total and isinstance(step, int) and rate and step < total else "")
