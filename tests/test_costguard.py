@@ -210,7 +210,7 @@ def test_the_pods_spend_is_recorded_shown_and_its_budget_stops_the_trainer_with_
     c = wait_for(lambda: (c := costguard.cost(state)) and c["projected"] is not None and c, 60,
                  what="a cost record with the cost of the steps left")
     assert set(json.loads(records.COST.path(state).read_text())) == {"per_hour", "spent", "source", "started",
-                                                                     "time", "projected"}
+                                                                     "time", "projected", "pod", "before"}
     assert (c["per_hour"], c["source"]) == (2.69, "billing") and c["started"] <= c["time"] <= time.time()
     assert c["projected"] > 1, "some 99,990 steps of ~0.1 s at $2.69/h"
     st = s.status()
@@ -270,7 +270,9 @@ def test_the_pods_cost_is_its_bill_or_while_that_does_not_answer_its_price_times
     runpod_api.fail("GET", "/v2/billing/pods", 403, times=None)
     assert m.read()["source"] == "estimate"
     est = m.read()
-    assert est["source"] == "estimate" and est["spent"] < 0.01, "2.69 $/h since the pod started a moment ago"
+    # The bill read before, plus the price since: a spend never goes down (a budget's stop is never called off by
+    # a bill that stops answering), where the price times this start's running time alone would say ~$0.
+    assert est["source"] == "estimate" and 3.0 < est["spent"] < 3.01, est
     assert sum("billing for pod pod-abc123 did not answer" in line for line in said) == 1
 
     runpod_api.fail("GET", "/v2/pods/pod-abc123", 404, times=None)
@@ -281,6 +283,31 @@ def test_the_pods_cost_is_its_bill_or_while_that_does_not_answer_its_price_times
         "guard.max_spend goes by it; trying again every 1 s, said again once it works"]
     runpod_api.faults.clear()
     assert m.read()["source"] == "billing" and said[-1].startswith("the pod's cost is read again: $2.69/h, $3.0")
+
+
+def test_the_budget_goes_by_what_runpod_says_on_a_full_volume_and_a_new_container_starts_from_the_pods_spend(
+        tmp_path, runpod_api):
+    """cost.json that cannot be written (a volume full of checkpoints): the budget still sees RunPod's spend, and
+    the log says the write failed. A new container of the same pod starts from the spend on record (an estimate
+    covers one start only); another pod's record is not its spend."""
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    said: list[str] = []
+    env = on_runpod(runpod_api.url)
+    m = costguard.Meter(state, 1, say=said.append, environ=env)
+    runpod_api.charge("pod-abc123", 3.0)
+    assert 3.0 <= m.read()["spent"] < 3.01
+    records.COST.path(state).unlink()
+    records.COST.path(state).mkdir()  # cannot be written over
+    runpod_api.charge("pod-abc123", 5.0)
+    assert m.read() is not None and 8.0 <= m.spent() < 8.01, m.spent()
+    assert any("cannot write" in line and "guard.max_spend goes by what RunPod says" in line for line in said), said
+    records.COST.path(state).rmdir()
+    m.read()
+    again = costguard.Meter(state, 1, say=said.append, environ=env)
+    assert again.spent() == m.spent(), "the pod's spend before this container"
+    other = costguard.Meter(state, 1, say=said.append, environ={**env, "RUNPOD_POD_ID": "pod-xyz789"})
+    assert other.spent() is None
 
 
 GOOD = {"per_hour": 0.35, "spent": 1.2, "source": "billing", "started": 1.0, "time": None, "projected": 3.1}
@@ -325,7 +352,7 @@ def test_a_good_cost_record_is_one_status_line_and_a_bad_value_in_it_is_dropped(
     state.mkdir(parents=True)
     records.COST.write(state, dict(GOOD, time=time.time()))
     st = status.collect(tmp_path / "ws")
-    assert st["cost"] == dict(GOOD, started=1.0, time=st["cost"]["time"])
+    assert st["cost"] == dict(GOOD, started=1.0, time=st["cost"]["time"], pod=None, before=0.0)
     assert "\ncost: $0.35/h, $1.20 spent (billing), ~$3.10 to the end at this pace\n" in status.human(st) + "\n"
     records.COST.write(state, dict(GOOD, time=time.time(), projected=-3.0, started=time.time() + 3600))
     c = costguard.cost(state)

@@ -208,6 +208,15 @@ def test_a_long_run_keeps_a_bounded_history_along_all_its_steps_with_its_last_st
     assert gaps == sorted(gaps, reverse=True) and max(gaps) <= 4 * 1000 // Small.MAX_LINES, steps
 
 
+@pytest.mark.timeout(30)
+def test_a_history_of_repeated_step_zero_lines_is_compacted_and_the_append_returns(tmp_path):
+    """Lines that are all step 0 (written by something else) are kept at every stride: the compaction must still
+    end, and the file stay bounded by what it can thin."""
+    h = Small()
+    assert all(h.append(tmp_path, 0, 0.1, 0.2) for _ in range(3 * Small.MAX_LINES))
+    assert h.append(tmp_path, 1, 0.1, 0.2)
+
+
 @pytest.mark.timeout(60)
 def test_a_corrupt_huge_history_is_read_bounded_and_its_bad_lines_skipped(tmp_path):
     """50 MB of junk, a torn line, a line of the wrong shape, a NaN loss: the reader takes the last 2 MiB only,
@@ -239,25 +248,85 @@ def test_a_history_that_cannot_be_written_is_said_once_and_training_goes_on(tmp_
 
 
 @pytest.mark.timeout(60)
-def test_a_page_beyond_loopback_with_a_short_token_is_a_config_error_and_without_one_it_stays_on_loopback(tmp_path):
-    """page.host 0.0.0.0 with a short PODKIT_PAGE_TOKEN: exit 2, the key, the hint. With none (or RunPod's
-    reference left unfilled, a secret never created): the boot goes on and says the page stays on 127.0.0.1;
-    a missing page secret never keeps a pod from training."""
-    env = smoke_env(tmp_path / "short", free_port(), PODKIT_PAGE_HOST="0.0.0.0", PODKIT_PAGE_TOKEN="short")
-    r = subprocess.run([*PODKIT, "preflight"], env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "PODKIT_PAGE_TOKEN:" in r.stderr and "hint:" in r.stderr, r.stderr
-    assert "Traceback" not in r.stderr
-    for i, token in enumerate(("", "{{ RUNPOD_SECRET_PODKIT_PAGE_TOKEN }}")):
-        env = smoke_env(tmp_path / f"ws{i}", free_port(), PODKIT_PAGE_HOST="0.0.0.0", PODKIT_PAGE_TOKEN=token)
+def test_the_pages_token_never_keeps_a_pod_from_training_and_without_a_usable_one_the_page_stays_on_loopback(tmp_path):
+    """page.host 0.0.0.0 with no PODKIT_PAGE_TOKEN, RunPod's reference left unfilled (a secret never created) or a
+    short one: the boot goes on and says the page stays on 127.0.0.1 (a short one on loopback: no login, said);
+    a token of 16+ characters: served as asked, nothing said."""
+    for i, (host, token, said) in enumerate((
+            ("0.0.0.0", "", "on 127.0.0.1 only, not 0.0.0.0: PODKIT_PAGE_TOKEN is not set"),
+            ("0.0.0.0", "{{ RUNPOD_SECRET_PODKIT_PAGE_TOKEN }}", "RunPod's secret reference is not filled in"),
+            ("0.0.0.0", "short", "on 127.0.0.1 only, not 0.0.0.0: PODKIT_PAGE_TOKEN is not 16+ characters"),
+            ("127.0.0.1", "short", "without a login: PODKIT_PAGE_TOKEN is not 16+ characters"))):
+        env = smoke_env(tmp_path / f"ws{i}", free_port(), PODKIT_PAGE_HOST=host, PODKIT_PAGE_TOKEN=token)
         r = subprocess.run([*PODKIT, "preflight"], env=env, capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0 and "the page is served on 127.0.0.1 only, not 0.0.0.0" in r.stdout + r.stderr, \
-            r.stdout + r.stderr
-    from podkit import page
-
-    assert page.endpoint("0.0.0.0", "") == page.endpoint("0.0.0.0", "{{ RUNPOD_SECRET_X }}") == "127.0.0.1"
+        assert r.returncode == 0 and said in r.stdout + r.stderr, (token, r.stdout + r.stderr)
+    assert page.endpoint("0.0.0.0", "") == page.endpoint("0.0.0.0", "{{RUNPOD_SECRET_PODKIT_PAGE_TOKEN_X}}") == \
+        page.endpoint("0.0.0.0", "short") == "127.0.0.1"
     env = smoke_env(tmp_path / "ok", free_port(), PODKIT_PAGE_HOST="0.0.0.0", PODKIT_PAGE_TOKEN=TOKEN)
     r = subprocess.run([*PODKIT, "preflight"], env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "127.0.0.1 only" not in r.stdout + r.stderr, r.stderr
+    assert r.returncode == 0 and "the page is served" not in r.stdout + r.stderr, r.stderr
+    assert page.endpoint("0.0.0.0", TOKEN) == "0.0.0.0"
+
+
+@pytest.mark.timeout(60)
+def test_a_page_without_a_token_answers_its_own_machine_only_and_a_forged_form_is_refused_in_one_line(tmp_path):
+    """Loopback without a token (podkit up): a request naming another host (a web page elsewhere that points
+    its own name at 127.0.0.1) gets nothing; localhost and 127.0.0.1 get the page. A login body with more
+    fields than a form has: 400, no traceback in the log."""
+    import contextlib
+    import io
+    import threading
+
+    class Fixed:
+        def page(self):
+            return b"<p>run data</p>"
+
+    httpd = page.server("127.0.0.1", 0, Fixed(), "")
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = httpd.server_address[1]
+    s = type("S", (), {"page_port": port})()
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            for host, code in ((f"rebind.example:{port}", 421), (f"127.0.0.1:{port}", 200),
+                               (f"localhost:{port}", 200), (f"[::1]:{port}", 200)):
+                r = request(s, "GET", "/", headers={"Host": host})
+                assert r.status == code and (b"run data" in r.body) == (code == 200), (host, r.status)
+            tokened = page.server("127.0.0.1", 0, Fixed(), TOKEN)
+            threading.Thread(target=tokened.serve_forever, daemon=True).start()
+            t = type("S", (), {"page_port": tokened.server_address[1]})()
+            r = request(t, "POST", "/login", "&".join(f"a{i}=1" for i in range(9)) + f"&token={TOKEN}",
+                        {"Content-Type": "application/x-www-form-urlencoded"})
+            assert r.status == 400 and r.getheader("Set-Cookie") is None, r.status
+            tokened.shutdown()
+            tokened.server_close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert "Traceback" not in err.getvalue(), err.getvalue()
+
+
+@pytest.mark.timeout(60)
+def test_a_secret_in_an_exception_on_the_step_axis_is_redacted_in_the_pictures_too(tmp_path):
+    """The marks' words (the loop bound's `what`: an exception's first line) reach the charts' <title>s: redacted
+    there as everywhere else on the page."""
+    from podkit import config
+
+    secret = "hf_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6"
+    ws = tmp_path / "ws"
+    state = ws / ".podkit"
+    state.mkdir(parents=True)
+    now = time.time()
+    for step in range(1, 30):
+        records.HISTORY.append(state, step, 0.1 * step, 1.0, now=now - 300 + step * 5)
+    records.PROGRESS.write(state, {"kind": "areal", "step": 29, "time": now})
+    records.TRAINER_LOOP.write(state, {"started": [now - 300], "ends": [
+        {"time": now - 250, "by": "script-error", "family": "failure", "step": 10,
+         "what": f"OSError: 401 for token {secret}", "new": True}]})
+    cfg = config.load(None, environ={"PODKIT_WORKSPACE": str(ws), "PODKIT_RUN_DIR": str(tmp_path / "run")})
+    body = page.Source(cfg, environ={"HF_TOKEN": secret}).page().decode()
+    assert "<title>step 10: " in body and "OSError: 401 for token" in body, body[:3000]
+    assert secret not in body
 
 
 if __name__ == "__main__":

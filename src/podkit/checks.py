@@ -447,15 +447,11 @@ PAGE_TOKEN_MIN = 16  # the page takes guesses from the internet through RunPod's
 
 
 def page(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
-    """The page beyond loopback only with a token a person cannot guess; on a port of its own."""
-    environ = os.environ if environ is None else environ
+    """The page on a port of its own. Its token is never an error (page_loopback_only warns): without a usable
+    one the page stays on loopback."""
     p, out = cfg.page, []
-    token = environ.get(PAGE_TOKEN_ENV, "")
     if not p.port:
         return out
-    if token and "RUNPOD_SECRET_" not in token and (not usable_key(token) or len(token) < PAGE_TOKEN_MIN):
-        out.append((PAGE_TOKEN_ENV, f"must be at least {PAGE_TOKEN_MIN} characters of visible ASCII (letters, "
-                    "digits, punctuation; no space)", "e.g. the output of `openssl rand -hex 32`"))
     for key, port in (("inference.port", cfg.inference.port), ("metrics.port", cfg.metrics.port)):
         if p.port == port:
             out.append(("page.port", f"is {key} ({port}) too", "pick another port (default 9401), or 0: off"))
@@ -463,15 +459,23 @@ def page(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
 
 
 def page_loopback_only(cfg, environ: dict[str, str] | None = None) -> str | None:
-    """Why a page set to bind beyond loopback is served on 127.0.0.1 only: no token (or RunPod's secret reference
-    left unfilled). A warning, not an error: a missing secret for the page must not keep a pod from training."""
+    """Why the page is served on 127.0.0.1 only, or without a login: no token, RunPod's secret reference left
+    unfilled, or a token a person could guess (ignored). A warning, not an error: the page's secret must never
+    keep a pod from training."""
     environ = os.environ if environ is None else environ
     token = environ.get(PAGE_TOKEN_ENV, "")
-    if not cfg.page.port or loopback(cfg.page.host) or (token and "RUNPOD_SECRET_" not in token):
+    if not cfg.page.port or not token and loopback(cfg.page.host) or page_token_ok(token):
         return None
-    why = "RunPod's secret reference is not filled in (no RunPod secret of that name)" if token else "it is not set"
-    return (f"the page is served on 127.0.0.1 only, not {cfg.page.host}: {PAGE_TOKEN_ENV} {why}; create the secret "
-            "(e.g. from `openssl rand -hex 32`) to see the run through RunPod's proxy")
+    why = ("RunPod's secret reference is not filled in (no RunPod secret of that name)" if "RUNPOD_SECRET_" in token
+           else f"is not {PAGE_TOKEN_MIN}+ characters of visible ASCII (ignored)" if token else "is not set")
+    where = "without a login" if loopback(cfg.page.host) else f"on 127.0.0.1 only, not {cfg.page.host}"
+    return (f"the page is served {where}: {PAGE_TOKEN_ENV} {why}; set it (e.g. from `openssl rand -hex 32`, a RunPod "
+            "secret on a pod) to see the run through RunPod's proxy")
+
+
+def page_token_ok(token: str) -> bool:
+    """A token the page may stand behind: one a person cannot guess, not RunPod's unfilled secret reference."""
+    return bool(token) and usable_key(token) and len(token) >= PAGE_TOKEN_MIN and "RUNPOD_SECRET_" not in token
 
 
 SHAPE_KEYS = ("allocation_mode", "rollout.backend", "actor.backend", "cluster.n_nodes", "cluster.n_gpus_per_node")

@@ -369,8 +369,11 @@ def cost(state_dir: Path | None) -> dict | None:
     started = rec.get("started")
     started = float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) \
         and 0 < started <= t + 300 else None
+    pod = rec.get("pod")
     return {"per_hour": per_hour, "spent": spent, "source": rec["source"], "started": started, "time": float(t),
-            "projected": _money(rec.get("projected"), SPENT_MAX)}
+            "projected": _money(rec.get("projected"), SPENT_MAX),
+            "pod": pod if isinstance(pod, str) and len(pod) <= 64 else None,
+            "before": _money(rec.get("before"), SPENT_MAX) or 0.0}
 
 
 def words(c: dict, now: float | None = None) -> str:
@@ -401,6 +404,9 @@ class Meter:
         self.no_bill = ""
         self.pace: list[tuple[int, float, int | None]] = []  # (step, its time, the trainer's pid): first, latest
         self._client = None
+        kept = cost(self.state_dir)
+        if kept is not None and kept.get("pod") == self.pod and self.pod:  # this pod's spend before this container
+            self.last = kept
 
     def start(self) -> Meter:
         def loop() -> None:
@@ -426,14 +432,18 @@ class Meter:
 
             self._failed(e.message if isinstance(e, runpod.ApiError) else f"{type(e).__name__}: {e}")
             return None
+        self.last = rec  # the budget goes by what RunPod said, written or not (a full volume)
         try:
             records.COST.write(self.state_dir, rec)
         except OSError as e:
-            self._failed(f"cannot write {records.COST.path(self.state_dir)} ({e.strerror})")
-            return None
+            if not self.failing:
+                self.say(f"cannot write {records.COST.path(self.state_dir)} ({e.strerror}): status and the page show "
+                         "an older spend; guard.max_spend goes by what RunPod says")
+            self.failing = e.strerror or "?"
+            return rec
         if self.failing:
             self.say(f"the pod's cost is read again: {words(rec)}")
-        self.failing, self.last = "", rec
+        self.failing = ""
         return rec
 
     def _failed(self, why: str) -> None:
@@ -458,7 +468,13 @@ class Meter:
         now = time.time()
         started = runpod.started_at(pod)
         started = started if started is not None and started <= now + 300 else None
-        estimate = per_hour * max(0.0, now - started) / 3600 if started else 0.0
+        last = self.last
+        # An estimate covers this start only (startedAt moves at each start): earlier starts' spend is carried.
+        before = (last.get("before") or 0.0) if last and last.get("started") == started else \
+            (last["spent"] if last else 0.0)
+        estimate = before + (per_hour * max(0.0, now - started) / 3600 if started else 0.0)
+        if last and last["source"] == "billing" and last.get("started") == started:
+            estimate = max(estimate, last["spent"] + per_hour * max(0.0, now - last["time"]) / 3600)
         spent, source = estimate, "estimate"
         try:
             billed = self._client.pod_billing(self.pod, pod.get("createdAt"))
@@ -473,8 +489,10 @@ class Meter:
             self.no_bill = ""
             if billed <= SPENT_MAX and billed >= estimate - per_hour * BILLING_LAG_S / 3600:
                 spent, source = billed, "billing"
+        if last:  # a spend never goes down (a bill that stops answering would call a budget's stop off)
+            spent = max(spent, last["spent"])
         return {"per_hour": per_hour, "spent": round(spent, 6), "source": source, "started": started, "time": now,
-                "projected": self.projected(per_hour)}
+                "projected": self.projected(per_hour), "pod": self.pod, "before": round(before, 6)}
 
     def projected(self, per_hour: float) -> float | None:
         """USD for the steps left to trainer.max_steps at the pace the trainer has kept since this meter first

@@ -34,8 +34,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from podkit import costguard, ending, guardfile, health, log, records, status, supervisord
-from podkit.checks import PAGE_TOKEN_ENV, PAGE_TOKEN_MIN, loopback, usable_key
+from podkit import checks, costguard, ending, guardfile, health, log, records, status, supervisord
+from podkit.checks import PAGE_TOKEN_ENV, loopback, page_token_ok
 from podkit.redact import Redactor
 
 _log = log.get("page")
@@ -504,7 +504,7 @@ def render(data: dict, redact=lambda s: s) -> str:
     out += _trouble(st, data, said)
 
     # The pictures.
-    ms = marks(data)
+    ms = [(step, kind, redact(words)) for step, kind, words in marks(data)]  # an exception's text may hold a secret
     if points:
         lo, hi = min(p[0] for p in points), max(p[0] for p in points)
         rewards = [(p[0], p[2]) for p in points if p[2] is not None]
@@ -693,6 +693,13 @@ class _Server(ThreadingHTTPServer):
         finally:
             self.slots.release()
 
+    def handle_error(self, request, client_address) -> None:
+        """A request that broke its handler: one line per 10 s, not a traceback each (anyone may send them)."""
+        import sys
+
+        e = sys.exc_info()[1]
+        self.say("error", f"a request failed: {type(e).__name__}: {str(e)[:200]}")
+
     def say(self, what: str, msg: str, every_s: float = 10.0) -> None:
         """A refused request's line, at most one of each kind per every_s: guesses must not flood the logs."""
         now = time.monotonic()
@@ -743,7 +750,10 @@ def server(host: str, port: int, source, token: str = "") -> ThreadingHTTPServer
             if not 0 <= length <= MAX_BODY:
                 return self._answer(413, b"too long for a login form\n", "text/plain")
             body = self.rfile.read(length).decode("utf-8", "replace")
-            sent = (parse_qs(body, max_num_fields=4).get("token") or [""])[0] if "=" in body else ""
+            try:
+                sent = (parse_qs(body, max_num_fields=4).get("token") or [""])[0] if "=" in body else ""
+            except ValueError:  # more fields than a login form has: not a person's login
+                return self._answer(400, b"not a login form\n", "text/plain")
             if not session.required:
                 return self._answer(303, b"", "text/plain", "/")
             if not session.token_ok(sent):
@@ -756,7 +766,12 @@ def server(host: str, port: int, source, token: str = "") -> ThreadingHTTPServer
                          f"Max-Age={SESSION_S}; HttpOnly; SameSite=Strict{secure}")
 
         def _plain(self) -> bool:
-            """A request without a query string: a token must never travel in a URL (nor be logged from one)."""
+            """A request without a query string: a token must never travel in a URL (nor be logged from one). Without
+            a token (loopback), one addressed to this machine by name: a web page elsewhere that points a name of
+            its own at 127.0.0.1 (DNS rebinding) reads nothing."""
+            if not session.required and not local_host(self.headers.get("Host", "")):
+                self._answer(421, b"this page answers to 127.0.0.1 or localhost only\n", "text/plain")
+                return False
             if "?" in self.path or "#" in self.path:
                 path = self.path.split("?", 1)[0].split("#", 1)[0]
                 self.server.say("query", f"refused a request with a query string ({self.command} "
@@ -808,11 +823,17 @@ def _stop(*_):
     raise SystemExit(0)
 
 
+def local_host(header: str) -> bool:
+    """A Host header naming this machine: 127.0.0.1, localhost or [::1], with or without a port."""
+    h = header.strip().lower()
+    h = h[1:].partition("]")[0] if h.startswith("[") else h.rpartition(":")[0] if h.count(":") == 1 else h
+    return h in ("127.0.0.1", "localhost", "::1")
+
+
 def endpoint(host: str, token: str) -> str:
     """Where the page may be served: beyond loopback only with a usable token (the check's rule, applied again
     where the socket is made); otherwise loopback."""
-    ok = bool(token) and usable_key(token) and len(token) >= PAGE_TOKEN_MIN and "RUNPOD_SECRET_" not in token
-    return host if loopback(host) or ok else "127.0.0.1"
+    return host if loopback(host) or page_token_ok(token) else "127.0.0.1"
 
 
 def main(cfg) -> int:
@@ -824,9 +845,9 @@ def main(cfg) -> int:
         return idle("page", "page.port is 0: no page")
     token = os.environ.get(PAGE_TOKEN_ENV, "")
     host = endpoint(p.host, token)
-    if host != p.host:
-        _log.warn(f"serving the page on 127.0.0.1 only: page.host {p.host} needs a {PAGE_TOKEN_ENV} of at least "
-                  f"{PAGE_TOKEN_MIN} visible ASCII characters (a RunPod secret of that name)")
+    if not page_token_ok(token):
+        if token or host != p.host:
+            _log.warn(checks.page_loopback_only(cfg) or f"{PAGE_TOKEN_ENV} is ignored")
         token = ""  # loopback without a usable token: as on `podkit up`, no login
     source = Source(cfg)
     told = ""

@@ -281,9 +281,10 @@ CLUSTER_STOP = Record("cluster-stop.json", {"run": str, "time": TIME})  # every 
 RANK_SHAPE = {"rank": int, "pid": int, "start": int, "host": str, "node": str, "run": str, "time": TIME}
 # What this RunPod pod costs (costguard.Meter writes it every guard.cost_every_s; costguard.cost() reads it
 # checked): USD per hour, USD spent so far and from where ("billing" | "estimate"), when the pod started, when
-# this was read, and USD to the run's end at the trainer's pace (None: unknown).
+# this was read, USD to the run's end at the trainer's pace (None: unknown), the pod, and USD its earlier starts
+# spent (an estimate covers one start).
 COST = Record("cost.json", {"per_hour": NUMBER, "spent": NUMBER, "source": str, "started": TIME, "time": TIME,
-                            "projected": NUMBER})
+                            "projected": NUMBER, "pod": str, "before": NUMBER})
 STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG, NOTIFY, CLUSTER, TRAINER_LOOP,
                  RAY_LOOP, COST)
 
@@ -397,8 +398,9 @@ class History:
         recent = self.MAX_LINES // 4
         old, new = lines[:-recent], lines[-recent:]
         steps = [int(m.group(1)) if (m := _STEP.match(ln)) else -1 for ln in old]
-        stride = 2
-        while sum(1 for s in steps if s >= 0 and s % stride == 0) > self.MAX_LINES // 2:
+        stride, top = 2, max(steps, default=0)
+        # Step 0 (or a repeated step) is kept at every stride: the doubling ends once the stride passes the last step.
+        while stride <= top and sum(1 for s in steps if s >= 0 and s % stride == 0) > self.MAX_LINES // 2:
             stride *= 2
         kept = old[:1] + [ln for ln, s in zip(old[1:], steps[1:], strict=True) if s >= 0 and s % stride == 0] + new
         tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
