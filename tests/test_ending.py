@@ -111,6 +111,22 @@ def test_a_stop_asked_for_is_a_stop_whatever_the_exit_and_names_who_asked(tmp_pa
     assert ending.RECEIVED.read_owned(cfg.run_path)["by"] == "you (podkit ctl restart trainer)"
 
 
+def test_an_ask_made_before_this_program_started_is_not_who_asked_for_its_stop(tmp_path):
+    """`podkit ctl stop trainer`, then a new start, then the pod's stop within ASKED_FRESH_S: the old ask was for
+    the instance before (its stop already named it); this stop is nobody's ask but the pod's."""
+    cfg = cfg_of(tmp_path)
+    ending.ask(cfg.run_path, ["trainer"], "you (podkit ctl stop trainer)")
+    time.sleep(0.05)
+    sig = ending.Signals()
+    sig.cfg, sig.started = cfg, time.time()
+    sig.at = time.time() + 1
+    assert sig.resolve().by != "you (podkit ctl stop trainer)", sig.asked.by
+    ending.ask(cfg.run_path, ["trainer"], "the pod's stop")
+    later = ending.Signals()
+    later.cfg, later.started, later.at = cfg, sig.started, time.time() + 1
+    assert later.resolve().by == "the pod's stop"
+
+
 def test_ranks_that_stopped_on_a_sigterm_the_program_never_got_restart_to_resume(tmp_path):
     cfg = cfg_of(tmp_path)
     started = time.time()

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from areal_stack import CPU_OVERRIDES, EXAMPLE, PYTHON, example_remote, repo_env
-from conftest import wait_for, wheel
+from conftest import PODKIT, wait_for, wheel
 from podkit import records
 from podkit.areal import identity
 from test_page import CHROMIUM, browser
@@ -85,18 +85,21 @@ def test_your_repo_trains_under_its_own_names_stops_with_a_checkpoint_despite_it
     p = s.wait_fresh_step(stopped_at + 1, again, timeout=300)
     assert p["resumed_at"] == stopped_at and p["code"]["commit"] == fixed, p
     assert "[podkit:setup] reusing" in s.stdout()  # installed once
-    assert s.stop() == 0
     # A checkpoint AReaL cannot load (a file of it gone, as when the trainer's rank count changed): AReaL would
-    # train from step 0 and write over it. The trainer stops once instead, and the checkpoint stays.
+    # train from step 0 and write over it. The trainer stops once instead, and the checkpoint stays. (On the
+    # running pod: the user's stop writes the checkpoint, the user's start finds it unloadable.)
+    r = subprocess.run([*PODKIT, "ctl", "--workspace", str(s.workspace), "stop", "trainer"], capture_output=True,
+                       text=True, env=s.env, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
     pkl = root / "recover_info" / "dataloader_info.pkl"
     pkl.rename(pkl.with_name("dataloader_info.aside"))
     since = time.time()
-    s.start()
+    s.rpc().supervisor.startProcess("trainer", False)
     stopped = _refusal(s, since)
     assert f"AReaL could not load the recover checkpoint in {root}" in stopped["message"], stopped
     assert "podkit start-over" in stopped["hint"] and (s.progress().get("step") or 0) >= stopped_at + 1
-    assert s.stop() == 0
     pkl.with_name("dataloader_info.aside").rename(pkl)
+    assert s.stop() == 0
     # Another script under the same names on this volume: not resumed from this run's checkpoint.
     s.env["PODKIT_TRAINER_ENTRY"] = "other.py"
     since = time.time()

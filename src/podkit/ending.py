@@ -270,9 +270,10 @@ class Asked:
         self.at, self.by, self.supervisord, self.kind = at, by, supervisord, kind
 
 
-def who_asked(socket_path, run_dir: Path, name: str, at: float) -> Asked:
+def who_asked(socket_path, run_dir: Path, name: str, at: float, since: float | None = None) -> Asked:
     """supervisord's word (it marks a program STOPPING before it signals it, and refuses every call once it
-    shuts down) and the asker's own note."""
+    shuts down) and the asker's own note: one made since `since` (the program's start; an ask before it was
+    for the instance before, whose stop it already named)."""
     from podkit import supervisord
 
     try:
@@ -280,7 +281,7 @@ def who_asked(socket_path, run_dir: Path, name: str, at: float) -> Asked:
     except Exception as e:  # noqa: BLE001 - a fault, a socket error: what it says is the evidence
         state = "SHUTDOWN" if getattr(e, "faultCode", None) == supervisord.SHUTDOWN_STATE_FAULT else \
             "NO-SUPERVISORD" if isinstance(e, OSError) else "?"
-    notes = _asks(run_dir, name, at)
+    notes = _asks(run_dir, name, at, since)
     note, kind = (str(notes[-1]["by"])[:200], notes[-1].get("kind") or "") if notes else ("", "")
     if state == supervisord.STOPPING:
         return Asked(at, note or "supervisord (podkit ctl or supervisorctl)", True, kind if kind == HANG else "")
@@ -317,10 +318,11 @@ class Signals:
         self.forward = None  # set while torchrun runs (launch.supervise): the signal goes to the ranks
         self.cut = False  # the launcher cut the ranks at the end of the stop's grace
         self.cfg = None
+        self.started = 0.0  # this program's first line: an ask made before it was for the instance before
         self.lock = threading.Lock()
 
     def install(self, cfg) -> None:
-        self.cfg = cfg
+        self.cfg, self.started = cfg, time.time()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.on_signal)
 
@@ -341,7 +343,8 @@ class Signals:
             if self.asked is None and self.at is not None and self.cfg is not None:
                 from podkit import proc
 
-                self.asked = who_asked(self.cfg.socket_path, Path(self.cfg.run_path), "trainer", self.at)
+                self.asked = who_asked(self.cfg.socket_path, Path(self.cfg.run_path), "trainer", self.at,
+                                       self.started or None)
                 try:
                     RECEIVED.write(self.cfg.run_path, {"pid": os.getpid(), "start": proc.starttime(os.getpid()) or 0,
                                                        "time": self.at, "by": self.asked.by,
