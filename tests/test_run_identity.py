@@ -275,25 +275,45 @@ LOADS = ("import sys\n\nfrom areal.api.cli_args import GRPOConfig, load_expr_con
          "config, _ = load_expr_config(sys.argv[1:], GRPOConfig)\nPPOTrainer(config)\n")
 
 
-@pytest.mark.rehearsal
-@pytest.mark.timeout(300)
-@pytest.mark.skipif(not PYTHON and not os.environ.get("CI"), reason="no AReaL environment (AREAL_PYTHON)")
+URL = "https://example.invalid/me/r.git"
+
+
+def checked_in_areal(tmp_path, script: str, entry: str, models=("model",)) -> tuple[list[Path], dict]:
+    """The repo with `script` as `entry`, tiny model directories (config.json only), the AReaL YAML naming
+    myrepo/t0, and the env CHECKS runs under: the models' paths and that env."""
+    repo = tmp_path / "ws" / "repo"
+    repo.mkdir(parents=True)
+    (repo / entry).write_text(script)
+    dirs = [tmp_path / m for m in models]
+    for d in dirs:
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 224}))
+    cfg_for(tmp_path, {"experiment_name": "myrepo", "trial_name": "t0"},  # writes config.yaml
+            base=ROOT / "configs" / "areal" / "grpo-cpu.yaml")
+    env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
+           "PODKIT_TRAINER_AREAL_CONFIG": str(tmp_path / "config.yaml"), "PODKIT_TRAINER_ENTRY": entry,
+           "PODKIT_REPO_URL": URL, "PODKIT_INFERENCE_MODEL": str(dirs[0]), "PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES,
+           "PODKIT_RUN_DIR": str(tmp_path / "run"), "RANK": "0", "SRC": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
+    return dirs, env
+
+
+def in_areal(test):
+    """A test that runs podkit's bootstrap under AReaL's own Python (the rehearsal group)."""
+    for mark in (pytest.mark.rehearsal, pytest.mark.timeout(300),
+                 pytest.mark.skipif(not PYTHON and not os.environ.get("CI"), reason="no AReaL environment (AREAL_PYTHON)")):
+        test = mark(test)
+    return test
+
+
+@in_areal
 def test_areals_loader_refuses_another_runs_checkpoint_and_resumes_its_own_across_commits(tmp_path):
     """Under the names myrepo/t0: no checkpoint, trains; this run's checkpoint at another commit, resumes;
     trial t1 beside it starts in its own directory;
     a checkpoint of another entry, of another repo, or (without a record) of a model of another shape:
     stopped once, saying which and why, nothing removed. A name AReaL's loader ends up with that is a path
     (the user's override) is refused there too."""
-    repo = tmp_path / "ws" / "repo"
-    repo.mkdir(parents=True)
-    (repo / "load.py").write_text(LOADS)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 224}))
-    cfg_for(tmp_path, {"experiment_name": "myrepo", "trial_name": "t0"},  # writes config.yaml
-            base=ROOT / "configs" / "areal" / "grpo-cpu.yaml")
-    url = "https://example.invalid/me/r.git"
-    names, mine = ["myrepo", "t0"], str(model)
+    (model,), env = checked_in_areal(tmp_path, LOADS, "load.py")
+    url, names, mine = URL, ["myrepo", "t0"], str(model)
     cases = [
         {"names": names},
         {"names": names, "checkpoint": True, "record": [names, "load.py", mine, url, "0" * 40]},
@@ -310,10 +330,6 @@ def test_areals_loader_refuses_another_runs_checkpoint_and_resumes_its_own_acros
          "env": {"PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES + " ++recover.trial_name=t9"}},
         {"names": ["myrepo", "unused"], "env": {"PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES + " ++trial_name=../t0"}},
     ]
-    env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
-           "PODKIT_TRAINER_AREAL_CONFIG": str(tmp_path / "config.yaml"), "PODKIT_TRAINER_ENTRY": "load.py",
-           "PODKIT_REPO_URL": url, "PODKIT_INFERENCE_MODEL": mine, "PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES,
-           "PODKIT_RUN_DIR": str(tmp_path / "run"), "RANK": "0", "SRC": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
     r = areal_run("-c", CHECKS, json.dumps(cases), env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     fresh, same, entry, repo_, shape, shape_ok, t1, off, t9, path = json.loads(r.stdout.strip().splitlines()[-1])
@@ -354,9 +370,7 @@ CONSTRUCTS = ("import os, sys\n\nfrom omegaconf import OmegaConf\n\n"
               "PPOTrainer(config)\n")
 
 
-@pytest.mark.rehearsal
-@pytest.mark.timeout(300)
-@pytest.mark.skipif(not PYTHON and not os.environ.get("CI"), reason="no AReaL environment (AREAL_PYTHON)")
+@in_areal
 def test_what_areal_runs_is_checked_at_the_trainers_construction_whatever_loaded_or_changed_it(tmp_path):
     """Recovery or disk weight updates turned off in a Hydra syntax podkit's boot does not read (~key,
     section={...}) or by the script itself: stopped once, naming the key. A script that loads its config
@@ -364,15 +378,8 @@ def test_what_areal_runs_is_checked_at_the_trainers_construction_whatever_loaded
     another directory) left a checkpoint under its names: stopped once, saying so. ./construct.py is the
     run construct.py trained: let through to resume, and so is a checkpoint `podkit adopt` marked as this
     run's."""
-    repo = tmp_path / "ws" / "repo"
-    repo.mkdir(parents=True)
-    (repo / "construct.py").write_text(CONSTRUCTS)
-    model, elsewhere = tmp_path / "model", tmp_path / "elsewhere" / "model"
-    for d in (model, elsewhere):
-        d.mkdir(parents=True)
-        (d / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 224}))
-    cfg_for(tmp_path, {"experiment_name": "myrepo", "trial_name": "t0"}, base=ROOT / "configs" / "areal" / "grpo-cpu.yaml")
-    url, names, mine = "https://example.invalid/me/r.git", ["myrepo", "t0"], str(model)
+    (model, elsewhere), env = checked_in_areal(tmp_path, CONSTRUCTS, "construct.py", ("model", "elsewhere/model"))
+    url, names, mine = URL, ["myrepo", "t0"], str(model)
 
     def overridden(extra: str) -> dict:
         return {"PODKIT_TRAINER_OVERRIDES": f"{CPU_OVERRIDES} {extra}"}
@@ -393,10 +400,6 @@ def test_what_areal_runs_is_checked_at_the_trainers_construction_whatever_loaded
         {"names": names, "checkpoint": True, "record": [names, "construct.py", "Qwen/X", url],
          "env": {"PODKIT_INFERENCE_MODEL": "me/X"}},
     ]
-    env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
-           "PODKIT_TRAINER_AREAL_CONFIG": str(tmp_path / "config.yaml"), "PODKIT_TRAINER_ENTRY": "construct.py",
-           "PODKIT_REPO_URL": url, "PODKIT_INFERENCE_MODEL": mine, "PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES,
-           "PODKIT_RUN_DIR": str(tmp_path / "run"), "RANK": "0", "SRC": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
     r = areal_run("-c", CHECKS, json.dumps(cases), env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     deleted, as_dict, xccl, by_script, loader, leaf, dotted, adopted, hub = json.loads(r.stdout.strip().splitlines()[-1])

@@ -446,7 +446,7 @@ PAGE_TOKEN_ENV = "PODKIT_PAGE_TOKEN"  # a secret (a RunPod secret on a pod), nev
 PAGE_TOKEN_MIN = 16  # the page takes guesses from the internet through RunPod's proxy: no short password
 
 
-def page(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
+def page(cfg) -> list[Problem]:
     """The page on a port of its own. Its token is never an error (page_loopback_only warns): without a usable
     one the page stays on loopback."""
     p, out = cfg.page, []
@@ -539,7 +539,7 @@ def cluster(cfg, synced: bool = True) -> list[Problem]:
 def programs(cfg, environ: dict[str, str] | None = None, synced: bool = False) -> list[Problem]:
     """Everything that would make the configured programs fail at once (`synced`: after the sync stage,
     when the checkout's files can be looked for)."""
-    out = metrics(cfg, environ) + page(cfg, environ) + devices(cfg)
+    out = metrics(cfg, environ) + page(cfg) + devices(cfg)
     if cfg.multi_node:  # AReaL's Ray launcher starts SGLang; rank 0 runs it
         if cfg.inference.kind == "standin-lm":
             out += standin_lm(cfg)
