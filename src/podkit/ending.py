@@ -66,6 +66,7 @@ CRASH_LOOP, HANG_LOOP, OOM_LOOP, OUTSIDE_LOOP = "crash-loop", "hang-loop", "oom-
 SIGTERM, STRAY, STALE, LEASE_LOST, ENDED = "SIGTERM", "stray SIGTERM", "stale-weights", "lease-lost", "no-record"
 FAILED, OOM, HANG, NETWORK = "script-error", "out-of-memory", "hung", "network-error"
 INFERENCE, KILLED, INFERENCE_STOPPED = "inference-down", "killed-by-signal", "inference-stopped"
+VOLUME, VOLUME_LOOP, SHM, CHECKPOINT = "volume-error", "volume-loop", "shared-memory", "checkpoint-unloadable"
 
 _REPO_FIX = "`podkit resume` once it is fixed"  # completed per place by fix_for()
 KINDS: dict[str, Kind] = {k.name: k for k in (
@@ -89,6 +90,15 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(OUTSIDE_LOOP, FINAL, "stopped for good: it could not run, again and again, for a cause outside your script",
          None, "trainer_could_not_run",
          "the trainer could not run again and again, for a cause outside your script: the loop bound stopped it"),
+    Kind(VOLUME_LOOP, FINAL, "stopped for good: the volume is full or failing (not your script)", None,
+         "trainer_volume", "the volume is full or failing: the trainer could not write (or read) it, again and again",
+         "free space on the volume (`du -sh /workspace/*`: old checkpoints, caches) or give the pod a bigger one; "
+         "an I/O error or a stale handle is the host's disk or the network volume: move the pod"),
+    Kind(CHECKPOINT, FINAL, "stopped for good: its recover checkpoint cannot be loaded (not your script)", None,
+         "trainer_checkpoint_unloadable",
+         "the recover checkpoint cannot be loaded (cut in the middle of its save, or damaged): every start would "
+         "fail on it", "`podkit start-over` moves the checkpoint aside (kept, never deleted) and trains from "
+         "step 0; or put a whole copy of it back in its place"),
     Kind(SIGTERM, STOP, "stopped on request"),
     Kind(STRAY, STOP, "stopped by a SIGTERM that supervisord did not send, and restarted to resume"),
     Kind(STALE, RESTART, "stopped after a step to push its weights to a restarted inference server, and restarted"),
@@ -101,9 +111,13 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(NETWORK, FAILURE, "could not reach a service it needs (a network error)", "outside"),
     Kind(INFERENCE, FAILURE, "ended while inference was restarted or down", "outside"),
     Kind(KILLED, FAILURE, "was killed by a signal podkit did not send", "outside"),
+    Kind(VOLUME, FAILURE, "hit a volume that is full or failing (not your script)", "volume"),
+    Kind(SHM, FAILURE, "crashed with SIGBUS: shared memory (/dev/shm) ran out, or a driver fault (not your script)",
+         "outside"),
 )}
 COUNTS = {"script": Count("failures", 1, CRASH_LOOP, "failed"), "hang": Count("hangs", 1, HANG_LOOP, "hung"),
           "oom": Count("ooms", 1, OOM_LOOP, "ran out of memory"),
+          "volume": Count("volume", 1, VOLUME_LOOP, "found the volume full or failing"),
           # inference down, a network error, a kill: not the script's, so three times the bound
           "outside": Count("outside", 3, OUTSIDE_LOOP, "could not run")}
 FINISHED_KINDS = tuple(k.name for k in KINDS.values() if k.family == FINISHED)
@@ -422,7 +436,7 @@ def rank_alive(run_dir: Path, rank: int, training: bool = False) -> None:
 
 def clear_ranks(run_dir: Path) -> None:
     """Before torchrun starts: no rank of this program lives yet, and a killed run's records are old news."""
-    for path in Path(run_dir).glob("rank-*.json"):
+    for path in Path(run_dir).glob("rank-*.json"):  # rank-N.json and rank-signal-N.json
         path.unlink(missing_ok=True)
 
 
@@ -437,6 +451,39 @@ def training(run_dir: Path) -> bool:
 
 def rank_exited(run_dir: Path, rank: int) -> None:
     rank_record(rank).path(run_dir).unlink(missing_ok=True)
+
+
+# The stop signals a rank got, noted as they come (bootstrap and hooks; the script's own handler is wrapped so
+# that they are noted under it too): whether the trainer program handed it on (FORWARDED) or someone sent it
+# to the rank itself.
+def signal_record(rank: int) -> records.Record:
+    return records.Record(f"rank-signal-{rank}.json", {"rank": int, "signal": str, "at": records.TIME,
+                                                       "forwarded": bool})
+
+
+def rank_signalled(run_dir: Path, rank: int, sig: int, since: float) -> None:
+    """Rank `rank` got `sig` now. Written in the signal handler: Python runs it between two bytecodes of the
+    main thread, and the rank may end right after it."""
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    try:
+        signal_record(rank).write(run_dir, {"rank": rank, "signal": name, "at": time.time(),
+                                            "forwarded": forwarded(run_dir, since)}, mode=0o600)
+    except OSError:
+        pass
+
+
+def rank_signals(run_dir: Path, since: float) -> list[dict]:
+    """The stop signals ranks got since `since`, the earliest first."""
+    out = []
+    for path in Path(run_dir).glob("rank-signal-*.json"):
+        n = path.name.removeprefix("rank-signal-").removesuffix(".json")
+        rec = signal_record(int(n)).read_owned(run_dir) if n.isdigit() else {}
+        if isinstance(rec.get("at"), (int, float)) and rec["at"] >= since:
+            out.append(rec)
+    return sorted(out, key=lambda r: r["at"])
 
 
 # torch's elastic agent, for a worker that died (torch/distributed/elastic/multiprocessing/api.py):
@@ -468,10 +515,13 @@ def silent_ranks(run_dir: Path, since: float, log_file: Path | None = None) -> l
         by_pid = {}
         for line in health.tail(log_file)[-2000:]:
             m = TORCHRUN_FAILED.search(line)
-            if m and int(m.group(1)) < 0:
-                by_pid[int(m.group(3))] = -int(m.group(1))
+            if m:
+                by_pid[int(m.group(3))] = int(m.group(1))
         for r in out:
-            sig = by_pid.get(r["pid"])
+            code = by_pid.get(r["pid"])
+            if code is not None and code > 0:
+                r["exit"] = code  # os._exit(code): no signal, no Python exit
+            sig = -code if code is not None and code < 0 else None
             if sig:
                 try:
                     r["signal"] = signal.Signals(sig).name
@@ -483,127 +533,33 @@ def silent_ranks(run_dir: Path, since: float, log_file: Path | None = None) -> l
 # -- the judge -------------------------------------------------------------------------------------------------------
 def judge(cfg, rc: int, started: float, err: dict | None = None, oom_before=None, signals: Signals = SIGNALS,
           name: str = "trainer") -> End:
-    """How the run this program started at `started` ended, on the evidence, in this order: the trainer's own
-    final word (finished, refused); the stop this program was asked for; the kernel's OOM count (a process of
-    the run killed for memory, or the rank's own out-of-memory error); inference stopped by you, or down; a
-    rank's own exception (the first one: a rank that torchrun then stopped or killed is its fallout); ranks
-    that ended without a word. `err` is the exception this process saw itself (the fake trainer runs
-    in-process)."""
-    from podkit import failure
+    """How the run this program started at `started` ended: its evidence gathered, then decided (verdict.py).
+    `err` is the exception this process saw itself (the fake trainer runs in-process)."""
+    from podkit import verdict
 
-    own = read(cfg.state_dir, since=started, program_pid=os.getpid())
-    asked = signals.resolve() if signals.at is not None else None
-    if own is not None and (own.family in (FINISHED, FINAL, GONE) or asked is None and own.kind.name != SIGTERM):
-        return own
-    if asked is not None:
-        fields = {"asked": asked.by, "cut": signals.cut or None,
-                  "evidence": [f"a SIGTERM at {time.strftime('%H:%M:%S', time.localtime(asked.at))}, asked by "
-                               f"{asked.by}"]}
-        fields["step"] = own.step if own is not None and own.step is not None else \
-            records.PROGRESS.read(cfg.state_dir).get("step")
-        if asked.kind == HANG:  # the watchdog's restart of a hung trainer (a cluster's): a hang, not a stop
-            return End(record(HANG, asked.by, hang_fix({}), **fields))
-        return End(record(SIGTERM if asked.supervisord else STRAY, (own.message if own else "") or "", **fields))
-    step = records.PROGRESS.read(cfg.state_dir).get("step")
-    err = err or failure.first_since(cfg.run_path, started)
-    if own is not None and not err:  # the ranks stopped on a SIGTERM this program never got: someone signalled them
-        return End(record(STRAY, own.message or "", step=own.step, asked="a SIGTERM sent to the ranks, not to the "
-                          "trainer program (someone's kill)"))
-    if rc == 0 and not err:
-        return End(record(ENDED, step=step))
-    evidence = []
-    silent = silent_ranks(cfg.run_path, started, Path(cfg.log_dir) / f"{name}.log")
-    who = ", ".join(f"rank {r['rank']} (pid {r['pid']}{', ' + r['signal'] if r['signal'] else ''})" for r in silent)
-    said = f"; the run ended with {failure.summary(err)}" if err else ""
-    oom = oom_since(oom_before)
-    if err and err.get("oom"):  # CUDA's (or the host's MemoryError) in the rank's own words
-        return End(record(OOM, f"out of {err['oom']} memory {records.at_step(step)}: {failure.summary(err)}",
-                          oom_fix(err["oom"]), step=step, where=err.get("where"), evidence=[oom] if oom else None,
-                          error=err))
-    if oom:  # the kernel killed a process of this run for memory: a rank, or what a rank raised about (its workers)
-        killed = f"{who} killed by the kernel's OOM killer" if silent else "the kernel's OOM killer killed a process"
-        return End(record(OOM, f"out of host memory {records.at_step(step)}: {killed}{said}", oom_fix("host"),
-                          step=step, evidence=[oom], error=err))
-    inf = inference_under(cfg, started)
-    if inf in ("stopped", "asked"):
-        by = asked_by(cfg.run_path, "sglang", since=started)
-        return End(record(INFERENCE_STOPPED, f"inference was stopped or restarted {'by ' + by if by else 'on request'}"
-                          f" (`podkit ctl start sglang` starts a stopped one again){said}", step=step, asked=by or None))
-    if inf:
-        return End(record(INFERENCE, f"inference was {inf} while the trainer ran" + (said or f" (exit {rc})"),
-                          step=step, where=(err or {}).get("where"), error=err))
-    if err and err.get("unreachable"):  # the episodes' trip, every failure of it inference's
-        return End(record(INFERENCE, f"{err['unreachable']}", err.get("hint", ""), step=step, where=err.get("where"),
-                          error=err))
-    if err and err.get("transient"):
-        return End(record(NETWORK, f"{err['transient']}: {failure.summary(err)}", err.get("hint", ""), step=step,
-                          where=err.get("where"), error=err))
-    if err:  # a rank's own exception; a rank torchrun stopped or killed because of it is its fallout
-        return End(record(FAILED, failure.summary(err), err.get("hint", ""), step=step, where=err.get("where"),
-                          error=err, evidence=[f"then {who} ended without a word (torchrun's stop)"] if silent
-                          else None))
-    if silent or rc in (128 + signal.SIGKILL, -signal.SIGKILL):
-        who = who or f"the trainer (exit {rc})"
-        sigs = {r["signal"] for r in silent if r["signal"]}
-        if sigs & {s.name for s in NATIVE_CRASH}:
-            return End(record(FAILED, f"{who} crashed in native code ({', '.join(sorted(sigs))}): no Python "
-                              "exception (a CUDA or extension fault; logs/trainer.log has what it printed)", step=step))
-        kills = oom_kills()
-        evidence.append("no OOM kill on record" + (f" ({kills[1]})" if kills else " (no memory cgroup to read here)"))
-        return End(record(KILLED, f"{who} ended without a word: killed by "
-                          f"{'/'.join(sorted(sigs)) or 'a signal'} that podkit did not send",
-                          "an OOM kill leaves no trace where the cgroup cannot be read: check `dmesg` on the host; "
-                          "else find who sends it", step=step, evidence=evidence))
-    return End(record(FAILED, f"exit {rc}, no exception recorded (logs/{name}.log has what it printed)", step=step))
+    ev = verdict.gather(cfg, rc, started, err, oom_before, signals, name)
+    return _end(verdict.decide(ev), ev)
 
 
 def judge_killed(cfg, ran: float, program_pid: int | None, oom_before=None) -> End:
-    """How the previous run ended when its program was killed before it could say (it never judged): its own
-    record, the SIGTERM it noted, the watchdog's hang restart, the OOM killer; else killed by someone."""
-    own = read(cfg.state_dir, since=ran, program_pid=program_pid)
-    if own is not None and own.family in (FINISHED, FINAL, GONE):
-        return own
-    step = records.PROGRESS.read(cfg.state_dir).get("step")
-    got = RECEIVED.read_owned(cfg.run_path)
-    if got and got.get("pid") == program_pid and (got.get("time") or 0) >= ran:
-        return End(record(SIGTERM if got.get("supervisord") else STRAY, step=step, asked=got.get("by"),
-                          evidence=["it was killed after the stop's grace (supervisord's SIGKILL)"]))
-    hung = [a for a in records.WATCHDOG.read(cfg.state_dir) if a.get("program") == "trainer"
-            and a.get("action") == "restarted" and (a.get("time") or 0) >= ran]
-    if hung:
-        a = hung[-1]
-        return End(record(HANG, str(a.get("reason") or "no step for watchdog.trainer_stall_s"), hang_fix(a), step=step,
-                          where=a.get("where"), evidence=[f"the watchdog's restart ({a.get('dump') or 'no dump'})"]))
-    oom = oom_since(oom_before)
-    if oom:
-        return End(record(OOM, f"out of host memory {records.at_step(step)}: the trainer was killed by the kernel's "
-                          "OOM killer", oom_fix("host"), step=step, evidence=[oom]))
-    kills = oom_kills()
-    return End(record(KILLED, "its program ended without a word: no watchdog restart, no stop asked for, no OOM kill "
-                      "on record" + (f" ({kills[1]})" if kills else " (no memory cgroup to read here)"), step=step,
-                      evidence=["the trainer program never recorded how its run ended (it was killed)"]))
+    """How the previous run ended when its program was killed before it could say (it never judged): the same
+    judge, on what that program left (its own record, the SIGTERM it noted, the watchdog's hang restart, the
+    OOM killer's count)."""
+    from podkit import verdict
+
+    ev = verdict.gather(cfg, None, ran, oom_before=oom_before, program_pid=program_pid, killed=True)
+    return _end(verdict.decide(ev), ev)
 
 
-def inference_under(cfg, started: float) -> str:
-    """supervisord's word on inference since `started`: "asked" (you stopped or restarted it: `podkit ctl` noted it),
-    "stopped" (on request: STOPPED is the state only a stop puts it in), "restarted", "down", or "" (up all
-    along, or no supervisord to ask)."""
-    from podkit import supervisord
-
-    if cfg.multi_node:
-        return ""  # a cluster's servers are AReaL's, in Ray
-    info = supervisord.process_info(cfg.socket_path, "sglang") or {}
-    if not info:
-        return ""
-    by = asked_by(cfg.run_path, "sglang", since=started)
-    if by.startswith("you"):  # `podkit ctl stop|restart sglang` during the run: yours, in whatever state it is now
-        return "asked"
-    state = info.get("statename")
-    if state == supervisord.STOPPED or state == supervisord.STOPPING and not by:  # only a stop puts it there
-        return "stopped"
-    if (info.get("start") or 0) > started or state == supervisord.STOPPING:  # the watchdog's restart, say
-        return "restarted"
-    return "" if state in supervisord.UP else "down"
+def _end(fields: dict, ev: dict) -> End:
+    """The judged end as an End: the trainer's own record as it was stored, or a new record of this moment."""
+    own = ev.get("own")
+    if fields is own:
+        return End(own, stored=True)
+    fields = {k: v for k, v in fields.items() if v is not None}
+    by, message, hint = fields.pop("by"), fields.pop("message", ""), fields.pop("hint", "")
+    return End(record(by, message, hint, rc=ev.get("rc"), started=ev.get("started"), program=ev.get("program"),
+                      **fields))
 
 
 def oom_fix(where: str) -> str:

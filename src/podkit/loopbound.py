@@ -125,6 +125,7 @@ class Bound(Loop):
         c = ending.COUNTS
         parts = [f"{self.count('failures')} failure(s) of {self.cfg.trainer.max_failures}"]
         parts += [f"{self.count(c[k].key)} {what}" for k, what in (("hang", "hang(s)"), ("oom", "out-of-memory end(s)"),
+                                                                  ("volume", "volume error(s)"),
                                                                   ("outside", "end(s) not the script's"))
                   if self.count(c[k].key)]
         return ", ".join(parts)
@@ -158,12 +159,14 @@ class Bound(Loop):
         k = end.kind
         new = self.new_step(records.PROGRESS.read(self.state_dir), since)
         self.remember(end, new)
-        if k.family == ending.FINAL:
+        if k.family == ending.FINAL:  # the trainer's own refusal, or a judged one (a checkpoint it cannot load)
             self.save()
-            if end.stored:  # the trainer's own refusal (the bound's own stop tells in give_up)
-                self.tell(f"the trainer stopped for good ({k.name}): {end.first()} | fix: {end.hint or k.fix}")
+            if not end.stored:
+                ending.store(self.state_dir, end.rec)
+                _log.error(f"the trainer {end.words()}: {end.first()}; fix: {end.hint or k.fix}")
+            self.tell(f"the trainer stopped for good ({k.name}): {end.first()} | fix: {end.hint or k.fix}")
             return 0
-        if not end.stored and k.name != ending.ENDED:  # ENDED: perhaps a lost lease, and the record another pod's
+        if not end.stored and k.family != ending.GONE:  # gone: the workspace, and its record, may be another pod's
             ending.store(self.state_dir, end.rec)
         if isinstance(end.error, dict):
             self.rec["error"] = end.error
@@ -237,6 +240,8 @@ class Bound(Loop):
             own = own or "inference's own log (logs/sglang.log) says why it was down; "
         elif end.kind.name == ending.KILLED:
             own = own or "find what kills it (on the host, `dmesg` names the OOM killer's victims); "
+        elif c.final == ending.VOLUME_LOOP:
+            own = f"{ending.kind(ending.VOLUME_LOOP).fix}; "
         return own + ending.fix_resume(self.cfg)
 
 
@@ -270,7 +275,8 @@ def run(cfg, main) -> int:
             print(e.code, file=sys.stderr, flush=True)
     except Exception as e:  # noqa: BLE001 - the fake trainer runs in-process: its exception is the failure
         traceback.print_exc()
-        err = failure.clean(failure.classify(e, failure.describe(e, [], str(cfg.workspace_path))), cfg)
+        err = failure.clean(failure.classify(e, failure.describe(e, [], str(cfg.workspace_path)),
+                                             place=ending.place(cfg)), cfg)
         code = 1
     finally:
         if ending.SIGNALS.forward is None:

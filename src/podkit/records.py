@@ -176,7 +176,7 @@ def write_json(path: Path, data: object, mode: int = 0o644) -> None:
 # program's pid (which run it ends); `asked` who asked for a stop; `where` the user's frame; `evidence` what the
 # kind was decided on; `cut` a stop whose step in flight was cut; `last` the last end before a final stop.
 STOPPED = {"by": str, "time": TIME, "step": int, "message": str, "hint": str, "program": int, "asked": str,
-           "where": str, "evidence": [str], "cut": bool, "last": str}
+           "where": str, "evidence": [str], "cut": bool, "last": str, "rc": int, "started": TIME}
 
 
 def at_step(step) -> str:
@@ -192,8 +192,12 @@ def checkpoint_at(step) -> str:
 # A rank's exception, in the user's words (failure.py): one per rank in the run dir, the first kept below.
 # `transient`: a network error that may pass (what it could not reach); `oom`: "GPU" or "host"; `unreachable`:
 # inference, not answering the rollouts (areal/episodes.py's trip).
+# `volume`: the errno of a volume that is full or failing; `checkpoint`: torch could not read a checkpoint;
+# `base`: a BaseException's type; `through`: "train" when podkit's train() saw it (the script may catch it);
+# `alloc_bytes`/`memory_bytes`: what a MemoryError asked for, and the machine's memory.
 ERROR = {"type": str, "message": str, "where": str, "code": str, "traceback": str, "hint": str, "rank": int,
-         "time": TIME, "transient": str, "oom": str, "unreachable": str}
+         "time": TIME, "transient": str, "oom": str, "unreachable": str, "volume": str, "checkpoint": bool,
+         "base": str, "through": str, "alloc_bytes": int, "memory_bytes": int}
 # Written by podkit boot (one item per boot; guard.py).
 BOOTS = Record("boots.json", [{"time": TIME, "pid": int, "stages": dict, "outcome": str, "last_stop": str,
                                "reason": str, "traceback": str, "took_s": dict}])

@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
 
 
 def run(cfg, argv: list[str]) -> int:
-    from podkit import ending, failure, log
+    from podkit import ending, log
     from podkit.areal import episodes, hooks
 
     _log = log.get("trainer")
@@ -138,8 +138,10 @@ def run(cfg, argv: list[str]) -> int:
             runpy.run_path(script, run_name="__main__")
     except ending.Stop:  # a SIGTERM while the script was still in its own code: nothing in flight
         if not ending.forwarded(cfg.run_path, st.started):
-            # torchrun's own SIGTERM: another rank failed, and its record says how (ending.judge reads it).
-            _log.info("SIGTERM from torchrun before train() (another rank ended): stopping")
+            # Not the trainer program's: torchrun's (another rank failed, and its record says how), or someone's kill
+            # of this rank (its note says so): the judge tells them apart by what came first.
+            _log.info("a SIGTERM before train() that the trainer program did not hand on (torchrun's, after another "
+                      "rank ended, or a kill of this rank): stopping")
             return 1
         if st.rank == 0:
             ending.write(cfg.state_dir, ending.SIGTERM, "stopped before training started (no step in flight)",
@@ -148,22 +150,18 @@ def run(cfg, argv: list[str]) -> int:
         return 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if code and not isinstance(e, hooks.Refused) and not getattr(e, hooks.SEEN, None):
+            record_error(cfg, st, e, roots, target)  # sys.exit(3), sys.exit("message"): the script's own way out
         if code or st.training or isinstance(e, hooks.Refused):
             return code
         # sys.exit(0) (or sys.exit(main())) without training: as a script that ended, below.
-    except Exception as e:
+    except BaseException as e:  # noqa: BLE001 - every way out of the script is recorded (CheckpointException,
+        # KeyboardInterrupt: BaseExceptions), then judged by its kind (verdict.decide)
         st.handling = True  # a SIGTERM now (torchrun's, as this rank exits) must not cut its record short
-        err = failure.clean(failure.describe(e, roots, str(cfg.workspace_path), call=target,
-                                             place=ending.place(cfg)), cfg)
-        failure.classify(e, err)
-        down = episodes.EPISODES.server_down()
-        if down:
-            err["unreachable"] = down
-        missing = missing_file_key(e, st.config)
-        if missing:
-            err["hint"] = missing + ("; " + err["hint"] if err.get("hint") else "")
-        failure.write(cfg.run_path, st.rank, err)
-        if st.training or runtime_error(e, err["message"]) or err.get("transient") or err.get("oom"):
+        err = getattr(e, hooks.SEEN, None) or record_error(cfg, st, e, roots, target)
+        if isinstance(e, KeyboardInterrupt) or not isinstance(e, Exception):
+            raise
+        if st.training or runtime_error(e, err["message"]) or any(err.get(k) for k in CAUSES):
             raise  # the loop bound counts it, by its kind (ending.judge); the record above names it
         st.refuse(f"the training script failed before training started, at {err['where']}",
                   f"{err['type']}: {err['message']}" + (f"\n{err['code']}" if err["code"] else ""),
@@ -179,6 +177,32 @@ def run(cfg, argv: list[str]) -> int:
                          "(as AReaL's examples do under `if __name__ == \"__main__\"`); " + ending.fix_code(cfg),
                          step=None)
     return 0
+
+
+# An exception with one of these facts is not the script's code: the judge names it (the volume, a checkpoint,
+# memory, the network, inference), the loop bound counts it.
+CAUSES = ("transient", "oom", "volume", "checkpoint", "unreachable")
+
+
+def record_error(cfg, st, e: BaseException, roots: list[str], target=None) -> dict:
+    """The rank's record of `e`, in the user's words, with the facts the judge reads (failure.classify)."""
+    from podkit import ending, failure
+    from podkit.areal import episodes
+
+    err = failure.clean(failure.describe(e, roots, str(cfg.workspace_path), call=target, place=ending.place(cfg)), cfg)
+    failure.classify(e, err, place=ending.place(cfg))
+    down = episodes.EPISODES.server_down()
+    if down:
+        err["unreachable"] = down
+    if err.get("checkpoint") and st.run is not None:
+        err["hint"] = (f"the recover checkpoint in {st.run[0]} cannot be loaded (cut in the middle of its save, or "
+                       "damaged): `podkit start-over` moves it aside (kept, never deleted) and trains from step 0; "
+                       "or put a whole copy of it back")
+    missing = missing_file_key(e, st.config)
+    if missing:
+        err["hint"] = missing + ("; " + err["hint"] if err.get("hint") else "")
+    failure.write(cfg.run_path, st.rank, err)
+    return err
 
 
 def missing_file_key(exc: BaseException, loaded) -> str:

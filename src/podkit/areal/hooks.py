@@ -82,12 +82,17 @@ class State:
         self.resuming = False  # check_run found this run's own checkpoint under its names
         self.attacher = None  # rank 0's reattach.Attacher while train() runs (trainer.on_inference_restart)
 
-    def on_sigterm(self, *_) -> None:
+    def on_sigterm(self, sig=signal.SIGTERM, *_) -> None:
         """During training: the step in flight ends with a recover checkpoint, then train() returns. Before it:
         nothing is in flight, and the script's own code (loading data, a model) stops at once."""
+        self.note_signal(sig)
         self.sigterm.set()
         if not self.training and not self.handling:
             raise ending.Stop()
+
+    def note_signal(self, sig) -> None:
+        """The stop signal this rank got, for the judge: handed on by the trainer program, or someone's kill."""
+        ending.rank_signalled(self.cfg.run_path, self.rank, sig, self.started)
 
     def refuse(self, what: str, message: str, hint: str) -> Refused:
         """Record a setup that cannot train (rank 0) and say so; the caller raises what this returns."""
@@ -113,6 +118,7 @@ def install(cfg, code: dict | None = None) -> State:
     _state = st = State(cfg, code)
     stacks_on_sigusr2(cfg)
     signal.signal(signal.SIGTERM, st.on_sigterm)
+    signal.signal = noting(signal.signal)
     if cfg.multi_node:  # a rank placed by AReaL's Ray launcher: rank 0's launcher watches it, and asks it to stop
         from podkit.areal import heartbeat
 
@@ -374,6 +380,53 @@ def choose_wandb_run(st: State, config_) -> None:
 # --- the trainer -----------------------------------------------------------------------------------
 
 
+SEEN = "_podkit_error"  # an exception's attribute: the rank's record of it, made where podkit saw it first
+_STOPS = (signal.SIGTERM, signal.SIGINT)
+
+
+def noting(real):
+    """`signal.signal` for the script: a handler it installs for a stop signal (the usual SIGTERM -> sys.exit(0))
+    runs as it wrote it, after the signal is noted (State.note_signal): the judge must know a stop came, whatever
+    the script makes of it."""
+    if getattr(real, "__wrapped__", None) is not None:
+        return real  # installed already (a second install in one process)
+
+    def install(sig, handler):
+        if sig in _STOPS and callable(handler) and not isinstance(getattr(handler, "__self__", None), State):
+            user = handler
+
+            def handler(signum, frame):
+                if _state is not None:
+                    _state.note_signal(signum)
+                return user(signum, frame)
+
+            handler.__wrapped__ = user
+        return real(sig, handler)
+
+    install.__wrapped__ = real
+    return install
+
+
+def record_through_train(st: State, e: BaseException) -> None:
+    """An exception that leaves PPOTrainer.train, recorded as it passes: the script may catch it and exit 0."""
+    from podkit import failure
+
+    if isinstance(e, (SystemExit, ending.Stop)) or getattr(e, SEEN, None):
+        return
+    roots = list(episodes.EPISODES.roots or [])
+    err = failure.clean(failure.describe(e, roots, str(st.cfg.workspace_path), place=ending.place(st.cfg)), st.cfg)
+    failure.classify(e, err, place=ending.place(st.cfg))
+    down = episodes.EPISODES.server_down()
+    if down:
+        err["unreachable"] = down
+    err["through"] = "train"
+    failure.write(st.cfg.run_path, st.rank, err)
+    try:
+        setattr(e, SEEN, err)
+    except (AttributeError, TypeError):
+        pass
+
+
 def hook_trainer(st: State) -> None:
     from areal.trainer.rl_trainer import PPOTrainer
 
@@ -399,6 +452,9 @@ def hook_trainer(st: State) -> None:
             progress = supervise(st, self)
             try:
                 result = original(*bound.args, **bound.kwargs)
+            except BaseException as e:
+                record_through_train(st, e)
+                raise
             finally:
                 if st.attacher is not None:
                     st.attacher.done.set()
