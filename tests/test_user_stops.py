@@ -152,6 +152,16 @@ def test_a_run_that_fails_after_every_new_step_goes_on_and_is_named_once(stack_f
     f = next(f for f in doc["findings"] if f["id"] == "trainer_failing_after_progress")
     assert f["severity"] == "problem" and "injected failure" in f["evidence"][0], f
     assert counted(s)["failures"] <= 1, loop(s)
+    # The notification's fix names `podkit resume`: on this trainer, running and failing, it does what it says.
+    assert "`podkit resume` (it syncs the fix and starts the trainer)" in receiver.one("trainer-restarting")["text"]
+    pid = s.pid("trainer")
+    r = podkit(s, "resume")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "but failing (" in r.stdout and "after new steps in the last hour" in r.stdout, r.stdout
+    assert "started trainer" in r.stdout and "nothing to resume" not in r.stdout, r.stdout
+    new_trainer(s, pid)
+    wait_for(lambda: "started again by `podkit resume` (the repo synced): counting from zero" in s.log("trainer"),
+             30, what="the trainer's start by resume")
     assert s.stop() == 0
 
 

@@ -63,6 +63,9 @@ CASES = {
         (ev(errors=[err(5, "OSError", "Stale file handle", volume="ESTALE")]), ending.VOLUME),
     "your kill of a rank before train() is a stray stop, not the script's failure":
         (ev(signalled=[{"rank": 1, "signal": "SIGTERM", "at": T0 + 3, "forwarded": False}]), ending.STRAY),
+    "your kill of a rank whose script's handler exits 0 is a stray stop, not never-trained":
+        (ev(rc=0, own=own(ending.NEVER_TRAINED, 4),
+            signalled=[{"rank": 0, "signal": "SIGTERM", "at": T0 + 3, "forwarded": False}]), ending.STRAY),
     "torchrun's teardown SIGTERM after another rank's failure is that failure":
         (ev(errors=[err(2, rank=0)], signalled=[{"rank": 1, "signal": "SIGTERM", "at": T0 + 3, "forwarded": False}]),
          ending.FAILED),
@@ -258,7 +261,7 @@ chains = st.lists(st.sampled_from([ValueError, KeyError, FileNotFoundError, Conn
 
 def build(kinds, links, message):
     exc = None
-    for cls, link in zip(kinds, links):
+    for cls, link in zip(kinds, links, strict=False):
         new = cls(message)
         if exc is not None:
             if link:

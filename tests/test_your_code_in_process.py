@@ -573,3 +573,56 @@ def test_what_may_pass_goes_to_the_loop_bound_a_missing_files_key_is_named_and_a
     took, slow = sigterm_while_loading(True)
     assert took < 5 and slow["rc"] == 0 and slow["raised"] is None, (took, slow)
     assert slow["stopped"]["by"] == "SIGTERM" and "before training started" in slow["stopped"]["message"], slow
+
+
+# The bootstrap, then the judge, in one process, entry after entry: every way out of the script is recorded, and
+# the end is judged on it (verdict.gather, verdict.decide).
+JUDGED = """
+import json, os, sys, time
+sys.path.insert(0, os.environ["SRC"])
+from podkit import config, verdict
+from podkit.areal import bootstrap
+out = []
+for entry in sys.argv[1:]:
+    os.environ["PODKIT_TRAINER_ENTRY"] = entry
+    started = time.time()
+    try:
+        rc = bootstrap.main(["--config", "x.yaml"])
+    except BaseException as e:  # what torchrun's rank would die of
+        rc = 1
+    end = verdict.decide(verdict.gather(config.load(), rc, started))
+    out.append({"entry": entry, "rc": rc, **{k: end.get(k) for k in ("by", "message", "hint", "asked")}})
+print(json.dumps(out))
+"""
+
+
+def test_every_way_out_of_a_script_before_training_is_recorded_and_judged_by_its_cause(tmp_path):
+    """torch's CheckpointException (a BaseException), a real full disk (/dev/full), sys.exit(3), a
+    KeyboardInterrupt, and the usual `SIGTERM -> sys.exit(0)` handler under someone's kill of the rank: each is
+    recorded by the bootstrap and named by its cause, none as "your script never trained" or a crash loop."""
+    repo = tmp_path / "ws" / "repo"
+    repo.mkdir(parents=True)
+    (repo / "ckpt.py").write_text(
+        "import traceback\nfrom torch.distributed.checkpoint.api import CheckpointException\n\n"
+        "raise CheckpointException('load', {0: (EOFError('unexpected end of file'), traceback.StackSummary())})\n")
+    (repo / "full.py").write_text("with open('/dev/full', 'w') as f:\n    f.write('config: yaml')\n")
+    (repo / "exit3.py").write_text("import sys\n\nsys.exit(3)\n")
+    (repo / "ctrlc.py").write_text("raise KeyboardInterrupt\n")
+    (repo / "handler.py").write_text(
+        "import os, signal, sys, time\n\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the usual handler\n"
+        "os.kill(os.getpid(), signal.SIGTERM)  # someone's kill of this rank, while the script loads\n"
+        "time.sleep(5)\n")
+    env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
+           "PODKIT_REPO_URL": "https://example.invalid/r.git", "PODKIT_RUN_DIR": str(tmp_path / "run"),
+           "RANK": "0", "SRC": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
+    r = areal_run("-c", JUDGED, "ckpt.py", "full.py", "exit3.py", "ctrlc.py", "handler.py", env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    ckpt, full, exit3, ctrlc, handler = json.loads(r.stdout.strip().splitlines()[-1])
+    assert ckpt["by"] == "checkpoint-unloadable" and "CheckpointException" in ckpt["message"], ckpt
+    assert "podkit start-over" in ckpt["hint"], ckpt
+    assert full["by"] == "volume-error" and "ENOSPC" in full["message"] and "free space" in full["hint"], full
+    assert exit3["by"] == "script-error" and "SystemExit: 3" in exit3["message"], exit3
+    assert f"{repo / 'exit3.py'}:3" in exit3["message"], exit3
+    assert ctrlc["by"] == "stray SIGTERM" and "SIGINT" in ctrlc["asked"], ctrlc
+    assert handler["by"] == "stray SIGTERM" and "sent to rank 0, not by podkit" in handler["asked"], handler

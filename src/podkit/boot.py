@@ -345,10 +345,15 @@ def resume_trainer(cfg, say=print) -> int:
 
     rpc = supervisord.rpc(cfg.socket_path).supervisor
     info = supervisord.process_info(cfg.socket_path, "trainer") or {}
+    failing = ""
     if info.get("statename") not in supervisord.STOPPED_STATES:
-        say(f"the trainer is {info.get('statename', 'not known to supervisord')}: nothing to resume "
-            "(`podkit status` says how it is doing)")
-        return 0
+        failing = failing_now(cfg)
+        if not failing:
+            say(f"the trainer is {info.get('statename', 'not known to supervisord')}: nothing to resume "
+                "(`podkit status` says how it is doing)")
+            return 0
+        say(f"the trainer is {info.get('statename')} but failing ({failing}): the fix is synced, then the trainer is "
+            "stopped and started on it")
     end = ending.read(cfg.state_dir)
     if end is not None:
         say(f"the trainer's last run: {end.said()}")
@@ -365,6 +370,20 @@ def resume_trainer(cfg, say=print) -> int:
         say(f"podkit: error: {e}")
         say("the trainer was not started: fix what is named above, then `podkit resume` again")
         return 1
+    if failing:
+        ending.ask(cfg.run_path, ["trainer"], "you (podkit resume)")
+        try:
+            rpc.stopProcess("trainer", True)
+        except Exception as e:  # noqa: BLE001 - xmlrpc faults (NOT_RUNNING: it ended meanwhile) and socket errors
+            if "NOT_RUNNING" not in str(e):
+                say(f"could not stop the trainer ({e}): `podkit ctl restart trainer`")
+                return 1
+    try:  # the loop bound counts from zero: the code it counted the failures of has changed
+        loop = records.TRAINER_LOOP.read(cfg.state_dir)
+        if loop:
+            records.TRAINER_LOOP.write(cfg.state_dir, {**loop, "resumed": time.time()})
+    except OSError as e:
+        say(f"could not reset the loop bound ({e.strerror}): it counts on from where it was")
     started = []
     for name in ("watchdog", "trainer"):
         state = (supervisord.process_info(cfg.socket_path, name) or {}).get("statename")
@@ -378,6 +397,24 @@ def resume_trainer(cfg, say=print) -> int:
     say(f"started {' and '.join(started) or 'nothing'}: the trainer resumes from its last checkpoint "
         "(`podkit status` follows it)")
     return 0
+
+
+def failing_now(cfg) -> str:
+    """Why a trainer that supervisord runs is failing, in words ("2 failures in a row without a new step", "backing
+    off", "5 failures after new steps in the last hour"), or "" when it is not: what `podkit resume` restarts."""
+    from podkit import loopbound
+
+    loop = records.TRAINER_LOOP.read(cfg.state_dir)
+    if not loop or loop.get("boot") != records.CURRENT.read(cfg.state_dir).get("started"):
+        return ""
+    counts = sum(n for c in ending.COUNTS.values() if isinstance(n := loop.get(c.key), int) and 0 < n < 10**6)
+    often = len(loopbound.failing_with_progress(loop))
+    if counts:
+        return f"{counts} end(s) in a row without a new step" + (", backing off" if loop.get("phase") == "backoff"
+                                                                 else "")
+    if often:
+        return f"{often} failure(s) after new steps in the last hour"
+    return ""
 
 
 def _print_findings(cfg) -> None:

@@ -49,6 +49,9 @@ class Loop:
             logger.info(f"started again after the loop bound stopped it ({rec.get('failures')} failures without "
                         f"{progress}): counting from zero")
             rec = self.kept(rec)
+        elif rec.get("resumed"):
+            logger.info("started again by `podkit resume` (the repo synced): counting from zero")
+            rec = self.kept(rec)
         self.rec = {"boot": self.boot, "failures": 0, **rec}
 
     def kept(self, rec: dict) -> dict:
@@ -86,7 +89,8 @@ class Bound(Loop):
         super().__init__(cfg, records.TRAINER_LOOP, "trainer", "a new step")
 
     def kept(self, rec: dict) -> dict:
-        return {"best_step": rec.get("best_step"), "started": rec.get("started"), "ends": rec.get("ends")}
+        return {"best_step": rec.get("best_step"), "started": rec.get("started"), "ends": rec.get("ends"),
+                "running": rec.get("running"), "program": rec.get("program"), "oom_kills": rec.get("oom_kills")}
 
     def in_a_row(self) -> int:
         return sum(self.count(c.key) for c in ending.COUNTS.values())

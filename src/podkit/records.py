@@ -244,7 +244,8 @@ TRAINER_LOOP = Record("trainer-loop.json", {"boot": NUMBER, "failures": int, "be
                                             "program": int, "oom_kills": int, "gave_up": bool, "error": ERROR,
                                             "starts": int, "backoff_until": TIME, "started": [NUMBER],
                                             "phase": str, "ended_at": TIME,
-                                            "ends": [dict], "told_restarts": bool})
+                                            "ends": [dict], "told_restarts": bool, "volume": int,
+                                            "resumed": TIME})
 # A cluster node's `ray` program (areal/ray_node.py): starts in a row that did not join the head, in this boot.
 RAY_LOOP = Record("ray-loop.json", {"boot": NUMBER, "failures": int, "last_failure": TIME, "gave_up": bool,
                                     "head": str, "why": str, "joined": TIME, "starts": int})

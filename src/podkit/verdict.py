@@ -55,6 +55,9 @@ def decide(ev: dict) -> dict:
         and (ev.get("own") or {}).get("by") != ending.ENDED else None  # "no record" is never a record's word
     okind = ending.kind(own.get("by")) if own else None
     asked = ev.get("asked") if isinstance(ev.get("asked"), dict) and _t((ev.get("asked") or {}).get("at")) else None
+    silent = [s for s in ev.get("silent") or [] if isinstance(s, dict)]
+    if asked is None:  # a rank signalled directly, before any failure (not torchrun's teardown after one): a stop
+        asked = kill_of(ev, errors, silent)
 
     if own and okind.family == ending.GONE:
         return own
@@ -82,17 +85,23 @@ def decide(ev: dict) -> dict:
         # The ranks stopped on a SIGTERM this program never got: someone signalled them.
         return {"by": ending.STRAY, "message": own.get("message", ""), "step": own.get("step", step),
                 "asked": "a SIGTERM sent to the ranks, not to the trainer program (someone's kill)"}
-    silent = [s for s in ev.get("silent") or [] if isinstance(s, dict)]
-    stray = [s for s in ev.get("signalled") or [] if isinstance(s, dict) and not s.get("forwarded")
-             and _t(s.get("at")) is not None]
-    if stray and not silent and not any(e["time"] <= stray[0]["at"] for e in errors):
-        s = stray[0]  # a rank signalled directly, before any failure (not torchrun's teardown after one)
-        return {"by": ending.STRAY, "step": step,
-                "asked": f"a {s.get('signal') or 'stop signal'} sent to rank {s.get('rank', '?')}, not by podkit "
-                         "(someone's kill)"}
     if errors:
         return of_error(ev, errors[0], silent, step)
     return of_silence(ev, silent, step)
+
+
+def kill_of(ev: dict, errors: list, silent: list) -> dict | None:
+    """The first stop signal a rank got that the trainer program did not hand on, as the ask it is: someone's
+    kill (restarted to resume, never counted). Not when a rank failed before it or ended without a word:
+    torchrun stops the other ranks after one ends."""
+    stray = sorted((s for s in ev.get("signalled") or [] if isinstance(s, dict) and not s.get("forwarded")
+                    and _t(s.get("at")) is not None), key=lambda s: s["at"])
+    if not stray or silent or any(e["time"] <= stray[0]["at"] for e in errors):
+        return None
+    s = stray[0]
+    return {"at": s["at"], "supervisord": False,
+            "by": f"a {s.get('signal') or 'stop signal'} sent to rank {s.get('rank', '?')}, not by podkit (someone's "
+                  "kill)"}
 
 
 def stopped(ev: dict, asked: dict, own: dict | None, step) -> dict:
