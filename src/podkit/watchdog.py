@@ -1,6 +1,7 @@
 """The hang watchdog, a supervised program (`podkit run watchdog`).
 
-Trainer: no step for `trainer_stall_s` while inference answers -> its Python stacks (py-spy, where
+Trainer: no step for `trainer_stall_s` while inference answers (before the run's first step: no CPU time, I/O
+or log output from its ranks for that long, and no first step by `trainer_first_step_s`) -> its Python stacks (py-spy, where
 installed; else the kernel's view from /proc) go to <workspace>/logs/hang-<time>.txt, then the
 trainer is restarted and resumes from its checkpoint. A trainer whose run finished is never restarted:
 one still running `trainer_stall_s` after its finish record (a non-daemon thread keeps the script alive)
@@ -79,6 +80,63 @@ def _faulthandler(pid: int, path: Path) -> str | None:
     return text or None
 
 
+class Busy:
+    """Before a run's first step, whether the trainer is busy (loading a model, preparing data: its CPU time, its
+    I/O or its log moves) or waits (a hang): the last time anything moved. The ranks are watched, not the
+    trainer program or torchrun, which poll the process table and their workers while the ranks wait."""
+
+    CPU_SHARE = 0.02  # of one core, over the time since the last look
+    IO_BYTES = 1 << 20
+
+    def __init__(self) -> None:
+        self.last: tuple | None = None
+        self.at = 0.0
+        self.moved = 0.0
+
+    def seen(self, pid: int, log_file: Path, now: float, floor: float) -> float:
+        procs = proc.processes()
+        kids = [c for c in procs if c.ppid == pid]
+        watched = [p for k in kids for p in proc.descendants(k.pid, procs)] or [pid]  # the ranks (fake: itself)
+        cpu = io = 0
+        for p in watched:
+            cpu += cpu_ticks(p)
+            io += io_bytes(p)
+        try:
+            size = log_file.stat().st_size
+        except OSError:
+            size = 0
+        sig = (pid, cpu, io, size)
+        if self.last is None or self.last[0] != pid or self.moved < floor:
+            self.moved = max(self.moved, floor)
+        elif sig[1:] != self.last[1:]:
+            tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+            if (cpu - self.last[1]) / tick >= self.CPU_SHARE * max(now - self.at, 0.1) or \
+                    io - self.last[2] >= self.IO_BYTES or size != self.last[3]:
+                self.moved = now
+        self.last, self.at = sig, now
+        return self.moved
+
+
+def cpu_ticks(pid: int) -> int:
+    """The process's user and system CPU time, in clock ticks (/proc/<pid>/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            rest = f.read().rsplit(b")", 1)[1].split()
+        return int(rest[11]) + int(rest[12])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def io_bytes(pid: int) -> int:
+    """What the process read and wrote, any file or socket (/proc/<pid>/io rchar + wchar)."""
+    try:
+        with open(f"/proc/{pid}/io", "rb") as f:
+            fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+        return int(fields.get(b"rchar", 0)) + int(fields.get(b"wchar", 0))
+    except (OSError, ValueError):
+        return 0
+
+
 def dump_stacks(pid: int, path: Path, stacks_dir: Path) -> str:
     """The Python stacks of `pid` and its descendants (torchrun and its ranks) into `path`: py-spy's where it
     attaches, and the process's own (its threads by faulthandler, its asyncio tasks: a workflow's await is on
@@ -155,6 +213,7 @@ class Watchdog:
         # A weight update that never ends would keep the generation check off for ever: past this, a hang.
         self.update_deadline_s = self.w.weight_update_deadline_s or 5 * cfg.trainer.weight_update_timeout_s
         self.update_since: float | None = None  # when this watchdog first saw the update in flight
+        self.busy = Busy()  # before a run's first step: the last time the trainer did anything
         self.update_ended = -1  # where the last update that ended ended in the log (health.update_in_flight)
         self.server = supervisord.rpc(cfg.socket_path)
         self.finished_stopped: float | None = None  # the finish record whose trainer was stopped
@@ -283,12 +342,26 @@ class Watchdog:
                 return
             floor = max(floor, rec.get("since") or 0)
         since = now - max(last, floor)
-        if since < self.w.trainer_stall_s:
+        first = last < floor  # no step in this run yet: loading, preparing data, the first step
+        over = False
+        if first:
+            busy = self.busy.seen(info["pid"], self.cfg.log_dir / "trainer.log", now, floor)
+            bound = self.w.trainer_first_step_s
+            over = bool(bound) and now - floor >= bound
+            if over:
+                words = f"no first step {now - floor:.0f}s after the run's start (watchdog.trainer_first_step_s " \
+                        f"{bound:.0f}), busy or not"
+            else:
+                since = now - max(floor, busy)
+                words = f"no first step, and no CPU, I/O or log output from the trainer, for {since:.0f}s"
+        else:
+            words = f"no training step for {since:.0f}s"
+        if since < self.w.trainer_stall_s and not over:
             return
         dump = self.cfg.log_dir / f"hang-{time.strftime('%Y%m%d-%H%M%S')}.txt"
         tool = dump_stacks(info["pid"], dump, self.cfg.log_dir)
         frame = self.hang_frame(dump)
-        words = f"no training step for {since:.0f}s while inference is ready; {frame[0]}"
+        words = f"{words} while inference is ready; {frame[0]}"
         self.record("restarted", "trainer", f"{words}; stacks ({tool}) in {dump}", dump=str(dump), **frame[1])
         if self.cfg.multi_node:  # the cluster launcher's own stop cancels AReaL's tasks on every node
             self.restart("trainer", words, ending.HANG)  # a hang, not a stop, to the judge

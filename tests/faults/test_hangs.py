@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -155,3 +156,43 @@ def test_up_whose_run_trains_to_the_end_then_hangs_ends_0_as_finished(procs, tmp
     assert p.returncode == 0, out[-3000:]
     assert "training finished (max_steps) at step 12: stopping everything" in out, out[-3000:]
     assert [a["action"] for a in actions(ws)] == ["stopped"], actions(ws)
+
+
+def test_a_long_busy_preparation_before_the_first_step_is_not_a_hang(stack_factory):
+    """The trainer prepares its data for 20 s (CPU-bound, printing nothing) before its first step, past a 6 s stall
+    limit: its CPU time moves, so it is busy, not hung, and trains; a hang is still a hang after it."""
+    s = stack_factory(**{**FAST, "PODKIT_WATCHDOG_TRAINER_STALL_S": "6"}, FAKE_TRAINER_PREPARE_S="20").start()
+    s.wait_step(2, timeout=90)
+    assert not [a for a in actions(s.workspace) if a["program"] == "trainer"], actions(s.workspace)
+    assert s.stop() == 0
+
+
+def test_before_the_first_step_a_trainer_that_waits_is_hung_and_one_that_works_is_busy(tmp_path):
+    """watchdog.Busy on real processes: a rank that spins (a tokeniser) moves; one that sleeps (a dead collective,
+    an await for ever) does not, from the moment the run started."""
+    from podkit import watchdog
+
+    log = tmp_path / "trainer.log"
+    log.write_text("")
+    spin = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 30: sum(range(10000))\n"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for code in (spin, "import time; time.sleep(30)")]
+    try:
+        time.sleep(0.5)
+        seen = []
+        for p in procs:
+            busy, t0 = watchdog.Busy(), time.time()
+            for _i in range(4):
+                moved = busy.seen(p.pid, log, time.time(), t0)
+                time.sleep(0.5)
+            seen.append((moved, t0))
+        (spinning, t_spin), (sleeping, t_sleep) = seen
+        assert spinning > t_spin + 1, "CPU time moved: busy until the last look"
+        assert sleeping == t_sleep, "nothing moved since the run's start"
+        busy, t0 = watchdog.Busy(), time.time()
+        busy.seen(procs[1].pid, log, t0, t0)
+        log.write_text("tokenising 40%\n")
+        assert busy.seen(procs[1].pid, log, t0 + 1, t0) == t0 + 1, "its log moved"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -226,6 +226,17 @@ class FakeTrainer:
         n = int(at) if at.isdigit() else 0
         return n, (self.cfg.state_dir / f"fake-failed-at-{n}" if once == "once" else None)
 
+    def prepare(self) -> None:
+        """Fault injection for the watchdog tests (PREPARE_S): a long, CPU-bound preparation before the first step
+        (a dataset's tokenisation), printing nothing: busy, not hung."""
+        try:
+            until = time.monotonic() + float(os.environ.get(PREPARE_S) or 0)
+        except ValueError:
+            return
+        n = 0
+        while time.monotonic() < until and not self.stopping:
+            n = sum(i * i for i in range(20000)) + n % 7
+
     def run(self) -> int:
         if not self.cfg.multi_node and (holder := lease.lost(self.cfg.state_dir)):
             return lease_lost(self.step, self.last_ckpt_step, holder)
@@ -237,6 +248,7 @@ class FakeTrainer:
             if not self.wait_for_inference():
                 return 1
             self.ensure_served_weights()
+            self.prepare()
             if self.max_steps and self.step >= self.max_steps:  # resumed at its end: nothing left to train
                 self.progress.update(step=self.step, checkpoint_step=self.last_ckpt_step)
                 ending.write(self.cfg.state_dir, ending.MAX_STEPS, progress=self.progress)
@@ -314,6 +326,7 @@ def stopped_by_sigterm(cfg, progress, step) -> int:
 HANG_AFTER_DONE = "FAKE_TRAINER_HANG_AFTER_DONE"  # not PODKIT_: not a setting
 FAIL_AT_STEP = "FAKE_TRAINER_FAIL_AT_STEP"  # likewise: the loop bound's tests
 FETCH = "FAKE_TRAINER_FETCH"  # likewise: a network error before training
+PREPARE_S = "FAKE_TRAINER_PREPARE_S"  # likewise: a busy start-up (the watchdog's tests)
 
 
 def _injected_hang(*_) -> None:
