@@ -109,6 +109,41 @@ def test_a_repo_or_a_script_written_another_way_is_the_same_one_and_a_model_is_t
     assert identity.differences(mine, legacy, Path("/nonexistent")) == []
 
 
+def test_the_entry_is_the_file_that_defines_it_and_the_training_data_is_part_of_the_run(tmp_path):
+    """The same script through a link the repo keeps, or as grpo/train.py and grpo.train:main, is one run; a new
+    dataset under the run's names is another (its dataloader position means nothing on other data), told by what
+    the path names: the same file moved is the same data, the same path with other rows is not."""
+    repo = tmp_path / "repo"
+    (repo / "grpo").mkdir(parents=True)
+    (repo / "grpo" / "train.py").write_text("def main(argv): ...\n")
+    (repo / "train.py").symlink_to("grpo/train.py")
+    (repo / "other.py").write_text("def main(argv): ...\n")
+    as_script = identity.entry_file(str(repo / "grpo" / "train.py"), str(repo))
+    assert as_script == "grpo/train.py" == identity.entry_file(str(repo / "train.py"), str(repo))
+    rec = lambda entry, file, data="": identity.record_for(["e", "t"], entry, "gpt2", "", file=file, data=data)  # noqa: E731
+    assert identity.differences(rec("grpo.train:main", "grpo/train.py"), rec("grpo/train.py", as_script), repo) == []
+    assert identity.differences(rec("train.py", identity.entry_file(str(repo / "train.py"), str(repo))),
+                                rec("grpo/train.py", as_script), repo) == []
+    assert identity.differences(rec("other.py", "other.py"), rec("grpo/train.py", as_script), repo) == [
+        "it was trained by grpo/train.py, this run runs other.py"]
+    data, moved = tmp_path / "data" / "train.jsonl", tmp_path / "volume" / "train.jsonl"
+    data.parent.mkdir()
+    moved.parent.mkdir()
+    data.write_text('{"q": "1+1", "a": 2}\n' * 1000)
+    moved.write_bytes(data.read_bytes())
+    before = rec("train.py", "train.py", str(data))
+    assert identity.differences(rec("train.py", "train.py", str(moved)), before, repo) == [], "moved, not changed"
+    data.write_text('{"q": "2+2", "a": 4}\n' * 1000)
+    assert identity.differences(rec("train.py", "train.py", str(data)), before, repo) == [
+        f"its training data ({data}) is not this run's ({data}: the same path, other contents)"]
+    hub = rec("train.py", "train.py", "openai/gsm8k")
+    assert identity.differences(rec("train.py", "train.py", "me/gsm8k-clean"), hub, repo) == [
+        "its training data (openai/gsm8k) is not this run's (me/gsm8k-clean)"]
+    legacy = {k: v for k, v in before.items() if k not in ("data", "entry_file")}
+    assert identity.differences(rec("train.py", "train.py", str(data)), legacy, repo) == [], \
+        "a record from before the data was kept: nothing to compare"
+
+
 def test_a_run_from_step_0_under_names_that_trained_before_gets_a_new_wandb_run(tmp_path):
     """The W&B id a start logs into: AReaL's own while the names never trained; after a start-over (the old run
     set aside) or a checkpoint removed, the next free -2, -3; a resume keeps the id its run recorded."""

@@ -127,11 +127,17 @@ def run(cfg, argv: list[str]) -> int:
         os.chdir(checkout)
     sys.path[:0] = list(dict.fromkeys(p for p in (script_dir, checkout) if p))
     target = None
+    st.entry_file = script if not function else ""
     try:
         if function:
             import importlib
+            import inspect
 
             target = getattr(importlib.import_module(script), function)
+            try:  # the file that defines it, for the run's identity (grpo.train:main is grpo/train.py's main)
+                st.entry_file = inspect.getsourcefile(inspect.unwrap(target)) or ""
+            except (TypeError, ValueError):
+                pass
             target(argv)
         else:
             sys.argv = [script, *argv]

@@ -81,6 +81,7 @@ class State:
         self.run: tuple | None = None  # (save root, record): the run that owns its checkpoints (check_run)
         self.resuming = False  # check_run found this run's own checkpoint under its names
         self.attacher = None  # rank 0's reattach.Attacher while train() runs (trainer.on_inference_restart)
+        self.entry_file = ""  # the file that defines the entry (bootstrap): the run's identity resolves it
 
     def on_sigterm(self, sig=signal.SIGTERM, *_) -> None:
         """During training: the step in flight ends with a recover checkpoint, then train() returns. Before it:
@@ -257,8 +258,12 @@ def check_run(st: State, config_) -> None:
     entry = st.cfg.trainer.entry or "podkit:gsm8k_grpo"
     repo = st.cfg.repo.url if st.cfg.trainer.entry else ""
     root = identity.save_root(recover.fileroot, *names)
+    data = getattr(getattr(config_, "train_dataset", None), "path", "") or ""
     st.run = (root, identity.record_for(names, entry, getattr(actor, "path", "") or "", repo,
-                                        (st.code or {}).get("commit", "")))
+                                        (st.code or {}).get("commit", ""),
+                                        identity.entry_file(st.entry_file, st.cfg.repo.dest if st.cfg.trainer.entry
+                                                            else None),
+                                        data if isinstance(data, str) else ""))
     st.resuming = False
     if getattr(recover, "mode", "disabled") in ("disabled", "off"):
         st.run = None  # writes no recover checkpoint: owns none, and must not claim another run's

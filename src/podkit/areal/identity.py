@@ -217,6 +217,55 @@ def entry_id(entry: str) -> str:
     return e
 
 
+def entry_file(path: str, checkout: str | None) -> str:
+    """The file that defines the entry, as the checkout resolves it: links followed, relative to the checkout when
+    it is inside it (`grpo/train.py` and `grpo.train:main` are one script when main is defined there; a link the
+    repo keeps to it too). "" when unknown."""
+    if not path:
+        return ""
+    real = os.path.realpath(path)
+    if checkout:
+        root = os.path.realpath(checkout)
+        if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
+            return os.path.relpath(real, root)
+    return real
+
+
+DATA_FILES, DATA_READ = 256, 64 << 10  # at most 32 MiB read, whatever the data's size
+
+
+def data_fingerprint(path: str) -> str:
+    """What a training data path names, told without reading it all: the first 16 hex of sha256 over each file's
+    name (relative), size and first and last 64 KiB, for a local file or directory (at most DATA_FILES files, in
+    name order); the path itself for what is not here (a hub dataset's id). "" for no path."""
+    if not path:
+        return ""
+    if not os.path.exists(path):
+        return f"id:{path}"
+    h = hashlib.sha256()
+    files = []
+    if os.path.isdir(path):
+        for top, dirs, names in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            files += [os.path.join(top, n) for n in sorted(names) if not n.startswith(".")]
+            if len(files) >= DATA_FILES:
+                break
+    else:
+        files = [path]
+    try:
+        for f_path in files[:DATA_FILES]:
+            with open(f_path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                h.update(f"{os.path.relpath(f_path, path) if f_path != path else ''}\0{size}\0".encode())
+                h.update(f.read(DATA_READ))
+                if size > 2 * DATA_READ:
+                    f.seek(-DATA_READ, os.SEEK_END)
+                    h.update(f.read(DATA_READ))
+    except OSError:
+        return ""
+    return h.hexdigest()[:16]
+
+
 def model_shape(path: str) -> dict:
     """hidden size, layers and vocabulary from a model's config.json: a local directory's, or a hub id's
     from the hub cache (HF_HOME, on the volume; never downloaded here). {} when it cannot be read."""
@@ -255,13 +304,20 @@ def checkpoint_shape(recover_dir: Path) -> dict:
     return out
 
 
-def record_for(names: tuple[str, str], entry: str, model: str, repo: str, commit: str = "") -> dict:
+def record_for(names: tuple[str, str], entry: str, model: str, repo: str, commit: str = "", file: str = "",
+               data: str = "") -> dict:
     """What trained a run's checkpoints: written beside them when training starts. Each part is kept as
-    written and as resolved (what differences() compares); `wandb` is added by the trainer when W&B is on."""
-    return {"names": list(names), "entry": entry, "entry_id": entry_id(entry),
-            "model": {"path": model, "id": model_id(model), "weights": model_fingerprint(model),
-                      "shape": model_shape(model)},
-            "repo": repo_of(repo) if repo else "", "commit": commit, "time": time.time()}
+    written and as resolved (what differences() compares): the entry and the file that defines it, the model,
+    the repo, the training data (its path and what it names); `wandb` is added by the trainer when W&B is on."""
+    out = {"names": list(names), "entry": entry, "entry_id": entry_id(entry),
+           "model": {"path": model, "id": model_id(model), "weights": model_fingerprint(model),
+                     "shape": model_shape(model)},
+           "repo": repo_of(repo) if repo else "", "commit": commit, "time": time.time()}
+    if file:
+        out["entry_file"] = file
+    if data:
+        out["data"] = {"path": data, "fingerprint": data_fingerprint(data)}
+    return out
 
 
 def read_record(root: Path) -> dict | None:
@@ -303,8 +359,15 @@ def differences(mine: dict, theirs: dict | None, root: Path) -> list[str]:
     if theirs is not None:
         if theirs["names"] != mine["names"]:
             out.append(f"its names are {'/'.join(theirs['names'])}, this run's {'/'.join(mine['names'])}")
-        if entry_id(theirs["entry"]) != entry_id(mine["entry"]):
-            out.append(f"it was trained by {theirs['entry']}, this run runs {mine['entry']}")
+        tf, mf = (r.get("entry_file") if isinstance(r.get("entry_file"), str) else "" for r in (theirs, mine))
+        if (tf != mf) if tf and mf else entry_id(theirs["entry"]) != entry_id(mine["entry"]):
+            out.append(f"it was trained by {theirs['entry']}{f' ({tf})' if tf and tf != theirs['entry'] else ''}, "
+                       f"this run runs {mine['entry']}{f' ({mf})' if mf and mf != mine['entry'] else ''}")
+        td, md = (r.get("data") if isinstance(r.get("data"), dict) else {} for r in (theirs, mine))
+        tp, mp = (str(d.get("fingerprint") or "") for d in (td, md))
+        if tp and mp and tp != mp:
+            out.append(f"its training data ({td.get('path')}) is not this run's ({md.get('path')}"
+                       + (": the same path, other contents" if td.get("path") == md.get("path") else "") + ")")
         tm, mm = theirs["model"], mine["model"]
         tw, mw = (str(m.get("weights") or "") for m in (tm, mm))
         same_id = (tm.get("id") or model_id(tm["path"])) == (mm.get("id") or model_id(mm["path"]))
