@@ -608,6 +608,7 @@ def test_every_way_out_of_a_script_before_training_is_recorded_and_judged_by_its
     (repo / "full.py").write_text("with open('/dev/full', 'w') as f:\n    f.write('config: yaml')\n")
     (repo / "exit3.py").write_text("import sys\n\nsys.exit(3)\n")
     (repo / "ctrlc.py").write_text("raise KeyboardInterrupt\n")
+    (repo / "big.py").write_text("import numpy as np\n\nrewards = np.zeros((1 << 20, 1 << 20, 8))  # a shape bug\n")
     (repo / "handler.py").write_text(
         "import os, signal, sys, time\n\n"
         "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the usual handler\n"
@@ -616,9 +617,12 @@ def test_every_way_out_of_a_script_before_training_is_recorded_and_judged_by_its
     env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
            "PODKIT_REPO_URL": "https://example.invalid/r.git", "PODKIT_RUN_DIR": str(tmp_path / "run"),
            "RANK": "0", "SRC": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
-    r = areal_run("-c", JUDGED, "ckpt.py", "full.py", "exit3.py", "ctrlc.py", "handler.py", env=env, cwd=tmp_path)
+    r = areal_run("-c", JUDGED, "ckpt.py", "full.py", "exit3.py", "ctrlc.py", "big.py", "handler.py", env=env,
+                  cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    ckpt, full, exit3, ctrlc, handler = json.loads(r.stdout.strip().splitlines()[-1])
+    ckpt, full, exit3, ctrlc, big, handler = json.loads(r.stdout.strip().splitlines()[-1])
+    assert big["by"] == "script-error" and "Unable to allocate 64.0 TiB" in big["message"], big
+    assert "asked for 64.0 TiB at once, more than this machine has" in big["hint"], big
     assert ckpt["by"] == "checkpoint-unloadable" and "CheckpointException" in ckpt["message"], ckpt
     assert "podkit start-over" in ckpt["hint"], ckpt
     assert full["by"] == "volume-error" and "ENOSPC" in full["message"] and "free space" in full["hint"], full
@@ -626,3 +630,39 @@ def test_every_way_out_of_a_script_before_training_is_recorded_and_judged_by_its
     assert f"{repo / 'exit3.py'}:3" in exit3["message"], exit3
     assert ctrlc["by"] == "stray SIGTERM" and "SIGINT" in ctrlc["asked"], ctrlc
     assert handler["by"] == "stray SIGTERM" and "sent to rank 0, not by podkit" in handler["asked"], handler
+
+
+def test_a_rank_that_dies_by_sigbus_or_os_exit_under_torchrun_is_named_by_what_torchrun_saw(tmp_path):
+    """Real torchrun, real ranks through podkit's bootstrap: a rank killed by a real SIGBUS (a read past the end of
+    a mapped file, as a full /dev/shm does) is shared memory; a rank's os._exit(3) is its exit, not a kill; its
+    os._exit(0) mid-run is a failure, not "no record" (torchrun exits 0 for it)."""
+    from podkit import config, verdict
+
+    repo = tmp_path / "ws" / "repo"
+    repo.mkdir(parents=True)
+    (repo / "sigbus.py").write_text(
+        "import mmap, os, tempfile\n\nf = tempfile.NamedTemporaryFile(dir=os.environ['SHM'])\nf.write(b'x' * 8192)\n"
+        "f.flush()\nm = mmap.mmap(f.fileno(), 8192)\nf.truncate(0)\nm[4096]  # past the end: SIGBUS\n")
+    (repo / "exit3.py").write_text("import os\n\nos._exit(3)\n")
+    (repo / "exit0.py").write_text("import os\n\nos._exit(0)\n")
+    (tmp_path / "shm").mkdir()
+    (tmp_path / "ws" / "logs").mkdir(parents=True)
+    env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
+           "PODKIT_REPO_URL": "https://example.invalid/r.git", "PODKIT_RUN_DIR": str(tmp_path / "run"),
+           "SHM": str(tmp_path / "shm"), "HF_HUB_OFFLINE": "1"}
+    cfg = config.load(ROOT / "configs" / "cpu-rehearsal.yaml", environ={**env, "PODKIT_TRAINER_ENTRY": "x.py"})
+    judged = {}
+    for entry in ("sigbus.py", "exit3.py", "exit0.py"):
+        started = time.time()
+        r = areal_run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                      "--master-port", str(free_port()), str(ROOT / "src" / "podkit" / "areal" / "bootstrap.py"),
+                      "--config", "x.yaml", env={**env, "PODKIT_TRAINER_ENTRY": entry}, cwd=tmp_path, timeout=120)
+        (tmp_path / "ws" / "logs" / "trainer.log").write_text(r.stdout + r.stderr)
+        judged[entry] = (r.returncode, verdict.decide(verdict.gather(cfg, r.returncode, started)))
+    rc, end = judged["sigbus.py"]
+    assert rc != 0 and end["by"] == "shared-memory" and "SIGBUS" in end["message"], (rc, end)
+    assert "--shm-size" in end["hint"], end
+    rc, end = judged["exit3.py"]
+    assert end["by"] == "script-error" and "exit 3 without going through Python's exit" in end["message"], (rc, end)
+    rc, end = judged["exit0.py"]
+    assert rc == 0 and end["by"] == "script-error" and "exit 0" in end["message"], (rc, end)
