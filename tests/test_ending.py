@@ -34,7 +34,7 @@ def cfg_of(tmp_path, **trainer):
 
 # -- the table ----------------------------------------------------------------------------------------------------
 # Strings that equal a kind's name but are not one: the English word, a setting's key, a signal's name in a log.
-NOT_KINDS = {("sync.py", "done"), ("config.py", "max_steps"), ("proc.py", "SIGTERM"),
+NOT_KINDS = {("sync.py", "done"), ("settings.py", "max_steps"), ("proc.py", "SIGTERM"),
              ("fake_trainer.py", "SIGTERM")}
 
 

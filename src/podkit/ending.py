@@ -558,7 +558,14 @@ def _end(fields: dict, ev: dict) -> End:
         return End(own, stored=True)
     fields = {k: v for k, v in fields.items() if v is not None}
     by, message, hint = fields.pop("by"), fields.pop("message", ""), fields.pop("hint", "")
-    return End(record(by, message, hint, rc=ev.get("rc"), started=ev.get("started"), program=ev.get("program"),
+    rc = ev.get("rc")
+    sig = next((s.get("signal") for s in ev.get("silent") or [] if isinstance(s, dict) and s.get("signal")), None)
+    if sig is None and isinstance(rc, int) and rc < 0:
+        try:
+            sig = signal.Signals(-rc).name
+        except ValueError:
+            sig = f"signal {-rc}"
+    return End(record(by, message, hint, rc=rc, signal=sig, started=ev.get("started"), program=ev.get("program"),
                       **fields))
 
 

@@ -176,7 +176,7 @@ def write_json(path: Path, data: object, mode: int = 0o644) -> None:
 # program's pid (which run it ends); `asked` who asked for a stop; `where` the user's frame; `evidence` what the
 # kind was decided on; `cut` a stop whose step in flight was cut; `last` the last end before a final stop.
 STOPPED = {"by": str, "time": TIME, "step": int, "message": str, "hint": str, "program": int, "asked": str,
-           "where": str, "evidence": [str], "cut": bool, "last": str, "rc": int, "started": TIME}
+           "where": str, "evidence": [str], "cut": bool, "last": str, "rc": int, "signal": str, "started": TIME}
 
 
 def at_step(step) -> str:
