@@ -116,6 +116,25 @@ CASES = {
         (ev(rc=1, asked=asked(30), errors=[err(30.5, "RuntimeError", "stop")]), ending.SIGTERM),
     "the watchdog's hang restart of a killed program is a hang":
         (ev(rc=None, hang={"time": T0 + 40, "reason": "no step for 600s", "where": "wf.py:3"}), ending.HANG),
+    "the stale-weights restart the trainer recorded is a restart, not no record":
+        (ev(rc=0, own=own(ending.STALE, 50, step=9), inference=running(40, ready=45)), ending.STALE),
+    "the watchdog's hang restart is a hang, whatever the ranks it left noted as the next start stopped them":
+        (ev(rc=None, hang={"time": T0 + 40, "reason": "no step"},
+            signalled=[{"rank": 0, "signal": "SIGTERM", "at": T0 + 60, "forwarded": False}],
+            errors=[err(45, "DistNetworkError", "connection reset")]), ending.HANG),
+    "an OOM-killed program is out of memory, whatever its leftovers noted":
+        (ev(rc=None, oom="the kernel's OOM killer killed 1 process(es)",
+            signalled=[{"rank": 0, "signal": "SIGTERM", "at": T0 + 60, "forwarded": False}]), ending.OOM),
+    "another rank's network error, then this rank's handler exits 0 on torchrun's SIGTERM: the network's":
+        (ev(rc=1, errors=[err(5, "ConnectionError", "reset", rank=1, transient="could not reach hub")],
+            own=own(ending.NEVER_TRAINED, 6)), ending.NETWORK),
+    "another rank's teardown noise after the finish is no failure":
+        (ev(rc=1, own=own(ending.DONE, 60, step=10), errors=[err(61, "DistNetworkError", "broken", rank=1)]),
+         ending.DONE),
+    "a network error in the push after the finish is the network's":
+        (ev(rc=1, own=own(ending.DONE, 60, step=10), errors=[err(62, "ConnectionError", "reset",
+                                                               transient="could not reach huggingface.co")]),
+         ending.NETWORK),
     "a program killed with no evidence is killed":
         (ev(rc=None), ending.KILLED),
     "an exit 0 with nothing at all, the lease another pod's, is the lease":
@@ -222,7 +241,8 @@ def test_an_end_with_a_recorded_exception_is_never_no_record(e):
 @given(evidence, st.sampled_from(ending.FINISHED_KINDS), times, errors)
 def test_a_failure_after_a_finished_record_is_never_finished(e, by, t, late):
     finished = {"by": by, "time": T0 + t, "step": 10, "program": 4242}
-    late = {**late, "time": finished["time"] + 0.5 + (late["time"] - T0)}
+    late = {**late, "time": finished["time"] + 0.5 + (late["time"] - T0), "rank": 0}  # rank 0 wrote the finish
+    late.pop("through", None)
     e = {**e, "own": finished, "errors": [*e["errors"], late]}
     assert ending.KINDS[kind_of(e)].family != ending.FINISHED, verdict.decide(e)
 

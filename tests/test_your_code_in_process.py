@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 
 import pytest
@@ -602,9 +603,14 @@ def test_every_way_out_of_a_script_before_training_is_recorded_and_judged_by_its
     recorded by the bootstrap and named by its cause, none as "your script never trained" or a crash loop."""
     repo = tmp_path / "ws" / "repo"
     repo.mkdir(parents=True)
-    (repo / "ckpt.py").write_text(
-        "import traceback\nfrom torch.distributed.checkpoint.api import CheckpointException\n\n"
-        "raise CheckpointException('load', {0: (EOFError('unexpected end of file'), traceback.StackSummary())})\n")
+    (repo / "ckpt.py").write_text(  # a recover checkpoint cut in the middle of its save, loaded as AReaL does (DCP)
+        "import os, torch\nimport torch.distributed.checkpoint as dcp\n\nd = os.environ['CKPT']\n"
+        "dcp.save({'w': torch.zeros(64, 64)}, checkpoint_id=d)\n"
+        "open(os.path.join(d, '__0_0.distcp'), 'r+b').truncate(100)\n"
+        "dcp.load({'w': torch.zeros(64, 64)}, checkpoint_id=d)\n")
+    (repo / "ckptfull.py").write_text(  # the same save on a full volume: the volume's, not the checkpoint's
+        "import os, torch\nimport torch.distributed.checkpoint as dcp\n\n"
+        "dcp.save({'w': torch.zeros(256, 256)}, checkpoint_id=os.environ['FULL'] + '/recover')\n")
     (repo / "full.py").write_text("with open('/dev/full', 'w') as f:\n    f.write('config: yaml')\n")
     (repo / "exit3.py").write_text("import sys\n\nsys.exit(3)\n")
     (repo / "ctrlc.py").write_text("raise KeyboardInterrupt\n")
@@ -616,11 +622,17 @@ def test_every_way_out_of_a_script_before_training_is_recorded_and_judged_by_its
         "time.sleep(5)\n")
     env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
            "PODKIT_REPO_URL": "https://example.invalid/r.git", "PODKIT_RUN_DIR": str(tmp_path / "run"),
-           "RANK": "0", "SRC": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
-    r = areal_run("-c", JUDGED, "ckpt.py", "full.py", "exit3.py", "ctrlc.py", "big.py", "handler.py", env=env,
-                  cwd=tmp_path)
+           "RANK": "0", "SRC": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "CKPT": str(tmp_path / "recover")}
+    # A volume that fills: an 8 KiB tmpfs in a mount namespace of this run's own (gone with it).
+    full = tmp_path / "full"
+    full.mkdir()
+    r = subprocess.run(["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size=8k tmpfs "{full}" && exec "$0" "$@"',
+                        PYTHON, "-c", JUDGED, "ckpt.py", "ckptfull.py", "full.py", "exit3.py", "ctrlc.py", "big.py",
+                        "handler.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **env, "FULL": str(full)})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    ckpt, full, exit3, ctrlc, big, handler = json.loads(r.stdout.strip().splitlines()[-1])
+    ckpt, ckptfull, full, exit3, ctrlc, big, handler = json.loads(r.stdout.strip().splitlines()[-1])
+    assert ckptfull["by"] == "volume-error" and "ENOSPC" in ckptfull["message"], ckptfull
     assert big["by"] == "script-error" and "Unable to allocate 64.0 TiB" in big["message"], big
     assert "asked for 64.0 TiB at once, more than this machine has" in big["hint"], big
     assert ckpt["by"] == "checkpoint-unloadable" and "CheckpointException" in ckpt["message"], ckpt

@@ -338,9 +338,11 @@ def live_supervisord(cfg) -> bool:
 
 
 def resume_trainer(cfg, say=print) -> int:
-    """`podkit resume` on a running pod: once the trainer has stopped (for good, or by a person), the fix the
-    user pushed reaches it: the repo synced and set up as at boot, then the trainer (and the watchdog, if it
-    was stopped with it) started; the loop bound counts from zero. Nothing is started after a failed stage."""
+    """`podkit resume` on a running pod: once the trainer has stopped (for good, or by a person), or while it runs
+    but fails (ends in a row without a new step, or failures after new steps in the last hour: what podkit's own
+    fix says to `podkit resume` for), the fix the user pushed reaches it: a failing trainer stopped first, the repo
+    synced and set up as at boot, then the trainer (and the watchdog, if it was stopped with it) started; the loop
+    bound counts from zero. Nothing is started after a failed stage."""
     from podkit import supervisord
 
     rpc = supervisord.rpc(cfg.socket_path).supervisor
@@ -352,8 +354,16 @@ def resume_trainer(cfg, say=print) -> int:
             say(f"the trainer is {info.get('statename', 'not known to supervisord')}: nothing to resume "
                 "(`podkit status` says how it is doing)")
             return 0
-        say(f"the trainer is {info.get('statename')} but failing ({failing}): the fix is synced, then the trainer is "
-            "stopped and started on it")
+        say(f"the trainer is {info.get('statename')} but failing ({failing}): it is stopped, the fix synced, and it "
+            "starts on it")
+    if failing:  # stopped before the sync: its ranks must not import the checkout while it changes under them
+        ending.ask(cfg.run_path, ["trainer"], "you (podkit resume)")
+        try:
+            rpc.stopProcess("trainer", True)
+        except Exception as e:  # noqa: BLE001 - xmlrpc faults (NOT_RUNNING: it ended meanwhile) and socket errors
+            if "NOT_RUNNING" not in str(e):
+                say(f"could not stop the trainer ({e}): `podkit ctl restart trainer`")
+                return 1
     end = ending.read(cfg.state_dir)
     if end is not None:
         say(f"the trainer's last run: {end.said()}")
@@ -370,14 +380,6 @@ def resume_trainer(cfg, say=print) -> int:
         say(f"podkit: error: {e}")
         say("the trainer was not started: fix what is named above, then `podkit resume` again")
         return 1
-    if failing:
-        ending.ask(cfg.run_path, ["trainer"], "you (podkit resume)")
-        try:
-            rpc.stopProcess("trainer", True)
-        except Exception as e:  # noqa: BLE001 - xmlrpc faults (NOT_RUNNING: it ended meanwhile) and socket errors
-            if "NOT_RUNNING" not in str(e):
-                say(f"could not stop the trainer ({e}): `podkit ctl restart trainer`")
-                return 1
     try:  # the loop bound counts from zero: the code it counted the failures of has changed
         loop = records.TRAINER_LOOP.read(cfg.state_dir)
         if loop:

@@ -223,7 +223,7 @@ def oom_of(exc: BaseException) -> str:
     """"GPU" for CUDA's out of memory, "host" for Python's MemoryError, "" otherwise: by the exception's type, in
     `exc` or what it was raised from, never by what a message says (a validation message, or AReaL quoting
     SGLang's answer, may say "CUDA out of memory" of another process)."""
-    for e in chain(exc, context=False):
+    for e in under(exc, context=False):
         names = {c.__name__ for c in type(e).__mro__}
         if "OutOfMemoryError" in names:
             return "GPU"
@@ -259,6 +259,21 @@ def host_memory() -> int | None:
     return total
 
 
+def under(exc: BaseException, context: bool = True) -> list[BaseException]:
+    """`exc`'s chain (chain()), and what each rank's part of a torch distributed checkpoint raised: torch keeps
+    those in CheckpointException.failures ({rank: (exception, frames)}), not in the chain."""
+    out = chain(exc, context)
+    for e in list(out):
+        fails = getattr(e, "failures", None) if "CheckpointException" in {c.__name__ for c in type(e).__mro__} \
+            else None
+        if isinstance(fails, dict):
+            for value in list(fails.values())[:8]:
+                inner = value[0] if isinstance(value, tuple) and value else value
+                if isinstance(inner, BaseException):
+                    out += [x for x in chain(inner, context) if all(x is not y for y in out)]
+    return out
+
+
 VOLUME_ERRNOS = ("ENOSPC", "EDQUOT", "EIO", "ESTALE", "EROFS")
 
 
@@ -268,7 +283,7 @@ def volume_of(exc: BaseException) -> str:
     fact of the machine, whatever the script raised about it."""
     import errno
 
-    for e in chain(exc):
+    for e in under(exc):
         code = getattr(e, "errno", None) if isinstance(e, OSError) else None
         name = errno.errorcode.get(code, "") if isinstance(code, int) else ""
         if name in VOLUME_ERRNOS:
@@ -277,8 +292,14 @@ def volume_of(exc: BaseException) -> str:
 
 
 def checkpoint_of(exc: BaseException) -> bool:
-    """torch's distributed checkpoint could not be read (or written): `CheckpointException`, a BaseException."""
-    return any("CheckpointException" in {c.__name__ for c in type(e).__mro__} for e in chain(exc))
+    """torch's distributed checkpoint could not be loaded: a `CheckpointException` (a BaseException) raised through
+    its loader (torch/distributed/checkpoint/state_dict_loader.py). One raised by a save is not a checkpoint that
+    cannot be loaded (what the save hit is: the volume, memory, the script)."""
+    for e in chain(exc):
+        if "CheckpointException" in {c.__name__ for c in type(e).__mro__}:
+            if any(os.path.basename(tb.tb_frame.f_code.co_filename) == "state_dict_loader.py" for tb in _frames(e)):
+                return True
+    return False
 
 
 def classify(exc: BaseException, err: dict, frames: list = (), place: str = "pod") -> dict:

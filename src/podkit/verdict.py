@@ -56,21 +56,24 @@ def decide(ev: dict) -> dict:
     okind = ending.kind(own.get("by")) if own else None
     asked = ev.get("asked") if isinstance(ev.get("asked"), dict) and _t((ev.get("asked") or {}).get("at")) else None
     silent = [s for s in ev.get("silent") or [] if isinstance(s, dict)]
-    if asked is None:  # a rank signalled directly, before any failure (not torchrun's teardown after one): a stop
-        asked = kill_of(ev, errors, silent)
-
     if own and okind.family == ending.GONE:
         return own
+    if asked is None and ev.get("rc") is not None:  # a rank signalled directly, before any failure: a stop
+        asked = kill_of(ev, errors, silent)
     if own and okind.family == ending.FINISHED:  # finished, unless the script failed after train() returned
-        late = [e for e in errors if e["time"] > own["time"]]
+        # Rank 0 wrote the finish and runs what follows it (a push); another rank's error then is teardown noise.
+        late = [e for e in errors if e["time"] > own["time"] and e.get("rank", 0) in (0, None)
+                and e.get("through") != "train"]
         if not late:
             return own
         if asked is not None and late[0]["time"] >= asked["at"] - SLACK_S:
             return stopped(ev, asked, own, step)  # what failed after the finish, the stop cut short (a push)
-        e = late[0]
-        return {"by": ending.FAILED, "step": own.get("step", step), "where": e.get("where"), "error": e,
-                "message": f"after training finished ({records.at_step(own.get('step'))}, its checkpoint whole): "
-                           f"{summary(e)}", "hint": e.get("hint", "")}
+        end = of_error({**ev, "oom": ""}, late[0], [], own.get("step", step))
+        end["message"] = f"after training finished ({records.at_step(own.get('step'))}, its checkpoint whole): " \
+                         f"{end.get('message') or summary(late[0])}"
+        return end
+    if ev.get("rc") is None:  # the program was killed before it judged: what it left, in the old judge's order
+        return killed(ev, own, asked, errors, step)
     if asked is not None:
         at = asked["at"]
         first = [e for e in errors if e["time"] < at - SLACK_S]  # raised before the ask: a cause of its own
@@ -80,7 +83,12 @@ def decide(ev: dict) -> dict:
             return stopped(ev, asked, own, step)
         errors = first
     elif own and okind.family in (ending.FINAL, ending.FAILURE):
+        if okind.name == ending.NEVER_TRAINED and errors and errors[0]["time"] < own["time"]:
+            # A rank failed first; torchrun's SIGTERM then ended this one through the script's own handler.
+            return of_error(ev, errors[0], silent, step)
         return own  # the trainer's own word: refused, never trained, inference never came
+    elif own and (okind.family == ending.RESTART or okind.family == ending.STOP and okind.name != ending.SIGTERM):
+        return own  # the stale-weights restart, inference stopped: the trainer's own word, restarted
     if own and okind.name == ending.SIGTERM and not errors:
         # The ranks stopped on a SIGTERM this program never got: someone signalled them.
         return {"by": ending.STRAY, "message": own.get("message", ""), "step": own.get("step", step),
@@ -88,6 +96,24 @@ def decide(ev: dict) -> dict:
     if errors:
         return of_error(ev, errors[0], silent, step)
     return of_silence(ev, silent, step)
+
+
+def killed(ev: dict, own: dict | None, asked: dict | None, errors: list, step) -> dict:
+    """A program killed before it judged its run (the watchdog's hang restart, the OOM killer, supervisord's
+    SIGKILL after the grace): its own record, the SIGTERM it noted, the watchdog's restart, the kernel's count.
+    The ranks' notes and errors from after the kill are its aftermath (the next start stops what was left)."""
+    if own and ending.kind(own.get("by")).family in (ending.FINAL, ending.GONE):
+        return own
+    if asked is not None:
+        return stopped(ev, asked, own, step)
+    hang = ev.get("hang") if isinstance(ev.get("hang"), dict) else None
+    cut = _t((hang or {}).get("time"))
+    before = [e for e in errors if cut is None or e["time"] < cut]
+    if hang:  # the watchdog's restart first, as before: its kill is what the kernel and the ranks then saw
+        return of_silence({**ev, "oom": "", "signalled": []}, [], step)
+    if not ev.get("oom") and before:
+        return of_error(ev, before[0], [], step)
+    return of_silence({**ev, "signalled": []}, [], step)
 
 
 def kill_of(ev: dict, errors: list, silent: list) -> dict | None:

@@ -191,7 +191,20 @@ CAUSES = ("transient", "oom", "volume", "checkpoint", "unreachable")
 
 
 def record_error(cfg, st, e: BaseException, roots: list[str], target=None) -> dict:
-    """The rank's record of `e`, in the user's words, with the facts the judge reads (failure.classify)."""
+    """The rank's record of `e`, in the user's words, with the facts the judge reads (failure.classify). Never
+    raises: the user's exception matters more than podkit's record of it."""
+    from podkit import failure
+
+    try:
+        return _record_error(cfg, st, e, roots, target)
+    except Exception as why:  # noqa: BLE001
+        err = {"type": type(e).__name__, "message": failure.safe_str(e), "where": "?", "code": "", "traceback": "",
+               "hint": "", "note": f"podkit could not read it ({type(why).__name__})"}
+        failure.write(cfg.run_path, st.rank, {**err, "time": __import__("time").time()})
+        return err
+
+
+def _record_error(cfg, st, e: BaseException, roots: list[str], target=None) -> dict:
     from podkit import ending, failure
     from podkit.areal import episodes
 

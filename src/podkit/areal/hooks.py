@@ -70,6 +70,7 @@ class State:
     def __init__(self, cfg, code: dict | None) -> None:
         self.cfg, self.code = cfg, code
         self.rank = int(os.environ.get("RANK", "0"))
+        self.pid = os.getpid()  # the rank itself, not a process it forks
         self.api_key = os.environ.get(API_KEY_ENV, "")
         self.addr = os.environ.get("AREAL_LLM_SERVER_ADDRS", "").split(",")[0]
         self.sigterm, self.stale = threading.Event(), threading.Event()
@@ -86,14 +87,20 @@ class State:
     def on_sigterm(self, sig=signal.SIGTERM, *_) -> None:
         """During training: the step in flight ends with a recover checkpoint, then train() returns. Before it:
         nothing is in flight, and the script's own code (loading data, a model) stops at once."""
+        if os.getpid() != self.pid:  # a worker the rank forked (a Pool's): its own stop, as if it had no handler
+            _real_signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+            return
         self.note_signal(sig)
         self.sigterm.set()
         if not self.training and not self.handling:
             raise ending.Stop()
 
     def note_signal(self, sig) -> None:
-        """The stop signal this rank got, for the judge: handed on by the trainer program, or someone's kill."""
-        ending.rank_signalled(self.cfg.run_path, self.rank, sig, self.started)
+        """The stop signal this rank got, for the judge: handed on by the trainer program, or someone's kill. Not
+        in a process the rank forked (a Pool's worker inherits the handler, and its pool stops it with SIGTERM)."""
+        if os.getpid() == self.pid:
+            ending.rank_signalled(self.cfg.run_path, self.rank, sig, self.started)
 
     def refuse(self, what: str, message: str, hint: str) -> Refused:
         """Record a setup that cannot train (rank 0) and say so; the caller raises what this returns."""
@@ -119,7 +126,7 @@ def install(cfg, code: dict | None = None) -> State:
     _state = st = State(cfg, code)
     stacks_on_sigusr2(cfg)
     signal.signal(signal.SIGTERM, st.on_sigterm)
-    signal.signal = noting(signal.signal)
+    signal.signal, signal.getsignal = noting(signal.signal, signal.getsignal)
     if cfg.multi_node:  # a rank placed by AReaL's Ray launcher: rank 0's launcher watches it, and asks it to stop
         from podkit.areal import heartbeat
 
@@ -385,18 +392,24 @@ def choose_wandb_run(st: State, config_) -> None:
 # --- the trainer -----------------------------------------------------------------------------------
 
 
+_real_signal = signal.signal  # before the script's is wrapped (noting)
 SEEN = "_podkit_error"  # an exception's attribute: the rank's record of it, made where podkit saw it first
 _STOPS = (signal.SIGTERM, signal.SIGINT)
 
 
-def noting(real):
-    """`signal.signal` for the script: a handler it installs for a stop signal (the usual SIGTERM -> sys.exit(0))
-    runs as it wrote it, after the signal is noted (State.note_signal): the judge must know a stop came, whatever
-    the script makes of it."""
+def noting(real, getsignal):
+    """`signal.signal` (and `signal.getsignal`) for the script: a handler it installs for a stop signal (the usual
+    SIGTERM -> sys.exit(0)) runs as it wrote it, after the signal is noted (State.note_signal): the judge must know
+    a stop came, whatever the script makes of it. The script gets its own handlers back, never podkit's wrapper.
+    SIG_DFL and SIG_IGN are the script's to choose, not noted (a rank killed by the default is a signal's end)."""
     if getattr(real, "__wrapped__", None) is not None:
-        return real  # installed already (a second install in one process)
+        return real, getsignal  # installed already (a second install in one process)
+
+    def own(handler):
+        return getattr(handler, "__wrapped__", handler) if getattr(handler, "_podkit_noting", False) else handler
 
     def install(sig, handler):
+        handler = own(handler)
         if sig in _STOPS and callable(handler) and not isinstance(getattr(handler, "__self__", None), State):
             user = handler
 
@@ -405,11 +418,14 @@ def noting(real):
                     _state.note_signal(signum)
                 return user(signum, frame)
 
-            handler.__wrapped__ = user
-        return real(sig, handler)
+            handler.__wrapped__, handler._podkit_noting = user, True
+        return own(real(sig, handler))
 
-    install.__wrapped__ = real
-    return install
+    def get(sig):
+        return own(getsignal(sig))
+
+    install.__wrapped__, get.__wrapped__ = real, getsignal
+    return install, get
 
 
 def record_through_train(st: State, e: BaseException) -> None:
@@ -418,17 +434,18 @@ def record_through_train(st: State, e: BaseException) -> None:
 
     if isinstance(e, (SystemExit, ending.Stop)) or getattr(e, SEEN, None):
         return
-    roots = list(episodes.EPISODES.roots or [])
-    err = failure.clean(failure.describe(e, roots, str(st.cfg.workspace_path), place=ending.place(st.cfg)), st.cfg)
-    failure.classify(e, err, place=ending.place(st.cfg))
-    down = episodes.EPISODES.server_down()
-    if down:
-        err["unreachable"] = down
-    err["through"] = "train"
-    failure.write(st.cfg.run_path, st.rank, err)
     try:
+        roots = list(episodes.EPISODES.roots or [])
+        err = failure.clean(failure.describe(e, roots, str(st.cfg.workspace_path), place=ending.place(st.cfg)),
+                            st.cfg)
+        failure.classify(e, err, place=ending.place(st.cfg))
+        down = episodes.EPISODES.server_down()
+        if down:
+            err["unreachable"] = down
+        err["through"] = "train"
+        failure.write(st.cfg.run_path, st.rank, err)
         setattr(e, SEEN, err)
-    except (AttributeError, TypeError):
+    except Exception:  # noqa: BLE001 - the user's exception goes on whatever podkit's record of it does
         pass
 
 
