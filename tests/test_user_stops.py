@@ -62,7 +62,9 @@ def test_your_restarts_in_a_long_step_and_while_inference_is_stopped_count_nothi
     s.wait_step(1, timeout=60)
     pid = s.pid("trainer")
     for _n in range(3):
-        time.sleep(1)  # inside the step's 6 s
+        # Inside the step's 6 s: the new program has resumed (its record) and trains, however slow its start was.
+        wait_for(lambda p=pid: s.progress().get("pid") == p, 60, interval=0.2, what="the trainer's run under way")
+        time.sleep(1)
         r = ctl(s, "restart", "trainer")
         assert r.returncode == 0, r.stdout + r.stderr
         pid = new_trainer(s, pid)
