@@ -111,8 +111,9 @@ def test_a_repo_or_a_script_written_another_way_is_the_same_one_and_a_model_is_t
 
 def test_the_entry_is_the_file_that_defines_it_and_the_training_data_is_part_of_the_run(tmp_path):
     """The same script through a link the repo keeps, or as grpo/train.py and grpo.train:main, is one run; a new
-    dataset under the run's names is another (its dataloader position means nothing on other data), told by what
-    the path names: the same file moved is the same data, the same path with other rows is not."""
+    dataset under the run's names is another (its dataloader position means nothing on other data): another path
+    that names other contents. The same file moved is the same data; the same path edited (a bad row fixed, the
+    repo's data pulled) is this run's own."""
     repo = tmp_path / "repo"
     (repo / "grpo").mkdir(parents=True)
     (repo / "grpo" / "train.py").write_text("def main(argv): ...\n")
@@ -133,12 +134,15 @@ def test_the_entry_is_the_file_that_defines_it_and_the_training_data_is_part_of_
     moved.write_bytes(data.read_bytes())
     before = rec("train.py", "train.py", str(data))
     assert identity.differences(rec("train.py", "train.py", str(moved)), before, repo) == [], "moved, not changed"
-    data.write_text('{"q": "2+2", "a": 4}\n' * 1000)
-    assert identity.differences(rec("train.py", "train.py", str(data)), before, repo) == [
-        f"its training data ({data}) is not this run's ({data}: the same path, other contents)"]
+    other = tmp_path / "data" / "other.jsonl"
+    other.write_text('{"q": "2+2", "a": 4}\n' * 1000)
+    assert identity.differences(rec("train.py", "train.py", str(other)), before, repo) == [
+        f"its training data is {data}, this run's {other} (other contents)"]
+    data.write_text('{"q": "1+1", "a": 2}\n' * 999 + '{"q": "fixed", "a": 3}\n')
+    assert identity.differences(rec("train.py", "train.py", str(data)), before, repo) == [], "a row fixed in place"
     hub = rec("train.py", "train.py", "openai/gsm8k")
     assert identity.differences(rec("train.py", "train.py", "me/gsm8k-clean"), hub, repo) == [
-        "its training data (openai/gsm8k) is not this run's (me/gsm8k-clean)"]
+        "its training data is openai/gsm8k, this run's me/gsm8k-clean (other contents)"]
     legacy = {k: v for k, v in before.items() if k not in ("data", "entry_file")}
     assert identity.differences(rec("train.py", "train.py", str(data)), legacy, repo) == [], \
         "a record from before the data was kept: nothing to compare"

@@ -363,11 +363,13 @@ def differences(mine: dict, theirs: dict | None, root: Path) -> list[str]:
         if (tf != mf) if tf and mf else entry_id(theirs["entry"]) != entry_id(mine["entry"]):
             out.append(f"it was trained by {theirs['entry']}{f' ({tf})' if tf and tf != theirs['entry'] else ''}, "
                        f"this run runs {mine['entry']}{f' ({mf})' if mf and mf != mine['entry'] else ''}")
+        # Another dataset: another path that names other contents. The same path edited (a bad row fixed, a
+        # pull of the repo's data) is this run's data; the same files moved are too.
         td, md = (r.get("data") if isinstance(r.get("data"), dict) else {} for r in (theirs, mine))
         tp, mp = (str(d.get("fingerprint") or "") for d in (td, md))
-        if tp and mp and tp != mp:
-            out.append(f"its training data ({td.get('path')}) is not this run's ({md.get('path')}"
-                       + (": the same path, other contents" if td.get("path") == md.get("path") else "") + ")")
+        moved = os.path.normpath(str(td.get("path") or "")) != os.path.normpath(str(md.get("path") or ""))
+        if tp and mp and tp != mp and moved:
+            out.append(f"its training data is {td.get('path')}, this run's {md.get('path')} (other contents)")
         tm, mm = theirs["model"], mine["model"]
         tw, mw = (str(m.get("weights") or "") for m in (tm, mm))
         same_id = (tm.get("id") or model_id(tm["path"])) == (mm.get("id") or model_id(mm["path"]))
