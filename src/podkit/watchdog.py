@@ -107,7 +107,7 @@ class Busy:
             size = 0
         sig = (pid, cpu, io, size)
         if self.last is None or self.last[0] != pid or self.moved < floor:
-            self.moved = max(self.moved, floor)
+            self.moved = now  # a first look has nothing to compare with: the stall counts from it
         elif sig[1:] != self.last[1:]:
             tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
             if (cpu - self.last[1]) / tick >= self.CPU_SHARE * max(now - self.at, 0.1) or \

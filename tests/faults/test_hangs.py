@@ -187,7 +187,7 @@ def test_before_the_first_step_a_trainer_that_waits_is_hung_and_one_that_works_i
             seen.append((moved, t0))
         (spinning, t_spin), (sleeping, t_sleep) = seen
         assert spinning > t_spin + 1, "CPU time moved: busy until the last look"
-        assert sleeping == t_sleep, "nothing moved since the run's start"
+        assert t_sleep <= sleeping < t_sleep + 0.1, "nothing moved since the first look"
         busy, t0 = watchdog.Busy(), time.time()
         busy.seen(procs[1].pid, log, t0, t0)
         log.write_text("tokenising 40%\n")
