@@ -276,6 +276,8 @@ def test_a_refused_connection_and_a_503_may_pass_a_404_an_offline_hub_and_a_keye
     assert failure.transient(offline) == ""
     hub = ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)")
     assert failure.transient(hub) == "could not reach the hub (dataset 'openai/gsm8k')"
+    assert failure.transient(hub, offline=True) == "", "a rehearsal cannot reach the hub: nothing heals it"
+    assert "transient" not in failure.classify(hub, {}, place="rehearse"), "stopped once with OVERRIDES= instead"
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert failure.transient(hub) == "", "told to stay offline: nothing heals it"
     monkeypatch.delenv("HF_HUB_OFFLINE")
