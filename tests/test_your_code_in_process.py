@@ -569,10 +569,11 @@ def test_what_may_pass_goes_to_the_loop_bound_a_missing_files_key_is_named_and_a
 
     # torchrun's own SIGTERM (another rank failed): the rank ends, and says nothing of a stop: the failed rank's
     # record is how the run ended.
+    # "at once": not after the script's 120 s of loading (a torch interpreter's own end takes seconds here)
     took, teardown = sigterm_while_loading(False)
-    assert took < 5 and teardown["rc"] == 1 and (teardown["stopped"] or {}).get("by") != "SIGTERM", teardown
+    assert took < 20 and teardown["rc"] == 1 and (teardown["stopped"] or {}).get("by") != "SIGTERM", teardown
     took, slow = sigterm_while_loading(True)
-    assert took < 5 and slow["rc"] == 0 and slow["raised"] is None, (took, slow)
+    assert took < 20 and slow["rc"] == 0 and slow["raised"] is None, (took, slow)
     assert slow["stopped"]["by"] == "SIGTERM" and "before training started" in slow["stopped"]["message"], slow
 
 

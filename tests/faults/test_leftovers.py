@@ -35,16 +35,18 @@ def test_a_killed_supervisords_programs_are_stopped_by_the_next_boot_even_with_r
     """supervisord -9: its programs live on (the stand-in keeps its port). With GPU reaping off
     (reap.enabled never, no devices), the next boot still stops exactly those processes, by the
     process groups the run recorded, and the new stand-in gets the port. The trainer is frozen as
-    soon as supervisord is gone (stuck, as a trainer can be): a program that writes a line after its
-    supervisord died dies of the broken pipe, and the smoke trainer writes twice a second."""
+    soon as supervisord is gone (stuck, as a trainer can be), and so is the watchdog: a program that writes a
+    line after its supervisord died dies of the broken pipe, the smoke trainer writes twice a second, and on a
+    busy machine the watchdog's next line can come before the test looks."""
     s = stack_factory().start()
     s.wait_step(3)
     old = {name: s.pid(name) for name in ("sglang", "trainer", "watchdog", "logs")}
     os.kill(s.proc.pid, signal.SIGKILL)
     s.proc.wait(10)
     # Only now: a stopped member when its group is orphaned would get the kernel's SIGHUP.
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(old["trainer"], signal.SIGSTOP)
+    for name in ("trainer", "watchdog"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(old[name], signal.SIGSTOP)
     time.sleep(1)
     old = {name: pid for name, pid in old.items() if alive(pid)}  # the log listener ends with its stdin
     assert {"sglang", "watchdog"} <= set(old), "the leftovers this test needs"

@@ -101,7 +101,8 @@ def test_pid1_kills_what_outlives_the_deadline_and_exits_by_itself(procs, tmp_pa
     p, log = pid1_supervisord(procs, tmp_path, STUBBORN, **{pid1.STOP_DEADLINE_ENV: "1.5"})
     wait_for(lambda: "stubborn entered RUNNING" in log(), 30, what="the program to start")
     took = sigterm_took(p)
-    assert took < 2.5, took
+    # the deadline sits 1.5 s inside the container's stop timeout (render.stop_budget): that is the margin
+    assert took < 1.5 + 1.5, took
     assert "the stop's deadline (1.5 s, PODKIT_STOP_DEADLINE_S) has passed" in log()
 
 
