@@ -271,7 +271,10 @@ def send_api_key(api_key: str) -> None:
     patch_once(rie, "arequest_with_retry", wrap, mark="_podkit_api_key")
 
 
-def ride_out_restarts(window_s: float, interval_s: float = 2.0) -> None:
+RIDE_OUT_POLL_S = 0.25  # a refused connection costs nothing: a server back is seen within a quarter second
+
+
+def ride_out_restarts(window_s: float, interval_s: float = RIDE_OUT_POLL_S) -> None:
     """Retry what failed to connect (SGLang down or restarting) for up to window_s; HTTP errors and
     timeouts fail as before. AReaL names the last exception in its RuntimeError ("... Last error:
     {last_exception!r}", http.py:219-223): that format is pinned by check().
@@ -303,6 +306,9 @@ def ride_out_restarts(window_s: float, interval_s: float = 2.0) -> None:
                         raise
                     if deadline is None:
                         deadline = time.monotonic() + window_s + 30.0
+                        # AReaL's own retries wait retry_delay (1 s) between tries: while riding out, they poll
+                        # as often as this loop does (the pinned http.py takes retry_delay as a keyword)
+                        kw["retry_delay"] = min(kw.get("retry_delay", 1.0), interval_s)
                     elif time.monotonic() >= deadline:
                         raise
                     if not told:

@@ -38,6 +38,7 @@ _log = log.get("trainer")
 BASE = "default"  # SGLang's weight_version before any update (ServerArgs.weight_version)
 REATTACHED, FELL_BACK = "re-attached", "fell back"
 VERSION_DIR = re.compile(r"weight_update_v(\d+)")  # AReaL's WeightUpdateMeta.with_version
+POLL_S = 0.25  # how often a waiting rank or the re-attacher asks /model_info (one GET, shared by the waiting requests)
 
 
 def served_version(addr: str, api_key: str, timeout: float = 10) -> str | None:
@@ -76,7 +77,7 @@ class Generation:
         self.started = time.time()
         self.wake = threading.Event()  # rank 0's Attacher, when this process runs it
         self.fell_back = threading.Event()  # rank 0's own fallback (the others read it from progress.json)
-        self._served: dict[str, tuple[float, str | None]] = {}  # addr -> (when, version): one look per 0.5 s
+        self._served: dict[str, tuple[float, str | None]] = {}  # addr -> (when, version): one look per POLL_S
         self._looking: set[str] = set()
         self._released = (0.0, False)
 
@@ -97,7 +98,7 @@ class Generation:
         self._released = (time.monotonic(), now)
         return now
 
-    async def served(self, addr: str, interval_s: float = 0.5) -> str | None:
+    async def served(self, addr: str, interval_s: float = POLL_S) -> str | None:
         """/model_info's weight_version at `addr`, asked at most once per interval by this process's
         waiting requests together (hundreds may wait on a server that is starting)."""
         at, version = self._served.get(addr, (-1e9, None))
@@ -114,7 +115,7 @@ class Generation:
             self._looking.discard(addr)
         return version
 
-    async def wait_served(self, addr: str, deadline: float, interval_s: float = 0.5) -> bool:
+    async def wait_served(self, addr: str, deadline: float, interval_s: float = POLL_S) -> bool:
         """Until inference at `addr` serves a version this trainer pushed (True), rank 0 fell back (True), or
         the deadline (False)."""
         self.wake.set()
@@ -258,7 +259,7 @@ class Attacher:
             served = served_version(self.addr, self.api_key, timeout=5)
             if served is not None or time.monotonic() >= deadline or self.done.is_set() or self.stopping.is_set():
                 return served
-            time.sleep(0.5)
+            time.sleep(POLL_S)
 
     def _push(self, path: Path, version: str) -> str | None:
         """SGLang's /update_weights_from_disk (UpdateWeightFromDiskReqInput: model_path, weight_version,
