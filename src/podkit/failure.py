@@ -488,8 +488,14 @@ def summary(err: dict) -> str:
 
 
 def write(run_dir: Path, rank: int, err: dict) -> None:
+    """Rank `rank`'s record of its exception, naming the trainer program it ran under (ending.program: the ranks
+    inherit its pid), so that a record another run left (or one planted) is not read as this run's."""
+    from podkit import ending
+
+    program = ending.program()
     try:
-        error_record(rank).write(run_dir, {**err, "rank": rank}, mode=0o600)
+        error_record(rank).write(run_dir, {**err, "rank": rank, **({"program": program} if program else {})},
+                                 mode=0o600)
     except OSError:
         pass  # the log has the traceback too
 
@@ -501,13 +507,23 @@ def first_since(run_dir: Path, since: float) -> dict | None:
     return found[0] if found else None
 
 
-def all_since(run_dir: Path, since: float) -> list[dict]:
-    """Every rank's record written since `since`, the earliest first."""
-    found = []
+def all_since(run_dir: Path, since: float, program_pid: int | None = None) -> list[dict]:
+    """Every rank's record written since `since`, the earliest first: not one stamped more than ending.FUTURE_S
+    ahead of this clock (planted, or another run's from a clock that was ahead: it would be every later run's
+    exception until the clock caught up), nor, when both name one, one of another trainer program than
+    `program_pid`. The same freshness rule as the end records' (ending.of)."""
+    from podkit import ending
+
+    found, now = [], time.time()
     for path in Path(run_dir).glob("trainer-error-*.json"):
         rank = path.name.removeprefix("trainer-error-").removesuffix(".json")
         if rank.isdigit():
             err = error_record(int(rank)).read_owned(run_dir)
-            if isinstance(err.get("time"), (int, float)) and err["time"] >= since:
-                found.append(err)
+            t, named = err.get("time"), err.get("program")
+            if not isinstance(t, (int, float)) or isinstance(t, bool) or not since <= t <= now + ending.FUTURE_S:
+                continue
+            if program_pid is not None and isinstance(named, int) and not isinstance(named, bool) \
+                    and named != program_pid:
+                continue
+            found.append(err)
     return sorted(found, key=lambda e: e["time"])

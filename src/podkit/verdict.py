@@ -344,7 +344,7 @@ def gather(cfg, rc, started: float, err: dict | None = None, oom_before=None, si
             ev["asked"] = {"at": asked.at, "by": asked.by, "supervisord": asked.supervisord, "kind": asked.kind,
                            "cut": bool(signals.cut)}
             ev["clock"] = time.strftime("%H:%M:%S", time.localtime(asked.at))
-    errors = failure.all_since(cfg.run_path, started)
+    errors = failure.all_since(cfg.run_path, started, pid)
     if err:
         errors = [{**err, "time": err.get("time") or time.time()}, *errors]
     ev["errors"] = errors

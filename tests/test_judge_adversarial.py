@@ -1,0 +1,47 @@
+"""The judge of a trainer run's end (verdict.py, ending.py, failure.py, the bootstrap), tried the way a user whose pod
+restart-loops at 3 a.m., or who is blamed for what was not their script's, would try it: records planted or left by
+another run, events in every order, exceptions of every odd shape. Each test is named after its scenario; the ones
+the judge already got right are in tests/test_verdict.py's table."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from podkit import ending, failure, records, verdict
+from test_ending import cfg_of
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def judged(cfg, rc, started):
+    return verdict.decide(verdict.gather(cfg, rc, started))
+
+
+# -- records another run left, or someone planted ---------------------------------------------------------------
+def test_an_exception_record_stamped_an_hour_ahead_is_not_every_later_runs_exception(tmp_path):
+    """A rank's record from a clock an hour ahead (another node's, or one stepped back since; or planted) passes
+    every run's `since`: the run that finished would be judged failed after its finish, and each run after it."""
+    cfg = cfg_of(tmp_path)
+    started = time.time()
+    failure.write(cfg.run_path, 0, {"type": "ValueError", "message": "planted", "where": "x.py:1",
+                                    "time": time.time() + 3600})
+    records.PROGRESS.write(tmp_path, {"stopped": ending.record(ending.DONE, step=10)})
+    assert judged(cfg, 0, started)["by"] == ending.DONE
+
+
+def test_an_exception_record_of_another_trainer_program_is_not_this_runs(tmp_path, monkeypatch):
+    """Two programs' runs overlap in time (a killed program's ranks outliving it, a second launcher): a rank's
+    record names the program it ran under, and the judge of this program's run reads only its own."""
+    cfg = cfg_of(tmp_path)
+    started = time.time()
+    monkeypatch.setenv(ending.PROGRAM_ENV, "99999")  # written by rank 0 of another program
+    failure.write(cfg.run_path, 0, {"type": "KeyError", "message": "'question'", "where": "x.py:1",
+                                    "time": time.time() + 1})
+    monkeypatch.setenv(ending.PROGRAM_ENV, str(__import__("os").getpid()))
+    records.PROGRESS.write(tmp_path, {"stopped": ending.record(ending.DONE, step=10)})
+    assert judged(cfg, 0, started)["by"] == ending.DONE
+    failure.write(cfg.run_path, 0, {"type": "KeyError", "message": "'answer'", "where": "x.py:2",
+                                    "time": time.time() + 1})  # this program's rank 0, after the finish: its own
+    assert judged(cfg, 1, started)["by"] == ending.FAILED
