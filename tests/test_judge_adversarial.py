@@ -11,6 +11,7 @@ import pytest
 
 from podkit import ending, failure, records, verdict
 from test_ending import cfg_of
+from test_verdict import T0, err, ev
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,3 +46,29 @@ def test_an_exception_record_of_another_trainer_program_is_not_this_runs(tmp_pat
     failure.write(cfg.run_path, 0, {"type": "KeyError", "message": "'answer'", "where": "x.py:2",
                                     "time": time.time() + 1})  # this program's rank 0, after the finish: its own
     assert judged(cfg, 1, started)["by"] == ending.FAILED
+
+
+# -- events in every order --------------------------------------------------------------------------------------
+def down(state, stop, asks=()):
+    return {"state": state, "start": T0 - 100, "stop": T0 + stop, "asked": [{"by": by, "at": T0 + t} for by, t in asks]}
+
+
+@pytest.mark.parametrize("state", ["EXITED", "BACKOFF", "FATAL", "STOPPED"])
+def test_the_scripts_crash_before_inference_went_down_is_the_scripts_not_inferences(state):
+    """The script raised at 10 s; inference crashed (or was stopped) at 90 s, while the trainer's ranks were still
+    ending: down when the run is judged, but not when the rank raised. Blamed on inference, a bug in the script is
+    retried three times as often (or, inference stopped, never counted at all)."""
+    e = ev(errors=[err(10)], progress={"step": 4, "time": T0 + 5}, inference=down(state, 90))
+    assert verdict.decide(e)["by"] == ending.FAILED, verdict.decide(e)
+
+
+@pytest.mark.parametrize("state", ["EXITED", "BACKOFF", "FATAL"])
+def test_the_scripts_error_as_inference_went_down_is_inferences(state):
+    e = ev(errors=[err(90.5)], progress={"step": 4, "time": T0 + 5}, inference=down(state, 90))
+    assert verdict.decide(e)["by"] == ending.INFERENCE, verdict.decide(e)
+
+
+def test_an_error_after_you_asked_for_inferences_stop_but_before_it_stopped_is_the_stops():
+    """`podkit ctl stop sglang` at 80 s; SGLang took 10 s to shut down; the request in flight failed at 85 s."""
+    e = ev(errors=[err(85)], inference=down("STOPPED", 90, asks=[("you (podkit ctl stop sglang)", 80)]))
+    assert verdict.decide(e)["by"] == ending.INFERENCE_STOPPED, verdict.decide(e)

@@ -86,6 +86,9 @@ CASES = {
     "a crash while inference you restarted was still coming back is inference's, not counted":
         (ev(errors=[err(22)], progress={"step": 4, "time": T0 + 10},
             inference=running(20, asks=[("you (podkit ctl restart sglang)", 19)])), ending.INFERENCE_STOPPED),
+    "the script's crash before inference crashed (supervisord's stop time) is the script's, not inference's":
+        (ev(errors=[err(10)], inference={"state": "BACKOFF", "start": T0 - 5, "stop": T0 + 90, "asked": []}),
+         ending.FAILED),
     "a crash while inference restarted by the watchdog was still down is inference's":
         (ev(errors=[err(22)], progress={"step": 4, "time": T0 + 10}, inference=running(20)), ending.INFERENCE),
     "a failure after train() returned (a failed push_to_hub) is not finished":
@@ -164,10 +167,10 @@ owns = st.builds(lambda by, t, step: {"by": by, "time": T0 + t, "step": step, "p
 askeds = st.builds(lambda t, by, sup, kind, cut: {"at": T0 + t, "by": by, "supervisord": sup, "kind": kind, "cut": cut},
                    times, st.sampled_from(["you (podkit ctl restart trainer)", "the pod's stop", "the cost guard"]),
                    st.booleans(), st.sampled_from(["", ending.HANG]), st.booleans())
-infs = st.builds(lambda state, start, ready, asks: {"state": state, "start": T0 + start, "ready": ready,
-                                                     "asked": asks},
+infs = st.builds(lambda state, start, stop, ready, asks: {"state": state, "start": T0 + start, "stop": stop,
+                                                           "ready": ready, "asked": asks},
                  st.sampled_from(["RUNNING", "STARTING", "STOPPED", "STOPPING", "EXITED", "FATAL", "BACKOFF"]),
-                 st.floats(-50, 200), st.none() | st.floats(T0, T0 + 200),
+                 st.floats(-50, 200), st.none() | st.floats(T0 - 50, T0 + 200), st.none() | st.floats(T0, T0 + 200),
                  st.lists(st.builds(lambda by, t: {"by": by, "at": T0 + t},
                                     st.sampled_from(["you (podkit ctl restart sglang)", "the watchdog"]), times),
                           max_size=2))
@@ -228,6 +231,18 @@ def test_a_ranks_exception_after_inference_was_back_is_never_a_stop_nor_inferenc
          "time": back}, "errors": [first, *[x for x in e["errors"] if x["time"] > first["time"]]]}
     k = ending.KINDS[kind_of(e)]
     assert k.family != ending.STOP and k.name not in (ending.INFERENCE, ending.INFERENCE_STOPPED), verdict.decide(e)
+
+
+@PROPS
+@given(evidence, st.sampled_from(["STOPPED", "EXITED", "FATAL", "BACKOFF"]), st.floats(5, 100), st.floats(1.5, 100))
+def test_a_ranks_exception_before_inference_went_down_is_never_inferences(e, state, raised, gap):
+    """The script raised at `raised`; inference was asked to stop, or died (supervisord's stop time), `gap` later."""
+    first = {"time": T0 + raised, "type": "ValueError", "message": "bad", "rank": 0}
+    inf = {"state": state, "start": T0 - 10, "stop": T0 + raised + gap,
+           "asked": [a for a in (e["inference"] or {}).get("asked", []) if a["at"] > first["time"] + 1.5]}
+    e = {**e, "inference": inf, "asked": None, "own": None, "oom": "", "signalled": [],
+         "errors": [first, *[x for x in e["errors"] if x["time"] > first["time"]]]}
+    assert kind_of(e) not in (ending.INFERENCE, ending.INFERENCE_STOPPED), verdict.decide(e)
 
 
 @PROPS

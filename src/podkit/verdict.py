@@ -20,7 +20,7 @@ The evidence, one dict (every field may be missing or None):
   silent      the ranks that ended without going through Python's exit: [{rank, pid, signal, exit}]
   oom         the kernel's OOM kills in the run's cgroup since the start, in words ("": none); cgroup: where
               the count was read ("": nowhere)
-  inference   supervisord's word on inference: {state, start, ready, asked: [{by, at}]}; None on a cluster
+  inference   supervisord's word on inference: {state, start, stop, ready, asked: [{by, at}]}; None on a cluster
   progress    {step, time}: the last step this run recorded and when
   hang        the watchdog's restart of this run: {time, reason, where, dump}
   lease       who holds the workspace when another pod took it ("": this pod, or nobody)
@@ -157,6 +157,10 @@ def inference_at(ev: dict, t: float | None) -> str:
     yours = [a for a in asks if str(a.get("by") or "").startswith("you")]
     state = inf.get("state")
     up = state in ("STARTING", "RUNNING")
+    stop = _t(inf.get("stop"))
+    if not up and t is not None and stop is not None and stop > started and \
+            t < min([stop] + [a["at"] for a in asks if a["at"] <= stop]) - SLACK_S:
+        return ""  # raised while inference was still up: it went down (its ask, supervisord's stop time) after
     if not up:
         if yours:
             return "asked"
@@ -363,8 +367,8 @@ def gather(cfg, rc, started: float, err: dict | None = None, oom_before=None, si
 
 
 def inference(cfg, started: float) -> dict | None:
-    """supervisord's word on inference, the asks for its stop since `started`, and when its current instance said
-    it was ready (its log); None on a cluster (AReaL's servers, in Ray) or with no supervisord to ask."""
+    """supervisord's word on inference (its state, when it last started and stopped), the asks for its stop since
+    `started`, and when its current instance said it was ready (its log); None on a cluster (AReaL's servers, in Ray) or with no supervisord to ask."""
     from podkit import startup, supervisord
 
     if getattr(cfg, "multi_node", False):
@@ -374,7 +378,7 @@ def inference(cfg, started: float) -> dict | None:
         return None
     asks = [{"by": str(a.get("by"))[:200], "at": a.get("time")} for a in ending.ASKED.read_owned(cfg.run_path)
             if a.get("program") in ("sglang", "all") and (a.get("time") or 0) >= started]
-    out = {"state": info.get("statename"), "start": info.get("start"), "asked": asks}
+    out = {"state": info.get("statename"), "start": info.get("start"), "stop": info.get("stop"), "asked": asks}
     if (info.get("start") or 0) > started:
         try:
             out["ready"] = startup.log_times(Path(cfg.log_dir) / "sglang.log").get("inference_ready")
