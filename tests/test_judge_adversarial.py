@@ -72,3 +72,82 @@ def test_an_error_after_you_asked_for_inferences_stop_but_before_it_stopped_is_t
     """`podkit ctl stop sglang` at 80 s; SGLang took 10 s to shut down; the request in flight failed at 85 s."""
     e = ev(errors=[err(85)], inference=down("STOPPED", 90, asks=[("you (podkit ctl stop sglang)", 80)]))
     assert verdict.decide(e)["by"] == ending.INFERENCE_STOPPED, verdict.decide(e)
+
+
+# -- the script's own ways out, through the bootstrap -----------------------------------------------------------
+TRAINING = "from podkit.areal import hooks\n\nhooks.state().training = True  # as PPOTrainer.train sets it\n"
+SCRIPTS = {
+    "ctrlc.py": "raise KeyboardInterrupt\n",
+    "ctrlc_in_train.py": TRAINING + "raise KeyboardInterrupt('my own stop')\n",
+    "sigint.py": "import os, signal, time\n\nos.kill(os.getpid(), signal.SIGINT)  # someone's kill -INT\ntime.sleep(5)\n",
+    "strraises.py": "class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\n\n\nraise Odd(1)\n",
+}
+
+
+@pytest.fixture
+def through_bootstrap(tmp_path, monkeypatch):
+    """bootstrap.run on a script, as torchrun's rank runs it (AReaL's patches left out), then the judge."""
+    import os
+    import signal
+    import sys
+    from types import SimpleNamespace
+
+    from podkit.areal import bootstrap, hooks
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name, text in SCRIPTS.items():
+        (repo / name).write_text(text)
+    real = signal.signal
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    monkeypatch.setattr(signal, "signal", signal.signal)
+    monkeypatch.setattr(signal, "getsignal", signal.getsignal)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(ending.PROGRAM_ENV, str(os.getpid()))
+    monkeypatch.delenv("RANK", raising=False)
+
+    def install(cfg, code=None):
+        hooks._state = st = hooks.State(cfg, code)
+        hooks.take_signals(st)
+        return st
+
+    monkeypatch.setattr(hooks, "install", install)
+    monkeypatch.setattr(hooks, "_state", None)
+    monkeypatch.setattr(bootstrap, "shadowed_areal", lambda paths: [])
+
+    def run(entry):
+        (tmp_path / entry).mkdir()
+        cfg = cfg_of(tmp_path / entry)
+        cfg.trainer.entry, cfg.repo, cfg.multi_node = entry, SimpleNamespace(dest=str(repo)), False
+        started = time.time()
+        ending.rank_alive(cfg.run_path, 0)
+        try:
+            rc = bootstrap.run(cfg, [])
+        except BaseException:  # noqa: BLE001 - what the rank dies of
+            rc = 1
+        finally:
+            ending.rank_exited(cfg.run_path, 0)
+        return rc, judged(cfg, rc, started)
+
+    yield run
+    for s, h in handlers.items():
+        real(s, h)
+
+
+def test_a_keyboardinterrupt_the_script_raises_itself_is_counted_not_a_stray_stop_restarted_for_ever(
+        through_bootstrap):
+    """A stray stop is never counted and restarts at once: a script that raises KeyboardInterrupt on every start
+    (before training or in it) looped for ever. Someone's real SIGINT to a rank is still a stray stop: each rank
+    notes it."""
+    for entry in ("ctrlc.py", "ctrlc_in_train.py"):
+        rc, end = through_bootstrap(entry)
+        assert end["by"] == ending.FAILED and "no SIGINT came" in end["message"], (entry, end)
+    rc, end = through_bootstrap("sigint.py")
+    assert end["by"] == ending.STRAY and "SIGINT" in end["asked"], end
+
+
+def test_an_exception_whose_str_raises_is_still_named(through_bootstrap):
+    rc, end = through_bootstrap("strraises.py")
+    assert end["by"] == ending.CONFIG_ERROR and "Odd" in end["message"], end

@@ -113,8 +113,11 @@ CASES = {
         (ev(errors=[err(5, "FileNotFoundError", "fallback.json")]), ending.FAILED),
     "a network error that may pass is the network's":
         (ev(errors=[err(5, "ConnectionError", "refused", transient="could not reach 10.0.0.9:80")]), ending.NETWORK),
-    "a KeyboardInterrupt in a rank nobody asked to stop is a stray stop, not the script's":
-        (ev(errors=[err(5, "KeyboardInterrupt", "", base="KeyboardInterrupt")]), ending.STRAY),
+    "a KeyboardInterrupt on someone's SIGINT to a rank (noted by the rank) is a stray stop, not the script's":
+        (ev(errors=[err(5, "KeyboardInterrupt", "", base="KeyboardInterrupt")],
+            signalled=[{"rank": 0, "signal": "SIGINT", "at": T0 + 4.9, "forwarded": False}]), ending.STRAY),
+    "a KeyboardInterrupt the script raised itself (no SIGINT came) is its failure, counted, not restarted for ever":
+        (ev(errors=[err(5, "KeyboardInterrupt", "", base="KeyboardInterrupt")]), ending.FAILED),
     "a stop you asked for, with everything after it, is a stop":
         (ev(rc=1, asked=asked(30), errors=[err(30.5, "RuntimeError", "stop")]), ending.SIGTERM),
     "the watchdog's hang restart of a killed program is a hang":

@@ -655,9 +655,10 @@ print(json.dumps(out))
 
 
 def test_every_way_out_of_a_script_before_training_is_recorded_and_judged_by_its_cause(tmp_path):
-    """torch's CheckpointException (a BaseException), a real full disk (/dev/full), sys.exit(3), a
-    KeyboardInterrupt, and the usual `SIGTERM -> sys.exit(0)` handler under someone's kill of the rank: each is
-    recorded by the bootstrap and named by its cause, none as "your script never trained" or a crash loop."""
+    """torch's CheckpointException (a BaseException), a real full disk (/dev/full), sys.exit(3), someone's
+    SIGINT, and the usual `SIGTERM -> sys.exit(0)` handler under someone's kill of the rank: each is
+    recorded by the bootstrap and named by its cause, none as "your script never trained" or a crash loop; a
+    KeyboardInterrupt the script raised itself, with no SIGINT, is its failure (a stray stop is never counted)."""
     repo = tmp_path / "ws" / "repo"
     repo.mkdir(parents=True)
     (repo / "ckpt.py").write_text(  # a recover checkpoint cut in the middle of its save, loaded as AReaL does (DCP)
@@ -670,7 +671,10 @@ def test_every_way_out_of_a_script_before_training_is_recorded_and_judged_by_its
         "dcp.save({'w': torch.zeros(256, 256)}, checkpoint_id=os.environ['FULL'] + '/recover')\n")
     (repo / "full.py").write_text("with open('/dev/full', 'w') as f:\n    f.write('config: yaml')\n")
     (repo / "exit3.py").write_text("import sys\n\nsys.exit(3)\n")
-    (repo / "ctrlc.py").write_text("raise KeyboardInterrupt\n")
+    (repo / "ctrlc.py").write_text("import os, signal, time\n\n"
+                                   "os.kill(os.getpid(), signal.SIGINT)  # someone's kill -INT of this rank\n"
+                                   "time.sleep(5)\n")
+    (repo / "ownki.py").write_text("raise KeyboardInterrupt  # the script's own: no SIGINT came\n")
     (repo / "big.py").write_text("import numpy as np\n\nrewards = np.zeros((1 << 20, 1 << 20, 8))  # a shape bug\n")
     (repo / "handler.py").write_text(
         "import os, signal, sys, time\n\n"
@@ -685,10 +689,10 @@ def test_every_way_out_of_a_script_before_training_is_recorded_and_judged_by_its
     full.mkdir()
     r = subprocess.run(["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size=8k tmpfs "{full}" && exec "$0" "$@"',
                         PYTHON, "-c", JUDGED, "ckpt.py", "ckptfull.py", "full.py", "exit3.py", "ctrlc.py", "big.py",
-                        "handler.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                        "handler.py", "ownki.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **env, "FULL": str(full)})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    ckpt, ckptfull, full, exit3, ctrlc, big, handler = json.loads(r.stdout.strip().splitlines()[-1])
+    ckpt, ckptfull, full, exit3, ctrlc, big, handler, ownki = json.loads(r.stdout.strip().splitlines()[-1])
     assert ckptfull["by"] == "volume-error" and "ENOSPC" in ckptfull["message"], ckptfull
     assert big["by"] == "script-error" and "Unable to allocate 64.0 TiB" in big["message"], big
     assert "asked for 64.0 TiB at once, more than this machine has" in big["hint"], big
@@ -698,6 +702,7 @@ def test_every_way_out_of_a_script_before_training_is_recorded_and_judged_by_its
     assert exit3["by"] == "script-error" and "SystemExit: 3" in exit3["message"], exit3
     assert f"{repo / 'exit3.py'}:3" in exit3["message"], exit3
     assert ctrlc["by"] == "stray SIGTERM" and "SIGINT" in ctrlc["asked"], ctrlc
+    assert ownki["by"] == "script-error" and "no SIGINT came" in ownki["message"], ownki
     assert handler["by"] == "stray SIGTERM" and "sent to rank 0, not by podkit" in handler["asked"], handler
 
 

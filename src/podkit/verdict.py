@@ -228,10 +228,13 @@ def of_error(ev: dict, e: dict, silent: list, step) -> dict:
         return {**base, "by": ending.INFERENCE, "message": str(e["unreachable"]), "hint": e.get("hint", "")}
     if e.get("transient"):
         return {**base, "by": ending.NETWORK, "message": f"{e['transient']}: {summary(e)}", "hint": e.get("hint", "")}
-    if e.get("base") == "KeyboardInterrupt":
+    interrupted = e.get("base") == "KeyboardInterrupt"
+    if interrupted and any(isinstance(s, dict) and s.get("signal") == "SIGINT" for s in ev.get("signalled") or []):
         return {"by": ending.STRAY, "step": step, "asked": "a SIGINT sent to a rank, not by podkit (someone's Ctrl-C "
                 "or kill -INT)"}
     message = summary(e)
+    if interrupted:  # no SIGINT came (every rank notes its own): the script's own raise, counted like any failure
+        message += " (no SIGINT came: the script raised it itself)"
     if rc == 0:
         message += (" (raised in train(); your script caught it and exited 0)" if e.get("through") == "train"
                     else " (the script then exited 0)")

@@ -125,8 +125,7 @@ def install(cfg, code: dict | None = None) -> State:
 
     _state = st = State(cfg, code)
     stacks_on_sigusr2(cfg)
-    signal.signal(signal.SIGTERM, st.on_sigterm)
-    signal.signal, signal.getsignal = noting(signal.signal, signal.getsignal)
+    take_signals(st)
     if cfg.multi_node:  # a rank placed by AReaL's Ray launcher: rank 0's launcher watches it, and asks it to stop
         from podkit.areal import heartbeat
 
@@ -142,6 +141,15 @@ def install(cfg, code: dict | None = None) -> State:
     hook_construction(st)
     hook_trainer(st)
     return st
+
+
+def take_signals(st: State) -> None:
+    """The stop signals, noted for the judge: SIGTERM's handler, Python's own SIGINT handler (a KeyboardInterrupt)
+    after a note, and the script's own handlers under a note (noting)."""
+    signal.signal(signal.SIGTERM, st.on_sigterm)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # Python's own (not ignored at start)
+        signal.signal(signal.SIGINT, _interrupted)
+    signal.signal, signal.getsignal = noting(signal.signal, signal.getsignal)
 
 
 # --- the config ------------------------------------------------------------------------------------
@@ -426,6 +434,18 @@ def noting(real, getsignal):
 
     install.__wrapped__, get.__wrapped__ = real, getsignal
     return install, get
+
+
+def _interrupted(signum, frame):
+    """Python's own SIGINT handler (a KeyboardInterrupt), after the signal is noted: the judge tells someone's
+    Ctrl-C or `kill -INT` of a rank (a stop, restarted to resume) from a KeyboardInterrupt the script raised itself
+    (its own failure, counted: uncounted, it would restart for ever)."""
+    if _state is not None:
+        _state.note_signal(signum)
+    return signal.default_int_handler(signum, frame)
+
+
+_interrupted.__wrapped__, _interrupted._podkit_noting = signal.default_int_handler, True
 
 
 def record_through_train(st: State, e: BaseException) -> None:
