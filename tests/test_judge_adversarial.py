@@ -77,6 +77,11 @@ def test_an_error_after_you_asked_for_inferences_stop_but_before_it_stopped_is_t
 # -- the script's own ways out, through the bootstrap -----------------------------------------------------------
 TRAINING = "from podkit.areal import hooks\n\nhooks.state().training = True  # as PPOTrainer.train sets it\n"
 SCRIPTS = {
+    "exit0_in_train.py": TRAINING + "import sys\nsys.exit(0)\n",
+    "exit_in_train.py": TRAINING + "import sys\nsys.exit()\n",
+    "exitmsg_in_train.py": TRAINING + "import sys\nsys.exit('giving up')\n",
+    "exit0_after_train.py": TRAINING + "from podkit import ending\nhooks.state().returned = True\n"
+                            "ending.write(hooks.state().cfg.state_dir, ending.DONE, step=10)\nimport sys\nsys.exit(0)\n",
     "ctrlc.py": "raise KeyboardInterrupt\n",
     "ctrlc_in_train.py": TRAINING + "raise KeyboardInterrupt('my own stop')\n",
     "sigint.py": "import os, signal, time\n\nos.kill(os.getpid(), signal.SIGINT)  # someone's kill -INT\ntime.sleep(5)\n",
@@ -134,6 +139,22 @@ def through_bootstrap(tmp_path, monkeypatch):
     yield run
     for s, h in handlers.items():
         real(s, h)
+
+
+def test_sys_exit_0_in_the_middle_of_training_is_a_failure_not_an_end_with_no_record(through_bootstrap):
+    """sys.exit(0) (or sys.exit()) while train() ran: the run did not finish, and before, the judge found an exit 0
+    with nothing recorded ("no-record"): the trainer stayed stopped, the pod billing, no failure named."""
+    for entry in ("exit0_in_train.py", "exit_in_train.py"):
+        rc, end = through_bootstrap(entry)
+        assert rc == 0 and end["by"] == ending.FAILED, (entry, end)
+        assert "sys.exit(0) while PPOTrainer.train ran" in end["message"] and f"{entry}:5" in end["message"], end
+
+
+def test_sys_exit_with_a_message_in_training_is_a_failure_and_sys_exit_0_after_it_is_finished(through_bootstrap):
+    rc, end = through_bootstrap("exitmsg_in_train.py")
+    assert rc == 1 and end["by"] == ending.FAILED and "giving up" in end["message"], end
+    rc, end = through_bootstrap("exit0_after_train.py")
+    assert rc == 0 and end["by"] == ending.DONE, end
 
 
 def test_a_keyboardinterrupt_the_script_raises_itself_is_counted_not_a_stray_stop_restarted_for_ever(

@@ -158,6 +158,11 @@ def run(cfg, argv: list[str]) -> int:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if code and not isinstance(e, hooks.Refused) and not getattr(e, hooks.SEEN, None):
             record_error(cfg, st, e, roots, target)  # sys.exit(3), sys.exit("message"): the script's own way out
+        elif not code and st.training and not st.returned:
+            # sys.exit(0) (or sys.exit()) while train() ran: the run did not finish, and nothing else says so (an
+            # exit 0 with no record would leave the trainer stopped, the pod billing, no failure named).
+            record_error(cfg, st, SystemExit("sys.exit(0) while PPOTrainer.train ran: the run ended without "
+                                             "finishing").with_traceback(e.__traceback__), roots, target)
         if code or st.training or isinstance(e, hooks.Refused):
             return code
         # sys.exit(0) (or sys.exit(main())) without training: as a script that ended, below.

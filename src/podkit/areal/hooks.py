@@ -76,6 +76,7 @@ class State:
         self.sigterm, self.stale = threading.Event(), threading.Event()
         self.stopped_by: str | None = None  # an ending kind: SIGTERM, STALE, LEASE_LOST
         self.training = False  # train() was entered: an error from here on is a training failure
+        self.returned = False  # train() returned: the run's own end (finished, a stop) is recorded
         self.handling = False  # the bootstrap records the script's exception: a SIGTERM must not cut that short
         self.started = time.time()
         self.config = None  # the config AReaL loaded (a missing file's key is looked up in it)
@@ -500,6 +501,7 @@ def hook_trainer(st: State) -> None:
             finally:
                 if st.attacher is not None:
                     st.attacher.done.set()
+            st.returned = True
             if progress is not None and st.stopped_by != ending.LEASE_LOST:  # a lost lease: the record is theirs
                 ending.write(st.cfg.state_dir, st.stopped_by or ending.DONE, progress=progress)
             return result
