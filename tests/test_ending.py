@@ -287,7 +287,8 @@ def test_a_refused_connection_and_a_503_may_pass_a_404_an_offline_hub_and_a_keye
     err = failure.classify(refused, {"type": "URLError"})
     assert err == {"type": "URLError", "transient": f"could not reach 127.0.0.1:{port}"}
     assert failure.classify(MemoryError(), {})["oom"] == "host"
-    assert failure.classify(type("OutOfMemoryError", (RuntimeError,), {})("CUDA out of memory."), {})["oom"] == "GPU"
+    assert failure.classify(type("OutOfMemoryError", (RuntimeError,), {"__module__": "torch"})("CUDA out of memory."),
+                            {})["oom"] == "GPU"
     assert "oom" not in failure.classify(RuntimeError("CUDA out of memory. Tried to allocate 2 GiB"), {}), \
         "a message that says it is not the type that is"
 

@@ -86,6 +86,8 @@ SCRIPTS = {
     "ctrlc_in_train.py": TRAINING + "raise KeyboardInterrupt('my own stop')\n",
     "sigint.py": "import os, signal, time\n\nos.kill(os.getpid(), signal.SIGINT)  # someone's kill -INT\ntime.sleep(5)\n",
     "strraises.py": "class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\n\n\nraise Odd(1)\n",
+    "myoom.py": "class OutOfMemoryError(RuntimeError):  # the script's own budget\n    pass\n\n\n"
+                "raise OutOfMemoryError('CUDA out of memory: over my token budget')\n",
 }
 
 
@@ -172,3 +174,51 @@ def test_a_keyboardinterrupt_the_script_raises_itself_is_counted_not_a_stray_sto
 def test_an_exception_whose_str_raises_is_still_named(through_bootstrap):
     rc, end = through_bootstrap("strraises.py")
     assert end["by"] == ending.CONFIG_ERROR and "Odd" in end["message"], end
+
+
+def test_the_scripts_own_class_named_outofmemoryerror_is_not_an_out_of_memory(through_bootstrap):
+    rc, end = through_bootstrap("myoom.py")
+    assert end["by"] == ending.FAILED and "over my token budget" in end["message"], end
+
+
+# -- exceptions of every shape, classified -----------------------------------------------------------------------
+def raised(make):
+    try:
+        make()
+    except BaseException as e:  # noqa: BLE001
+        return e
+
+
+def test_exceptions_of_every_odd_shape_are_classified_by_type_and_cause():
+    import errno
+
+    def handling_a_network_error():
+        try:
+            raise ConnectionResetError("reset by peer")
+        except ConnectionError:
+            raise KeyError("answer")  # noqa: B904 - handled, not raised from: __context__ only
+
+    ctx = raised(handling_a_network_error)
+    assert ctx.__context__ is not None and ctx.__cause__ is None
+    assert failure.classify(ctx, {}) == {}, "a network error being handled is not the cause"
+
+    CheckpointException = type("CheckpointException", (BaseException,), {"__module__": "torch.distributed.checkpoint"
+                                                                                      ".api"})
+    full = CheckpointException("save failed")
+    full.failures = {0: (OSError(errno.ENOSPC, "No space left on device"), None)}
+    assert failure.classify(full, {}) == {"base": "CheckpointException", "volume": "ENOSPC"}
+
+    assert failure.classify(raised(lambda: bytearray(1 << 62)), {}).get("oom") == "host"
+    deep = raised(lambda: (f := lambda n: f(n + 1))(0))  # noqa: E731
+    assert isinstance(deep, RecursionError) and failure.classify(deep, {}) == {}
+
+    huge = failure.describe(ValueError("x" * 10_000_000), [])
+    assert len(huge["message"]) == failure.MAX_MESSAGE
+
+
+def test_only_torchs_outofmemoryerror_is_a_gpu_out_of_memory_not_a_class_of_that_name():
+    torch_oom = type("OutOfMemoryError", (RuntimeError,), {"__module__": "torch"})  # torch.OutOfMemoryError's module
+    assert failure.classify(torch_oom("CUDA out of memory."), {})["oom"] == "GPU"
+    assert failure.classify(type("Sub", (torch_oom,), {})("x"), {})["oom"] == "GPU", "a subclass of torch's is"
+    mine = type("OutOfMemoryError", (RuntimeError,), {"__module__": "__main__"})
+    assert "oom" not in failure.classify(mine("CUDA out of memory."), {}), "a name alone is not torch's type"

@@ -222,10 +222,11 @@ def _reached(texts: list[str], frames: list) -> str:
 def oom_of(exc: BaseException) -> str:
     """"GPU" for CUDA's out of memory, "host" for Python's MemoryError, "" otherwise: by the exception's type, in
     `exc` or what it was raised from, never by what a message says (a validation message, or AReaL quoting
-    SGLang's answer, may say "CUDA out of memory" of another process)."""
+    SGLang's answer, may say "CUDA out of memory" of another process), nor by a name alone (a script's own class
+    named OutOfMemoryError, a budget it keeps, is its own)."""
     for e in under(exc, context=False):
-        names = {c.__name__ for c in type(e).__mro__}
-        if "OutOfMemoryError" in names:
+        if any(c.__name__ == "OutOfMemoryError" and str(getattr(c, "__module__", "")).split(".")[0] == "torch"
+               for c in type(e).__mro__):  # torch's own (torch.OutOfMemoryError, torch.cuda's), or a subclass
             return "GPU"
         if isinstance(e, MemoryError):
             return "host"
