@@ -13,10 +13,31 @@ import subprocess
 import time
 from pathlib import Path
 
-from podkit import ending, gpu, guard, health, proc, records, status, supervisord
+from podkit import ending, gpu, guard, health, proc, records, startup, status, supervisord
 from podkit.watchdog import STARTUP
 
-ERROR_LINE = re.compile(r"error|exception|traceback|cuda|out of memory|killed|fatal", re.I)
+# A log line is error evidence by an error's own marks: a traceback, an exception's name, CUDA's and the kernel's
+# words for running out of memory, a fatal signal, an ERROR level. Not by a word it shares with progress: SGLang's
+# "Capture cuda graph end. ... avail mem=0.00 GB" is an INFO line of every start.
+ERROR_MARK = re.compile(r"Traceback \(most recent call last\)|\b(?:[A-Z]\w*)?(?:Error|Exception)\b|CUDA out of memory"
+                        r"|\bout of memory\b|OutOfMemory|\bKilled\b|Segmentation fault|core dumped|\bFATAL\b"
+                        r"|\bCRITICAL\b|\bERROR\b|(?:^|\s)error: |\bSIG(?:SEGV|ABRT|BUS|ILL|FPE)\b|NCCL error")
+# A level below ERROR at the line's head ("INFO:", "[... TP0] WARNING ..."): whatever it says after it is not one
+LOW_LEVEL = re.compile(r"\b(?:INFO|DEBUG|WARNING|WARN|NOTICE)\b")
+
+
+def is_error(line: str) -> bool:
+    """An error line of a program's log: an error mark (ERROR_MARK) not preceded by a lower level's tag."""
+    m = ERROR_MARK.search(line)
+    if m is None:
+        return False
+    low = LOW_LEVEL.search(line, 0, 80)
+    return low is None or m.start() < low.start()
+
+
+def error_evidence(lines: list[str], n: int = 5) -> list[str]:
+    """The last `n` error lines (is_error) of a log's tail, each one printable line."""
+    return [status.printable(ln.strip(), 400) for ln in lines if is_error(ln)][-n:]
 OOM_LINE = re.compile(r"Out of memory: Killed process (\d+) \(([^)]*)\)|oom-kill", re.I)
 
 
@@ -200,6 +221,27 @@ def check_oom(pod: Pod, now: float, cgroup_dir: Path) -> Finding | None:
                    "host memory, not GPU: lower the dataloader workers or batch size, or pick a pod with more RAM")
 
 
+def yours(pod: Pod, program: str) -> tuple[list[dict], list[dict]]:
+    """This boot's restarts of `program` (status's timeline events): (those you asked for, the others). Without
+    supervisord's log, only the asks are known: each of yours since supervisord's start stands for one."""
+    events = [e for e in ((getattr(pod, "st", None) or {}).get("startup") or {}).get("events") or []
+              if isinstance(e, dict) and e.get("program") == program]
+    if events:
+        return [e for e in events if e.get("by_you")], [e for e in events if not e.get("by_you")]
+    current = records.CURRENT.read(pod.state)
+    run_dir, since = current.get("run_dir"), current.get("started") or 0
+    asks = ending.ASKED.read_owned(Path(run_dir)) if isinstance(run_dir, str) and run_dir else []
+    return [{"event": f"{startup.PROGRAM_WORD.get(program, program)}_restarted", "program": program,
+             "asked": str(a.get("by")), "by_you": True} for a in asks
+            if isinstance(a, dict) and a.get("program") in (program, "all") and (a.get("time") or 0) >= since
+            and startup.by_you(str(a.get("by") or ""))], []
+
+
+def problem_restarts(restarted: int, asked: list[dict]) -> int:
+    """The restarts that say something is wrong: all but those you asked for (a crash, the watchdog's)."""
+    return max(0, restarted - len(asked))
+
+
 def check_restarts(pod: Pod, now: float, program: str, what: str) -> Finding | None:
     rec = pod.programs.get(program) if isinstance(pod.programs.get(program), dict) else {}
     starts = rec.get("starts", 0)
@@ -211,9 +253,15 @@ def check_restarts(pod: Pod, now: float, program: str, what: str) -> Finding | N
             loop.get("ends") and not [e for e in loop["ends"] if isinstance(e, dict) and e.get("family") ==
                                       ending.FAILURE]:
         return None  # every end of this boot was a stop asked for or a restart podkit wanted: nothing failed
+    asked, others = yours(pod, program)
+    wrong = problem_restarts(starts - 1, asked)
+    if not wrong:
+        return Finding(f"{what}_restarts", f"{what} restarted {starts - 1} time(s), each asked by you",
+                       [startup.event_words(e) for e in asked[-3:]], "nothing to fix: a restart you asked for is "
+                       "not a failure", "info")
     err = last_error(pod) if program == "trainer" else {}
     # The rank's own exception when it recorded one: torchrun's ChildFailedError lines say only that a rank failed.
-    errors = error_lines(err) if err else [ln.strip() for ln in pod.log_tail(program) if ERROR_LINE.search(ln)][-5:]
+    errors = error_lines(err) if err else error_evidence(pod.log_tail(program))
     if end is not None and end.family == ending.FAILURE:
         errors = [f"the last end: {status.printable(end.words(), 600)}"] + errors
     fatal = rec.get("state") == supervisord.FATAL
@@ -223,9 +271,11 @@ def check_restarts(pod: Pod, now: float, program: str, what: str) -> Finding | N
     recovered = program == "trainer" and not fatal and rec.get("state") == supervisord.RUNNING and \
         isinstance(since, (int, float)) and (pod.progress.get("time") or 0) > since and \
         isinstance(pod.progress.get("step"), int) and pod.progress.get("step") != pod.progress.get("resumed_at")
-    return Finding(f"{what}_restarts", f"{what} restarted {starts - 1} time(s)" + (", then gave up (FATAL)"
-                   if fatal else ", and trains again since" if recovered else ""),
-                   (errors or [f"no error lines in logs/{program}.log (killed from outside?)"])
+    return Finding(f"{what}_restarts", f"{what} restarted {wrong} time(s)" + (", then gave up (FATAL)"
+                   if fatal else ", and trains again since" if recovered else "")
+                   + (f" (and {len(asked)} time(s) on your request, not counted)" if asked else ""),
+                   [startup.event_words(e) for e in others[-2:]]
+                   + (errors or [f"no error lines in logs/{program}.log (killed from outside?)"])
                    + [f"watchdog: {r}" for r in by_watchdog[-2:]],
                    "the last error lines above say why; a kill with no error is often an OOM (see oom_kill) or "
                    "the watchdog (.podkit/watchdog.json)" + ("; the trainer resumes from its latest checkpoint"
@@ -290,8 +340,6 @@ STARTUP_SLOW_S = 600.0  # boot to first step on an A40 with warm caches: a few m
 
 def check_startup_slow(pod: Pod, now: float) -> Finding | None:
     """A start-up past STARTUP_SLOW_S: its slowest phase, and the caches that were cold for it."""
-    from podkit import startup
-
     t = pod.st.get("startup") or {}
     if not t.get("phases") or (t.get("total_s") or 0) <= STARTUP_SLOW_S:
         return None

@@ -41,8 +41,10 @@ def collect(workspace: Path, state_dir: Path | None = None) -> dict:
             "restarts": max(0, rec.get("starts", 1) - 1), "exitstatus": info["exitstatus"],
             "fatal": info["statename"] == FATAL, "started": info["start"] if info["statename"] in UP and info["start"] else None,
         }
+    # The boot's timeline: a program restarted since its first start is an event on it, never its start
     out["startup"] = startup.timeline(state_dir, workspace / "logs",
-                                      {n: p["started"] for n, p in out["programs"].items() if p.get("started")})
+                                      {n: p["started"] for n, p in out["programs"].items() if p.get("started")},
+                                      restarted={n for n, p in out["programs"].items() if p["restarts"]})
     out["sync"] = records.SYNC.read(state_dir) or None
     out["watchdog"] = records.WATCHDOG.read(state_dir)[-3:]
     boots = records.BOOTS.read(state_dir)
