@@ -17,7 +17,7 @@ list price x count) while it is PROVISIONING, STARTING or RUNNING, and `charge` 
 /v2/billing/pods` answers that in time buckets. Answers of other shapes and timings are scripted too, and are not held to the
 document: `show_status` (a pod shown with a status the document does not have, or none), `fail(..., body=
 b"null")` (any body), `answer_late` (the request is done at once, its answer sent later), `list_lag_s` (a new
-pod shows in the pod list only that long after it was made) and `unlisted` (a pod left out of it), `fail(..., drip_s=)` (an answer sent a byte at a
+pod shows in the pod list only that long after it was made, read on `clock`, which a test may fake) and `unlisted` (a pod left out of it), `fail(..., drip_s=)` (an answer sent a byte at a
 time), `garble` (the request is done, its answer unreadable: an id of another shape, a body cut short, a
 connection dropped mid-body) and `keepalive_s` (SSE keep-alive comments while a log stream is followed). Any request to a GraphQL
 path is recorded in `stub.graphql` and answered 410.
@@ -248,6 +248,7 @@ class RunPodV2Stub:
         self.log_clock_s = 0.0  # how far ahead of the API's clock (its Date) the log lines' ts are
         self.keepalive_s = 0.0  # while a followed log stream has nothing new: a ": keep-alive" comment this often
         self.list_lag_s = 0.0  # a pod made through the API shows in GET /v2/pods only this long after
+        self.clock = time.monotonic  # what list_lag_s is measured on (a test's fake clock: minutes at once)
         self.shown_status: dict[str, Any] = {}  # pod id -> the status shown for it (MISSING: no status field)
         self.late: list[Fault] = []
         self.garbles: list[Fault] = []
@@ -453,7 +454,8 @@ class RunPodV2Stub:
         price = GPU_TYPES.get(gpu["id"], ("", 0, 1.0, 8))[2] * gpu.get("count", 1) if gpu else 0.08
         self.pods[pod["id"]] = pod
         self._meta[pod["id"]] = _PodMeta(ip=f"203.0.113.{self._count['ip']}", price=round(price, 2),
-                                         polls_needed=self.polls_until_running, start_ssh=start_ssh)
+                                         polls_needed=self.polls_until_running, start_ssh=start_ssh,
+                                         made=self.clock())
         self._bill(pod["id"], open_=pod["status"] in BILLED)
 
     def _drop_pod(self, pod_id: str) -> None:
@@ -532,7 +534,7 @@ class RunPodV2Stub:
 
     def list_pods(self, req: Request, params: dict, query: dict) -> _Answer:
         include = query.get("includeClusterPods", False)
-        now = time.monotonic()
+        now = self.clock()
         ids = [pid for pid, p in self.pods.items() if (include or "cluster" not in p)
                and (pid in self._listed or now - self._meta[pid].made >= self.list_lag_s)]
         self._listed.update(ids)

@@ -4,6 +4,7 @@ document refuses is a 422 here, as there. RUNPOD_API_BASE_URL points podkit at i
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import subprocess
@@ -20,6 +21,7 @@ from podkit import runpod as api
 from podkit.deploy import template as deploy_template
 from podkit.errors import ConfigError, PodkitError
 from runpod_stub import RunPodV2Stub
+from test_deploy_watch import Clock
 
 pytestmark = pytest.mark.timeout(60)
 KEY = "rpa_TESTKEY0123456789"
@@ -647,13 +649,14 @@ def test_deploy_logs_says_a_line_over_the_limit_was_skipped(runpod_api):
 
 # -- a create answered late (issue 37) -----------------------------------------------------------------
 
-def late_create(stub: RunPodV2Stub, list_lag_s: float, create_answer_s: float):
+def late_create(stub: RunPodV2Stub, list_lag_s: float, create_answer_s: float, lag_allowed_s: float = 0):
     """A Deployer whose create RunPod makes at once and answers after 3 s (the client gives up after
-    1 s), and whose pod list shows a new pod only `list_lag_s` after it was made."""
+    1 s), and whose pod list shows a new pod only `list_lag_s` after it was made; the Deployer looks for
+    `create_answer_s` + `lag_allowed_s` before it sends the create again."""
     stub.answer_late("POST", "/v2/pods", 3.0)
     stub.list_lag_s = list_lag_s
     d = deploy.Deployer(api.Client(timeout_s=1, sleep=lambda s: None), sleep=time.sleep,
-                        create_answer_s=create_answer_s, look_every_s=0.25)
+                        create_answer_s=create_answer_s, look_every_s=0.25, list_lag_s=lag_allowed_s)
     tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
     return d, deploy.pod_body(tpl, 4, "SECURE", "p", run=deploy.new_run())
 
@@ -668,16 +671,91 @@ def test_a_create_answered_late_is_looked_for_before_it_is_sent_again(runpod_api
 
 
 def test_after_a_create_sent_twice_exactly_one_pod_of_the_run_is_left(runpod_api):
-    """The pod list lags past the look (7 s against 1 s): the create is sent again and RunPod makes a
-    second pod. Once the first shows, the second (still starting) is terminated and the first, created
-    first, is the one waited for: one pod bills, not two."""
+    """The pod list lags past even the lag podkit allows for (7 s against 1 + 2 s): the create is sent
+    again and RunPod makes a second pod. Once the first shows, the second (still starting) is terminated
+    and the first, created first, is the one waited for: one pod bills, not two."""
     runpod_api.polls_until_running = 40
-    d, body = late_create(runpod_api, list_lag_s=7, create_answer_s=1)
+    d, body = late_create(runpod_api, list_lag_s=7, create_answer_s=1, lag_allowed_s=2)
     second = d.create_pod(body, capacity_timeout_s=0)
     assert runpod_api.calls().count("POST /v2/pods") == 2
     first = next(pid for pid in runpod_api.pods if pid != second["id"])
     pod = d.wait_running(second["id"], timeout_s=40, poll_s=0.25)
     assert pod["id"] == first and runpod_api.terminated == {second["id"]} and list(runpod_api.pods) == [first]
+
+
+# -- never two pods for one create (issue 48) -------------------------------------------------------------
+
+def lost_create(stub: RunPodV2Stub, clock: Clock):
+    """A Deployer on a fake clock (the stub's pod list lags on it too) with its defaults, whose create
+    RunPod makes and answers with a connection dropped mid-body; the body, of a new run."""
+    stub.garble("POST", "/v2/pods", "drop")
+    stub.clock = clock
+    d = deploy.Deployer(api.Client(sleep=clock.sleep), sleep=clock.sleep)
+    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
+    return d, deploy.pod_body(tpl, 4, "SECURE", "p", run=deploy.new_run())
+
+
+def test_a_pod_list_lagging_past_the_old_look_gets_no_second_create(runpod_api):
+    """The create's answer is lost and RunPod's pod list leaves the pod out for 200 s, past the 120 s in
+    which RunPod may still make it (all podkit used to look): podkit looks for as long as the list may
+    lag besides (LIST_LAG_S), finds the pod, and sends no second create."""
+    clock = Clock()
+    d, body = lost_create(runpod_api, clock)
+    runpod_api.list_lag_s = 200
+    pod = d.create_pod(body, capacity_timeout_s=0)
+    assert runpod_api.calls().count("POST /v2/pods") == 1 and list(runpod_api.pods) == [pod["id"]]
+    assert d.look_s() == d.CREATE_ANSWER_S + d.LIST_LAG_S and 200 <= clock.t < d.look_s()
+    assert d.wait_running(pod["id"], timeout_s=20, poll_s=1)["id"] == pod["id"]
+
+
+@pytest.mark.parametrize("status, ended", [("RUNNING", "stopped"), ("PROVISIONING", "terminated")])
+def test_a_second_pod_of_the_run_is_named_with_its_price_and_ended(runpod_api, capsys, status, ended):
+    """The create's answer is lost, and when the run's pods show there are two: the one made by this
+    create and a later one (a create re-sent by an older podkit, or a race). podkit follows the one made
+    first and names the other with its price, then ends it: terminated while it starts (nothing is on it
+    yet), stopped once it runs (its GPUs stop billing; its disk stays for a person to look at)."""
+    clock = Clock()
+    d, body = lost_create(runpod_api, clock)
+    runpod_api.list_lag_s, runpod_api.polls_until_running = 30, 10
+    create, extra = d.api.create_pod, {}
+    later = (dt.datetime.now(dt.UTC) + dt.timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def create_and_another(b):
+        try:
+            return create(b)
+        finally:
+            extra.update(runpod_api.add_pod(name=b["name"], env=dict(b["env"]), status=status, createdAt=later,
+                                            gpu={"id": "NVIDIA A40", "count": 4}))
+            runpod_api.unlisted(extra["id"])  # the list lags for it too
+
+    d.api.create_pod = create_and_another
+    pod = d.create_pod(body, capacity_timeout_s=0)
+    assert runpod_api.calls().count("POST /v2/pods") == 1 and pod["id"] != extra["id"]
+    run = body["env"]["PODKIT_RUN_ID"]
+    assert f"pod {extra['id']} (p, {status}, $1.60/h) is a second pod of run {run} beside pod {pod['id']}" \
+        in capsys.readouterr().out
+    if ended == "stopped":
+        assert runpod_api.pods[extra["id"]]["status"] == "EXITED" and runpod_api.terminated == set()
+    else:
+        assert runpod_api.terminated == {extra["id"]}
+    assert d.wait_running(pod["id"], timeout_s=20, poll_s=1)["id"] == pod["id"]
+
+
+def test_a_pod_of_another_run_with_the_same_name_is_never_touched(runpod_api, capsys):
+    """While podkit looks for its lost create's pod (the list lagging 200 s), another run's pod of the same
+    name, created earlier and running (a deploy from another terminal), shows up: it is neither followed
+    as this run's pod nor ended as a second one; podkit finds its own and sends no second create."""
+    clock = Clock()
+    d, body = lost_create(runpod_api, clock)
+    runpod_api.list_lag_s = 200
+    clock.events = {3: lambda: runpod_api.add_pod(id="pod-other", name="p", status="RUNNING",
+                                                  env={"PODKIT_RUN_ID": deploy.new_run()},
+                                                  createdAt="2026-01-01T00:00:00Z")}
+    pod = d.create_pod(body, capacity_timeout_s=0)
+    assert pod["id"] != "pod-other" and runpod_api.calls().count("POST /v2/pods") == 1
+    assert d.wait_running(pod["id"], timeout_s=20, poll_s=1)["id"] == pod["id"]
+    assert runpod_api.pods["pod-other"]["status"] == "RUNNING" and "pod-other" not in capsys.readouterr().out
+    assert not [q for q in runpod_api.requests if q.method == "POST" and "/action" in q.path]
 
 
 # -- never pay twice (issue 43) ------------------------------------------------------------------------------

@@ -31,14 +31,19 @@ class Deployer:
     # How long a create podkit gave up waiting for may still be made and answered by RunPod: its edge holds
     # a request up to 100 s (Cloudflare's proxy read timeout), and its pod list may show the pod later still.
     CREATE_ANSWER_S = 120.0
+    # How long RunPod's pod list may go on leaving out a pod it has made. RunPod publishes no bound; a list
+    # that lagged past the look above had a create sent again and two pods billing (issue 48). Five minutes
+    # is room, not a measured figure: a lost answer costs that much waiting, a second pod costs money.
+    LIST_LAG_S = 300.0
     LOOK_EVERY_S = 5.0
 
     def __init__(self, client: api.Client | None = None, sleep=time.sleep, create_answer_s: float | None = None,
-                 look_every_s: float | None = None) -> None:
+                 look_every_s: float | None = None, list_lag_s: float | None = None) -> None:
         self.api = client or api.Client(sleep=sleep)
         self.sleep = sleep
         self.create_answer_s = self.CREATE_ANSWER_S if create_answer_s is None else create_answer_s
         self.look_every_s = self.LOOK_EVERY_S if look_every_s is None else look_every_s
+        self.list_lag_s = self.LIST_LAG_S if list_lag_s is None else list_lag_s
 
     def _redact(self, text: str) -> str:
         return self.api.redact(text)
@@ -110,10 +115,10 @@ class Deployer:
     # -- pods --------------------------------------------------------------------------------------------
     def create_pod(self, body: dict, capacity_timeout_s: float, mine=None, before=()) -> dict:
         """createPod, capacity refusals retried with back-off for a bounded time. A create RunPod may have
-        made (no answer, 5xx, an answer cut short) is looked for among the run's pods for as long as RunPod
-        could still make it (`create_answer_s`) before it is sent again, and after any create exactly one
-        pod of the run is left (only_one): a second pod would bill too. `mine` tells the run's pods (its
-        run id, else its name); `before`, pods of it that were there already."""
+        made (no answer, 5xx, an answer cut short) is looked for among the run's pods for as long as such a
+        pod could still appear (look_for), and sent again only after that; after any create exactly one pod
+        of the run is left (only_one): a second pod would bill too. `mine` tells the run's pods (its run id
+        in their env, else its name); `before`, pods of it that were there already."""
         name, run = body["name"], body["env"].get(guardfile.RUN_ENV, "")
         mine = mine or (lambda p: run_of(p) == run if run else p.get("name") == name)
         before = set(before) | {p.get("id") for p in self.api.pods() if mine(p)}
@@ -134,8 +139,9 @@ class Deployer:
                     unsure += 1
                     if unsure > 3:
                         raise
-                    _log.warn(f"the pod create failed and RunPod lists no pod of the run after "
-                              f"{self.create_answer_s:.0f} s: sending it again ({e.message})")
+                    _log.warn(f"the pod create failed ({e.message}) and RunPod lists no pod of the run after "
+                              f"{self.look_s():.0f} s, as long as it could make one ({self.create_answer_s:.0f} s) "
+                              f"and its pod list leave it out ({self.list_lag_s:.0f} s): sending it again")
                     continue
                 if not CAPACITY.search(f"{e.detail} {e.message}"):
                     raise PodkitError(f"RunPod refused the pod: {e.message}", e.hint) from None
@@ -153,10 +159,15 @@ class Deployer:
                 self.sleep(delay)
                 delay = min(60.0, delay * 2) * random.uniform(0.8, 1.2)
 
+    def look_s(self) -> float:
+        """How long a pod of a create whose answer was lost may take to show in RunPod's pod list: the create
+        may still be made (`create_answer_s`), and the list may leave the pod out for `list_lag_s` after."""
+        return self.create_answer_s + self.list_lag_s
+
     def look_for(self, mine, before) -> list[dict]:
-        """The run's pods made since `before`, looked for every `look_every_s` for as long as a create whose
-        answer was lost could still be made (`create_answer_s`); [] when none came."""
-        looks = max(1, math.ceil(self.create_answer_s / self.look_every_s))
+        """The run's pods made since `before`, looked for every `look_every_s` for as long as one could
+        still appear (look_s); [] when none came."""
+        looks = max(1, math.ceil(self.look_s() / self.look_every_s))
         for _ in range(looks):
             self.sleep(self.look_every_s)  # a create that timed out may still be under way at RunPod
             try:
@@ -170,9 +181,8 @@ class Deployer:
 
     def only_one(self, pod: dict, mine, before=()) -> dict:
         """Exactly one pod of the run left: of `pod` and the run's other live pods made since `before`, the
-        one created first stays; the others are terminated while they are still starting (nothing of theirs
-        is lost), and one already running is named for a person to end (the workspace lease keeps it from
-        training). Returns the one that stays."""
+        one created first stays (every look, here or in another podkit, picks the same one). Each other is
+        named with its price and ended (end_extra). Returns the one that stays."""
         try:
             others = [p for p in self.api.pods() if mine(p) and maybe_live(p)
                       and p.get("id") not in set(before) | {pod["id"]}]
@@ -182,18 +192,27 @@ class Deployer:
             return pod
         first = min([pod, *others], key=created_order)
         for extra in (p for p in [pod, *others] if p is not first):
-            if api.pod_state(extra) == "starting":
-                _log.warn(f"pod {extra['id']} is a second pod of the run beside pod {first['id']} (created first): "
-                          "terminating it while it is still starting")
-                try:
-                    self.act(extra["id"], "terminate")
-                except PodkitError as e:
-                    _log.error(f"could not terminate pod {extra['id']} ({e.message}): terminate it yourself "
-                               f"(`podkit deploy terminate {extra['id']}`); the workspace lease keeps it from training")
-            else:
-                _log.error(f"pod {extra['id']} ({extra.get('status')}) is a second pod of the run beside pod "
-                           f"{first['id']}: it bills; `podkit deploy terminate {extra['id']}` when you have looked")
+            self.end_extra(extra, first)
         return first
+
+    def end_extra(self, extra: dict, first: dict) -> None:
+        """A second pod of the run, named with its price, is ended: terminated while it is still starting
+        (nothing is on it yet, and a stopped pod would go on billing its disk), stopped once it has run (its
+        GPUs stop billing; what it may have written stays on its disk until a person terminates it)."""
+        cost = api.pod_cost(extra)
+        run = run_of(extra)
+        what = (f"pod {extra['id']} ({extra.get('name')}, {extra.get('status')}, "
+                + (f"${cost:.2f}/h" if cost is not None else "its price unknown") + ")")
+        action = "terminate" if api.pod_state(extra) == "starting" else "stop"
+        _log.warn(f"{what} is a second pod of {f'run {run}' if run else 'the run'} beside pod {first['id']} "
+                  f"(created first, the one followed): "
+                  + ("terminating it while it is still starting" if action == "terminate" else
+                     f"stopping it; `podkit deploy terminate {extra['id']}` once you have looked at its disk"))
+        try:
+            self.act(extra["id"], action)
+        except PodkitError as e:  # ApiError too
+            _log.error(f"could not {action} {what} ({e.message}): it bills until you do "
+                       f"(`podkit deploy {action} {extra['id']}`)")
 
     def wait_running(self, pod_id: str, timeout_s: float, poll_s: float = 5.0) -> dict:
         t0 = time.monotonic()

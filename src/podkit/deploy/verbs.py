@@ -63,8 +63,8 @@ def create(args) -> int:
         print(json.dumps(template.template_body(tpl), indent=2, ensure_ascii=False))
         if vol:
             print(f"# 3. GET {base}/v2/network-volumes  (finds {vol['id']}'s data center)")
-        print(f"# {4 if vol else 3}. GET {base}/v2/pods  (the pods named {name!r} already there: a create whose "
-              "answer is lost is looked for, not sent twice)")
+        print(f"# {4 if vol else 3}. GET {base}/v2/pods  (the run's pods already there, by its run id: a create "
+              "whose answer is lost is looked for, not sent twice)")
         print(f"# {5 if vol else 4}. POST {base}/v2/pods")
         print(json.dumps(pod_body(tpl, args.gpus, args.cloud, name, vol, stop_at, "<a new run id>"), indent=2,
                          ensure_ascii=False))
