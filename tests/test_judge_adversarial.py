@@ -85,6 +85,8 @@ SCRIPTS = {
     "ctrlc.py": "raise KeyboardInterrupt\n",
     "ctrlc_in_train.py": TRAINING + "raise KeyboardInterrupt('my own stop')\n",
     "sigint.py": "import os, signal, time\n\nos.kill(os.getpid(), signal.SIGINT)  # someone's kill -INT\ntime.sleep(5)\n",
+    "surrogate.py": "rows = ['bad answer: ' + chr(0xD800)]  # a broken surrogate pair in a JSON row\n\n"
+                    "raise ValueError(rows[0])\n",
     "strraises.py": "class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\n\n\nraise Odd(1)\n",
     "myoom.py": "class OutOfMemoryError(RuntimeError):  # the script's own budget\n    pass\n\n\n"
                 "raise OutOfMemoryError('CUDA out of memory: over my token budget')\n",
@@ -171,6 +173,15 @@ def test_a_keyboardinterrupt_the_script_raises_itself_is_counted_not_a_stray_sto
     assert end["by"] == ending.STRAY and "SIGINT" in end["asked"], end
 
 
+def test_an_exception_message_with_a_lone_surrogate_is_recorded_as_text_every_stream_takes(through_bootstrap):
+    """A data row with a broken surrogate pair in the script's message: the record and the end's message must
+    encode as UTF-8, or the launcher's log of the end (and `podkit status`) fails on it after the rank died."""
+    rc, end = through_bootstrap("surrogate.py")
+    assert end["by"] == ending.CONFIG_ERROR, end  # before training: the script's own, once
+    (end["message"] + end.get("hint", "")).encode("utf-8")
+    assert "bad answer: \\ud800" in end["message"], end
+
+
 def test_an_exception_whose_str_raises_is_still_named(through_bootstrap):
     rc, end = through_bootstrap("strraises.py")
     assert end["by"] == ending.CONFIG_ERROR and "Odd" in end["message"], end
@@ -222,3 +233,9 @@ def test_only_torchs_outofmemoryerror_is_a_gpu_out_of_memory_not_a_class_of_that
     assert failure.classify(type("Sub", (torch_oom,), {})("x"), {})["oom"] == "GPU", "a subclass of torch's is"
     mine = type("OutOfMemoryError", (RuntimeError,), {"__module__": "__main__"})
     assert "oom" not in failure.classify(mine("CUDA out of memory."), {}), "a name alone is not torch's type"
+
+
+def test_an_undecodable_file_name_in_a_message_is_recorded_as_utf8():
+    odd = failure.describe(FileNotFoundError(b"data-\xff.jsonl".decode("utf-8", "surrogateescape")), [])
+    odd["message"].encode("utf-8")
+    assert "data-\\udcff.jsonl" in odd["message"], odd

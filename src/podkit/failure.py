@@ -401,7 +401,7 @@ def from_text(text: str, roots: list[str]) -> dict | None:
 
 
 def safe_str(value, limit: int = MAX_MESSAGE) -> str:
-    """str() of a user's object, which may raise or be huge."""
+    """str() of a user's object, which may raise or be huge, as text any stream takes (utf8)."""
     try:
         text = str(value)
     except Exception:  # noqa: BLE001
@@ -409,7 +409,18 @@ def safe_str(value, limit: int = MAX_MESSAGE) -> str:
             text = repr(value)
         except Exception:  # noqa: BLE001
             text = f"<{type(value).__name__} that cannot be printed>"
-    return text[:limit]
+    return utf8(text[:limit])
+
+
+def utf8(text: str) -> str:
+    """`text` with what UTF-8 cannot encode (a lone surrogate: a file name's undecodable byte, a broken pair in a
+    data row) written as its escape: a record that holds one would fail every print of it (the launcher's log of
+    the end, status), after the rank had died."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def describe(exc: BaseException, roots: list[str], workspace: str = "/workspace", call=None, place: str = "pod") -> dict:
@@ -418,7 +429,7 @@ def describe(exc: BaseException, roots: list[str], workspace: str = "/workspace"
     function that podkit called, for a TypeError from the call itself (a wrong signature). Never raises: it
     runs in the handler of the user's exception, which it must not hide."""
     try:
-        return _describe(exc, roots, workspace, call, place)
+        return {k: utf8(v) if isinstance(v, str) else v for k, v in _describe(exc, roots, workspace, call, place).items()}
     except Exception as e:  # noqa: BLE001
         return {"type": type(exc).__name__, "message": safe_str(exc), "where": "?", "code": "", "traceback": "",
                 "hint": "", "time": time.time(), "note": f"podkit could not read the traceback ({type(e).__name__})"}
