@@ -70,8 +70,8 @@ def test_a_finished_run_on_runpod_stops_its_pod_after_its_checkpoint_and_notific
     assert receiver.events() == ["finished", "pod-stop"], "both notifications are out before the stop"
     assert "training finished at step 12" in receiver.posts[1]["text"]
     for post in receiver.posts:
-        assert re.search(r"this pod's cost: \$2\.69/h, \$0\.0\d spent \(billing\)", post["text"]), post["text"]
-        assert post["cost"]["per_hour"] == 2.69 and post["cost"]["source"] == "billing"
+        assert re.search(r"this pod's cost: \$2\.69/h, (<\$0\.01|\$0\.0\d) spent \(billed\)", post["text"]), post["text"]
+        assert post["cost"]["per_hour"] == 2.69 and post["cost"]["source"] == "billed"
     assert s.progress()["checkpoint_step"] == 12 and s.status()["programs"]["trainer"]["state"] == "EXITED"
     assert s.stop() == 0
     assert KEY not in s.stdout() and "stopping pod pod-abc123: training finished at step 12" in s.stdout()
@@ -209,22 +209,23 @@ def test_the_pods_spend_is_recorded_shown_and_its_budget_stops_the_trainer_with_
     state = s.workspace / ".podkit"
     c = wait_for(lambda: (c := costguard.cost(state)) and c["projected"] is not None and c, 60,
                  what="a cost record with the cost of the steps left")
-    assert set(json.loads(records.COST.path(state).read_text())) == {"per_hour", "spent", "source", "started",
-                                                                     "time", "projected", "pod", "before"}
-    assert (c["per_hour"], c["source"]) == (2.69, "billing") and c["started"] <= c["time"] <= time.time()
+    assert set(json.loads(records.COST.path(state).read_text())) <= set(records.COST.shape)
+    assert (c["per_hour"], c["source"]) == (2.69, "billed") and c["started"] <= c["time"] <= time.time()
     assert c["projected"] > 1, "some 99,990 steps of ~0.1 s at $2.69/h"
     st = s.status()
-    assert st["cost"]["per_hour"] == 2.69 and st["cost"]["source"] == "billing"
+    assert st["cost"]["per_hour"] == 2.69 and st["cost"]["source"] == "billed"
     shown = subprocess.run([*PODKIT, "status", "--workspace", str(s.workspace)], capture_output=True, text=True,
                            env=s.env, timeout=30).stdout
-    assert re.search(r"^cost: \$2\.69/h, \$0\.\d\d spent \(billing\), ~\$\d+\.\d\d to the end at this pace$",
+    assert re.search(r"^cost: \$2\.69/h, (<\$0\.01|\$0\.\d\d) spent \(billed\), ~\$\d+\.\d\d to the end at this pace$",
                      shown, re.M), shown
 
     runpod_api.fail("GET", "/v2/pods/pod-abc123", 503, times=None)
     wait_for(lambda: "cannot read what pod pod-abc123 costs" in s.stdout(), 30, what="the failed read said")
     held = costguard.cost(state)
     time.sleep(4)
-    assert costguard.cost(state) == held, "the last read holds"
+    now = costguard.cost(state)  # the ledger runs on at the last price, and says since when
+    assert now["source"] == "estimated" and now["spent"] >= held["spent"] and now["per_hour"] == 2.69, now
+    assert "RunPod did not answer" in now["why"] and now["since"] <= now["time"], now
     assert s.stdout().count("cannot read what pod pod-abc123 costs") == 1, "said once, not at every read"
     runpod_api.faults.clear()
     wait_for(lambda: "the pod's cost is read again" in s.stdout(), 30, what="the read again")
@@ -242,7 +243,7 @@ def test_the_pods_spend_is_recorded_shown_and_its_budget_stops_the_trainer_with_
     assert prog["stopped"]["by"] == "SIGTERM" and prog["checkpoint_step"] == prog["step"] > 0
     assert s.status()["programs"]["trainer"]["state"] == "STOPPED"
     text = receiver.one("pod-stop")["text"]
-    assert "the pod's spend reached its budget ($5.0" in text and "of guard.max_spend $5.00" in text, text
+    assert "the run's spend reached its budget ($5.0" in text and "of guard.max_spend $5.00" in text, text
     assert f"last checkpoint at step {prog['checkpoint_step']}" in text and "this pod's cost: $2.69/h, $5.0" in text
     assert s.stop() == 0
     assert "set on the running pod by `podkit guard set`): stopping the trainer with a checkpoint, then the pod" \
@@ -262,27 +263,30 @@ def test_the_pods_cost_is_its_bill_or_while_that_does_not_answer_its_price_times
     t0 = time.time()
     records.PROGRESS.write(state, {"step": 10, "time": t0 - 5, "pid": 7})
     first = m.read()
-    assert first == costguard.cost(state) and (first["source"], first["projected"]) == ("billing", None)
+    assert costguard.cost(state)["spent"] == first["spent"] and (first["source"], first["projected"]) == ("billed",
+                                                                                                       None)
     assert 3.0 < first["spent"] < 3.01 and first["per_hour"] == 2.69
     records.PROGRESS.write(state, {"step": 20, "time": t0, "pid": 7})
     assert m.read()["projected"] == pytest.approx(80 * 0.5 * 2.69 / 3600, rel=1e-3), "80 steps left at 0.5 s each"
 
     runpod_api.fail("GET", "/v2/billing/pods", 403, times=None)
-    assert m.read()["source"] == "estimate"
+    assert m.read()["source"] == "read"
     est = m.read()
     # The bill read before, plus the price since: a spend never goes down (a budget's stop is never called off by
     # a bill that stops answering), where the price times this start's running time alone would say ~$0.
-    assert est["source"] == "estimate" and 3.0 < est["spent"] < 3.01, est
+    assert est["source"] == "read" and 3.0 < est["spent"] < 3.01, est
     assert sum("billing for pod pod-abc123 did not answer" in line for line in said) == 1
 
     runpod_api.fail("GET", "/v2/pods/pod-abc123", 404, times=None)
     assert m.read() is None and m.read() is None
-    assert costguard.cost(state) == est and m.spent() == est["spent"], "the last read holds"
+    held = costguard.cost(state)  # estimated at the last price since the last good read
+    assert held["source"] == "estimated" and held["spent"] >= est["spent"] and m.spent() == held["spent"], held
+    assert held["since"] == est["read_at"] and held["why"] == "RunPod did not answer (RunPod has no pod pod-abc123)"
     assert [line for line in said if "cannot read" in line] == [
-        "cannot read what pod pod-abc123 costs (RunPod has no pod pod-abc123): cost.json keeps its last read, and "
-        "guard.max_spend goes by it; trying again every 1 s, said again once it works"]
+        "cannot read what pod pod-abc123 costs (RunPod has no pod pod-abc123): its spend is estimated at the last "
+        "price, and guard.max_spend goes by it; trying again every 1 s, said again once it works"]
     runpod_api.faults.clear()
-    assert m.read()["source"] == "billing" and said[-1].startswith("the pod's cost is read again: $2.69/h, $3.0")
+    assert m.read()["source"] == "billed" and said[-1].startswith("the pod's cost is read again: $2.69/h, $3.0")
 
 
 def test_the_budget_goes_by_what_runpod_says_on_a_full_volume_and_a_new_container_starts_from_the_pods_spend(
@@ -352,12 +356,12 @@ def test_a_good_cost_record_is_one_status_line_and_a_bad_value_in_it_is_dropped(
     state.mkdir(parents=True)
     records.COST.write(state, dict(GOOD, time=time.time()))
     st = status.collect(tmp_path / "ws")
-    assert st["cost"] == dict(GOOD, started=1.0, time=st["cost"]["time"], pod=None, before=0.0)
-    assert "\ncost: $0.35/h, $1.20 spent (billing), ~$3.10 to the end at this pace\n" in status.human(st) + "\n"
+    assert {k: st["cost"][k] for k in GOOD} == dict(GOOD, source="billed", time=st["cost"]["time"])
+    assert "\ncost: $0.35/h, $1.20 spent (billed), ~$3.10 to the end at this pace\n" in status.human(st) + "\n"
     records.COST.write(state, dict(GOOD, time=time.time(), projected=-3.0, started=time.time() + 3600))
     c = costguard.cost(state)
     assert (c["projected"], c["started"], c["spent"]) == (None, None, 1.2)
-    assert costguard.words(c) == "$0.35/h, $1.20 spent (billing)"
+    assert costguard.words(c) == "$0.35/h, $1.20 spent (billed)"
     assert costguard.words(dict(c, time=time.time() - 1800)).endswith("(read 30 min ago)")
 
 
@@ -376,3 +380,100 @@ def test_a_budget_that_is_not_an_amount_is_a_config_error_naming_the_file_and_th
         config.load(environ={"PODKIT_GUARD_MAX_SPEND": "-1"})
     assert e.value.message.startswith("env PODKIT_GUARD_MAX_SPEND: guard.max_spend: -1.0 is below the minimum 0")
     assert config.load(environ={"PODKIT_GUARD_MAX_SPEND": "25.5"}).guard.max_spend == 25.5
+
+
+def _ago(seconds: float, go: bool = False) -> str:
+    t = time.gmtime(time.time() - seconds)
+    return time.strftime("%Y-%m-%d %H:%M:%S +0000 UTC" if go else "%Y-%m-%dT%H:%M:%SZ", t)
+
+
+def test_a_running_pod_priced_zero_whose_bill_cannot_be_read_is_never_at_zero_and_its_budget_acts(tmp_path,
+                                                                                               runpod_api):
+    """RunPod answers cost 0 for a running pod that started three hours ago, and the pod's key may not read the
+    bill: the spend was $0.00 for ever and a $5 budget never acted. Now the GPU catalogue's price for its GPUs
+    over its running time ($2.69/h x 3 h), estimated and said once; the budget acts on it."""
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    said: list[str] = []
+    runpod_api.pods["pod-abc123"]["startedAt"] = _ago(3 * 3600)
+    runpod_api.set_price("pod-abc123", 0.0)
+    runpod_api.fail("GET", "/v2/billing/pods", 403, times=None)
+    m = costguard.Meter(state, 1, say=said.append, environ=on_runpod(runpod_api.url))
+    rec = m.read()
+    assert rec["source"] == "estimated" and 8.0 <= rec["spent"] < 8.2 and rec["per_hour"] == 2.69, rec
+    assert "the GPU catalogue's" in rec["why"] and m.read()["spent"] >= rec["spent"]
+    assert sum("the pod's spend is estimated: RunPod shows no price for the running pod" in s for s in said) == 1
+    line = costguard.words(costguard.cost(state))
+    assert line.startswith("$2.69/h, $8.") and "(estimated since " in line and "catalogue" in line, line
+    deadline = costguard.Deadline(lambda k: {"max_spend": 5.0, "stop_pod_at": 0}[k], lambda k: False, state,
+                                  said.append, lambda why: "", spent=m.spent)
+    assert deadline.due(time.time()) == "max_spend"
+
+
+def test_a_price_change_never_reprices_the_time_before_it(tmp_path, runpod_api):
+    """$90/h for the pod's first seconds, then $900/h: the spend is the first price over the first interval,
+    not the new price over the whole start (a $15 budget acted at $24, a $5 one stopped a pod that spent $1)."""
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    runpod_api.pods["pod-abc123"]["startedAt"] = _ago(0)
+    runpod_api.set_price("pod-abc123", 90.0)
+    runpod_api.fail("GET", "/v2/billing/pods", 403, times=None)
+    m = costguard.Meter(state, 1, say=lambda _: None, environ=on_runpod(runpod_api.url))
+    first = m.read()
+    time.sleep(1.0)
+    runpod_api.set_price("pod-abc123", 900.0)
+    second = m.read()
+    ran = second["time"] - runpod_api_started(runpod_api)
+    assert second["spent"] < first["spent"] + 90 * (second["time"] - first["time"]) / 3600 + 1e-6
+    assert second["spent"] < 0.5 * 900 * ran / 3600, "not re-priced at $900/h over the whole start"
+    third = (time.sleep(0.5), m.read())[1]
+    assert third["spent"] >= second["spent"] + 900 * 0.5 / 3600 - 1e-6, "the new price from its read on"
+
+
+def runpod_api_started(stub) -> float:
+    from podkit import runpod
+
+    return runpod.started_at(stub.pods["pod-abc123"])
+
+
+def test_a_go_style_start_time_is_read_and_one_that_cannot_be_counts_from_the_boot(tmp_path, runpod_api):
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    runpod_api.fail("GET", "/v2/billing/pods", 403, times=None)
+    runpod_api.set_price("pod-abc123", 1.0)
+    runpod_api.pods["pod-abc123"]["startedAt"] = _ago(3600, go=True)
+    rec = costguard.Meter(state, 1, say=lambda _: None, environ=on_runpod(runpod_api.url)).read()
+    assert rec["source"] == "read" and 0.99 < rec["spent"] < 1.02, rec
+    records.COST.path(state).unlink()
+    runpod_api.pods["pod-abc123"]["startedAt"] = "an hour ago"
+    m = costguard.Meter(state, 1, say=lambda _: None, environ=on_runpod(runpod_api.url))
+    m.boot -= 1800  # this container booted half an hour ago
+    rec = m.read()
+    assert rec["source"] == "estimated" and 0.49 < rec["spent"] < 0.52 and "'an hour ago' cannot be read" in rec["why"]
+    runpod_api.errors.clear()  # the planted start times are not the document's shape: the stub noted them
+
+
+def test_a_clock_stepped_back_keeps_the_spend_and_a_replacement_pod_carries_its_runs(tmp_path, runpod_api):
+    """cost.json stamped three hours in this clock's future (the clock stepped back): its $8 is kept and counted
+    on, said once, where it was dropped for $0. A replacement pod of the same run (PODKIT_RUN_ID) starts from
+    the run's spend; a pod of another run does not."""
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    runpod_api.fail("GET", "/v2/billing/pods", 403, times=None)
+    runpod_api.pods["pod-abc123"]["startedAt"] = _ago(60)
+    env = on_runpod(runpod_api.url, PODKIT_RUN_ID="run-7")
+    records.COST.write(state, {"per_hour": 2.69, "spent": 8.0, "source": "read", "started": time.time() - 600,
+                               "time": time.time() + 3 * 3600, "pod": "pod-abc123", "run": "run-7"})
+    said: list[str] = []
+    m = costguard.Meter(state, 1, say=said.append, environ=env)
+    assert m.spent() == 8.0 and any("the clock stepped back" in s for s in said), said
+    assert m.read()["spent"] >= 8.0
+    replacement = runpod_api.add_pod(id="pod-new456", name="podkit-run")
+    runpod_api.pods[replacement["id"]]["startedAt"] = _ago(60)
+    env2 = {**env, "RUNPOD_POD_ID": "pod-new456"}
+    r = costguard.Meter(state, 1, say=said.append, environ=env2).read()
+    assert r["pod"] == "pod-new456" and r["run_before"] >= 8.0 and r["spent"] < 0.1 and r["carried_from"] == "pod-abc123"
+    assert "this run, with its earlier pods" in costguard.words(costguard.cost(state))
+    other = costguard.Meter(state, 1, say=said.append, environ={**env, "RUNPOD_POD_ID": "pod-xyz789",
+                                                                "PODKIT_RUN_ID": "run-8"})
+    assert other.spent() is None, "another run's pod on the volume"

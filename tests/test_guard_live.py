@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import PODKIT, wait_for
-from podkit import guardfile
+from podkit import guardfile, records
 from test_notify import Receiver, dead_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -144,6 +144,29 @@ def test_a_budget_is_set_on_a_running_pod_in_dollars_and_a_bad_one_is_refused(tm
     assert rep["value"] == 25.5 and "podkit guard set" in rep["from"] and rep["setting"] == 0
     assert guard(ws, "clear", "max_spend").returncode == 0 and not guardfile.path(ws).exists()
     assert "guard.max_spend                0 (no budget)  [config (defaults)]" in guard(ws).stdout
+
+
+def test_a_budget_at_or_below_the_runs_spend_says_at_the_command_that_the_pod_stops_and_a_tiny_one_shows_as_set(
+        tmp_path):
+    """`guard set max_spend=5` on a run that has spent $8 said nothing of the stop it caused within a minute;
+    `max_spend=1e-9` showed as "$0.00" (read as no budget). Now the command says what the run has spent, how sure
+    that is, and that the trainer and the pod stop; a spend podkit does not know is said as such."""
+    ws = tmp_path / "ws"
+    state = ws / ".podkit"
+    state.mkdir(parents=True)
+    env = {**on_runpod(), "PATH": os.environ["PATH"]}
+    r = guard(ws, "set", "max_spend=5", env=env)
+    assert r.returncode == 0 and "the run's spend is not known here (no cost.json yet" in r.stdout, r.stdout
+    records.COST.write(state, {"per_hour": 2.69, "spent": 8.0, "source": "billed", "time": time.time(),
+                               "pod": "pod-guard123", "run": "pod-pod-guard123"})
+    r = guard(ws, "set", "max_spend=5", env=env)
+    assert "the run has spent $8.00 (billed), at or past this budget: the trainer stops with a checkpoint, then " \
+           "the pod, within the minute" in r.stdout, r.stdout
+    r = guard(ws, "set", "max_spend=25", env=env)
+    assert "the run has spent $8.00 (billed) of $25.00" in r.stdout and "stops" not in r.stdout.split("minute")[-1]
+    r = guard(ws, "set", "max_spend=1e-9", env=env)
+    assert "guard.max_spend                $0.000000001  [" in r.stdout and "at or past this budget" in r.stdout, \
+        r.stdout
 
 
 def test_doctor_and_status_name_a_guard_file_that_is_not_in_force(tmp_path):

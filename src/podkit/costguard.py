@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from podkit import log, records
+from podkit import log, records, spend
 
 _log = log.get("costguard")
 POD_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -320,8 +320,8 @@ class Deadline:
         if key == "stop_pod_at":
             return ("the maximum run time was reached (guard.stop_pod_at, "
                     f"{here or 'set by podkit deploy --max-runtime'})")
-        return (f"the pod's spend reached its budget (${self.spent():.2f} of guard.max_spend "
-                f"${self.guard('max_spend'):.2f}{', ' + here if here else ''})")
+        return (f"the run's spend reached its budget ({cents(self.spent())} of guard.max_spend "
+                f"{spend.usd(self.guard('max_spend'))}{', ' + here if here else ''})")
 
     def _stop(self, first: bool) -> None:
         if first:
@@ -342,10 +342,8 @@ _MOVED = {"stop_pod_at": "moved", "max_spend": "was raised"}
 # -- what the pod costs: cost.json -------------------------------------------------------------------------------
 PER_HOUR_MAX = 1000.0  # USD/h: a pod of 8 of RunPod's dearest GPUs costs a few tens; more is not a price
 SPENT_MAX = 1e7  # USD
-SOURCES = ("billing", "estimate")
-# RunPod's bill lags the pod's running: one that is further behind the price x this start's running time than
-# this is not yet the pod's spend, and the estimate is (a budget must not wait hours for the bill).
-BILLING_LAG_S = 300.0
+OLD_SOURCES = {"billing": "billed", "estimate": "estimated"}  # cost.json written by podkit before the ledger
+STOPPED_STATUSES = ("EXITED", "TERMINATED")  # RunPod's statuses of a pod that does not bill its GPUs
 
 
 def _money(value, limit: float) -> float | None:
@@ -353,60 +351,104 @@ def _money(value, limit: float) -> float | None:
     return float(value) if ok else None  # NaN fails the comparison
 
 
-def cost(state_dir: Path | None) -> dict | None:
-    """cost.json, checked: {"per_hour", "spent", "source", "started", "time", "projected"}, or None when there is
-    none or it cannot be trusted (a price or spend that is not a finite amount from 0 to a bound, a source not
-    podkit's, a time not a time: records.COST's shape sets a corrupt or future-stamped file aside). A started or
-    projected value that is not one is dropped to None."""
-    if state_dir is None:
+def _time(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e11 else None
+
+
+def _checked(rec: dict, future_ok: bool = False) -> dict | None:
+    """A cost.json record as spend.advance and the readers take it, or None when it cannot be trusted: a price
+    or spend that is not a finite amount from 0 to a bound (an unknown one is None, said by source "unknown"),
+    a source not podkit's, a time not a time, or (for readers) read in the future: not a read of this clock's."""
+    if not isinstance(rec, dict) or not rec:
         return None
-    rec = records.COST.read(state_dir)
+    source = OLD_SOURCES.get(rec.get("source"), rec.get("source"))
     per_hour, spent = _money(rec.get("per_hour"), PER_HOUR_MAX), _money(rec.get("spent"), SPENT_MAX)
-    t = rec.get("time")
-    if per_hour is None or spent is None or rec.get("source") not in SOURCES or not isinstance(t, (int, float)) \
-            or isinstance(t, bool) or t > time.time() + 300:  # read in the future: not a read of this clock's
+    t = _time(rec.get("time"))
+    if source not in spend.SOURCES or t is None or (not future_ok and t > time.time() + 300) \
+            or (rec.get("per_hour") is not None and per_hour is None) or (spent is None) != (source == "unknown"):
         return None
-    started = rec.get("started")
-    started = float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) \
-        and 0 < started <= t + 300 else None
-    pod = rec.get("pod")
-    return {"per_hour": per_hour, "spent": spent, "source": rec["source"], "started": started, "time": float(t),
-            "projected": _money(rec.get("projected"), SPENT_MAX),
-            "pod": pod if isinstance(pod, str) and len(pod) <= 64 else None,
-            "before": _money(rec.get("before"), SPENT_MAX) or 0.0}
+    started = _time(rec.get("started"))
+    text = {k: rec[k][:300] if isinstance(rec.get(k), str) else None for k in ("why", "price_from")}
+    ids = {k: rec[k] if isinstance(rec.get(k), str) and len(rec[k]) <= 64 else None
+           for k in ("pod", "run", "carried_from")}
+    return {"per_hour": per_hour, "spent": spent, "source": source,
+            "started": started if started is not None and started <= t + 300 else None, "time": t,
+            "projected": _money(rec.get("projected"), SPENT_MAX), **ids,
+            "before": _money(rec.get("before"), SPENT_MAX) or 0.0,
+            "run_before": _money(rec.get("run_before"), SPENT_MAX) or 0.0,
+            "bill": _money(rec.get("bill"), SPENT_MAX), "read_at": _time(rec.get("read_at")),
+            "since": _time(rec.get("since")), **text}
+
+
+def cost(state_dir: Path | None) -> dict | None:
+    """cost.json, checked (the spend ledger: spend.advance), or None when there is none or it cannot be trusted
+    (records.COST's shape sets a corrupt file aside). Fields that are not what they say are dropped to None."""
+    return None if state_dir is None else _checked(records.COST.read(state_dir))
+
+
+def cents(v) -> str:
+    """A spend in a line: cents, and "<$0.01" under one (a budget is shown as set: spend.usd)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
+        return "?"
+    return "<$0.01" if 0 < v < 0.005 else f"${v:,.2f}"
+
+
+def sureness(c: dict) -> str:
+    """How sure the spend is, in words: "billed", "read", "estimated since 14:02: why", "unknown: why"."""
+    if c["source"] == "estimated":
+        when = f" since {time.strftime('%H:%M', time.gmtime(c['since']))} UTC" if c.get("since") else ""
+        return f"estimated{when}" + (f": {c['why']}" if c.get("why") else "")
+    if c["source"] == "unknown":
+        return "unknown" + (f": {c['why']}" if c.get("why") else "")
+    return c["source"]
 
 
 def words(c: dict, now: float | None = None) -> str:
-    """cost() in a line: "$0.35/h, $1.20 spent (billing), ~$3.10 to the end at this pace"."""
+    """cost() in a line: "$0.35/h, $1.20 spent (billed), ~$3.10 to the end at this pace"."""
     now = time.time() if now is None else now
-    out = f"${c['per_hour']:.2f}/h, ${c['spent']:.2f} spent ({c['source']})"
+    price = f"${c['per_hour']:.2f}/h" if c.get("per_hour") else "price unknown"
+    out = (f"{price}, {cents(c['spent'])} spent ({sureness(c)})" if c["spent"] is not None
+           else f"{price}, spend {sureness(c)}")
+    if c.get("run_before") and c["spent"] is not None:
+        out += f"; {cents(c['run_before'] + c['spent'])} this run, with its earlier pods"
     if c.get("projected") is not None:
-        out += f", ~${c['projected']:.2f} to the end at this pace"
+        out += f", ~{cents(c['projected'])} to the end at this pace"
     if now - c["time"] > 600:  # the reader (the log listener) is not running, or RunPod has not answered
         out += f" (read {(now - c['time']) / 60:.0f} min ago)"
     return out
 
 
 class Meter:
-    """What this RunPod pod costs, read every `every_s` in a daemon thread of the log listener and written to
-    cost.json: its price (`cost`, USD/h), its spend (RunPod's bill for the pod; while that does not answer, or
-    lags, the price x its running time since `startedAt`) and, with `total_steps` (trainer.max_steps), the
-    cost of the steps left at the trainer's pace. A read RunPod does not answer keeps the last record, said once
-    (and once more when it answers again); nothing here raises into the listener."""
+    """What this RunPod pod costs, looked at every `every_s` in a daemon thread of the log listener and kept in
+    cost.json as a ledger (spend.advance: the price over time, the bill when it can be read, estimates that say
+    so): guard.max_spend acts on its run total. With `total_steps` (trainer.max_steps), the cost of the steps left
+    at the trainer's pace. What RunPod does not answer is said once (and once more when it answers again);
+    nothing here raises into the listener."""
 
     def __init__(self, state_dir: Path, every_s: float, total_steps: int = 0, say=None, environ=None) -> None:
+        from podkit import guardfile
+
         self.state_dir, self.every_s, self.total_steps = Path(state_dir), every_s, total_steps
         self.say = say or _log.info
         self.environ = os.environ if environ is None else environ
         self.pod = self.environ.get("RUNPOD_POD_ID", "")
-        self.last: dict | None = None
+        self.run = guardfile.run_id(self.environ)
+        self.boot = time.time()  # the listener starts with the container: a start RunPod does not give is this
+        self.mono: float | None = None
         self.failing = ""  # what the last failed read said ("" once one works)
         self.no_bill = ""
+        self.said: set[str] = set()
+        self.catalogue: list[dict] | None = None
         self.pace: list[tuple[int, float, int | None]] = []  # (step, its time, the trainer's pid): first, latest
         self._client = None
-        kept = cost(self.state_dir)
-        if kept is not None and kept.get("pod") == self.pod and self.pod:  # this pod's spend before this container
-            self.last = kept
+        kept = _checked(records.COST.read(self.state_dir), future_ok=True)  # a clock stepped back loses nothing
+        if kept is not None and kept["time"] > time.time() + 300 and kept.get("pod") == self.pod:
+            self.say(f"cost.json was written {(kept['time'] - time.time()) / 60:.0f} min in this clock's future (the "
+                     "clock stepped back): its spend is kept, and counted on from now")
+        # this pod's ledger, or a replacement's of this run (spend.advance carries the earlier pods' spend at the
+        # first look); another run's record on a reused volume is not this run's spend
+        self.last = kept if kept is not None and (kept.get("pod") == self.pod or self.run and
+                                                  kept.get("run") == self.run) else None
 
     def start(self) -> Meter:
         def loop() -> None:
@@ -420,19 +462,30 @@ class Meter:
         return self
 
     def spent(self) -> float | None:
-        """USD spent by the last read; None before one worked."""
-        return self.last["spent"] if self.last else None
+        """USD this run has spent by the ledger (this pod's and the earlier pods' of the run); None while unknown."""
+        return spend.total(self.last)
 
     def read(self) -> dict | None:
-        """One read of RunPod, recorded; the record, or None when RunPod did not answer (the last one holds)."""
-        try:
-            rec = self._read()
-        except Exception as e:  # noqa: BLE001 - a read that fails waits for the next, whatever failed
-            from podkit import runpod
+        """One look at RunPod, into the ledger and cost.json; the ledger, or None when RunPod did not answer (the
+        ledger then runs on at the last price, estimated)."""
+        from podkit import runpod
 
-            self._failed(e.message if isinstance(e, runpod.ApiError) else f"{type(e).__name__}: {e}")
-            return None
-        self.last = rec  # the budget goes by what RunPod said, written or not (a full volume)
+        now, mono = time.time(), time.monotonic()
+        look = {"time": now, "dt": None if self.mono is None else mono - self.mono, "pod": self.pod, "run": self.run,
+                "boot": self.boot}
+        try:
+            look.update(self._look())
+            answered = True
+        except Exception as e:  # noqa: BLE001 - a read that fails waits for the next, whatever failed
+            why = e.message if isinstance(e, runpod.ApiError) else f"{type(e).__name__}: {e}"
+            look.update(ok=False, failed=why)
+            self._failed(why)
+            answered = False
+        self.mono = mono
+        rec = spend.advance(self.last, look)
+        rec["projected"] = self.projected(rec["per_hour"]) if rec.get("per_hour") else None
+        self.last = _checked(rec, future_ok=True) or rec  # the budget goes by the ledger, written or not (a full volume)
+        self._tell(rec)
         try:
             records.COST.write(self.state_dir, rec)
         except OSError as e:
@@ -440,21 +493,33 @@ class Meter:
                 self.say(f"cannot write {records.COST.path(self.state_dir)} ({e.strerror}): status and the page show "
                          "an older spend; guard.max_spend goes by what RunPod says")
             self.failing = e.strerror or "?"
-            return rec
-        if self.failing:
-            self.say(f"the pod's cost is read again: {words(rec)}")
-        self.failing = ""
-        return rec
+            return rec if answered else None
+        if answered and self.failing:
+            self.say(f"the pod's cost is read again: {words(self.last)}")
+            self.failing = ""
+        return rec if answered else None
+
+    def _tell(self, rec: dict) -> None:
+        """Say once each way the spend is unsure (status, doctor and the page show it from cost.json)."""
+        if rec["source"] == "unknown" and "unknown" not in self.said:
+            self.said.add("unknown")
+            self.say(f"the pod's spend is unknown ({rec.get('why') or 'RunPod gives no price'}): guard.max_spend "
+                     "cannot act until it can be estimated")
+        elif rec.get("why") and rec["source"] == "estimated" and rec.get("why") not in self.said \
+                and not rec["why"].startswith("RunPod did not answer"):
+            self.said.add(rec["why"])
+            self.say(f"the pod's spend is estimated: {rec['why']}")
 
     def _failed(self, why: str) -> None:
         if not self.failing:
-            self.say(f"cannot read what pod {self.pod} costs ({why}): cost.json keeps its last read"
-                     + (", and guard.max_spend goes by it" if self.last else
+            self.say(f"cannot read what pod {self.pod} costs ({why}): its spend is estimated at the last price"
+                     + (", and guard.max_spend goes by it" if self.last and self.last.get("per_hour") else
                         "; guard.max_spend cannot act until it can") + "; trying again every "
                      f"{self.every_s:g} s, said again once it works")
         self.failing = why or "?"
 
-    def _read(self) -> dict:
+    def _look(self) -> dict:
+        """What RunPod says of the pod now: its price, status, start, its GPUs' list price and its bill."""
         from podkit import runpod  # the listener on RunPod only: urllib stays off every other path
 
         if self._client is None:
@@ -462,37 +527,41 @@ class Meter:
         pod = self._client.pod(runpod.check_id(self.pod, "pod"))
         if pod is None:
             raise runpod.ApiError(f"RunPod has no pod {self.pod}")
-        per_hour = runpod.pod_cost(pod)
-        if per_hour is None or per_hour > PER_HOUR_MAX:
+        price = runpod.pod_cost(pod)
+        if price is not None and price > PER_HOUR_MAX:
             raise runpod.ApiError(f"RunPod's answer for pod {self.pod} has no price (cost {pod.get('cost')!r:.40})")
-        now = time.time()
-        started = runpod.started_at(pod)
-        started = started if started is not None and started <= now + 300 else None
-        last = self.last
-        # An estimate covers this start only (startedAt moves at each start): earlier starts' spend is carried.
-        before = (last.get("before") or 0.0) if last and last.get("started") == started else \
-            (last["spent"] if last else 0.0)
-        estimate = before + (per_hour * max(0.0, now - started) / 3600 if started else 0.0)
-        if last and last["source"] == "billing" and last.get("started") == started:
-            estimate = max(estimate, last["spent"] + per_hour * max(0.0, now - last["time"]) / 3600)
-        spent, source = estimate, "estimate"
+        running = pod.get("status") not in STOPPED_STATUSES  # this runs inside the pod: it runs
+        look = {"ok": True, "price": price if price is not None else pod.get("cost"), "running": running,
+                "started": runpod.started_at(pod), "start_raw": pod.get("startedAt"), "bill": None,
+                "catalogue": self._catalogue(pod) if running and not price else None}
         try:
-            billed = self._client.pod_billing(self.pod, pod.get("createdAt"))
+            look["bill"] = self._client.pod_billing(self.pod, pod.get("createdAt"))
         except runpod.ApiError as e:  # a pod-scoped key may not read the bill: the price tells the spend
             if not self.no_bill:
-                self.say(f"RunPod's billing for pod {self.pod} did not answer ({e.message}): its spend is estimated "
-                         "from its price and running time until it does")
+                self.say(f"RunPod's billing for pod {self.pod} did not answer ({e.message}): its spend is the price "
+                         "over the time it runs until it does")
             self.no_bill = e.message or "?"
         else:
             if self.no_bill:
                 self.say(f"RunPod's billing for pod {self.pod} answers again")
             self.no_bill = ""
-            if billed <= SPENT_MAX and billed >= estimate - per_hour * BILLING_LAG_S / 3600:
-                spent, source = billed, "billing"
-        if last:  # a spend never goes down (a bill that stops answering would call a budget's stop off)
-            spent = max(spent, last["spent"])
-        return {"per_hour": per_hour, "spent": round(spent, 6), "source": source, "started": started, "time": now,
-                "projected": self.projected(per_hour), "pod": self.pod, "before": round(before, 6)}
+        return look
+
+    def _catalogue(self, pod: dict) -> float | None:
+        """The GPU catalogue's list price for the pod's GPUs, in its cloud (asked once), or None."""
+        from podkit import runpod
+
+        gpu = pod.get("gpu") if isinstance(pod.get("gpu"), dict) else {}
+        count = gpu.get("count") if isinstance(gpu.get("count"), int) and gpu.get("count") > 0 else 1
+        if not isinstance(gpu.get("id"), str):
+            return None
+        try:
+            if self.catalogue is None:
+                self.catalogue = self._client.gpu_types()
+        except runpod.ApiError:
+            return None
+        cloud = pod.get("cloud") if pod.get("cloud") in ("SECURE", "COMMUNITY") else "SECURE"
+        return runpod.gpu_price(self.catalogue, gpu["id"], cloud, count)
 
     def projected(self, per_hour: float) -> float | None:
         """USD for the steps left to trainer.max_steps at the pace the trainer has kept since this meter first

@@ -26,7 +26,7 @@ import stat
 import time
 from pathlib import Path
 
-from podkit import config, records
+from podkit import config, records, spend
 from podkit.errors import ConfigError, PodkitError
 
 NAME = "guards.json"
@@ -152,7 +152,7 @@ def show(key: str, value, now: float | None = None) -> str:
     if key == "stop_pod_after_s":
         return f"{config._format(value)} s" + (" (never)" if not value else "")
     if key == "max_spend":
-        return f"${value:.2f}" if value else "0 (no budget)"
+        return spend.usd(value) if value else "0 (no budget)"  # as set: $0.000000001 is not "$0.00"
     return str(value)
 
 
@@ -330,7 +330,7 @@ def main(cfg, action: str, items: list[str], as_json: bool) -> int:
                           "pass the pod's workspace: --workspace /workspace, or PODKIT_WORKSPACE")
     p = path(cfg.workspace_path)
     if action == "set":
-        _set(cfg, p, items)
+        new = _set(cfg, p, items)
     elif action == "clear":
         _clear(p, items)
     elif items:
@@ -341,10 +341,39 @@ def main(cfg, action: str, items: list[str], as_json: bool) -> int:
     if action != "show" and not as_json:
         print("the running pod applies this within a minute, without a restart (an edit of a RunPod pod's env "
               "restarts it: do that only on a stopped pod)")
+    if action == "set" and not as_json:
+        for line in forecast(state, new, rep):
+            print(line)
     return 0
 
 
-def _set(cfg, p: Path, items: list[str]) -> None:
+def forecast(state: Path, new: dict, rep: dict) -> list[str]:
+    """What a guard just set does at once, said at the command: a budget at or below the run's spend, or a
+    maximum run time already past, stops the trainer and the pod within the minute; a budget on a spend podkit
+    cannot tell says so."""
+    from podkit import costguard
+
+    out = []
+    budget = new.get("max_spend")
+    if budget and rep["guards"]["max_spend"]["value"] == budget:
+        c = costguard.cost(state)
+        total = spend.total(c)
+        if total is None:
+            why = costguard.sureness(c) if c else "no cost.json yet (the log listener reads RunPod's price)"
+            out.append(f"the run's spend is not known here ({why}): the budget acts once it is")
+        elif total >= budget:
+            out.append(f"the run has spent {costguard.cents(total)} ({costguard.sureness(c)}), at or past this budget: "
+                       "the trainer stops with a checkpoint, then the pod, within the minute")
+        else:
+            out.append(f"the run has spent {costguard.cents(total)} ({costguard.sureness(c)}) of "
+                       f"{spend.usd(budget)}")
+    at = new.get("stop_pod_at")
+    if at and rep["guards"]["stop_pod_at"]["value"] == at and at <= time.time():
+        out.append("that time has passed: the trainer stops with a checkpoint, then the pod, within the minute")
+    return out
+
+
+def _set(cfg, p: Path, items: list[str]) -> dict:
     if not items:
         raise ConfigError("command line", "", "nothing to set",
                           hint="podkit guard set stop_pod_at=+6h | stop_pod_when_finished=never | stop_pod_after_s=2h "
@@ -367,6 +396,7 @@ def _set(cfg, p: Path, items: list[str]) -> None:
     for key, value in new.items():
         data[key] = {"value": value, "over": base[key], "time": now, "run": run}
     _write(p, data)
+    return new
 
 
 def _write(p: Path, data: dict) -> None:

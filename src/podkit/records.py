@@ -284,12 +284,15 @@ CLUSTER = Record("cluster.json", {"state": str, "since": TIME, "time": TIME, "wh
                                   "nodes": list, "run": str, "restarts": int})
 CLUSTER_STOP = Record("cluster-stop.json", {"run": str, "time": TIME})  # every rank stops after its step
 RANK_SHAPE = {"rank": int, "pid": int, "start": int, "host": str, "node": str, "run": str, "time": TIME}
-# What this RunPod pod costs (costguard.Meter writes it every guard.cost_every_s; costguard.cost() reads it
-# checked): USD per hour, USD spent so far and from where ("billing" | "estimate"), when the pod started, when
-# this was read, USD to the run's end at the trainer's pace (None: unknown), the pod, and USD its earlier starts
-# spent (an estimate covers one start).
+# What this RunPod pod costs: the spend ledger (spend.advance; costguard.Meter writes it every guard.cost_every_s,
+# costguard.cost() reads it checked): USD per hour and where that price came from, USD spent (None: unknown) and how
+# sure ("billed" | "read" | "estimated" | "unknown", with why and since when), when the pod started, when this was
+# looked, USD to the run's end at the trainer's pace, the pod and its run, USD its earlier starts spent, USD the
+# run's earlier pods spent (a replacement carries them), the last bill, the last good read.
 COST = Record("cost.json", {"per_hour": NUMBER, "spent": NUMBER, "source": str, "started": TIME, "time": TIME,
-                            "projected": NUMBER, "pod": str, "before": NUMBER})
+                            "projected": NUMBER, "pod": str, "before": NUMBER, "run": str, "run_before": NUMBER,
+                            "carried_from": str, "bill": NUMBER, "read_at": TIME, "price_from": str, "why": str,
+                            "since": TIME})
 STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG, NOTIFY, CLUSTER, TRAINER_LOOP,
                  RAY_LOOP, COST)
 

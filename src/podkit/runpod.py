@@ -210,13 +210,28 @@ def pod_cost(pod: dict | None) -> float | None:
     return amount(pod.get("cost")) if isinstance(pod, dict) else None
 
 
+# Go's time.Time.String(), which RunPod's answers have carried: "2026-11-28 13:00:00.123456789 +0000 UTC"
+_GO_TIME = re.compile(r"^(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)(?:\.(\d+))?\s*(Z|[+-]\d\d:?\d\d)?(?:\s+[A-Z]{1,5})?$")
+
+
 def started_at(pod: dict | None) -> float | None:
-    """When the pod last started (its `startedAt`, RFC 3339), as a Unix time; None when it has not or the
-    field is not a time."""
+    """When the pod last started (its `startedAt`: RFC 3339, or Go's time format), as a Unix time; None when it
+    has not or the field is not a time."""
     raw = pod.get("startedAt") if isinstance(pod, dict) else None
-    if not isinstance(raw, str) or not _RFC3339.match(raw):
+    if not isinstance(raw, str) or len(raw) > 64:
         return None
-    return dt.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    if _RFC3339.match(raw):
+        return dt.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    m = _GO_TIME.match(raw.strip())
+    if not m:
+        return None
+    day, clock, frac, zone = m.groups()
+    zone = "+00:00" if zone in (None, "Z") else zone if ":" in zone else f"{zone[:3]}:{zone[3:]}"
+    try:
+        t = dt.datetime.fromisoformat(f"{day}T{clock}{zone}").timestamp()
+    except ValueError:
+        return None
+    return t + (float(f"0.{frac}") if frac else 0.0)
 
 
 def gpu_price(gpus: list[dict], gpu_id: str, cloud: str, count: int) -> float | None:

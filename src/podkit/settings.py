@@ -76,9 +76,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "stop_pod_at": Field(float, 0.0, "cost guard: a RunPod pod stops itself at this Unix time, the trainer "
                              "first with its checkpoint (`podkit deploy --max-runtime` sets it); 0: never", "s",
                              minimum=0, maximum=4102444800),  # 2100-01-01
-        "max_spend": Field(float, 0.0, "cost guard: once this RunPod pod has cost this many US dollars (RunPod's "
-                           "billing for it, else its price x its running time: cost.json), the trainer stops with "
-                           "its checkpoint, then the pod; 0: no budget", "USD", minimum=0, maximum=1e6),
+        "max_spend": Field(float, 0.0, "cost guard: once this run has cost this many US dollars on RunPod (its "
+                           "pods' prices over time, corrected by the bill: cost.json), the trainer stops with its "
+                           "checkpoint, then the pod; 0: no budget", "USD", minimum=0, maximum=1e6),
         "cost_every_s": Field(float, 60.0, "on RunPod, how often the pod reads its price and spend from RunPod's "
                               "API (.podkit/cost.json on the volume: podkit status, guard.max_spend)", "s", minimum=1),
         "network_volume": Field(str, "warn", "on RunPod, a pod without a network volume (no RUNPOD_VOLUME_ID): its "
