@@ -88,6 +88,10 @@ SCRIPTS = {
     "surrogate.py": "rows = ['bad answer: ' + chr(0xD800)]  # a broken surrogate pair in a JSON row\n\n"
                     "raise ValueError(rows[0])\n",
     "strraises.py": "class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\n\n\nraise Odd(1)\n",
+    "proxy.py": "class Remote(Exception):\n    def __getattr__(self, name):  # an error object that answers any attribute\n"
+                "        return f'<remote {name}>'\n\n\nraise Remote('the reward server said no')\n",
+    "hostile.py": "class Hostile(Exception):\n    def __getattr__(self, name):\n        raise RuntimeError(name)\n\n\n"
+                  "raise Hostile('the reward server said no')\n",
     "myoom.py": "class OutOfMemoryError(RuntimeError):  # the script's own budget\n    pass\n\n\n"
                 "raise OutOfMemoryError('CUDA out of memory: over my token budget')\n",
 }
@@ -239,3 +243,11 @@ def test_an_undecodable_file_name_in_a_message_is_recorded_as_utf8():
     odd = failure.describe(FileNotFoundError(b"data-\xff.jsonl".decode("utf-8", "surrogateescape")), [])
     odd["message"].encode("utf-8")
     assert "data-\\udcff.jsonl" in odd["message"], odd
+
+
+def test_an_exception_that_answers_or_refuses_every_attribute_is_still_recorded_in_its_own_words(through_bootstrap):
+    """A proxy's exception (every attribute answered, or every one raising): podkit's own mark on it (hooks.SEEN)
+    read as its record, or raising in the handler, lost the script's words and its refusal."""
+    for entry in ("proxy.py", "hostile.py"):
+        rc, end = through_bootstrap(entry)
+        assert rc == 2 and end["by"] == ending.CONFIG_ERROR and "the reward server said no" in end["message"], end

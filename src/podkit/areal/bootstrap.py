@@ -156,7 +156,7 @@ def run(cfg, argv: list[str]) -> int:
         return 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if code and not isinstance(e, hooks.Refused) and not getattr(e, hooks.SEEN, None):
+        if code and not isinstance(e, hooks.Refused) and not hooks.seen(e):
             record_error(cfg, st, e, roots, target)  # sys.exit(3), sys.exit("message"): the script's own way out
         elif not code and st.training and not st.returned:
             # sys.exit(0) (or sys.exit()) while train() ran: the run did not finish, and nothing else says so (an
@@ -169,7 +169,7 @@ def run(cfg, argv: list[str]) -> int:
     except BaseException as e:  # noqa: BLE001 - every way out of the script is recorded (CheckpointException,
         # KeyboardInterrupt: BaseExceptions), then judged by its kind (verdict.decide)
         st.handling = True  # a SIGTERM now (torchrun's, as this rank exits) must not cut its record short
-        err = getattr(e, hooks.SEEN, None) or record_error(cfg, st, e, roots, target)
+        err = hooks.seen(e) or record_error(cfg, st, e, roots, target)
         if isinstance(e, KeyboardInterrupt) or not isinstance(e, Exception):
             raise
         if st.training or runtime_error(e, err["message"]) or any(err.get(k) for k in CAUSES):

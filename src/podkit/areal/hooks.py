@@ -403,6 +403,17 @@ def choose_wandb_run(st: State, config_) -> None:
 
 _real_signal = signal.signal  # before the script's is wrapped (noting)
 SEEN = "_podkit_error"  # an exception's attribute: the rank's record of it, made where podkit saw it first
+
+
+def seen(e: BaseException) -> dict | None:
+    """The rank's record of `e` made where podkit saw it first, or None. Read from the instance's own dict: an
+    exception class may answer any attribute (a proxy's __getattr__), or raise on every one, in the handler of
+    the script's own failure."""
+    try:
+        found = vars(e).get(SEEN)
+    except Exception:  # noqa: BLE001 - no __dict__ (__slots__), or a class that guards it: no mark either
+        return None
+    return found if isinstance(found, dict) else None
 _STOPS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -453,7 +464,7 @@ def record_through_train(st: State, e: BaseException) -> None:
     """An exception that leaves PPOTrainer.train, recorded as it passes: the script may catch it and exit 0."""
     from podkit import failure
 
-    if isinstance(e, (SystemExit, ending.Stop)) or getattr(e, SEEN, None):
+    if isinstance(e, (SystemExit, ending.Stop)) or seen(e):
         return
     try:
         roots = list(episodes.EPISODES.roots or [])
