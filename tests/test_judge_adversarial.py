@@ -68,6 +68,15 @@ def test_the_scripts_error_as_inference_went_down_is_inferences(state):
     assert verdict.decide(e)["by"] == ending.INFERENCE, verdict.decide(e)
 
 
+def test_an_error_while_inference_crash_loops_is_inferences_though_its_last_death_came_after():
+    """SGLang died, was started again at 60 s and died again at 90 s (BACKOFF): the rank raised at 65 s, while the
+    restarted server loaded. supervisord's stop time is the last death; the start during the run says the server
+    the run had was gone by then."""
+    e = ev(errors=[err(65)], progress={"step": 4, "time": T0 + 5},
+           inference={"state": "BACKOFF", "start": T0 + 60, "stop": T0 + 90, "asked": []})
+    assert verdict.decide(e)["by"] == ending.INFERENCE, verdict.decide(e)
+
+
 def test_an_error_after_you_asked_for_inferences_stop_but_before_it_stopped_is_the_stops():
     """`podkit ctl stop sglang` at 80 s; SGLang took 10 s to shut down; the request in flight failed at 85 s."""
     e = ev(errors=[err(85)], inference=down("STOPPED", 90, asks=[("you (podkit ctl stop sglang)", 80)]))

@@ -157,17 +157,19 @@ def inference_at(ev: dict, t: float | None) -> str:
     yours = [a for a in asks if str(a.get("by") or "").startswith("you")]
     state = inf.get("state")
     up = state in ("STARTING", "RUNNING")
-    stop = _t(inf.get("stop"))
+    stop, start = _t(inf.get("stop")), _t(inf.get("start"))
     if not up and t is not None and stop is not None and stop > started and \
-            t < min([stop] + [a["at"] for a in asks if a["at"] <= stop]) - SLACK_S:
-        return ""  # raised while inference was still up: it went down (its ask, supervisord's stop time) after
+            t < min([stop] + [a["at"] for a in asks if a["at"] <= stop]
+                    + ([start] if start is not None and started < start <= stop else [])) - SLACK_S:
+        # Raised while inference was still up: it went down (its ask, supervisord's stop time; a start during the
+        # run: the instance before it was gone by then) after.
+        return ""
     if not up:
         if yours:
             return "asked"
         if state == "STOPPED" or state == "STOPPING" and not asks:
             return "stopped"  # only a stop puts it there
         return "restarted" if state == "STOPPING" else "down"
-    start = _t(inf.get("start"))
     if start is None or start <= started:
         return ""  # up all along
     # Restarted during the run: from the ask (or the new start) until it was back.
