@@ -260,3 +260,23 @@ def test_an_exception_that_answers_or_refuses_every_attribute_is_still_recorded_
     for entry in ("proxy.py", "hostile.py"):
         rc, end = through_bootstrap(entry)
         assert rc == 2 and end["by"] == ending.CONFIG_ERROR and "the reward server said no" in end["message"], end
+
+
+def test_a_checkpoint_load_that_ran_out_of_memory_is_out_of_memory_not_a_damaged_checkpoint(tmp_path):
+    """torch's loader raises CheckpointException with each rank's own exception inside: a rank that ran out of memory
+    reading a whole checkpoint (a small pod, a GPU SGLang took more of this time) was judged "the recover checkpoint
+    cannot be loaded", stopped for good with `podkit start-over` as the fix: moving a whole checkpoint aside and
+    training from step 0 for want of memory."""
+    import importlib.util
+
+    (tmp_path / "state_dict_loader.py").write_text(  # torch/distributed/checkpoint/state_dict_loader.py's name
+        "class CheckpointException(BaseException):\n"
+        "    def __init__(self, msg, failures):\n        super().__init__(msg)\n        self.failures = failures\n\n\n"
+        "def load(inner):\n    raise CheckpointException('CheckpointException ranks:dict_keys([0])', {0: (inner, None)})\n")
+    spec = importlib.util.spec_from_file_location("state_dict_loader", tmp_path / "state_dict_loader.py")
+    loader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loader)
+    oom = raised(lambda: loader.load(MemoryError()))
+    assert failure.classify(oom, {}) == {"base": "CheckpointException", "oom": "host"}
+    damaged = raised(lambda: loader.load(RuntimeError("unexpected EOF")))
+    assert failure.classify(damaged, {}) == {"base": "CheckpointException", "checkpoint": True}

@@ -305,19 +305,20 @@ def checkpoint_of(exc: BaseException) -> bool:
 
 def classify(exc: BaseException, err: dict, frames: list = (), place: str = "pod") -> dict:
     """`err` (describe's record of `exc`) with the facts the end's judge reads (verdict.decide): the volume
-    failing, a checkpoint that cannot be read, out of memory (and what a MemoryError asked for, against the
-    machine's memory), a network error that may pass, and a BaseException's type."""
+    failing, out of memory (and what a MemoryError asked for, against the machine's memory), a checkpoint that
+    cannot be read (not what its load ran into: the volume, memory), a network error that may pass, and a
+    BaseException's type."""
     try:
         if not isinstance(exc, Exception):
             err["base"] = type(exc).__name__
         if (vol := volume_of(exc)):
             err["volume"] = vol
-        elif checkpoint_of(exc):
-            err["checkpoint"] = True
-        elif (oom := oom_of(exc)):
+        elif (oom := oom_of(exc)):  # before the checkpoint: a load that ran out of memory is memory's, not damage
             err["oom"] = oom
             if oom == "host" and (n := alloc_bytes(exc)) and (total := host_memory()):
                 err["alloc_bytes"], err["memory_bytes"] = n, total
+        elif checkpoint_of(exc):
+            err["checkpoint"] = True
         elif (reach := transient(exc, frames, offline=place == "rehearse")):
             err["transient"] = reach
     except Exception:  # noqa: BLE001 - never lose the record for want of a class
