@@ -293,8 +293,10 @@ COST = Record("cost.json", {"per_hour": NUMBER, "spent": NUMBER, "source": str, 
                             "projected": NUMBER, "pod": str, "before": NUMBER, "run": str, "run_before": NUMBER,
                             "carried_from": str, "bill": NUMBER, "read_at": TIME, "price_from": str, "why": str,
                             "since": TIME})
+# The log phases of this boot's first run of inference, kept once seen (startup.keep): the boot's timeline.
+STARTUP = Record("startup.json", {"boot": TIME, "phases": dict})
 STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG, NOTIFY, CLUSTER, TRAINER_LOOP,
-                 RAY_LOOP, COST)
+                 RAY_LOOP, COST, STARTUP)
 
 
 class Progress:

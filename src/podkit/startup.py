@@ -146,7 +146,7 @@ def restarts(program_runs: dict[str, list[dict]], asks: list, boot: float) -> li
 # The log phases of this boot's first run of inference, kept once seen: its lines scroll out of the tail read
 # (256 KiB, minutes of a busy server's lines) and rotate away, and the boot's phases must not go with them.
 # Written by whichever reader of the timeline sees a phase first (status, /metrics, the page, doctor).
-KEPT = records.Record("startup.json", {"boot": records.NUMBER, "phases": dict})
+KEPT = records.STARTUP
 
 
 def keep(state_dir: Path, boot: float, seen: dict[str, float]) -> dict[str, float]:
