@@ -477,3 +477,32 @@ def test_a_clock_stepped_back_keeps_the_spend_and_a_replacement_pod_carries_its_
     other = costguard.Meter(state, 1, say=said.append, environ={**env, "RUNPOD_POD_ID": "pod-xyz789",
                                                                 "PODKIT_RUN_ID": "run-8"})
     assert other.spent() is None, "another run's pod on the volume"
+
+
+@pytest.mark.parametrize("source, severity", [("unknown", "problem"), ("estimated", "info")])
+def test_doctor_says_when_the_spend_is_unknown_or_estimated_and_what_that_means_for_the_budget(tmp_path, source,
+                                                                                            severity):
+    """The spend's sureness is said once in the log, and by status, doctor and the page: an unknown spend with a
+    budget set is a problem (the budget cannot act), an estimate a note that says why and since when."""
+    ws = tmp_path / "ws"
+    state = ws / ".podkit"
+    state.mkdir(parents=True)
+    now = time.time()
+    rec = {"per_hour": None, "spent": None, "source": "unknown", "why": "RunPod shows no price for the running pod "
+           "(0.0), and the GPU catalogue has none for its GPUs", "time": now, "pod": "pod-abc123"}
+    if source == "estimated":
+        rec.update(per_hour=2.69, spent=3.2, source="estimated", since=now - 1800, why="RunPod did not answer (HTTP 503)")
+    records.COST.write(state, rec)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PODKIT_", "RUNPOD_"))}
+    r = subprocess.run([*PODKIT, "doctor", "--json", "--workspace", str(ws)], capture_output=True, text=True,
+                       env={**env, "PODKIT_GUARD_MAX_SPEND": "5", "RUNPOD_POD_ID": "pod-abc123"}, timeout=60)
+    found = {f["id"]: f for f in json.loads(r.stdout)["findings"]}
+    f = found[f"spend_{source}"]
+    assert f["severity"] == severity and "guard.max_spend $5.00" in f["evidence"], f
+    if source == "unknown":
+        assert "its budget cannot act" in f["title"] and "spend unknown: RunPod shows no price" in f["evidence"][0]
+    else:
+        assert "$3.20 spent (estimated since " in f["evidence"][0] and "RunPod did not answer" in f["evidence"][0]
+    shown = subprocess.run([*PODKIT, "status", "--workspace", str(ws)], capture_output=True, text=True, env=env,
+                           timeout=60).stdout
+    assert "cost: " in shown and ("spend unknown" in shown if source == "unknown" else "estimated since" in shown)

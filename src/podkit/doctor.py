@@ -643,8 +643,34 @@ def examine(cfg, workspace: Path, *, environ=None, cgroup_dir: Path = Path("/sys
              check_nccl_ifname(pod, now, environ, net_dir), check_nan_loss(pod, now), check_trainer_config(pod, now),
              check_hang(pod, now), check_failing_after_progress(pod, now),
              check_notify(pod, now), check_last_stop(pod, now), check_boot_failed(pod, now), check_episodes(pod, now), check_reattach(pod, now), check_cluster(pod, now), check_cluster_join(pod, now),
-             check_guard_file(pod, now)]
+             check_guard_file(pod, now), check_spend(pod, now)]
     return [f for f in found if f is not None]
+
+
+def check_spend(pod: Pod, now: float) -> Finding | None:
+    """What the run costs, when podkit is not sure of it: unknown (a budget cannot act) is a problem when a budget
+    is set; an estimate is a note that says why and since when; a ledger not looked at for 10 minutes is a note."""
+    from podkit import costguard, guardfile, spend
+
+    c = pod.st.get("cost")
+    if not c:
+        return None
+    budget = guardfile.report(pod.cfg)["guards"]["max_spend"]["value"] if pod.cfg is not None else 0
+    line = [costguard.words(c, now)] + ([f"guard.max_spend {spend.usd(budget)}"] if budget else [])
+    if c["source"] == "unknown":
+        return Finding("spend_unknown", "what this run has spent is not known" + (": its budget cannot act" if budget
+                                                                                   else ""), line,
+                       "RunPod shows no price for the pod and the GPU catalogue none for its GPUs: watch the spend in "
+                       "RunPod's console, or stop the pod by time (`podkit guard set stop_pod_at=+6h`)",
+                       "problem" if budget else "info")
+    if c["source"] == "estimated":
+        return Finding("spend_estimated", "what this run has spent is an estimate", line,
+                       "nothing to do: the spend and the budget go by the estimate until RunPod answers; "
+                       "RunPod's console shows the bill", "info")
+    if now - c["time"] > 600:
+        return Finding("spend_stale", f"what this run has spent was last looked at {(now - c['time']) / 60:.0f} min "
+                       "ago", line, "the log listener looks every guard.cost_every_s: `podkit ctl status logs`", "info")
+    return None
 
 
 def main(cfg, workspace: Path, as_json: bool) -> int:
