@@ -89,6 +89,8 @@ SCRIPTS = {
     "exit0_in_train.py": TRAINING + "import sys\nsys.exit(0)\n",
     "exit_in_train.py": TRAINING + "import sys\nsys.exit()\n",
     "exitmsg_in_train.py": TRAINING + "import sys\nsys.exit('giving up')\n",
+    "caught_exit0.py": TRAINING + "import sys\n\ntry:\n    raise ValueError('a bad batch')\nexcept ValueError:\n"
+                       "    sys.exit(0)  # the failure caught, and hidden behind an exit 0\n",
     "exit0_after_train.py": TRAINING + "from podkit import ending\nhooks.state().returned = True\n"
                             "ending.write(hooks.state().cfg.state_dir, ending.DONE, step=10)\nimport sys\nsys.exit(0)\n",
     "ctrlc.py": "raise KeyboardInterrupt\n",
@@ -158,13 +160,20 @@ def through_bootstrap(tmp_path, monkeypatch):
         real(s, h)
 
 
-def test_sys_exit_0_in_the_middle_of_training_is_a_failure_not_an_end_with_no_record(through_bootstrap):
-    """sys.exit(0) (or sys.exit()) while train() ran: the run did not finish, and before, the judge found an exit 0
-    with nothing recorded ("no-record"): the trainer stayed stopped, the pod billing, no failure named."""
+def test_sys_exit_0_in_the_middle_of_training_is_the_scripts_early_end_and_one_hiding_a_caught_failure_is_that(
+        through_bootstrap):
+    """sys.exit(0) (or sys.exit()) while train() ran: before, the judge found an exit 0 with nothing recorded
+    ("no-record"): the trainer stayed stopped, the pod billing, nothing named. A plain one is the script's own end
+    (an early stop): stopped for good, named at its line, never retried into a crash loop. One raised while the
+    script handled an exception is that exception, caught and hidden: a failure, counted."""
     for entry in ("exit0_in_train.py", "exit_in_train.py"):
         rc, end = through_bootstrap(entry)
-        assert rc == 0 and end["by"] == ending.FAILED, (entry, end)
-        assert "sys.exit(0) while PPOTrainer.train ran" in end["message"] and f"{entry}:5" in end["message"], end
+        assert rc == 0 and end["by"] == ending.ENDED_EARLY, (entry, end)
+        assert "ended training with exit 0 inside PPOTrainer.train" in end["message"] and f"{entry}:5" in \
+            end["message"], end
+        assert ending.kind(end["by"]).family == ending.FINAL and ending.kind(end["by"]).counts is None
+    rc, end = through_bootstrap("caught_exit0.py")
+    assert rc == 0 and end["by"] == ending.FAILED and "a bad batch" in end["message"], end
 
 
 def test_sys_exit_with_a_message_in_training_is_a_failure_and_sys_exit_0_after_it_is_finished(through_bootstrap):

@@ -61,7 +61,7 @@ class Kind:
 
 
 DONE, MAX_STEPS = "done", "max_steps"
-CONFIG_ERROR, NEVER_TRAINED = "config-error", "never-trained"
+CONFIG_ERROR, NEVER_TRAINED, ENDED_EARLY = "config-error", "never-trained", "ended-early"
 CRASH_LOOP, HANG_LOOP, OOM_LOOP, OUTSIDE_LOOP = "crash-loop", "hang-loop", "oom-loop", "outside-loop"
 SIGTERM, STRAY, STALE, LEASE_LOST, ENDED = "SIGTERM", "stray SIGTERM", "stale-weights", "lease-lost", "no-record"
 FAILED, OOM, HANG, NETWORK = "script-error", "out-of-memory", "hung", "network-error"
@@ -77,6 +77,10 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "fix trainer.overrides (a key missing from the YAML needs hydra's +key=value) or trainer.areal_config"),
     Kind(NEVER_TRAINED, FINAL, "stopped for good: the script ended without training", None, "trainer_never_trained",
          "your script never trained: it ended without calling PPOTrainer.train"),
+    Kind(ENDED_EARLY, FINAL, "stopped for good: your script ended training itself (exit 0 inside train()) before its "
+         "last step", None, "trainer_ended_early", "your script ended training before its last step (exit 0 inside "
+         "train())", "nothing to do if that is its early stop; else the exit 0 at the line named is why, and "
+         + "`podkit resume` once it is fixed"),
     Kind(CRASH_LOOP, FINAL, "stopped for good by the loop bound (trainer.max_failures): your script failed again "
          "and again", None, "trainer_crash_loop",
          "your script failed again and again without a new step: the loop bound stopped the trainer"),

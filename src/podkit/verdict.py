@@ -83,7 +83,7 @@ def decide(ev: dict) -> dict:
             return stopped(ev, asked, own, step)
         errors = first
     elif own and okind.family in (ending.FINAL, ending.FAILURE):
-        if okind.name == ending.NEVER_TRAINED and errors and errors[0]["time"] < own["time"]:
+        if okind.name in (ending.NEVER_TRAINED, ending.ENDED_EARLY) and errors and errors[0]["time"] < own["time"]:
             # A rank failed first; torchrun's SIGTERM then ended this one through the script's own handler.
             return of_error(ev, errors[0], silent, step)
         return own  # the trainer's own word: refused, never trained, inference never came

@@ -160,9 +160,16 @@ def run(cfg, argv: list[str]) -> int:
             record_error(cfg, st, e, roots, target)  # sys.exit(3), sys.exit("message"): the script's own way out
         elif not code and st.training and not st.returned:
             # sys.exit(0) (or sys.exit()) while train() ran: the run did not finish, and nothing else says so (an
-            # exit 0 with no record would leave the trainer stopped, the pod billing, no failure named).
-            record_error(cfg, st, SystemExit("sys.exit(0) while PPOTrainer.train ran: the run ended without "
-                                             "finishing").with_traceback(e.__traceback__), roots, target)
+            # exit 0 with no record left the trainer stopped, the pod billing, nothing named). One raised while an
+            # exception was handled is that failure, caught and hidden; else it is the script's own early end.
+            caught = e.__context__
+            if isinstance(caught, Exception) and not isinstance(caught, SystemExit):
+                record_error(cfg, st, caught, roots, target)
+            elif st.rank == 0:
+                at = _line_of(e.__traceback__, roots)
+                ending.write(cfg.state_dir, ending.ENDED_EARLY, f"your script ended training with exit 0 inside "
+                             f"PPOTrainer.train{' at ' + at if at else ''}, before its last step",
+                             ending.kind(ending.ENDED_EARLY).fix)
         if code or st.training or isinstance(e, hooks.Refused):
             return code
         # sys.exit(0) (or sys.exit(main())) without training: as a script that ended, below.
@@ -188,6 +195,15 @@ def run(cfg, argv: list[str]) -> int:
                          "(as AReaL's examples do under `if __name__ == \"__main__\"`); " + ending.fix_code(cfg),
                          step=None)
     return 0
+
+
+def _line_of(tb, roots: list[str]) -> str:
+    """file:line of the last frame of `tb` in the user's code (under `roots`), else its last frame's."""
+    import traceback
+
+    frames = traceback.extract_tb(tb) if tb is not None else []
+    mine = [f for f in frames if any(str(f.filename).startswith(r) for r in roots)] or frames
+    return f"{mine[-1].filename}:{mine[-1].lineno}" if mine else ""
 
 
 # An exception with one of these facts is not the script's code: the judge names it (the volume, a checkpoint,
