@@ -14,9 +14,11 @@ import subprocess
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import PODKIT, wait_for
-from podkit import config, costguard, records, status
+from podkit import config, costguard, records, spend, status
 from podkit.errors import ConfigError
 from runpod_stub import RunPodV2Stub
 from test_notify import Receiver, dead_url
@@ -503,6 +505,53 @@ def test_doctor_says_when_the_spend_is_unknown_or_estimated_and_what_that_means_
         assert "its budget cannot act" in f["title"] and "spend unknown: RunPod shows no price" in f["evidence"][0]
     else:
         assert "$3.20 spent (estimated since " in f["evidence"][0] and "RunPod did not answer" in f["evidence"][0]
-    shown = subprocess.run([*PODKIT, "status", "--workspace", str(ws)], capture_output=True, text=True, env=env,
-                           timeout=60).stdout
+    shown = subprocess.run([*PODKIT, "status", "--workspace", str(ws)], capture_output=True, text=True,
+                           env={**env, "PODKIT_GUARD_MAX_SPEND": "5"}, timeout=60).stdout
     assert "cost: " in shown and ("spend unknown" in shown if source == "unknown" else "estimated since" in shown)
+    assert ("guard.max_spend: once the run has cost $5.00: what it has spent is not known, so the budget cannot act"
+            if source == "unknown" else "guard.max_spend: once the run has cost $5.00: $3.20 so far (estimated since "
+            ) in shown, shown
+
+
+def _guards(**values) -> dict:
+    base = {"stop_pod_at": 0.0, "stop_pod_when_finished": "auto", "stop_pod_after_s": 7200.0, "max_spend": 0.0}
+    return {k: {"value": v} for k, v in {**base, **values}.items()}
+
+
+def test_each_guards_forecast_says_when_it_would_stop_the_pod_and_on_what():
+    """costguard.forecast, worked out once for status and the page: the budget by the run's spend and its price
+    (now, when it is past; never, when the spend is unknown), the unable-to-train stop from safe mode's start,
+    the maximum run time, the finish at the trainer's pace."""
+    now = 1_800_000_000.0
+    st = {"trainer": {"step": 40}, "programs": {}, "safe_mode": None,
+          "cost": {"per_hour": 2.0, "spent": 3.0, "source": "billed", "time": now, "run_before": 0.0}}
+    f = costguard.forecast(st, _guards(max_spend=5.0, stop_pod_at=now + 3600), now, rate=10.0, total_steps=100)
+    assert f["max_spend"]["at"] == now + 3600 and f["max_spend"]["words"] == \
+        "once the run has cost $5.00: $3.00 so far (billed), at $2.00/h in 1h00m"
+    assert f["stop_pod_at"]["at"] == now + 3600 and f["stop_pod_at"]["words"].endswith("in 1h00m")
+    assert f["stop_pod_when_finished"]["at"] == now + 360 and "at this pace in 6m00s" in f["stop_pod_when_finished"]["words"]
+    assert f["stop_pod_after_s"]["at"] is None and f["stop_pod_after_s"]["on"] == "the pod trains"
+    past = costguard.forecast({**st, "cost": {**st["cost"], "spent": 8.0}}, _guards(max_spend=5.0), now)
+    assert past["max_spend"]["at"] == now and past["max_spend"]["words"].endswith("it has spent $8.00 (billed): now")
+    unknown = costguard.forecast({**st, "cost": {"per_hour": None, "spent": None, "source": "unknown", "time": now,
+                                                 "why": "no price"}}, _guards(max_spend=5.0), now)
+    assert unknown["max_spend"]["at"] is None and "the budget cannot act" in unknown["max_spend"]["words"]
+    safe = costguard.forecast({**st, "safe_mode": {"since": now - 600}}, _guards(), now)
+    assert safe["stop_pod_after_s"]["at"] == now - 600 + 7200 and "in safe mode since 10m00s ago" in \
+        safe["stop_pod_after_s"]["words"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(0, 1e4), st.one_of(st.none(), st.floats(0, 1e4)), st.one_of(st.none(), st.floats(0.01, 100)),
+       st.floats(0, 1e4))
+def test_a_budgets_forecast_is_never_in_the_past_and_never_made_of_an_unknown_spend(budget, spent, price, before):
+    now = 1_800_000_000.0
+    cost = {"per_hour": price, "spent": spent, "source": "unknown" if spent is None else "read", "time": now,
+            "run_before": before}
+    f = costguard.forecast({"trainer": {}, "programs": {}, "cost": cost}, _guards(max_spend=budget), now)["max_spend"]
+    total = spend.total(cost)
+    if not budget or total is None:
+        assert f["at"] is None
+    else:
+        assert f["at"] is None or f["at"] >= now
+        assert (f["at"] == now) == (total >= budget)

@@ -267,6 +267,8 @@ def human(st: dict) -> str:
 
         lines += ["cost guards (on RunPod; `podkit guard set` changes them on the running pod):",
                   *("  " + ln for ln in guardfile.human(st["guards"]))]
+        lines += [f"  guard.{k}: {f['words']}" for k, f in (st.get("forecast") or {}).items()
+                  if f.get("at") is not None or k == "max_spend" and (st["guards"]["guards"].get(k) or {}).get("value")]
     return "\n".join(ln for ln in lines if ln is not None)
 
 
@@ -328,6 +330,9 @@ def main(workspace: Path, as_json: bool, health_check: bool = False, progress_ti
         from podkit import guardfile
 
         st["guards"] = guardfile.report(cfg)  # the values in force and where each comes from
+        # when each would stop the pod, on what evidence: worked out once (costguard.forecast), rendered here
+        st["forecast"] = costguard.forecast(st, st["guards"]["guards"], time.time(),
+                                            total_steps=cfg.trainer.max_steps)
     if health_check:
         problem = health_problem(st, progress_timeout_s, multi_node)
         print(f"unhealthy: {problem}" if problem else "healthy")
