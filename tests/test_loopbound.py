@@ -151,3 +151,22 @@ def test_a_resume_is_not_a_new_step_but_a_step_trained_after_it_is(tmp_path):
     assert b.finish(failed, 1, started) == 1 and b.rec["failures"] == 1, "resumed at 50, failed before 51"
     records.PROGRESS.write(tmp_path, {"step": 51, "resumed_at": 50, "time": time.time()})
     assert b.finish(failed, 1, started) == 1 and b.rec["failures"] == 0 and b.rec["best_step"] == 51
+
+
+def test_a_stray_sigterm_at_every_start_is_bounded_with_a_back_off_and_one_after_a_new_step_is_not_counted(tmp_path):
+    """A script (or a neighbour) that sends its ranks SIGTERM at every start: a stop nobody asked podkit for,
+    restarted to resume, was never counted, so it restarted for ever with no back-off. It counts now, as a cause
+    outside the script (three times trainer.max_failures), when it comes again with no new step."""
+    from podkit import ending, loopbound, records
+
+    cfg = bound_cfg(tmp_path)
+    b = loopbound.Bound(cfg)
+    started = time.time() - 1
+    stray = ending.End(ending.record(ending.STRAY, step=7, asked="a SIGTERM sent to rank 0, not by podkit"))
+    records.PROGRESS.write(tmp_path, {"step": 7, "resumed_at": 6, "time": time.time()})
+    assert b.finish(stray, 0, started) == ending.EXIT_RESTART and b.rec.get("outside", 0) == 0, "after a new step"
+    records.PROGRESS.write(tmp_path, {"step": 7, "resumed_at": 7, "time": time.time()})
+    codes = [b.finish(stray, 0, started) for _ in range(3 * cfg.trainer.max_failures)]
+    assert codes[:-1] == [ending.EXIT_RESTART] * (len(codes) - 1) and codes[-1] == 0, codes
+    stopped = records.PROGRESS.read(tmp_path)["stopped"]
+    assert stopped["by"] == ending.OUTSIDE_LOOP and stopped["last"] == ending.STRAY, stopped

@@ -104,7 +104,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "fail on it", "`podkit start-over` moves the checkpoint aside (kept, never deleted) and trains from "
          "step 0; or put a whole copy of it back in its place"),
     Kind(SIGTERM, STOP, "stopped on request"),
-    Kind(STRAY, STOP, "stopped by a SIGTERM that supervisord did not send, and restarted to resume"),
+    # Nobody asked podkit (someone's kill): counted as a cause outside the script when it comes again with no new
+    # step, so that a script (or a neighbour) that signals its ranks at every start is bounded, with a back-off
+    Kind(STRAY, STOP, "stopped by a SIGTERM that supervisord did not send, and restarted to resume", "outside"),
     Kind(STALE, RESTART, "stopped after a step to push its weights to a restarted inference server, and restarted"),
     Kind(LEASE_LOST, GONE, "stopped: another pod holds the workspace now"),
     Kind(ENDED, GONE, "ended with exit 0 and no record of why"),
