@@ -350,3 +350,21 @@ def test_the_run_id_is_the_deploys_else_the_runpod_pods_else_none():
     assert guardfile.run_id({"RUNPOD_POD_ID": "ab c.d/" + "e" * 80}) == ("pod-ab_c_d_" + "e" * 80)[:64]
     assert guardfile.RUN_ID.match(guardfile.run_id({"RUNPOD_POD_ID": "é" * 70}))
     assert guardfile.run_id({"RUNPOD_POD_ID": " "}) == "" and guardfile.run_id({}) == ""
+
+
+def test_the_guards_are_one_table_read_by_the_guard_file_the_listener_the_cli_and_every_view():
+    """guards.TABLE: one row per guard; a new guard is a row there and a Field in settings.py. The guard file's
+    keys, the listener's enforced lines, the CLI's help and the forecast every view renders all come from it."""
+    from podkit import cli, config, costguard, guards
+
+    assert guardfile.KEYS == tuple(guards.TABLE) and set(guards.TABLE) <= set(config.SCHEMA["guard"])
+    assert set(costguard._THREAD) == set(costguard._ASKED) == {k for k, g in guards.TABLE.items() if g.enforced}
+    shown = cli.parser().format_help()
+    assert all(k in " ".join(shown.split()) for k in guards.TABLE), shown
+    st = {"trainer": {"step": 1}, "programs": {}, "cost": None}
+    values = {k: {"value": getattr(config.load(None, environ={}).guard, k)} for k in guards.TABLE}
+    f = guards.forecast(st, values, time.time())
+    assert set(f) == set(guards.TABLE) and all(v["words"] and "at" in v and v["on"] for v in f.values()), f
+    for k, g in guards.TABLE.items():
+        assert g.example.startswith(f"{k}=") and guardfile.parse(k, g.example.split("=", 1)[1], time.time()) \
+            is not None, k

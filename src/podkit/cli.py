@@ -233,8 +233,7 @@ def _weights(cfg, args) -> int:
 
 
 @verb("guard", "the cost guards of a running pod, changed without a restart (RunPod restarts a pod whose env is "
-      "edited): show | set KEY=VALUE... | clear [KEY...]; keys stop_pod_at (+6h, a Unix time, 0), "
-      "stop_pod_when_finished (auto, never), stop_pod_after_s (2h, seconds, 0), max_spend (USD, 0)",
+      "edited): show | set KEY=VALUE... | clear [KEY...]; keys {guards}",
       opt("action", nargs="?", choices=["show", "set", "clear"], default="show"),
       opt("settings", nargs="*", metavar="KEY=VALUE", help="set: KEY=VALUE pairs; clear: keys (none: all)"),
       opt("--json", action="store_true"), workspace=True, tolerant=True)
@@ -323,6 +322,12 @@ def _config(_cfg, args) -> int:
     return 0
 
 
+def guards_help() -> str:
+    from podkit import guards
+
+    return guards.HELP
+
+
 def parser():
     import argparse  # not on the entrypoint's fast path
 
@@ -330,7 +335,8 @@ def parser():
     p.add_argument("--config", help="pod config YAML (default: $PODKIT_CONFIG, else built-in defaults)")
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     for v in VERBS.values():
-        sp = sub.add_parser(v.name, help=v.help)
+        # the guards' keys from their table (guards.HELP), read here: the boot path does not load it
+        sp = sub.add_parser(v.name, help=v.help.replace("{guards}", guards_help()) if "{guards}" in v.help else v.help)
         for flags, _, kw in v.options:
             kw = dict(kw)
             if kw.get("nargs") == "REMAINDER":

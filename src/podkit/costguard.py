@@ -27,7 +27,9 @@ import threading
 import time
 from pathlib import Path
 
-from podkit import log, records, spend
+from podkit import guards, log, records, spend
+from podkit.guards import forecast, sooner, unable_since  # noqa: F401 - costguard's rules, as ever
+from podkit.spend import cents, sureness  # noqa: F401 - costguard's words, as ever
 
 _log = log.get("costguard")
 POD_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -196,14 +198,6 @@ class WhenIdle:
 
 
 # -- the rules: when the pod stops -----------------------------------------------------------------------------
-def sooner(after: float, at: float, since: float, how: str = "") -> tuple[float, str]:
-    """How long from `since` until the pod stops, and which setting says so: the sooner of
-    guard.stop_pod_after_s and guard.stop_pod_at (deploy's maximum run time); 0: never."""
-    if at and (not after or at - since < after):
-        return max(at - since, 0.001), f"guard.stop_pod_at, the maximum run time{how}"
-    return after, f"guard.stop_pod_after_s{how}"
-
-
 def in_safe_mode(stage: str, settings: dict, workspace: Path | None, state_dir: Path | None, say) -> WhenIdle:
     """Safe mode's rule, watched from now: the pod stops after the sooner of guard.stop_pod_after_s and
     guard.stop_pod_at (`settings`, the pod's own), looked up afresh with `podkit guard set`'s changes
@@ -333,89 +327,11 @@ class Deadline:
         self.done = Stopper(self.reason, self.state_dir, wanted=wanted, say=self.say, notified=not first).run()
 
 
-# Per line: the stop's thread, and who asked for the trainer's stop (its end record says "stopped by ...").
-_THREAD = {"stop_pod_at": "max-runtime", "max_spend": "max-spend"}
-_ASKED = {"stop_pod_at": "the maximum run time (guard.stop_pod_at)", "max_spend": "the budget (guard.max_spend)"}
-_MOVED = {"stop_pod_at": "moved", "max_spend": "was raised"}
-
-
-# -- each guard's forecast: when it would stop the pod, and on what --------------------------------------------
-def _span(s: float) -> str:
-    s = max(0, int(s))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
-def _when(t: float, now: float) -> str:
-    return f"in {_span(t - now)}" if t >= now else f"{_span(now - t)} ago"
-
-
-def unable_since(st: dict) -> tuple[float | None, str]:
-    """(since when, why) the pod cannot train now, from status.collect's record: safe mode, the trainer stopped
-    for good, a program FATAL; (None, "") when it can."""
-    from podkit import ending, supervisord
-
-    if st.get("safe_mode"):
-        return (st["safe_mode"] or {}).get("since"), "in safe mode"
-    end = ending.of((st.get("trainer") or {}).get("stopped"))
-    trainer = ((st.get("programs") or {}).get("trainer") or {}).get("state")
-    if end is not None and end.family == ending.FINAL and trainer == supervisord.EXITED:
-        return end.time, "the trainer is stopped for good"
-    if any(p.get("state") == supervisord.FATAL for p in (st.get("programs") or {}).values()):
-        return None, "a program is FATAL"
-    return None, ""
-
-
-def forecast(st: dict, guards: dict, now: float, rate: float | None = None, total_steps: int = 0) -> dict:
-    """Each cost guard's forecast, worked out once for every view: {key: {"at": when it would stop the pod (a
-    Unix time; None: not on what is known now), "words": that in a line, "on": the evidence}}. `guards`:
-    guardfile.report's guards; `rate`: steps per minute, where the view knows the pace."""
-    val = {k: (g or {}).get("value") for k, g in guards.items()}
-    out: dict[str, dict] = {}
-    at = val.get("stop_pod_at") or 0
-    if "stop_pod_at" in val:
-        out["stop_pod_at"] = {"at": at or None, "on": "guard.stop_pod_at",
-                              "words": f"at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(at))}, {_when(at, now)}"
-                              if at else "no maximum run time"}
-    if "stop_pod_when_finished" in val:
-        step = (st.get("trainer") or {}).get("step")
-        left = (total_steps - step) / rate * 60 if total_steps and isinstance(step, int) and rate and \
-            step < total_steps else None
-        out["stop_pod_when_finished"] = {
-            "at": now + left if left is not None and val["stop_pod_when_finished"] == "auto" else None,
-            "on": "the trainer's pace" if left is not None else "the trainer's end",
-            "words": "never" if val["stop_pod_when_finished"] != "auto" else "when training finishes" + (
-                f" (step {total_steps}; at this pace {_when(now + left, now)})" if left is not None else "")}
-    if "stop_pod_after_s" in val:
-        after = val["stop_pod_after_s"] or 0
-        since, why = unable_since(st)
-        base = f"after {_span(after)} unable to train (safe mode, the trainer stopped for good, a program FATAL)"
-        f = {"at": None, "on": why or "the pod trains", "words": base if after else "never"}
-        if after and why:
-            if isinstance(since, (int, float)) and since == since and abs(since) != float("inf"):
-                left, how = sooner(after, at, since)
-                f.update(at=since + left, words=f"{base}: {why} since {_when(since, now)}, so {_when(since + left, now)}"
-                         f" ({how})")
-            else:
-                f.update(at=now + after, words=f"{base}: now {why}, so within {_span(after)}")
-        out["stop_pod_after_s"] = f
-    if "max_spend" in val:
-        budget = val["max_spend"] or 0
-        c = st.get("cost") if isinstance(st.get("cost"), dict) else None
-        total = spend.total(c)
-        f = {"at": None, "on": sureness(c) if c else "no cost.json", "words": "no budget"}
-        if budget:
-            f["words"] = f"once the run has cost {spend.usd(budget)}"
-            if total is None:
-                f["words"] += ": what it has spent is not known, so the budget cannot act" if c else ""
-            elif total >= budget:
-                f.update(at=now, words=f"{f['words']}: it has spent {cents(total)} ({sureness(c)}): now")
-            else:
-                f["words"] += f": {cents(total)} so far ({sureness(c)})"
-                if c.get("per_hour"):
-                    f["at"] = now + (budget - total) / c["per_hour"] * 3600
-                    f["words"] += f", at {cents(c['per_hour'])}/h {_when(f['at'], now)}"
-        out["max_spend"] = f
-    return out
+# Per line (guards.TABLE): the stop's thread, who asked for the trainer's stop (its end record says "stopped by
+# ..."), and what a change that calls the stop off is called.
+_THREAD = {k: g.enforced[0] for k, g in guards.TABLE.items() if g.enforced}
+_ASKED = {k: g.enforced[1] for k, g in guards.TABLE.items() if g.enforced}
+_MOVED = {k: g.enforced[2] for k, g in guards.TABLE.items() if g.enforced}
 
 
 # -- what the pod costs: cost.json -------------------------------------------------------------------------------
@@ -463,23 +379,6 @@ def cost(state_dir: Path | None) -> dict | None:
     """cost.json, checked (the spend ledger: spend.advance), or None when there is none or it cannot be trusted
     (records.COST's shape sets a corrupt file aside). Fields that are not what they say are dropped to None."""
     return None if state_dir is None else _checked(records.COST.read(state_dir))
-
-
-def cents(v) -> str:
-    """A spend in a line: cents, and "<$0.01" under one (a budget is shown as set: spend.usd)."""
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
-        return "?"
-    return "<$0.01" if 0 < v < 0.005 else f"${v:,.2f}"
-
-
-def sureness(c: dict) -> str:
-    """How sure the spend is, in words: "billed", "read", "estimated since 14:02: why", "unknown: why"."""
-    if c["source"] == "estimated":
-        when = f" since {time.strftime('%H:%M', time.gmtime(c['since']))} UTC" if c.get("since") else ""
-        return f"estimated{when}" + (f": {c['why']}" if c.get("why") else "")
-    if c["source"] == "unknown":
-        return "unknown" + (f": {c['why']}" if c.get("why") else "")
-    return c["source"]
 
 
 def words(c: dict, now: float | None = None) -> str:

@@ -26,18 +26,16 @@ import stat
 import time
 from pathlib import Path
 
-from podkit import config, records, spend
+from podkit import config, guards, records, spend
 from podkit.errors import ConfigError, PodkitError
+from podkit.guards import KEYS, parse, show  # noqa: F401 - the table's, read here as ever
 
 NAME = "guards.json"
-KEYS = ("stop_pod_at", "stop_pod_when_finished", "stop_pod_after_s", "max_spend")
 ENTRY_FIELDS = ("value", "over", "time", "run")
 RUN_ENV = "PODKIT_RUN_ID"  # `podkit deploy` gives each run one; its watch's replacements keep it (run_id())
 RUN_ID = re.compile(r"^[A-Za-z0-9_-]{0,64}$")
 MAX_BYTES = 4096  # four entries take a few hundred bytes
 LOOK_EVERY_S = 1.0  # the enforcers look often (every event, every 0.2 s): one stat a second at most
-DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
-UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def path(workspace) -> Path:
@@ -141,21 +139,6 @@ def resolve(entries: dict, base: dict, run: str | None = None) -> tuple[dict, di
     return values, stale
 
 
-def show(key: str, value, now: float | None = None) -> str:
-    now = time.time() if now is None else now
-    if key == "stop_pod_at":
-        if not value:
-            return "0 (no maximum run time)"
-        left = value - now
-        when = f"in {_span(left)}" if left >= 0 else f"{_span(-left)} ago"
-        return f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(value))} ({when})"
-    if key == "stop_pod_after_s":
-        return f"{config._format(value)} s" + (" (never)" if not value else "")
-    if key == "max_spend":
-        return spend.usd(value) if value else "0 (no budget)"  # as set: $0.000000001 is not "$0.00"
-    return str(value)
-
-
 def _span(s: float) -> str:
     s = int(s)
     return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
@@ -227,36 +210,6 @@ class Live:
 
 
 # -- the verb: `podkit guard show | set KEY=VALUE... | clear [KEY...]` --------------------------------------
-
-def parse(key: str, text: str, now: float) -> object:
-    """A value given on the command line, checked as the config checks it. stop_pod_at takes a Unix time,
-    +DURATION from now (+6h, +90m, +2d, +3600) or 0 (none); stop_pod_after_s seconds or a duration;
-    max_spend US dollars ($ optional; 0: no budget)."""
-    name = f"guard.{key}"
-    if key not in KEYS:
-        spec = config.SCHEMA["guard"].get(key)
-        hint = (f"guard.{key} is read when the pod boots: set it in the pod config or env (a restart)" if spec
-                else config._did_you_mean(key, KEYS) or f"one of {', '.join(KEYS)}")
-        raise ConfigError("command line", name, "not a guard that changes on a running pod", hint=hint)
-    t = text.strip().lower()
-    if key == "stop_pod_at" and t.startswith("+"):
-        return config.check("guard", key, now + _duration(name, t[1:]), "command line", from_env=False)
-    if key == "stop_pod_at" and t in ("none", "never", "off"):
-        return 0.0
-    if key == "stop_pod_after_s" and (m := DURATION.match(t)):
-        return config.check("guard", key, float(m.group(1)) * UNIT_S[m.group(2)], "command line", from_env=False)
-    if key == "max_spend":
-        return config.check("guard", key, text.strip().removeprefix("$"), "command line", from_env=True)
-    return config.check("guard", key, text, "command line", from_env=True)
-
-
-def _duration(name: str, t: str) -> float:
-    m = DURATION.match(t)
-    if not m or float(m.group(1)) <= 0:
-        raise ConfigError("command line", name, f"'+{t}' is not a duration from now",
-                          hint="e.g. +90m, +6h, +2d or +3600 (s); or a Unix time; 0: no maximum run time")
-    return float(m.group(1)) * UNIT_S[m.group(2)]
-
 
 def pod_settings(cfg) -> dict:
     """{key: (value, where it comes from)}: the running pod's own settings, as rendered for its programs
@@ -375,9 +328,7 @@ def forecast(state: Path, new: dict, rep: dict) -> list[str]:
 
 def _set(cfg, p: Path, items: list[str]) -> dict:
     if not items:
-        raise ConfigError("command line", "", "nothing to set",
-                          hint="podkit guard set stop_pod_at=+6h | stop_pod_when_finished=never | stop_pod_after_s=2h "
-                          "| max_spend=25")
+        raise ConfigError("command line", "", "nothing to set", hint="podkit guard set " + guards.EXAMPLES)
     now = time.time()
     new = {}
     for item in items:

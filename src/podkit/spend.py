@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import decimal
 import math
+import time
 
 SOURCES = ("billed", "read", "estimated", "unknown")
 LAG_S = 300.0  # RunPod's bill lags the pod's running by minutes: a bill further behind is not yet the spend
@@ -156,3 +157,20 @@ def usd(v) -> str:
     text = format(d, "f")
     whole, _, frac = text.partition(".")
     return f"${int(whole):,}.{frac.ljust(2, '0')}"
+
+
+def cents(v) -> str:
+    """A spend in a line: cents, and "<$0.01" under one (a budget is shown as set: usd)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
+        return "?"
+    return "<$0.01" if 0 < v < 0.005 else f"${v:,.2f}"
+
+
+def sureness(c: dict) -> str:
+    """How sure the spend is, in words: "billed", "read", "estimated since 14:02: why", "unknown: why"."""
+    if c["source"] == "estimated":
+        when = f" since {time.strftime('%H:%M', time.gmtime(c['since']))} UTC" if c.get("since") else ""
+        return f"estimated{when}" + (f": {c['why']}" if c.get("why") else "")
+    if c["source"] == "unknown":
+        return "unknown" + (f": {c['why']}" if c.get("why") else "")
+    return c["source"]
