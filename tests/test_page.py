@@ -21,7 +21,7 @@ import pytest
 
 from conftest import PODKIT, Procs, Stack, smoke_env, wait_for
 from harness import free_port
-from podkit import page, records
+from podkit import page, pageview, records
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240), pytest.mark.xdist_group("page")]
 
@@ -148,9 +148,8 @@ def test_without_the_token_the_page_answers_nothing_and_a_token_in_a_url_is_refu
     for r in (request(run, "GET", "/"), request(run, "GET", "/", headers={"Cookie": "podkit_page=9999999999.00"}),
               request(run, "GET", "/", headers={"Cookie": f"podkit_page={page.Session(TOKEN).cookie(now=1e9)}"})):
         assert r.status == 401 and b"<form" in r.body and b"step" not in r.body and b"<svg" not in r.body, r.body[:300]
-    t0 = time.monotonic()
     wrong = login(run, TOKEN[:-1] + "x")
-    assert wrong.status == 401 and wrong.getheader("Set-Cookie") is None and time.monotonic() - t0 >= 0.9
+    assert wrong.status == 401 and wrong.getheader("Set-Cookie") is None
     queried = [request(run, "GET", f"/?token={TOKEN}"), request(run, "GET", f"/login?token={TOKEN}"),
                request(run, "POST", f"/login?token={TOKEN}", "x=1", {"Content-Type": "application/x-www-form-urlencoded"})]
     assert {r.status for r in queried} == {400} and all(TOKEN.encode() not in r.body for r in queried)
@@ -233,7 +232,7 @@ def test_a_corrupt_huge_history_is_read_bounded_and_its_bad_lines_skipped(tmp_pa
     assert time.perf_counter() - t0 < 2.0
     assert [x[0] for x in pts] == list(range(1, 2002)) and pts[-1][2] is None and pts[-1][3] != pts[-1][3]
     assert repr(page.HistoryCache(p).get()) == repr(pts)
-    svg = page.chart("loss", [(x[0], x[3]) for x in pts], 1, 2001, [])
+    svg = pageview.chart("loss", [(x[0], x[3]) for x in pts], 1, 2001, [])
     assert 'data-points="210"' in svg and len(svg) < 20_000
 
 
@@ -254,9 +253,9 @@ def test_the_pages_token_never_keeps_a_pod_from_training_and_without_a_usable_on
     a token of 16+ characters: served as asked, nothing said."""
     for i, (host, token, said) in enumerate((
             ("0.0.0.0", "", "on 127.0.0.1 only, not 0.0.0.0: PODKIT_PAGE_TOKEN is not set"),
-            ("0.0.0.0", "{{ RUNPOD_SECRET_PODKIT_PAGE_TOKEN }}", "RunPod's secret reference is not filled in"),
-            ("0.0.0.0", "short", "on 127.0.0.1 only, not 0.0.0.0: PODKIT_PAGE_TOKEN is not 16+ characters"),
-            ("127.0.0.1", "short", "without a login: PODKIT_PAGE_TOKEN is not 16+ characters"))):
+            ("0.0.0.0", "{{ RUNPOD_SECRET_PODKIT_PAGE_TOKEN }}", "PODKIT_PAGE_TOKEN is RunPod's secret reference, not filled in"),
+            ("0.0.0.0", "short", "on 127.0.0.1 only, not 0.0.0.0: PODKIT_PAGE_TOKEN is 5 characters; 16 or more"),
+            ("127.0.0.1", "short", "without a login: PODKIT_PAGE_TOKEN is 5 characters; 16 or more are needed"))):
         env = smoke_env(tmp_path / f"ws{i}", free_port(), PODKIT_PAGE_HOST=host, PODKIT_PAGE_TOKEN=token)
         r = subprocess.run([*PODKIT, "preflight"], env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and said in r.stdout + r.stderr, (token, r.stdout + r.stderr)

@@ -11,6 +11,7 @@ import ipaddress
 import os
 import re
 import shlex
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -444,6 +445,35 @@ def metrics(cfg, environ: dict[str, str] | None = None) -> list[Problem]:
 
 PAGE_TOKEN_ENV = "PODKIT_PAGE_TOKEN"  # a secret (a RunPod secret on a pod), never the YAML
 PAGE_TOKEN_MIN = 16  # the page takes guesses from the internet through RunPod's proxy: no short password
+PAGE_TOKEN_DISTINCT = 6  # `openssl rand -hex 8` has fewer once in ~10,000 draws; "aaaa..." and "abab..." 1-2
+PAGE_TOKEN_RUN = 0.6  # more of the steps between neighbours alike than this: a run ("abcdef...", "13579...")
+
+
+def page_token(environ) -> str:
+    """The page's token as set, without the line end a pasted secret or `echo` into a file brings along."""
+    return (environ.get(PAGE_TOKEN_ENV) or "").rstrip("\r\n")
+
+
+def page_token_weakness(token: str) -> str | None:
+    """Why the page must not stand behind this token, in words that follow its name; None when it may."""
+    if not token:
+        return "is not set"
+    if "RUNPOD_SECRET_" in token:
+        return "is RunPod's secret reference, not filled in (no RunPod secret of that name)"
+    for i, c in enumerate(token):
+        if not 0x21 <= ord(c) <= 0x7E:
+            what = "a space" if c == " " else "a control character" if ord(c) < 0x20 or ord(c) == 0x7F else \
+                f"a non-ASCII character ({ord(c):#x})"
+            return f"has {what} at character {i + 1}: letters, digits and punctuation only"
+    if len(token) < PAGE_TOKEN_MIN:
+        return f"is {len(token)} characters; {PAGE_TOKEN_MIN} or more are needed"
+    distinct = len(Counter(token))
+    if distinct < PAGE_TOKEN_DISTINCT:
+        return f"uses only {distinct} different character(s); a random one has many"
+    steps = Counter(ord(b) - ord(a) for a, b in zip(token, token[1:], strict=False))
+    if steps.most_common(1)[0][1] > PAGE_TOKEN_RUN * (len(token) - 1):
+        return "is a run or a repetition (like abcdef... or 13579...); a random one is not"
+    return None
 
 
 def page(cfg) -> list[Problem]:
@@ -463,11 +493,10 @@ def page_loopback_only(cfg, environ: dict[str, str] | None = None) -> str | None
     unfilled, or a token a person could guess (ignored). A warning, not an error: the page's secret must never
     keep a pod from training."""
     environ = os.environ if environ is None else environ
-    token = environ.get(PAGE_TOKEN_ENV, "")
+    token = page_token(environ)
     if not cfg.page.port or not token and loopback(cfg.page.host) or page_token_ok(token):
         return None
-    why = ("RunPod's secret reference is not filled in (no RunPod secret of that name)" if "RUNPOD_SECRET_" in token
-           else f"is not {PAGE_TOKEN_MIN}+ characters of visible ASCII (ignored)" if token else "is not set")
+    why = page_token_weakness(token) + (" (ignored)" if token else "")
     where = "without a login" if loopback(cfg.page.host) else f"on 127.0.0.1 only, not {cfg.page.host}"
     return (f"the page is served {where}: {PAGE_TOKEN_ENV} {why}; set it (e.g. from `openssl rand -hex 32`, a RunPod "
             "secret on a pod) to see the run through RunPod's proxy")
@@ -475,7 +504,7 @@ def page_loopback_only(cfg, environ: dict[str, str] | None = None) -> str | None
 
 def page_token_ok(token: str) -> bool:
     """A token the page may stand behind: one a person cannot guess, not RunPod's unfilled secret reference."""
-    return bool(token) and usable_key(token) and len(token) >= PAGE_TOKEN_MIN and "RUNPOD_SECRET_" not in token
+    return page_token_weakness(token) is None
 
 
 SHAPE_KEYS = ("allocation_mode", "rollout.backend", "actor.backend", "cluster.n_nodes", "cluster.n_gpus_per_node")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hmac
 import os
 import signal
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from podkit import ending, log, records, status, supervisord
+from podkit import ending, log, records, status, supervisord, web
 from podkit.checks import METRICS_KEY_ENV as KEY_ENV
 from podkit.checks import loopback, usable_key
 
@@ -134,66 +133,18 @@ def registry(workspace: Path, window_s: float, state_dir: Path | None = None) ->
 
 
 # A scrape sends its request at once. A connection that has not within IDLE_S is closed, and at most
-# MAX_CONNECTIONS are served at a time: a new one past that closes the oldest that has sent nothing
-# yet, so idle connections pin neither threads nor fds, nor keep a real scrape waiting.
+# MAX_CONNECTIONS are served at a time: a new one past that closes the oldest that has not sent its request
+# yet, so idle connections pin neither threads nor fds, nor keep a real scrape waiting (web.Server).
 IDLE_S = 5.0
 MAX_CONNECTIONS = 32
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 128
-
-    def __init__(self, address, handler) -> None:
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self.lock = threading.Lock()
-        self.silent: dict = {}  # connection -> when it was accepted, until its request line is read
-        super().__init__(address, handler)
-
-    def process_request(self, request, client_address):
-        with self.lock:
-            self.silent[request] = time.monotonic()
-        if not self.slots.acquire(blocking=False):
-            self._close_oldest_silent(but=request)
-            if not self.slots.acquire(timeout=IDLE_S):
-                self.heard(request)
-                self.shutdown_request(request)
-                return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.heard(request)
-            self.slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address):
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.heard(request)
-            self.slots.release()
-
-    def heard(self, request) -> None:
-        with self.lock:
-            self.silent.pop(request, None)
-
-    def shutdown_request(self, request) -> None:
-        with self.lock:  # never closed while an eviction holds it (its fd could be reused)
-            self.silent.pop(request, None)
-            super().shutdown_request(request)
+class _Server(web.Server):
+    max_connections = MAX_CONNECTIONS
+    request_s = IDLE_S
 
     def handle_error(self, request, client_address) -> None:
         pass  # an evicted or vanished client: nothing to report, and no traceback in the log
-
-    def _close_oldest_silent(self, but) -> None:
-        with self.lock:
-            oldest = min((c for c in self.silent if c is not but), key=self.silent.get, default=None)
-            self.silent.pop(oldest, None)
-            if oldest is not None:
-                try:  # its handler reads EOF and ends, freeing its slot
-                    oldest.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 def endpoint(host: str, key: str) -> tuple[str, str]:
