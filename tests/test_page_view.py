@@ -167,11 +167,35 @@ def test_planted_records_cost_a_page_what_honest_ones_do(tmp_path):
     cfg = config.load(None, environ={"PODKIT_WORKSPACE": str(ws), "PODKIT_RUN_DIR": str(tmp_path / "run")})
     source = page.Source(cfg, environ={})
     source.page()  # the history's first read
-    t0 = time.process_time()
-    body = source.page()
-    took = time.process_time() - t0
-    t0 = time.process_time()
-    status.collect(ws, state)
-    base = time.process_time() - t0
+
+    def cpu(fn):  # the least of three: a garbage collection of the planted heap lands in one at random
+        out = []
+        for _ in range(3):
+            t0 = time.process_time()
+            got = fn()
+            out.append(time.process_time() - t0)
+        return min(out), got
+
+    took, body = cpu(source.page)
+    base, _ = cpu(lambda: status.collect(ws, state))
     assert took - base < 0.5 and len(body) < 300_000, (took, base, len(body))
     assert b"could not be drawn" not in body
+
+
+def test_the_page_shows_the_spend_and_the_guards_forecast_from_the_one_model():
+    """The spend with how sure it is and each guard's forecast are what status says (costguard.words,
+    guards.forecast), not the page's own arithmetic: an estimated spend says since when and why, a budget says
+    when it would stop the pod, and an unknown spend never reads as $0.00."""
+    est = {"per_hour": 2.0, "spent": 3.0, "source": "estimated", "since": NOW - 1800, "time": NOW,
+           "why": "RunPod did not answer (HTTP 503)", "run_before": 0.0}
+    v = pageview.View(model(st={**model()["st"], "cost": est},
+                            guards={"guards": {"max_spend": {"value": 5.0}, "stop_pod_at": {"value": NOW + 3600}}}),
+                      lambda s: s)
+    facts, panel = pageview.facts(v), pageview.guards(v)
+    assert "$3.00 spent (estimated since " in facts and "RunPod did not answer" in facts, facts
+    assert "once the run has cost $5.00: $3.00 so far (estimated since" in panel and "in 1h00m" in panel, panel
+    unknown = {"per_hour": None, "spent": None, "source": "unknown", "time": NOW, "why": "no price"}
+    v = pageview.View(model(st={**model()["st"], "cost": unknown}, guards={"guards": {"max_spend": {"value": 5.0}}}),
+                      lambda s: s)
+    assert "spend unknown: no price" in pageview.facts(v) and "$0.00" not in pageview.facts(v)
+    assert "the budget cannot act" in pageview.guards(v)

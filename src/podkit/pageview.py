@@ -383,15 +383,17 @@ def facts(v: View) -> str:
         rows.append(("health", v.data["health"] or "healthy"))
     cost = v.st.get("cost")
     if isinstance(cost, dict) and cost:
-        rows.append(("cost", _cost(cost)))
+        rows.append(("cost", _cost(cost, v.now)))
     return '<dl class="facts">' + "".join(f"<dt>{esc(k)}</dt><dd>{v.said(x)}</dd>" for k, x in rows) + "</dl>"
 
 
-def _cost(c: dict) -> str:
-    parts = [f"{_usd(c.get('per_hour'))}/h", f"spent {_usd(c.get('spent'))}"
-             + (f" ({clip(c['source'], 40)})" if isinstance(c.get("source"), str) and c.get("source") else "")]
-    parts.append(f"projected {_usd(c['projected'])} to the end" if _real(c.get("projected")) else "no end to project to")
-    return ", ".join(parts)
+def _cost(c: dict, now: float) -> str:
+    """The spend in costguard's one line: the price, the spend and how sure it is (billed, read, estimated since
+    when and why, unknown), the run's with its earlier pods, the end at this pace, and its age."""
+    try:
+        return costguard.words(c, now)
+    except Exception:  # noqa: BLE001 - a record of the wrong shape: what can be said of it
+        return f"{_usd(c.get('per_hour'))}/h, spent {_usd(c.get('spent'))}"
 
 
 def trouble(v: View) -> str:
@@ -471,34 +473,19 @@ def programs(v: View) -> str:
 
 
 def guards(v: View) -> str:
-    """Each cost guard in force (guardfile.report) and when it would stop the pod, from the records."""
-    rep, st, now, rate = v.data["guards"], v.st, v.now, v.rate
+    """Each cost guard in force (guardfile.report) and its forecast (guards.forecast: when it would stop the pod,
+    on what evidence), worked out by the one model every view renders."""
+    from podkit import guards as table
+
+    rep, st, now = v.data["guards"], v.st, v.now
     gs = rep.get("guards") or {}
     out = ['<h2>Cost guards <span class="muted">(guard.*)</span></h2>']
     if not v.data.get("on_runpod"):
         out.append('<p class="muted">off here: not a RunPod pod (no RUNPOD_POD_ID and RUNPOD_API_KEY)</p>')
+    fc = table.forecast(st, gs, now, rate=v.rate, total_steps=v.data.get("total_steps") or 0)
     rows = []
-    values = {k: g.get("value") for k, g in gs.items()}
     for key, g in gs.items():
-        val = g.get("value")
-        if key == "stop_pod_at":
-            when = f"at {_utc(val)}, {_ago(val, now)}" if val else "no maximum run time"
-        elif key == "stop_pod_when_finished":
-            total, step = v.data.get("total_steps") or 0, st["trainer"].get("step")
-            when = "never" if val != "auto" else "when training finishes" + (
-                f" (step {total}; at this pace {_ago(now + (total - step) / rate * 60, now)})"
-                if total and isinstance(step, int) and rate and step < total else "")
-        elif key == "stop_pod_after_s":
-            when = _unable(st, val, values.get("stop_pod_at") or 0, now) if val else "never"
-        elif key == "max_spend":
-            cost = st.get("cost") if isinstance(st.get("cost"), dict) else {}
-            spent, per_hour = cost.get("spent"), cost.get("per_hour")
-            when = "no budget" if not val else f"once the pod has cost {_usd(val)}" + (
-                f": {_usd(spent)} so far" + (f", at {_usd(per_hour)}/h {_ago(now + (val - spent) / per_hour * 3600, now)}"
-                                             if _real(per_hour) and per_hour > 0 and spent < val else "")
-                if _real(spent) and math.isfinite(spent) else "")
-        else:
-            when = str(g.get("shown") or val)
+        when = (fc.get(key) or {}).get("words") or str(g.get("shown") or g.get("value"))
         rows.append(f'<tr><td class="key">{v.said(key, 60)}</td><td>{v.said(when, 300)}</td></tr>')
         if g.get("stale"):
             rows.append(f'<tr><td></td><td class="muted">{v.said(g["stale"], 300)}</td></tr>')
@@ -507,27 +494,6 @@ def guards(v: View) -> str:
     if rep.get("problem"):
         out.append(f'<p class="muted">{v.said(rep["problem"], 300)}</p>')
     return "\n".join(out)
-
-
-def _unable(st: dict, after: float, at: float, now: float) -> str:
-    """guard.stop_pod_after_s in words: what it stops, and, when the pod cannot train now, when it would."""
-    since, why = None, ""
-    if st.get("safe_mode"):
-        since, why = (st["safe_mode"] or {}).get("since"), "in safe mode"
-    else:
-        end = ending.of(st["trainer"].get("stopped"))
-        trainer = (st["programs"].get("trainer") or {}).get("state")
-        if end is not None and end.family == ending.FINAL and trainer == supervisord.EXITED:
-            since, why = end.time, "the trainer is stopped for good"
-        elif any(p["state"] == supervisord.FATAL for p in st["programs"].values()):
-            why = "a program is FATAL"
-    base = f"after {_span(after)} unable to train (safe mode, the trainer stopped for good, a program FATAL)"
-    if not why:
-        return base
-    if not _real(since) or not math.isfinite(since):
-        return f"{base}: now {why}, so within {_span(after)}"
-    left, how = costguard.sooner(after, at, since)
-    return f"{base}: {why} since {_ago(since, now)}, so {_ago(since + left, now)} ({how})"
 
 
 def logs(v: View) -> str:
