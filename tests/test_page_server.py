@@ -259,3 +259,40 @@ def test_a_host_this_machine_does_not_have_is_blamed_on_the_host_not_the_port(tm
         procs.cleanup()
     said = log.read_text()
     assert "page.host '192.0.2.7'" in said and "page.port: another port" not in said, said
+
+
+@pytest.mark.parametrize("broken", ["config", "sync"])
+def test_a_pod_waiting_in_safe_mode_serves_its_page_with_why_and_the_fix(procs, tmp_path, broken):
+    """The page was not served in safe mode, when a person looks: now the waiting boot serves it, and it says
+    why the pod waits and the fix, as status does; under a config error too (the defaults on the workspace)."""
+    import os
+    import signal as sig
+
+    from conftest import ROOT
+
+    port = free_port()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    env = {"PATH": os.environ["PATH"], "PODKIT_WORKSPACE": str(ws), "PODKIT_PAGE_PORT": str(port),
+           "PODKIT_METRICS_PORT": "0", "PODKIT_RUN_DIR": str(tmp_path / "run")}
+    if broken == "config":
+        bad = tmp_path / "pod.yaml"
+        bad.write_text("trainer:\n  checkpoint_evry: 5\n")
+        env["PODKIT_CONFIG"] = str(bad)
+    else:
+        env.update(PODKIT_CONFIG=str(ROOT / "configs" / "smoke.yaml"), PODKIT_REPO_URL=str(tmp_path / "no-such-repo"))
+    p = procs.spawn([*PODKIT, "boot"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def page():
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", "/", headers={"Host": f"127.0.0.1:{port}"})
+            r = c.getresponse()
+            return r.status, r.read().decode()
+        except OSError:
+            return None
+    status_, body = wait_for(page, 30, what="the page in safe mode")
+    assert status_ == 200 and "safe mode" in body, body[:3000]
+    assert ("checkpoint_evry" in body) if broken == "config" else ("repo" in body.lower()), body[:3000]
+    p.send_signal(sig.SIGTERM)
+    assert p.wait(20) == 0

@@ -209,7 +209,24 @@ def _why(cfg, state_dir: Path | None, stage: str, message: str, hint: str, trace
     where the waiting pod reports and what its cost guard goes by."""
     workspace = cfg.workspace_path if cfg is not None else state_dir.parent if state_dir is not None else None
     return safemode.Why(stage, message, hint, traceback=traceback, retry=retry, state_dir=state_dir,
-                        workspace=workspace, guards=_guard_settings(cfg), metrics=_metrics(cfg, state_dir))
+                        workspace=workspace, guards=_guard_settings(cfg), metrics=_metrics(cfg, state_dir),
+                        page=cfg if cfg is not None else _page_defaults(workspace))
+
+
+def _page_defaults(workspace: Path | None):
+    """Under a config error, the config the page is served with in safe mode: the defaults on this workspace,
+    with page.host and page.port from their env twins where each alone reads as one; None when even that fails."""
+    if workspace is None:
+        return None
+    host = config.env_name("page", "host")
+    env = {"PODKIT_WORKSPACE": str(workspace),
+           config.env_name("page", "port"): str(_lenient_env("page", "port", lambda v: 0 <= int(v) <= 65535))}
+    if os.environ.get(host, "").strip():
+        env[host] = os.environ[host].strip()
+    try:
+        return config.load(None, environ=env)
+    except Exception:  # noqa: BLE001 - the page is a courtesy of safe mode, never a reason for it
+        return None
 
 
 def _safe_mode(record: guard.Boot | None, why: safemode.Why) -> int:

@@ -438,6 +438,34 @@ def endpoint(host: str, token: str) -> str:
     return host if loopback(host) or page_token_ok(token) else "127.0.0.1"
 
 
+def listen_on(cfg) -> tuple[str, str]:
+    """(host, token) the page serves on: page.host behind a usable token, else loopback without a login."""
+    token = checks.page_token(os.environ)  # a pasted secret's line end is not the token's
+    host = endpoint(cfg.page.host, token)
+    if not page_token_ok(token):
+        if token or host != cfg.page.host:
+            _log.warn(checks.page_loopback_only(cfg) or f"{PAGE_TOKEN_ENV} is ignored")
+        token = ""  # loopback without a usable token: as on `podkit up`, no login
+    return host, token
+
+
+def serve_in_background(cfg) -> bool:
+    """For the boot waiting in safe mode (when a person looks): the page from a thread, showing why the pod
+    waits and the fix, as status does; False when there is no page or it cannot bind."""
+    if not cfg.page.port:
+        return False
+    host, token = listen_on(cfg)
+    try:
+        httpd = server(host, cfg.page.port, Source(cfg), token)
+    except OSError as e:
+        _log.warn(f"cannot serve the page on {host}:{cfg.page.port} in safe mode ({e.strerror or e})")
+        return False
+    threading.Thread(target=httpd.serve_forever, name="page", daemon=True).start()
+    _log.info(f"serving the run at a glance in safe mode on port {cfg.page.port}" + (" (log in with the token)"
+                                                                                     if token else " (loopback)"))
+    return True
+
+
 def main(cfg) -> int:
     p = cfg.page
     signal.signal(signal.SIGTERM, _stop)
@@ -445,12 +473,7 @@ def main(cfg) -> int:
         from podkit.programs import idle
 
         return idle("page", "page.port is 0: no page")
-    token = checks.page_token(os.environ)  # a pasted secret's line end is not the token's
-    host = endpoint(p.host, token)
-    if not page_token_ok(token):
-        if token or host != p.host:
-            _log.warn(checks.page_loopback_only(cfg) or f"{PAGE_TOKEN_ENV} is ignored")
-        token = ""  # loopback without a usable token: as on `podkit up`, no login
+    host, token = listen_on(cfg)
     source = Source(cfg)
     told = ""
     while True:  # a port taken by something else: said once, tried again, never a FATAL program

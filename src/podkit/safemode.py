@@ -64,14 +64,16 @@ class Why:
     """Everything safe mode is told, built once by the boot: the failure (`stage`, `message`, `hint`, the
     `traceback` of a bug), `retry()` (asked every few seconds: true once the cause went away by itself), and
     where the waiting pod reports and bills: `state_dir` (the records), `workspace`, `guards` (the cost
-    guard's settings: stop_pod_after_s, stop_pod_at), `metrics` (metrics.serve_in_background's arguments).
+    guard's settings: stop_pod_after_s, stop_pod_at), `metrics` (metrics.serve_in_background's arguments), `page`
+    (the config the run's page is served with: a pod in safe mode is when a person looks).
     Data goes one way: boot -> safe mode -> its reporters (records, notify, metrics, costguard)."""
 
     def __init__(self, stage: str, message: str, hint: str = "", traceback: str = "", retry=None,
                  state_dir: Path | None = None, workspace: Path | None = None, guards: dict | None = None,
-                 metrics: dict | None = None) -> None:
+                 metrics: dict | None = None, page=None) -> None:
         self.stage, self.message, self.hint, self.traceback, self.retry = stage, message, hint, traceback, retry
         self.state_dir, self.workspace, self.guards, self.metrics = state_dir, workspace, guards, metrics
+        self.page = page  # the config the page is served with (page.serve_in_background), or None
 
 
 def wait(why: Why) -> int:
@@ -103,6 +105,13 @@ def wait(why: Why) -> int:
             endpoint.serve_in_background(**why.metrics)
         except Exception as e:  # noqa: BLE001 - nor may serving metrics
             say(f"[podkit:metrics] cannot serve metrics in safe mode ({type(e).__name__}: {e})")
+    if why.page is not None:
+        try:
+            from podkit import page  # http.server: not on a healthy boot's path
+
+            page.serve_in_background(why.page)
+        except Exception as e:  # noqa: BLE001 - nor may serving the page
+            say(f"[podkit:page] cannot serve the page in safe mode ({type(e).__name__}: {e})")
     last = checked = time.monotonic()
     if why.guards:
         try:
