@@ -21,6 +21,7 @@ BOOT_MODULES = {"podkit", "podkit.boot", "podkit.checks", "podkit.cli", "podkit.
                 "podkit.errors", "podkit.gpu", "podkit.guard", "podkit.lease", "podkit.log", "podkit.pid1",
                 "podkit.preflight",
                 "podkit.proc", "podkit.programs", "podkit.reap", "podkit.records", "podkit.render",
+                "podkit.restore",  # the restore stage; its rclone half (podkit.remote) only with a remote
                 "podkit.safemode", "podkit.settings",  # the settings table config.py loads against
                 "podkit.areal", "podkit.areal.identity",  # the run's names: the reap stage clears its records
                 "podkit.areal.userconf"}  # the user's AReaL YAML and overrides as data (stdlib; identity reads them)

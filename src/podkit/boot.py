@@ -13,14 +13,27 @@ import sys
 import time
 from pathlib import Path
 
-from podkit import checks, config, ending, guard, log, preflight, proc, reap, records, render, safemode
+from podkit import (
+    checks,
+    config,
+    ending,
+    guard,
+    log,
+    preflight,
+    proc,
+    reap,
+    records,
+    render,
+    restore,
+    safemode,
+)
 from podkit.errors import ConfigError, PodkitError, StageError
 
 _log = log.get("boot")
 
 
 def run_stages(cfg, record: guard.Boot | None = None) -> dict[str, str]:
-    """preflight -> reap -> sync -> setup -> render; returns supervisord's environment."""
+    """preflight -> reap -> sync -> setup -> restore -> render; returns supervisord's environment."""
     if cfg.state_dir.exists():
         safemode.clear(cfg.state_dir)
 
@@ -40,6 +53,7 @@ def run_stages(cfg, record: guard.Boot | None = None) -> dict[str, str]:
     stage("reap", reap.run, cfg)             # TERM -> grace -> KILL every GPU holder; a dead run's leftovers
     stage("sync", sync_stage, cfg)           # clone or fetch; never rm -rf; offline -> the last checkout
     stage("setup", setup_stage, cfg)         # the repo's requirements, once per change, in a venv on the volume
+    stage("restore", restore.run, cfg)       # checkpoint.remote's newest whole checkpoint, if the volume's is older
     return stage("render", render.run, cfg)  # supervisord's env from the validated config
 
 

@@ -511,3 +511,7 @@ def measure(v) -> float | None:
 
 
 HISTORY = History()
+# The checkpoint remote (remote.py): the last upload's outcome, and the last whole one's.
+_UPLOAD = {"outcome": str, "step": int, "why": str, "time": TIME, "bytes": int, "took_s": NUMBER, "where": str}
+REMOTE = Record("remote.json", {"last": _UPLOAD, "uploaded": _UPLOAD,
+                                "restore": {"outcome": str, "step": int, "why": str, "time": TIME}})

@@ -235,4 +235,16 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                  "in a row (at most 10 minutes)", "s",
                                  minimum=0, maximum=600),
     },
+    "checkpoint": {
+        "remote": Field(str, "", "a place off the pod for the run's checkpoints: s3://bucket/prefix (credentials from "
+                        "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL) or any rclone remote name:path "
+                        "(RCLONE_CONFIG_<NAME>_* env vars). Each whole checkpoint is uploaded in the background as "
+                        "<remote>/<experiment>/<trial>/gen-<step>/, and the boot restores the newest onto a volume "
+                        "without it; empty: off", "url"),
+        "remote_keep": Field(int, 3, "whole generations kept on the remote; an older one is removed only once a "
+                             "newer one is whole", "", minimum=1, maximum=1000),
+        "remote_poll_s": Field(float, 10.0, "how often the uploader looks for a new checkpoint", "s", minimum=0.1),
+        "remote_timeout_s": Field(float, 3600.0, "limit for one upload or restore (rclone retries within it)", "s",
+                                  minimum=1),
+    },
 }

@@ -228,6 +228,11 @@ def main(cfg) -> int:
                 on_runpod=costguard.on_runpod(), socket_path=cfg.socket_path)
     pump.guards = guardfile.Live(cfg.workspace_path, {k: getattr(cfg.guard, k) for k in guardfile.KEYS}, pump.say)
     pump.idle_rule()  # a listener restarted after the trainer stopped for good: the rule holds still
+    if cfg.checkpoint.remote and not (cfg.multi_node and cfg.cluster.rank != 0):
+        from podkit import remote  # rclone and hashing only with a remote
+
+        # Here, not a program of its own: the listener outlives every trainer restart and stops last.
+        remote.Uploader(cfg, pump.say).start()
     if pump.on_runpod:  # what the pod costs (cost.json), and what guard.max_spend goes by
         pump.deadline.spent = costguard.Meter(cfg.state_dir, cfg.guard.cost_every_s, cfg.trainer.max_steps,
                                               pump.say).start().spent

