@@ -141,6 +141,21 @@ def test_a_person_logs_in_and_sees_the_run_its_pictures_and_its_failure_in_a_bro
     print(f"screenshot: {shots / 'page.png'}")
 
 
+def test_the_pages_token_is_in_the_page_programs_hands_alone(run):
+    """The token was in the environment of every program supervisord runs, the user's trainer among them: now the
+    render stage hands it to the page alone (a 0600 file in the run dir), and the login still takes it."""
+    for name in ("trainer", "sglang", "watchdog"):
+        environ = open(f"/proc/{run.pid(name)}/environ", "rb").read().split(b"\0")
+        assert not any(e.startswith(b"PODKIT_PAGE_TOKEN=") for e in environ), name
+        assert TOKEN.encode() not in b"\0".join(environ), name
+    from podkit import render
+
+    held = run.env.get("PODKIT_RUN_DIR")
+    files = [p for p in ([Path(held)] if held else []) if (p / render.PAGE_TOKEN_FILE).exists()]
+    assert all(os.stat(p / render.PAGE_TOKEN_FILE).st_mode & 0o077 == 0 for p in files)
+    assert login(run).status == 303
+
+
 def test_without_the_token_the_page_answers_nothing_and_a_token_in_a_url_is_refused_and_never_logged(run):
     """No cookie, a wrong token, a forged or lapsed cookie: the login form and nothing of the run. A token in a
     query string: refused, and in no log. The right token: an HttpOnly SameSite=Strict cookie that is not the token,

@@ -438,9 +438,28 @@ def endpoint(host: str, token: str) -> str:
     return host if loopback(host) or page_token_ok(token) else "127.0.0.1"
 
 
+def file_token(cfg) -> str:
+    """The token the render stage handed to the page alone (render.hand_page_token): a file in the run dir that
+    only podkit's user may read; a file anyone else could have written is not the token."""
+    from podkit.render import PAGE_TOKEN_FILE
+
+    try:
+        fd = os.open(cfg.run_path / PAGE_TOKEN_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return ""
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077 or st.st_size > 4096:
+            _log.warn(f"{cfg.run_path / PAGE_TOKEN_FILE} is not podkit's own 0600 file: not the page's token")
+            return ""
+        return checks.page_token({PAGE_TOKEN_ENV: os.read(fd, 4096).decode("utf-8", "replace")})
+    finally:
+        os.close(fd)
+
+
 def listen_on(cfg) -> tuple[str, str]:
     """(host, token) the page serves on: page.host behind a usable token, else loopback without a login."""
-    token = checks.page_token(os.environ)  # a pasted secret's line end is not the token's
+    token = checks.page_token(os.environ) or file_token(cfg)  # a pasted secret's line end is not the token's
     host = endpoint(cfg.page.host, token)
     if not page_token_ok(token):
         if token or host != cfg.page.host:

@@ -28,6 +28,28 @@ def environment(cfg, base: dict | None = None) -> dict[str, str]:
     return env
 
 
+PAGE_TOKEN_FILE = "page-token"  # in the run dir (local disk, 0700): the page program's secret, no one else's
+
+
+def hand_page_token(cfg, env: dict[str, str]) -> None:
+    """The page's token goes to the page alone: supervisord hands its environment to every program (the user's
+    trainer among them), so it is taken out of that and written to the run dir, 0600, where the page reads it
+    (page.token). Without one, a file a run before left is removed."""
+    from podkit.checks import PAGE_TOKEN_ENV
+
+    token = env.pop(PAGE_TOKEN_ENV, None)
+    path = cfg.run_path / PAGE_TOKEN_FILE
+    if not token:
+        path.unlink(missing_ok=True)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, token.encode())
+    finally:
+        os.close(fd)
+
+
 MARGIN_S = 1.5  # the stop ends this long before the container's stop timeout: PID 1's own exit, a loaded host
 OWN_S = 1.0     # podkit's own part of the stop: watchdog, inference, metrics, the listener, supervisord's turns
 
@@ -90,6 +112,7 @@ def run(cfg, full_check: bool = False) -> dict[str, str]:
     files for supervisorctl and people. `full_check` parses supervisord.conf with supervisor's own
     parser (`podkit render`), which costs half of supervisord's start-up, so boot skips it."""
     env = environment(cfg)
+    hand_page_token(cfg, env)
     conf = config.packaged("supervisord.conf")
     (check_supervisord_conf if full_check else check_env_refs)(conf, env)
     # supervisorctl cannot expand supervisord.conf's %(ENV_...)s outside supervisord: give it the literal URL.
