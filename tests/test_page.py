@@ -134,11 +134,23 @@ def test_a_person_logs_in_and_sees_the_run_its_pictures_and_its_failure_in_a_bro
     for program in ("trainer", "sglang", "page"):
         assert f"<td>{program}</td><td>RUNNING</td>" in dom
     assert "Start-up" in dom and "first step" in dom and "<script" not in dom.lower()
+    # a phone's width and a laptop's, kept as the test's artefacts (PODKIT_DOCS_SHOTS=docs/img: the docs' copies)
     shots = tmp_path_factory.mktemp("page-artefacts")
-    browser(profile, f"--screenshot={shots / 'page.png'}", "--window-size=412,2200",
-            f"http://127.0.0.1:{run.page_port}/")
-    assert (shots / "page.png").stat().st_size > 10_000
-    print(f"screenshot: {shots / 'page.png'}")
+    for width, height in ((412, 2600), (1280, 1800)):
+        shot = shots / f"page-{width}.png"
+        browser(profile, f"--screenshot={shot}", f"--window-size={width},{height}", "--hide-scrollbars",
+                f"http://127.0.0.1:{run.page_port}/")
+        assert shot.stat().st_size > 10_000 and png_size(shot) == (width, height), png_size(shot)
+        if os.environ.get("PODKIT_DOCS_SHOTS"):
+            shutil.copy(shot, Path(os.environ["PODKIT_DOCS_SHOTS"]) / shot.name)
+        print(f"screenshot: {shot}")
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """A PNG's width and height, from its IHDR chunk."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", head
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
 
 
 def test_the_pages_token_is_in_the_page_programs_hands_alone(run):

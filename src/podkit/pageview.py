@@ -198,7 +198,11 @@ def _num(v) -> str:
     if not math.isfinite(v):
         return str(v)
     a = abs(v)
-    return f"{v:.0f}" if 1000 <= a < 1e6 else f"{v:.3g}" if 0.01 <= a < 1000 or a == 0 else f"{v:.2e}"
+    if 1000 <= a < 1e6:
+        return f"{v:.0f}"
+    if 0.0001 <= a < 1000 or a == 0:  # "0.005", not "5.00e-03": a start-up phase of 5 ms reads as one
+        return f"{v:.3g}" if a >= 0.001 else f"{v:.1g}"
+    return f"{v:.2e}"
 
 
 def chart(title: str, series: list[tuple[int, float]], lo: int, hi: int, ms: list, unit: str = "",
