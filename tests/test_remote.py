@@ -243,3 +243,62 @@ def test_server_killed_mid_upload_leaves_the_previous_generation_the_newest(pod,
     last = records.REMOTE.read(a.state_dir)["last"]
     assert last["outcome"] == "failed" and ("does not answer" in last["why"] or "broke" in last["why"])
     assert restore.run(pod("b")) == 2
+
+
+def test_a_save_over_a_file_during_its_upload_drops_that_generation(pod, server, bucket, monkeypatch):
+    """AReaL writes its recover checkpoint in place: a file rewritten while it uploads makes the generation's
+    manifest (hashed before) wrong, so no manifest is written and the generation is dropped, never taken."""
+    a = pod("a")
+    t = train_to(a, 5)
+    path = a.checkpoint_dir / "step-00000005.pt"
+    t.torch.save({"step": 5, "model": t.model.state_dict(), "optim": t.opt.state_dict(),
+                  "pad": t.torch.zeros(1 << 19)}, path)  # 2 MB at 1 MiB/s: 2 s to upload
+    monkeypatch.setenv("RCLONE_BWLIMIT", "1M")
+    up = remote.Uploader(a, say=lambda _: None)
+    writer = subprocess.Popen(["sh", "-c", f"sleep 0.7; printf X | dd of={path} bs=1 seek=100 conv=notrunc "
+                                           "status=none"])  # ours
+    try:
+        assert up.once() is None
+    finally:
+        writer.wait(10)
+    assert "changed while it was uploaded" in records.REMOTE.read(a.state_dir)["last"]["why"]
+    assert not gen_dir(server, bucket, 5).exists() or not (gen_dir(server, bucket, 5) / remote.MANIFEST).exists()
+    assert restore.run(pod("b")) is None
+
+
+def test_older_generations_are_pruned_only_behind_enough_whole_ones(pod, server, bucket, monkeypatch):
+    """keep 2: after gens 1, 2 nothing goes; gen 3 whole removes gen 1; a cut gen 4 (no manifest) removes nothing."""
+    monkeypatch.setenv("PODKIT_CHECKPOINT_REMOTE_KEEP", "2")
+    a = pod("a", PODKIT_CHECKPOINT_REMOTE_KEEP="2")
+    up = remote.Uploader(a, say=lambda _: None)
+    for step in (1, 2):
+        train_to(a, step)
+        assert up.once() == step
+    assert up.remote.whole() == [2, 1]
+    train_to(a, 3)
+    assert up.once() == 3
+    assert up.remote.generations() == [3, 2]
+    train_to(a, 4)
+    up.remote.rclone("copy", str(a.checkpoint_dir / "step-00000004.pt"), f"{up.remote.base}/{remote.gen(4)}")
+    assert up.remote.prune(2) == []
+    assert up.remote.whole() == [3, 2]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_a_pod_on_an_empty_volume_resumes_where_the_lost_pod_left_off(stack_factory, server, bucket):
+    """The smoke stack with a remote: the log listener uploads the fake trainer's checkpoints as it trains; a second
+    pod on an empty workspace restores the newest at its boot (the restore stage) and resumes at that step."""
+    env = {k: v for k, v in env_for(server, Path("unused"), bucket).items()
+           if k.startswith(("AWS_", "PODKIT_CHECKPOINT"))}
+    env["PODKIT_CHECKPOINT_REMOTE_POLL_S"] = "0.3"
+    runs = server.root / bucket / "runs" / "podkit" / "run"
+    a = stack_factory("a", **env).start()
+    wait_for(lambda: list(runs.glob("gen-*/manifest.json")), 30, what="a generation uploaded")
+    assert a.stop() == 0
+    newest = max(int(p.parent.name[4:]) for p in runs.glob("gen-*/manifest.json"))
+    b = stack_factory("b", **env).start()
+    wait_for(lambda: f"resumed from checkpoint step-{newest:08d}.pt" in b.log("trainer"), 60,
+             what=f"the second pod to resume at step {newest}")
+    assert f"restored the checkpoint of step {newest}" in b.stdout()
+    assert b.stop() == 0
