@@ -302,3 +302,38 @@ def test_a_pod_on_an_empty_volume_resumes_where_the_lost_pod_left_off(stack_fact
              what=f"the second pod to resume at step {newest}")
     assert f"restored the checkpoint of step {newest}" in b.stdout()
     assert b.stop() == 0
+
+
+def areal_checkpoint(cfg, global_step: int, record: dict) -> Path:
+    """AReaL's recover checkpoint as its RecoverInfo.dump and DCP save lay it out, with the run's record."""
+    from podkit.areal import identity
+
+    root = identity.save_root(identity.fileroot(cfg), "podkit", "run")
+    (root / "recover_info").mkdir(parents=True, exist_ok=True)
+    (root / "recover_info" / "step_info.json").write_text(json.dumps(
+        {"epoch": 0, "epoch_step": global_step, "global_step": global_step, "steps_per_epoch": 100}))
+    (root / "recover_info" / "dataloader_info.pkl").write_bytes(os.urandom(256))
+    (root / "default" / "recover_checkpoint").mkdir(parents=True, exist_ok=True)
+    (root / "default" / "recover_checkpoint" / "__0_0.distcp").write_bytes(os.urandom(4096) + bytes([global_step]))
+    (root / "default" / "recover_checkpoint" / ".metadata").write_bytes(os.urandom(512))
+    identity.write_record(root, record)
+    return root
+
+
+def test_an_areal_recover_checkpoint_replaces_an_older_one_which_is_kept_aside(pod, server, bucket):
+    """AReaL's kind: recover_info/, default/recover_checkpoint/ and the run's record go up as one generation
+    (step = global_step + 1, as progress counts); a volume holding an older checkpoint of the run gets it, the
+    older one moved aside whole, nothing deleted."""
+    a = pod("a", PODKIT_TRAINER_KIND="areal")
+    root = areal_checkpoint(a, 6, remote.mine(a))
+    ckpt = remote.local(a)
+    assert ckpt.step == 7 and "default/recover_checkpoint/__0_0.distcp" in ckpt.files
+    remote.Remote(a.checkpoint.remote, "podkit/run").upload(ckpt)
+    b = pod("b", PODKIT_TRAINER_KIND="areal")
+    old = areal_checkpoint(b, 2, remote.mine(b))
+    assert restore.run(b) == 7
+    assert (old / "default" / "recover_checkpoint" / "__0_0.distcp").read_bytes() == \
+        (root / "default" / "recover_checkpoint" / "__0_0.distcp").read_bytes()
+    aside = list(old.parent.glob("run.before-restore-*"))
+    assert len(aside) == 1 and json.loads((aside[0] / "recover_info" / "step_info.json").read_text())["global_step"] == 2
+    assert not [p for p in old.parent.iterdir() if ".restore-" in p.name]

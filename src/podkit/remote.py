@@ -10,7 +10,7 @@ records.
 What a checkpoint is, by trainer kind (`Local`):
 - fake: the newest `step-<n>.pt` of <workspace>/checkpoints (checkpoint.py), one file;
 - areal: AReaL's recover checkpoint under the run's save root (identity.save_root): recover_info/,
-  default/recover_checkpoint/ and the run's record, podkit-run.json.
+  <name>/recover_checkpoint/ and the run's record, podkit-run.json (not its HF saves).
 """
 
 from __future__ import annotations
@@ -179,8 +179,9 @@ def local(cfg) -> Local:
         root = _areal_root(cfg)
         if not identity.has_checkpoint(root):
             return Local("areal", root, None)
-        files = [str(p.relative_to(root)) for sub in ("recover_info", "default/recover_checkpoint")
-                 for p in sorted((root / sub).rglob("*")) if p.is_file() and not p.is_symlink()]
+        subs = [root / "recover_info", *sorted(root.glob("*/recover_checkpoint"))]  # <name>/: "default", AReaL's
+        files = [str(p.relative_to(root)) for sub in subs for p in sorted(sub.rglob("*"))
+                 if p.is_file() and not p.is_symlink()]
         if (root / identity.RECORD).is_file():
             files.append(identity.RECORD)
         return Local("areal", root, _areal_step(root), files, identity.read_record(root))
