@@ -337,3 +337,18 @@ def test_an_areal_recover_checkpoint_replaces_an_older_one_which_is_kept_aside(p
     aside = list(old.parent.glob("run.before-restore-*"))
     assert len(aside) == 1 and json.loads((aside[0] / "recover_info" / "step_info.json").read_text())["global_step"] == 2
     assert not [p for p in old.parent.iterdir() if ".restore-" in p.name]
+
+
+def test_an_areal_checkpoint_is_not_uploaded_while_a_rank_writes_it(pod, server, bucket):
+    """AReaL writes its recover checkpoint in place: while a rank's save marker is in the run dir the uploader waits,
+    and takes the checkpoint whole once the save is over."""
+    a = pod("a", PODKIT_TRAINER_KIND="areal")
+    areal_checkpoint(a, 6, remote.mine(a))
+    records.PROGRESS.write(a.state_dir, {"kind": "areal", "checkpoint_step": 7})
+    marker = a.run_path / f"{records.SAVING_PREFIX}0"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("")
+    up = remote.Uploader(a, say=lambda _: None)
+    assert up.once() is None and not gen_dir(server, bucket, 7).exists()
+    marker.unlink()
+    assert up.once() == 7 and (gen_dir(server, bucket, 7) / remote.MANIFEST).exists()

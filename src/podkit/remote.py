@@ -279,18 +279,26 @@ class Remote:
         return sorted((s for s, done in self.listing().items() if done), reverse=True)
 
     # -- writing ---------------------------------------------------------------------------------------------
-    def upload(self, ckpt: Local) -> dict:
+    def upload(self, ckpt: Local, moved=lambda: "") -> dict:
         """One generation: the files, checked, then the manifest. A file that changed during the upload (a save
-        over it) drops the generation: RemoteError, and nothing of it stays but files without a manifest."""
+        over it) drops the generation: RemoteError, and nothing of it stays but files without a manifest.
+        `moved()` says why the checkpoint is no longer the one at ckpt.step ("" while it is): asked once the files
+        are hashed and again at the end, so a save that ran between the look and the hashes, or is still writing
+        at the end, drops it too."""
         assert ckpt.step is not None
         manifest = {"step": ckpt.step, "kind": ckpt.kind, "run": self.run, "time": time.time(),
                     "identity": ckpt.record, "files": hashes(ckpt.root, ckpt.files)}
+        if why := moved():
+            raise RemoteError(f"step {ckpt.step} not uploaded: {why}")
         dest = f"{self.base}/{gen(ckpt.step)}"
         with tempfile.NamedTemporaryFile("w", suffix=".files") as listing:
             listing.write("\n".join(ckpt.files) + "\n")
             listing.flush()
             self.rclone("copy", "--checksum", "--files-from-raw", listing.name, str(ckpt.root), dest)
             after = hashes(ckpt.root, ckpt.files)
+            if why := moved():
+                self._drop(ckpt.step)
+                raise RemoteError(f"generation {ckpt.step} dropped: {why}")
             if after != manifest["files"]:
                 changed = sorted(k for k in after if after[k] != manifest["files"].get(k))
                 self._drop(ckpt.step)
@@ -380,6 +388,17 @@ class Uploader:
             except Exception as e:  # noqa: BLE001 - the uploader never takes the listener down
                 self.say(f"[podkit:remote] upload failed: {e}; trying again at the next checkpoint")
 
+    def moved(self, step: int) -> str:
+        """Why the volume's checkpoint is no longer the whole one of `step` ("" while it is): AReaL writes its
+        recover checkpoint in place, with a marker in the run dir while a rank writes (areal/hooks.py). The fake
+        trainer writes each step to a file of its own: a newer one leaves the older whole (the hashes say if not)."""
+        if self.cfg.trainer.kind != "areal":
+            return ""
+        if any(Path(self.cfg.run_path).glob(records.SAVING_PREFIX + "*")):
+            return "a save of the recover checkpoint is in flight"
+        now = local(self.cfg).step
+        return "" if now == step else f"the checkpoint on the volume is now step {now}"
+
     def once(self) -> int | None:
         """Upload the volume's checkpoint if it is newer than the remote's newest; the step uploaded, or None."""
         progress = records.PROGRESS.read(self.cfg.state_dir)
@@ -388,6 +407,8 @@ class Uploader:
         ckpt = local(self.cfg)
         if ckpt.step is None or ckpt.step <= (self.done or 0):
             return None
+        if self.moved(ckpt.step):
+            return None  # mid-save: the next look takes it whole
         if self.failed and self.failed[0] == ckpt.step and time.monotonic() - self.failed[1] < RETRY_S:
             return None  # the same step failed moments ago (credentials, a missing bucket): said once per RETRY_S
         t0 = time.monotonic()
@@ -397,7 +418,7 @@ class Uploader:
                 self.done = whole[0] if whole else 0
                 if ckpt.step <= self.done:
                     return None
-            manifest = self.remote.upload(ckpt)
+            manifest = self.remote.upload(ckpt, lambda: self.moved(ckpt.step))
         except (RemoteError, OSError) as e:
             _record(self.cfg, {"outcome": "failed", "step": ckpt.step, "why": str(e), "time": time.time()})
             self.say(f"[podkit:remote] step {ckpt.step} not uploaded: {e}")
