@@ -79,7 +79,7 @@ def test_up_with_steps_trains_to_the_step_and_exits_0_and_leaves_its_start_up_ti
                         timeout=30)
     status = json.loads(js.stdout)
     phases = [p["phase"] for p in status["startup"]["phases"]]
-    assert phases[:6] == ["preflight", "reap", "sync", "setup", "render", "supervisord"], phases
+    assert phases[:7] == ["preflight", "reap", "sync", "setup", "restore", "render", "supervisord"], phases
     assert "first_step" in phases and status["startup"]["total_s"] > 0, status["startup"]
     last = status["boots"]["last"]
     assert last["via"] == "up" and last["outcome"] == "supervisord", last

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from conftest import PODKIT, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
-ORDER = ["preflight", "reap", "sync", "setup", "render", "supervisord", "inference_started", "weights_loaded",
+ORDER = ["preflight", "reap", "sync", "setup", "restore", "render", "supervisord", "inference_started", "weights_loaded",
          "graphs_captured", "inference_ready", "first_step"]
 
 

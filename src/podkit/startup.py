@@ -27,7 +27,7 @@ from pathlib import Path
 
 from podkit import ending, health, records
 
-STAGES = ("preflight", "reap", "sync", "setup", "render")
+STAGES = ("preflight", "reap", "sync", "setup", "restore", "render")
 LOG_PHASES = (("weights_loaded", re.compile(r"Load weight end")),
               ("graphs_captured", re.compile(r"Capture cuda graph end")),
               ("inference_ready", re.compile(r"The server is fired up and ready to roll!")))
