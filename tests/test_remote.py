@@ -205,6 +205,24 @@ def test_another_runs_generation_is_never_restored(pod, server, bucket, capsys):
     assert not b.checkpoint_dir.exists() or not any(b.checkpoint_dir.iterdir())
 
 
+def test_another_runs_generations_under_the_same_names_are_never_pruned_nor_skip_this_runs_uploads(pod, server,
+                                                                                                    bucket):
+    """Another run (another model) left generations 5 and 6 under this run's names: this run's uploads from step 1
+    were skipped as "already there" until it passed step 6, and its pruning removed the other run's; now both
+    look at the manifests' identity first."""
+    other = pod("other", PODKIT_INFERENCE_MODEL="someone/else-7b")
+    up_other = remote.Uploader(other, say=lambda _: None)
+    for step in (5, 6):
+        train_to(other, step)
+        assert up_other.once() == step
+    a = pod("a", PODKIT_CHECKPOINT_REMOTE_KEEP="2")
+    up = remote.Uploader(a, say=lambda _: None)
+    for step in (1, 2, 3, 4):
+        train_to(a, step)
+        assert up.once() == step, step
+    assert up.remote.whole() == [6, 5, 4, 3], "keep 2 of this run's: 1 and 2 pruned, the other run's kept"
+
+
 def test_a_malformed_remote_is_a_config_error(tmp_path):
     """checkpoint.remote that is no remote at all: a config error naming the key (safe mode at boot)."""
     from podkit.errors import ConfigError

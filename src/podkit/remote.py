@@ -321,20 +321,31 @@ class Remote:
         except RemoteError as e:
             _log.warn(f"could not remove the dropped generation {step} ({e}); without a manifest it is never taken")
 
-    def prune(self, keep: int) -> list[int]:
-        """Every generation older than the keep-th newest whole one (whole or not) removed; nothing while fewer
-        than `keep` are whole. Returns the steps removed."""
+    def prune(self, keep: int, mine=lambda manifest: True) -> list[int]:
+        """Every generation older than the keep-th newest whole one of this run (`mine(manifest)`) removed: this
+        run's whole ones and those without a manifest (never taken); another run's under the same names is never
+        touched. Nothing while fewer than `keep` of this run's are whole. Returns the steps removed."""
         listing = self.listing()
-        whole = sorted((s for s, done in listing.items() if done), reverse=True)
-        if len(whole) < keep:
+        ours = self.whole_of(mine, listing)
+        if len(ours) < keep:
             return []
-        oldest_kept = whole[keep - 1]
+        oldest_kept = ours[keep - 1]
         gone = []
         for step in sorted(listing, reverse=True):
-            if step < oldest_kept:
+            if step < oldest_kept and (step in ours or not listing[step]):
                 self._drop(step)
                 gone.append(step)
         return gone
+
+    def whole_of(self, mine, listing: dict | None = None) -> list[int]:
+        """The steps of the whole generations whose manifest `mine` takes for this run's, newest first."""
+        listing = self.listing() if listing is None else listing
+        out = []
+        for step in sorted((s for s, done in listing.items() if done), reverse=True):
+            m = self.manifest(step)
+            if m is not None and mine(m):
+                out.append(step)
+        return out
 
     def download(self, step: int, into: Path) -> None:
         self.rclone("copy", "--checksum", f"{self.base}/{gen(step)}", str(into))
@@ -413,8 +424,8 @@ class Uploader:
             return None  # the same step failed moments ago (credentials, a missing bucket): said once per RETRY_S
         t0 = time.monotonic()
         try:
-            if self.done is None:  # this process's first look: what is already there is not uploaded again
-                whole = self.remote.whole()
+            if self.done is None:  # this process's first look: what this run has there is not uploaded again
+                whole = self.remote.whole_of(ours(ckpt))
                 self.done = whole[0] if whole else 0
                 if ckpt.step <= self.done:
                     return None
@@ -428,7 +439,7 @@ class Uploader:
         size = sum(f["size"] for f in manifest["files"].values())
         took = time.monotonic() - t0
         try:
-            gone = self.remote.prune(self.cfg.checkpoint.remote_keep)
+            gone = self.remote.prune(self.cfg.checkpoint.remote_keep, ours(ckpt))
         except RemoteError as e:
             gone = []
             self.say(f"[podkit:remote] older generations not removed: {e}")
@@ -448,6 +459,17 @@ def _record(cfg, fields: dict) -> None:
 
 
 # -- the restore half (the restore stage, restore.py, calls restore) ---------------------------------------------
+def ours(ckpt: Local):
+    """Whether a generation's manifest is this run's: its trainer kind and its identity record (another run under
+    the same names and prefix is neither skipped over nor pruned)."""
+    def mine(manifest: dict) -> bool:
+        theirs = manifest.get("identity")
+        return manifest.get("kind") == ckpt.kind and (
+            theirs == ckpt.record or _a_record(theirs) and _a_record(ckpt.record)
+            and not identity.differences(ckpt.record, theirs, ckpt.root))
+    return mine
+
+
 def restored(cfg, outcome: str, step: int | None, why: str) -> None:
     try:
         REMOTE.write(cfg.state_dir, {**REMOTE.read(cfg.state_dir), "restore": {
