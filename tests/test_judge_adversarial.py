@@ -124,6 +124,8 @@ def through_bootstrap(tmp_path, monkeypatch):
         (repo / name).write_text(text)
     real = signal.signal
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    # as on a pod: an xdist worker may run with SIGINT ignored, and a rank's `kill -INT` would then do nothing
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     monkeypatch.setattr(signal, "signal", signal.signal)
     monkeypatch.setattr(signal, "getsignal", signal.getsignal)
     monkeypatch.setattr(sys, "path", list(sys.path))

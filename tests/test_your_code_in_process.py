@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 
@@ -690,7 +691,9 @@ def test_every_way_out_of_a_script_before_training_is_recorded_and_judged_by_its
     r = subprocess.run(["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size=8k tmpfs "{full}" && exec "$0" "$@"',
                         PYTHON, "-c", JUDGED, "ckpt.py", "ckptfull.py", "full.py", "exit3.py", "ctrlc.py", "big.py",
                         "handler.py", "ownki.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **env, "FULL": str(full)})
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **env, "FULL": str(full)},
+                       # as on a pod: SIGINT not ignored (an xdist worker's ignored SIGINT is inherited through exec)
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     ckpt, ckptfull, full, exit3, ctrlc, big, handler, ownki = json.loads(r.stdout.strip().splitlines()[-1])
     assert ckptfull["by"] == "volume-error" and "ENOSPC" in ckptfull["message"], ckptfull
