@@ -465,7 +465,7 @@ def ours(ckpt: Local):
     def mine(manifest: dict) -> bool:
         theirs = manifest.get("identity")
         return manifest.get("kind") == ckpt.kind and (
-            theirs == ckpt.record or _a_record(theirs) and _a_record(ckpt.record)
+            theirs == ckpt.record or identity.is_record(theirs) and identity.is_record(ckpt.record)
             and not identity.differences(ckpt.record, theirs, ckpt.root))
     return mine
 
@@ -476,14 +476,6 @@ def restored(cfg, outcome: str, step: int | None, why: str) -> None:
             "outcome": outcome, "step": step, "why": why, "time": time.time()}})
     except OSError:
         pass
-
-
-def _a_record(data) -> bool:
-    """A run identity record as identity.read_record accepts one."""
-    return (isinstance(data, dict) and isinstance(data.get("names"), list) and len(data["names"]) == 2
-            and all(isinstance(n, str) for n in data["names"]) and isinstance(data.get("entry"), str)
-            and isinstance(data.get("model"), dict) and isinstance(data["model"].get("path"), str)
-            and isinstance(data.get("repo"), str))
 
 
 def restore(cfg, rem: Remote) -> int | None:
@@ -511,7 +503,7 @@ def restore(cfg, rem: Remote) -> int | None:
                       f"{here.kind}: not restored")
             continue
         theirs = manifest.get("identity")
-        diffs = identity.differences(ours, theirs, here.root) if _a_record(theirs) else \
+        diffs = identity.differences(ours, theirs, here.root) if identity.is_record(theirs) else \
             ["its manifest does not say which run trained it"]
         if diffs:
             _rlog.warn(f"{where} is another run's checkpoint ({'; '.join(diffs)}): not restored; {WAYS_ON}")

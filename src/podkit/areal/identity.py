@@ -329,11 +329,15 @@ def read_record(root: Path) -> dict | None:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    ok = (isinstance(data, dict) and isinstance(data.get("names"), list) and len(data["names"]) == 2
-          and all(isinstance(n, str) for n in data["names"]) and isinstance(data.get("entry"), str)
-          and isinstance(data.get("model"), dict) and isinstance(data["model"].get("path"), str)
-          and isinstance(data["model"].get("shape", {}), dict) and isinstance(data.get("repo"), str))
-    return data if ok else None
+    return data if is_record(data) else None
+
+
+def is_record(data) -> bool:
+    """Whether `data` has a run identity record's shape (read_record's, and a remote manifest's identity)."""
+    return (isinstance(data, dict) and isinstance(data.get("names"), list) and len(data["names"]) == 2
+            and all(isinstance(n, str) for n in data["names"]) and isinstance(data.get("entry"), str)
+            and isinstance(data.get("model"), dict) and isinstance(data["model"].get("path"), str)
+            and isinstance(data["model"].get("shape", {}), dict) and isinstance(data.get("repo"), str))
 
 
 def write_record(root: Path, record: dict) -> None:
