@@ -112,10 +112,21 @@ def test_a_pod_without_a_network_volume_is_warned_or_refused_per_config(pod, pol
             pod("smoke.yaml", 0, facts, PODKIT_GUARD_NETWORK_VOLUME=policy)
         assert "has no network volume (RUNPOD_VOLUME_ID is not set)" in e.value.message
         assert "guard.network_volume: refuse" in e.value.message and "--network-volume" in e.value.hint
+        assert "checkpoint.remote (PODKIT_CHECKPOINT_REMOTE)" in e.value.hint
         return
     out = pod("smoke.yaml", 0, facts, PODKIT_GUARD_NETWORK_VOLUME=policy)
     assert ("die with the pod" in out) == (policy == "warn")
     assert "network volume none" in out
+
+
+@pytest.mark.parametrize("policy", ["warn", "refuse"])
+def test_a_pod_with_a_remote_and_no_network_volume_trains_saying_where_its_checkpoints_go(pod, policy):
+    """checkpoint.remote outlives the pod: no warning, no refusal (even `refuse`, which deploy --network-volume
+    sets), and the log says the checkpoints go to the remote instead."""
+    facts = {"RUNPOD_POD_ID": "pod-facts1", "RUNPOD_GPU_COUNT": "0"}
+    out = pod("smoke.yaml", 0, facts, PODKIT_GUARD_NETWORK_VOLUME=policy, PODKIT_CHECKPOINT_REMOTE="s3://ckpts/runs")
+    assert "no network volume: the run's checkpoints go to checkpoint.remote s3://ckpts/runs instead" in out
+    assert f"guard.network_volume {policy} does not apply" in out and "WARNING" not in out
 
 
 def test_off_runpod_the_pod_facts_are_not_read(pod):

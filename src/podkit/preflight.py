@@ -136,7 +136,8 @@ def pod_facts(cfg, environ) -> None:
     """On RunPod: the GPUs RunPod says this pod has (RUNPOD_GPU_COUNT, untrusted), the GPU device files
     visible and the GPUs the config takes must agree; a pod RunPod restarted with fewer GPUs, or none (its
     host had none free), must not start training. A pod without a network volume (no RUNPOD_VOLUME_ID)
-    keeps its checkpoints on a volume that dies with it: guard.network_volume says warn or refuse."""
+    keeps its checkpoints on a volume that dies with it: guard.network_volume says warn or refuse, unless
+    checkpoint.remote is set (the remote outlives the pod, and any pod of the run restores from it)."""
     raw = environ.get("RUNPOD_GPU_COUNT")
     told = int(raw) if raw is not None and COUNT.match(raw) else None
     if raw is not None and told is None:
@@ -176,11 +177,16 @@ def pod_facts(cfg, environ) -> None:
         _log.warn(f"this pod has {have} GPUs and the config takes {len(used)} ({_gpu_keys(cfg)}): {have - len(used)} "
                   "GPU(s) idle and billed; deploy fewer, or give them to the config")
     policy = cfg.guard.network_volume
-    if policy != "off" and not environ.get("RUNPOD_VOLUME_ID"):
+    if cfg.checkpoint.remote and not environ.get("RUNPOD_VOLUME_ID"):  # the remote is what outlives this pod
+        _log.info(f"no network volume: the run's checkpoints go to checkpoint.remote {cfg.checkpoint.remote} "
+                  "instead, each whole one as it is saved, and a pod of this run in any data center restores the "
+                  f"newest at boot (a remote counts as durable: guard.network_volume {policy} does not apply)")
+    elif policy != "off" and not environ.get("RUNPOD_VOLUME_ID"):
         what = ("this RunPod pod has no network volume (RUNPOD_VOLUME_ID is not set): its checkpoints, logs and "
                 f"repo under {cfg.workspace_path} die with the pod (terminated, or migrated to a new pod when its GPU "
                 "was taken)")
-        fix = ("deploy with a network volume (`podkit deploy --network-volume <id>`), or set "
+        fix = ("deploy with a network volume (`podkit deploy --network-volume <id>`), or set checkpoint.remote "
+               "(PODKIT_CHECKPOINT_REMOTE) to keep each whole checkpoint off the pod, or set "
                "PODKIT_GUARD_NETWORK_VOLUME=" + ("warn" if policy == "refuse" else "off") + " to accept it")
         if policy == "refuse":
             raise StageError("preflight", what + " (guard.network_volume: refuse)", fix)

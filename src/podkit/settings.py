@@ -83,7 +83,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                               "API (.podkit/cost.json on the volume: podkit status, guard.max_spend)", "s", minimum=1),
         "network_volume": Field(str, "warn", "on RunPod, a pod without a network volume (no RUNPOD_VOLUME_ID): its "
                                 "checkpoints die with the pod (terminated, or migrated to another host); warn, "
-                                "refuse to train (safe mode), or off", "", choices=("warn", "refuse", "off")),
+                                "refuse to train (safe mode), or off. With checkpoint.remote set, the remote is "
+                                "durable and neither applies", "", choices=("warn", "refuse", "off")),
     },
     "cluster": {
         "nodes": Field(int, 1, "nodes of the run; more than 1: a Ray cluster running AReaL's own Ray launcher "
