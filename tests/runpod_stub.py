@@ -11,8 +11,8 @@ RunPod's own OpenAPI document (tests/runpod/openapi.json, see tests/runpod/READM
 
 Where the document only describes behaviour in words (the pod lifecycle, which actions a status allows, how
 logs resume, what a pod bills), the stub does what the words say. The test controls (`add_pod`, `set_status`,
-`vanish`, `migrate`, `capacity_failures`, `fail`, `logs`, `drop_logs_after`, `follow_s`, `scale_cluster`,
-`set_price`, `charge`) script what RunPod does on its own. Billing: a pod bills its `cost` (its GPUs' secure
+`vanish`, `migrate`, `capacity_failures`, `full` (data centers without a GPU free), `fail`, `logs`,
+`drop_logs_after`, `follow_s`, `scale_cluster`, `set_price`, `charge`) script what RunPod does on its own. Billing: a pod bills its `cost` (its GPUs' secure
 list price x count) while it is PROVISIONING, STARTING or RUNNING, and `charge` adds to its bill; `GET
 /v2/billing/pods` answers that in time buckets. Answers of other shapes and timings are scripted too, and are not held to the
 document: `show_status` (a pod shown with a status the document does not have, or none), `fail(..., body=
@@ -54,6 +54,7 @@ CAPACITY_DETAIL = ("There are no longer any instances available with the request
                    "Please refresh and try again.")
 SSH_PUBLIC_PORT = 22022  # the public port of every pod's 22/tcp; each pod has an IP of its own (203.0.113.0/24)
 DEFAULT_DATA_CENTER = "EU-SE-1"
+DATA_CENTERS = (DEFAULT_DATA_CENTER, "US-TX-3", "CA-MTL-1")  # where the scheduler looks, in order, without dataCenterIds
 # Which actions a status allows, as podAction's description says.
 ACTIONS = {"PROVISIONING": ["stop", "terminate"], "STARTING": ["stop", "terminate"],
            "RUNNING": ["stop", "restart", "terminate"], "EXITED": ["start", "terminate"],
@@ -242,6 +243,7 @@ class RunPodV2Stub:
         self.logs: dict[str, list[tuple[str, str]]] = {}
         self.polls_until_running = 1
         self.capacity_failures = 0
+        self.full: set[str] = set()  # data centers with no GPU free: a pod asked of them only is refused for capacity
         self.new_pod_ids: list[str] = []
         self.drop_logs_after: int | None = None
         self.follow_s = 0.0
@@ -570,11 +572,9 @@ class RunPodV2Stub:
             return self._rule(req, f"ports: {bad[0]!r} is not <port>/tcp or <port>/http")
         mounts = body.get("mounts", template["mounts"] if template else {})
         dcs = body.get("dataCenterIds") or []
-        data_center = dcs[0] if dcs else DEFAULT_DATA_CENTER
         answer = self._check_mounts(req, mounts, dcs, cpu="cpu" in body)
         if isinstance(answer, _Answer):
             return answer
-        data_center = answer or data_center
         gpu = None
         if "gpu" in body:
             g = body["gpu"]
@@ -583,9 +583,13 @@ class RunPodV2Stub:
             if g.get("count", 1) > GPU_TYPES[g["id"]][3]:
                 return self._rule(req, f"gpu.count: at most {GPU_TYPES[g['id']][3]} x {g['id']} on one pod")
             gpu = {"id": g["id"], "count": g.get("count", 1)}
-        if self.capacity_failures > 0:
-            self.capacity_failures -= 1
+        # Placement: a network volume's data center, else the first of dataCenterIds (or, without them, of every
+        # data center: "omit ... to let the scheduler choose") with a GPU free.
+        free = [dc for dc in ([answer] if answer else dcs or DATA_CENTERS) if dc not in self.full]
+        if self.capacity_failures > 0 or not free:
+            self.capacity_failures = max(0, self.capacity_failures - 1)
             return _Answer(400, _problem(400, CAPACITY_DETAIL))
+        data_center = free[0]
         allowed = (body.get("gpu") or {}).get("allowedCudaVersions")
         pid = self._new_id()
         gn = body.get("globalNetworking", False)

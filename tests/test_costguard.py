@@ -536,7 +536,8 @@ def test_each_guards_forecast_says_when_it_would_stop_the_pod_and_on_what():
     unknown = costguard.forecast({**st, "cost": {"per_hour": None, "spent": None, "source": "unknown", "time": now,
                                                  "why": "no price"}}, _guards(max_spend=5.0), now)
     assert unknown["max_spend"]["at"] is None and "the budget cannot act" in unknown["max_spend"]["words"]
-    safe = costguard.forecast({**st, "safe_mode": {"since": now - 600}}, _guards(), now)
+    safe = costguard.forecast({**st, "safe_mode": {"since": now - 600},
+                               "standing": {"run": "safe-mode", "since": now - 600}}, _guards(), now)
     assert safe["stop_pod_after_s"]["at"] == now - 600 + 7200 and "in safe mode since 10m00s ago" in \
         safe["stop_pod_after_s"]["words"]
 

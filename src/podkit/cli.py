@@ -273,8 +273,8 @@ def _run(cfg, args) -> int:
 
 # -- outside the pod ---------------------------------------------------------------------------------------
 @verb("deploy", "RunPod (REST API v2): create/update the template and start a pod on A40s; status [POD] | stop | "
-      "start | terminate POD; logs POD [--follow] [--system]; watch POD: relaunch it on its network volume when it "
-      "is lost; cluster: an Instant Cluster (--nodes x --gpus-per-node --gpu-type, on --network-volume); "
+      "start | terminate POD; logs POD [--follow] [--system]; watch POD: relaunch it on its network volume (or, with "
+      "a checkpoint.remote, in any data center) when it is lost; cluster: an Instant Cluster (--nodes x --gpus-per-node --gpu-type, on --network-volume); "
       "cluster-status | cluster-delete CLUSTER",
       opt("action", nargs="?", choices=["create", "status", "stop", "start", "terminate", "logs", "watch", "cluster",
                                         "cluster-status", "cluster-delete"]),
@@ -289,7 +289,7 @@ def _run(cfg, args) -> int:
       opt("--capacity-timeout", type=float, default=600, help="retry 'no capacity' for this long (s)"),
       opt("--wait-timeout", type=float, default=900, help="wait this long for the pod to run (s)"),
       opt("--network-volume", help="RunPod network volume id mounted at /workspace: what a replacement pod "
-          "resumes from (create; watch needs it)"),
+          "resumes from (create; watch needs it unless the template's env sets PODKIT_CHECKPOINT_REMOTE)"),
       opt("--max-runtime", help="the pod stops itself after this long, the trainer first with its checkpoint: "
           "90m, 12h, 2d or seconds (create)"),
       opt("--nodes", type=int, default=2, help="cluster: nodes, 2 or more (default 2)"),

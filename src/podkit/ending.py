@@ -222,7 +222,7 @@ class End:
 FUTURE_S = 60.0  # an end stamped further ahead than this is not one (a planted record, another node's clock)
 
 
-def of(rec, since: float | None = None, program_pid: int | None = None) -> End | None:
+def of(rec, since: float | None = None, program_pid: int | None = None, now: float | None = None) -> End | None:
     """`rec` (a `stopped` record) as an End if it is one and fresh: recorded at or after `since`, and, when both
     name one, by the program `program_pid`. supervisord's start times are whole seconds, rounded down: a
     record made after a start is never older than it."""
@@ -231,7 +231,7 @@ def of(rec, since: float | None = None, program_pid: int | None = None) -> End |
     t = rec.get("time")
     if not isinstance(t, (int, float)) or isinstance(t, bool):
         return None
-    if since is not None and t < since or t > time.time() + FUTURE_S:
+    if since is not None and t < since or t > (time.time() if now is None else now) + FUTURE_S:
         return None  # older than the run asked about; or stamped ahead of this clock (planted, or another's)
     named = rec.get("program")
     if program_pid is not None and isinstance(named, int) and not isinstance(named, bool) and named != program_pid:

@@ -100,18 +100,16 @@ def sooner(after: float, at: float, since: float, how: str = "") -> tuple[float,
 
 
 def unable_since(st: dict) -> tuple[float | None, str]:
-    """(since when, why) the pod cannot train now, from status.collect's record: safe mode, the trainer stopped
-    for good, a program FATAL; (None, "") when it can."""
-    from podkit import ending, supervisord
+    """(since when, why) the pod cannot train now: the standing status.collect judged (standing.py), rendered;
+    (None, "") when it can."""
+    from podkit import standing
 
-    if st.get("safe_mode"):
-        return (st["safe_mode"] or {}).get("since"), "in safe mode"
-    end = ending.of((st.get("trainer") or {}).get("stopped"))
-    trainer = ((st.get("programs") or {}).get("trainer") or {}).get("state")
-    if end is not None and end.family == ending.FINAL and trainer == supervisord.EXITED:
-        return end.time, "the trainer is stopped for good"
-    if any(p.get("state") == supervisord.FATAL for p in (st.get("programs") or {}).values()):
-        return None, "a program is FATAL"
+    s = st.get("standing") or {}
+    since = s.get("since") if isinstance(s.get("since"), (int, float)) else None
+    if s.get("run") == standing.SAFE_MODE:
+        return since, "in safe mode"
+    if s.get("run") == standing.CANNOT:
+        return since, str(s.get("why") or "it cannot train")
     return None, ""
 
 

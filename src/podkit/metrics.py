@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from podkit import ending, log, records, status, supervisord, web
+from podkit import ending, log, records, standing, status, supervisord, web
 from podkit.checks import METRICS_KEY_ENV as KEY_ENV
 from podkit.checks import loopback, usable_key
 
@@ -83,15 +83,36 @@ class PodCollector:
                  t.get("weight_update_s"))):
             if isinstance(value, (int, float)):
                 yield GaugeMetricFamily(metric, doc, value=float(value))
-        end = ending.of(t.get("stopped"))
-        trainer_state = (st["programs"].get("trainer") or {}).get("state")
+        s = st["standing"]  # judged once by status.collect (standing.py): rendered here, never worked out again
+        last = s.get("last") or {}
+        final = s["run"] == standing.CANNOT and last.get("this_run") and last.get("family") == ending.FINAL
         g = GaugeMetricFamily("podkit_trainer_stopped_for_good", "1 while the trainer stays stopped because it cannot "
                               "train, by why (ending.py's final kinds: config-error, never-trained, and the loop "
                               "bound's crash-loop, hang-loop, oom-loop, outside-loop)", labels=["by"])
         for by in ending.FINAL_KINDS:
-            g.add_metric([by], 1.0 if end is not None and end.kind.name == by and trainer_state == supervisord.EXITED
-                         else 0.0)
+            g.add_metric([by], 1.0 if final and last.get("kind") == by else 0.0)
         yield g
+        g = GaugeMetricFamily("podkit_run_standing", "1 for what the run is doing (standing.py: training, starting, "
+                              "restarting, finished, stopped, cannot-train, ended, not-running, unknown, safe-mode, "
+                              "no-trainer)", labels=["run"])
+        for run in standing.RUNS:
+            g.add_metric([run], 1.0 if s["run"] == run else 0.0)
+        yield g
+        if s["can_train"] is not None:  # unknown (supervisord does not answer): no sample rather than a guess
+            yield GaugeMetricFamily("podkit_can_train", "1 while the run can still train (0: finished, or cannot: "
+                                    "podkit status says why)", value=1.0 if s["can_train"] else 0.0)
+        d = st.get("durable")
+        if d:  # checkpoint.remote is set: what is off the pod
+            for metric, doc, value in (
+                    ("podkit_durable_step", "the last step whose checkpoint is whole on checkpoint.remote", d["step"]),
+                    ("podkit_durable_age_seconds", "seconds since that checkpoint reached the remote", d["age_s"]),
+                    ("podkit_at_risk_steps", "steps trained since the last durable checkpoint", d["at_risk_steps"]),
+                    ("podkit_at_risk_dollars", "what the pod has cost since the last durable checkpoint (an "
+                     "estimate at the price in force)", d["at_risk_usd"])):
+                if isinstance(value, (int, float)):
+                    yield GaugeMetricFamily(metric, doc, value=float(value))
+            yield GaugeMetricFamily("podkit_upload_failing", "1 while the last upload to checkpoint.remote failed",
+                                    value=1.0 if d["failing"] else 0.0)
         loop = records.TRAINER_LOOP.read(self.state)
         if loop.get("boot") != records.CURRENT.read(self.state).get("started"):
             loop = {}  # an earlier boot's count

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from string import Template
 
-from podkit import costguard, ending, log, status, supervisord
+from podkit import costguard, ending, log, standing, status
 
 _log = log.get("page")
 
@@ -312,24 +312,20 @@ def _usd(v) -> str:
     return f"${v:,.2f}" if abs(v) < 1e12 else f"${v:.3g}"
 
 
+_WORDS = {"training": "ok", "finished": "ok", "safe-mode": "bad", "cannot-train": "bad", "not-running": "warn"}
+
+
 def state_of(st: dict) -> tuple[str, str]:
-    """The run in a word or three, and its colour: ok | warn | bad."""
-    if st.get("safe_mode"):
-        return "safe mode", "bad"
-    sv = st["supervisord"]
-    trainer = (st["programs"].get("trainer") or {}).get("state")
-    end = ending.of(st["trainer"].get("stopped"))
-    if not sv.get("reachable"):
-        return ("not running", "warn") if sv.get("exited") or not sv.get("socket") else ("not answering", "bad")
-    if end is not None and end.family == ending.FINISHED and trainer in (supervisord.EXITED, supervisord.STOPPED):
-        return "finished", "ok"
-    if end is not None and end.family == ending.FINAL and trainer == supervisord.EXITED:
-        return "stopped for good", "bad"
-    if any(p["state"] == supervisord.FATAL for p in st["programs"].values()):
-        return "a program is FATAL", "bad"
-    if trainer == supervisord.RUNNING:
-        return "training", "ok"
-    return (clip(trainer, 40).lower() if trainer else "starting"), "warn"
+    """The run in a word or three, and its colour (ok | warn | bad): the standing status.collect judged."""
+    s = st.get("standing") or {}
+    run, sv = s.get("run"), st["supervisord"]
+    if run == "unknown" and not sv.get("reachable"):
+        return ("not running", "warn") if not sv.get("socket") else ("not answering", "bad")
+    if run == "cannot-train":
+        last = s.get("last") or {}
+        return ("stopped for good" if last.get("this_run") and last.get("family") == ending.FINAL
+                else "cannot train"), "bad"
+    return clip(str(run or "starting").replace("-", " "), 40), _WORDS.get(run, "warn")
 
 
 # -- the panels: each a function of the model, drawn on its own -----------------------------------------------------
@@ -385,10 +381,21 @@ def facts(v: View) -> str:
              *((k, _num(t[k])) for k in ("reward", "loss") if _real(t.get(k)))]
     if v.data.get("health") is not None or v.st["supervisord"].get("reachable"):
         rows.append(("health", v.data["health"] or "healthy"))
+    d = v.st.get("durable")
+    if isinstance(d, dict) and d:
+        rows.append(("off the pod", _durable(d, v.now)))
     cost = v.st.get("cost")
     if isinstance(cost, dict) and cost:
         rows.append(("cost", _cost(cost, v.now)))
     return '<dl class="facts">' + "".join(f"<dt>{esc(k)}</dt><dd>{v.said(x)}</dd>" for k, x in rows) + "</dl>"
+
+
+def _durable(d: dict, now: float) -> str:
+    """The last durable step and what is at risk since, in standing's one line."""
+    try:
+        return standing.durable_words(d, now)
+    except Exception:  # noqa: BLE001 - a record of the wrong shape: what can be said of it
+        return f"step {clip(d.get('step'), 40)}"
 
 
 def _cost(c: dict, now: float) -> str:
@@ -408,14 +415,20 @@ def trouble(v: View) -> str:
         out.append(f'<div class="box"><b>safe mode</b> since {esc(_ago(sm.get("since"), v.now))}: '
                    f'{said(sm.get("stage"), 40)}: <span class="quote">{said(sm.get("message"))}</span>'
                    + (f'<p class="fix">fix: {said(sm["hint"])}</p>' if sm.get("hint") else "") + "</div>")
-    end = ending.of(v.t.get("stopped"))
-    if end is not None and end.family in (ending.FAILURE, ending.FINAL):
-        out.append(f'<div class="box"><b>the last failure</b>, {esc(_ago(end.time, v.now))}: '
-                   f'<span class="quote">{said(end.said())}</span>'
-                   + (f'<p class="fix">why: <span class="quote">{said(end.first())}</span></p>'
-                      if end.family == ending.FINAL and end.first() else "")
-                   + (f'<p class="fix">fix: {said(end.hint or end.kind.fix)}</p>' if end.hint or end.kind.fix else "")
-                   + "</div>")
+    s = st.get("standing") or {}
+    last = s.get("last") or {}
+    if last.get("family") in (ending.FAILURE, ending.FINAL):
+        out.append(f'<div class="box"><b>the last failure</b>, {esc(_ago(last.get("time"), v.now))}: '
+                   f'<span class="quote">{said(last.get("said"))}</span>'
+                   + (f'<p class="fix">why: <span class="quote">{said(last["first"])}</span></p>'
+                      if last["family"] == ending.FINAL and last.get("first") else "")
+                   + (f'<p class="fix">fix: {said(last["fix"])}</p>' if last.get("fix") else "") + "</div>")
+    if s.get("run") == "cannot-train" and not (last.get("this_run") and last.get("family") == ending.FINAL):
+        out.append(f'<div class="box"><b>it cannot train</b>: {said(s.get("why"))}</div>')
+    d = st.get("durable")
+    if isinstance(d, dict) and d.get("failing"):
+        out.append(f'<div class="box"><b>checkpoints are not reaching the remote</b>: '
+                   f'<span class="quote">{said(d["failing"].get("why"))}</span></div>')
     loop = v.t.get("loop") or {}
     if loop and not loop.get("gave_up"):
         out.append(f'<div class="box note">the loop bound: {said(loop.get("failures") or 0, 20)} failure(s) in a row '

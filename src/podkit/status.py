@@ -8,8 +8,8 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
-from podkit import costguard, ending, failure, health, proc, programs, records, startup, supervisord
-from podkit.supervisord import EXITED, FATAL, RUNNING, STOPPED, UP
+from podkit import costguard, ending, failure, health, proc, programs, records, standing, startup, supervisord
+from podkit.supervisord import FATAL, RUNNING, UP
 
 
 def collect(workspace: Path, state_dir: Path | None = None) -> dict:
@@ -73,6 +73,12 @@ def collect(workspace: Path, state_dir: Path | None = None) -> dict:
         # A cluster node's `ray` that did not join the head (areal/ray_node.py), in this boot.
         out["ray"] = {"head": join.get("head"), "failures": join.get("failures") or 0, "why": join.get("why"),
                       "gave_up": bool(join.get("gave_up"))}
+    # The standing, judged once from this evidence (standing.py); every view renders it
+    exited = bool(out["supervisord"].get("exited"))
+    out["standing"] = standing.judge(standing.gather(
+        state_dir, standing.of_supervisord(infos, programs), reachable=out["supervisord"]["reachable"],
+        exited=exited, safe_mode=out["safe_mode"])).as_dict()
+    out["durable"] = standing.durable(records.REMOTE.read(state_dir), prog.get("step"), out["cost"], time.time())
     inf = current.get("inference") or {}
     host, port = inf.get("host", "127.0.0.1"), inf.get("port", 30000)
     sglang = out["programs"].get("sglang")
@@ -168,22 +174,22 @@ def last_hour(loop: dict, now: float | None = None) -> dict:
             "last": printable(failing[-1].get("what")) if failing else ""}
 
 
-def _last_stop(t: dict, started=None) -> str:
-    """How the trainer's last run ended, in words, from its own record (ending.py); a record older than the
-    pod's start is an earlier run's."""
-    end = ending.of(t.get("stopped"))
-    ckpt = records.checkpoint_at(t.get("checkpoint_step"))
-    if end is not None and isinstance(started, (int, float)) and (end.time or 0) < started:
-        return (f"the trainer recorded no end since the pod started {_ago(started)} (killed, out of memory or "
-                f"crashed); last {records.at_step(t.get('step')).removeprefix('at ')}, {ckpt}")
-    if end is None:
+def _last_stop(st: dict) -> str:
+    """How the trainer's last run ended, in words: the standing's `last` (its own record, judged this run's or an
+    earlier one's by standing.judge)."""
+    t, s = st["trainer"], st.get("standing") or {}
+    last, ckpt = s.get("last"), records.checkpoint_at(t.get("checkpoint_step"))
+    if last is not None and not last["this_run"] and s.get("run") == standing.NOT_RUNNING:
+        return (f"the trainer recorded no end since the pod started {_ago(st['supervisord'].get('started'))} "
+                f"(killed, out of memory or crashed); last {records.at_step(t.get('step')).removeprefix('at ')}, {ckpt}")
+    if last is None:
         return (f"the trainer left no record of an end: last {records.at_step(t.get('step')).removeprefix('at ')} "
                 f"{_ago(t.get('last_progress'))}, {ckpt}")
-    out = f"{printable(end.said(), 600)} {_ago(end.time)}, {ckpt}"
-    if end.family == ending.FINAL and end.first():
-        out += f"\n    why: {printable(end.first(), 600)}"
-    if end.family in (ending.FINAL, ending.FAILURE) and (end.hint or end.kind.fix):
-        out += f"\n    fix: {printable(end.hint or end.kind.fix, 600)}"
+    out = f"{printable(last['said'], 600)} {_ago(last['time'])}, {ckpt}"
+    if last["family"] == ending.FINAL and last["first"]:
+        out += f"\n    why: {printable(last['first'], 600)}"
+    if last["family"] in (ending.FINAL, ending.FAILURE) and last["fix"]:
+        out += f"\n    fix: {printable(last['fix'], 600)}"
     return out
 
 
@@ -201,7 +207,7 @@ def human(st: dict) -> str:
         lines.append(f"supervisord: {'pid ' + str(sv.get('pid')) if sv.get('reachable') else 'not reachable'}"
                      + (f" ({sv.get('error')})" if sv.get("error") else ""))
     else:
-        lines.append("pod: not running (supervisord has exited); " + _last_stop(st["trainer"], sv.get("started")))
+        lines.append("pod: not running (supervisord has exited); " + _last_stop(st))
     for name, p in st["programs"].items():
         if name == "logs":
             continue
@@ -236,9 +242,11 @@ def human(st: dict) -> str:
         lines.append(f"  {describe_episodes(t['episodes'])}")
     if st.get("ray"):
         lines.append(f"  ray: {cannot_join(st['ray'])}")
-    trainer_state = (st["programs"].get("trainer") or {}).get("state")
-    if trainer_state in ("EXITED", "STOPPED", "FATAL", "BACKOFF") and ending.of(t.get("stopped")) is not None:
-        lines.append("  " + _last_stop(t))
+    s = st.get("standing") or {}
+    if (s.get("state") or {}).get("name") in ("EXITED", "STOPPED", "FATAL", "BACKOFF") and s.get("last"):
+        lines.append("  " + _last_stop(st))
+    if s.get("run") in (standing.CANNOT, standing.ENDED) and sv.get("reachable"):
+        lines.append(f"  it cannot train: {printable(s.get('why'), 600)}")
     code = t.get("code") or {}
     if code.get("entry"):
         lines.append(f"code: {code['entry']}" + (f" at {code['commit'][:12]}" if code.get("commit") else "")
@@ -260,6 +268,8 @@ def human(st: dict) -> str:
         lines.append(f"boot: {_ago(last.get('time'))}, {last.get('outcome')}; before it: {last.get('last_stop')}")
         if boot_failed(last):
             lines.append(f"  it {boot_failed(last)}")
+    if st.get("durable"):
+        lines.append(f"checkpoints off the pod: {printable(standing.durable_words(st['durable'], time.time()), 900)}")
     if st.get("cost"):
         lines.append(f"cost: {costguard.words(st['cost'])}")
     if st.get("guards"):
@@ -291,20 +301,19 @@ def health_problem(st: dict, progress_timeout_s: float, multi_node: bool = False
         return "supervisord is not reachable"
     if st.get("ray"):
         return cannot_join(st["ray"])
-    end = ending.of(st["trainer"].get("stopped"))
-    finished = end is not None and end.family == ending.FINISHED
-    # Over too: a finished trainer that did not exit, STOPPED by the watchdog, when the record is this
-    # pod's (st has no start time for a STOPPED program: the last boot's bounds it).
-    booted = ((st.get("boots") or {}).get("last") or {}).get("time") or 0
-    over = (EXITED, STOPPED) if end is not None and (end.time or 0) >= booted else (EXITED,)
+    s = st.get("standing") or {}
+    # Over: the trainer's own record of finishing, judged this run's (a finished trainer that did not exit is
+    # STOPPED by the watchdog: over too)
+    finished = s.get("run") == standing.FINISHED
+    last = s.get("last") if (s.get("last") or {}).get("this_run") else None
     for name in programs.NAMES:
         p = st["programs"].get(name)
-        if name == "trainer" and finished and p and p["state"] in over:
+        if name == "trainer" and finished:
             continue  # training is over: nothing is wrong with the pod
         if not p or p["state"] not in UP:
-            why = end.first() if end is not None and end.family == ending.FINAL else ""
+            why = last["first"] if last and last["family"] == ending.FINAL else ""
             return f"{name} is {p['state'] if p else 'missing'}" + (
-                f" (stopped for good, {end.kind.name}: {printable(why)})" if name == "trainer" and why else "")
+                f" (stopped for good, {last['kind']}: {printable(why)})" if name == "trainer" and why else "")
     if not multi_node and st["inference"]["phase"] != "ready":  # a cluster's SGLang is AReaL's, in Ray
         return f"inference is {st['inference']['phase']}"
     last = st["trainer"].get("last_progress")

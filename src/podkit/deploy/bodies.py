@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import secrets
 
-from podkit import config, guardfile
+from podkit import config, guardfile, remote
 from podkit.deploy.template import container, persistent_mount
 from podkit.errors import ConfigError
 
@@ -52,6 +52,39 @@ def parse_duration(text: str, flag: str) -> float:
     return float(m.group(1)) * UNIT_S[m.group(2)]
 
 
+REMOTE_ENV = config.env_name("checkpoint", "remote")
+
+
+def checkpoint_remote(tpl: dict, source: str) -> str:
+    """The run's checkpoint.remote from the template's env ("" without one): where a pod of the run in any data
+    center restores from, so a pod needs no network volume. Its URL must be one (remote.parse), and the env must
+    carry its credentials (RunPod secret references: load_template refuses literal ones), or a pod without a
+    network volume would train with nowhere durable to put its checkpoints."""
+    env = tpl["env"]
+    url = env.get(REMOTE_ENV, "").strip()
+    if not url:
+        return ""
+    try:
+        where, s3 = remote.parse(url)
+    except ValueError as e:
+        raise ConfigError(source, f"env.{REMOTE_ENV}", str(e), hint="s3://bucket/prefix, or an rclone remote "
+                          "name:path configured by RCLONE_CONFIG_<NAME>_* in the template's env") from None
+    if s3:
+        need = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+    else:  # rclone reads a remote from RCLONE_CONFIG_<NAME>_*, or from a config file that RCLONE_CONFIG names
+        need = [] if env.get("RCLONE_CONFIG") else [f"RCLONE_CONFIG_{where.partition(':')[0].upper()}_TYPE"]
+    missing = [k for k in need if not env.get(k, "").strip()]
+    if missing:
+        k = missing[0]
+        hint = (f'{k}: "{{{{ RUNPOD_SECRET_{k} }}}}" in the template\'s env, with a RunPod secret of that name '
+                "(and AWS_ENDPOINT_URL off AWS: R2, B2, RunPod's S3 API)" if s3 else
+                f"{k} (e.g. s3) and the remote's options as RCLONE_CONFIG_{k[14:-5]}_* in the template's env, each "
+                'secret one a RunPod secret reference ("{{ RUNPOD_SECRET_<NAME> }}")')
+        raise ConfigError(source, f"env.{k}", f"missing: {REMOTE_ENV} {url!r} needs it on the pod, whose uploads and "
+                          "restores authenticate with it", hint=hint)
+    return url
+
+
 def with_stop_at(env: dict, stop_at: float) -> dict:
     """`stop_at` (the maximum run time) as guard.stop_pod_at in the env, when there is one."""
     if stop_at:
@@ -79,6 +112,8 @@ def pod_body(tpl: dict, gpus: int, cloud: str, name: str, volume: dict | None = 
         body["dataCenterIds"] = [volume["dataCenter"]]
     elif tpl.get("volumeInGb"):
         body["mounts"] = persistent_mount(tpl)
+    # Without a network volume no dataCenterIds: RunPod's scheduler places the pod in any data center of the
+    # cloud with the GPUs free (a checkpoint.remote is what such a pod resumes from).
     return body
 
 

@@ -68,13 +68,15 @@ class Deployer:
                                                      for v in found) or "none; create one under Storage"))
         return vol
 
-    def pods_on(self, volume_id: str, but=()) -> list[dict]:
-        """The account's pods that mount this network volume and may be live (ids in `but` aside): all but
-        those RunPod documents as stopped, in error or gone; one in a status it does not document (a
-        migration) may hold the volume."""
+    def live_pods(self, but=()) -> list[dict]:
+        """The account's pods that may be live (ids in `but` aside): all but those RunPod documents as stopped,
+        in error or gone; one in a status it does not document (a migration) may be live."""
         but = {but} if isinstance(but, str) else set(but)
-        return [p for p in self.api.pods() if p.get("id") not in but and maybe_live(p)
-                and volume_id in mounted_volumes(p)]
+        return [p for p in self.api.pods() if p.get("id") not in but and maybe_live(p)]
+
+    def pods_on(self, volume_id: str, but=()) -> list[dict]:
+        """The live_pods that mount this network volume (one in a status RunPod does not document may hold it)."""
+        return [p for p in self.live_pods(but) if volume_id in mounted_volumes(p)]
 
     def list_price(self, count: int, cloud: str, gpu_type: str = GPU_TYPE) -> float | None:
         """USD per hour of `count` x `gpu_type` in `cloud`: RunPod's list price from its GPU catalogue (a read);

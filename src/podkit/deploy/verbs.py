@@ -17,8 +17,10 @@ from podkit.costguard import POD_ID
 from podkit.deploy import template
 from podkit.deploy.bodies import (
     GPU_TYPE,
+    REMOTE_ENV,
     check_cluster_image,
     check_cluster_shape,
+    checkpoint_remote,
     cluster_body,
     cluster_env,
     config_for,
@@ -27,7 +29,7 @@ from podkit.deploy.bodies import (
     pod_body,
 )
 from podkit.deploy.deployer import CLOUDS, Deployer
-from podkit.deploy.pods import cluster_summary, how_to_reach, pod_line
+from podkit.deploy.pods import cluster_summary, how_to_reach, pod_line, run_of
 from podkit.deploy.watch import Watch, one_watch, relauncher
 from podkit.errors import ConfigError, PodkitError
 from podkit.redact import Redactor, secret_name
@@ -49,6 +51,7 @@ def create(args) -> int:
     if args.gpus < 1:
         raise ConfigError("command line", "--gpus", f"{args.gpus}: at least 1")
     config_for(tpl, args.gpus)  # refuse a GPU count without a pod config before anything is sent
+    remote = checkpoint_remote(tpl, template_source(args))  # and a remote the pod could not reach
     stop_at = max_runtime_until(args)
     name = args.name or f"{tpl['name']}-{args.gpus}xa40"
     if args.dry_run:
@@ -65,6 +68,9 @@ def create(args) -> int:
             print(f"# 3. GET {base}/v2/network-volumes  (finds {vol['id']}'s data center)")
         print(f"# {4 if vol else 3}. GET {base}/v2/pods  (the run's pods already there, by its run id: a create "
               "whose answer is lost is looked for, not sent twice)")
+        if remote and not vol:
+            print(f"# no network volume: RunPod places the pod in any data center of {args.cloud} cloud with the "
+                  f"GPUs; its checkpoints go to checkpoint.remote {remote}")
         print(f"# {5 if vol else 4}. POST {base}/v2/pods")
         print(json.dumps(pod_body(tpl, args.gpus, args.cloud, name, vol, stop_at, "<a new run id>"), indent=2,
                          ensure_ascii=False))
@@ -90,14 +96,23 @@ def create(args) -> int:
     for line in how_to_reach(pod):
         print("  " + line)
     print(f"stop it: podkit deploy stop {pod['id']}   terminate: podkit deploy terminate {pod['id']}")
-    if vol:
-        same = "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in (("--template", args.template),
-                       ("--cloud", args.cloud if args.cloud != "SECURE" else None)) if v)
-        print(f"relaunch it when it is lost: podkit deploy watch {pod['id']} --network-volume {vol['id']}{same}")
+    same = "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in (("--network-volume", vol and vol["id"]),
+                   ("--template", args.template), ("--cloud", args.cloud if args.cloud != "SECURE" else None)) if v)
+    if remote and not vol:
+        print(f"its checkpoints go to checkpoint.remote {remote} as they are saved (no network volume): a pod of this "
+              "run in any data center restores the newest whole one at boot")
+    if vol or remote:
+        print(f"relaunch it when it is lost: podkit deploy watch {pod['id']}{same}")
     else:
         print("its checkpoints live on the pod's own volume: a pod RunPod migrates or terminates takes them with it; "
-              "--network-volume keeps them apart from any one pod")
+              f"--network-volume, or {REMOTE_ENV} in the template's env (checkpoint.remote), keeps them apart from "
+              "any one pod")
     return 0
+
+
+def template_source(args) -> str:
+    """Where the template came from, as a ConfigError names it."""
+    return args.template or "runpod/template.yaml"
 
 
 def price_line(d: Deployer | None, args) -> str:
@@ -229,7 +244,7 @@ def cluster(args) -> int:
                           hint="create one under Storage in the cluster's data center; --network-volume ID")
     check_cluster_shape(args.nodes, args.gpus_per_node, args.gpu_type)
     tpl = template.from_args(args)
-    check_cluster_image(tpl, args.template or "runpod/template.yaml")
+    check_cluster_image(tpl, template_source(args))
     cluster_env(tpl, args.nodes, args.gpus_per_node)  # refuse a shape without a cluster config before anything is sent
     stop_at = max_runtime_until(args)
     name = args.name or f"{tpl['name']}-{args.nodes}x{args.gpus_per_node}"
@@ -262,34 +277,42 @@ def cluster(args) -> int:
 
 
 def watch(args) -> int:
-    """Follow POD; when RunPod says it is lost, stop it and start a replacement on the run's network volume."""
+    """Follow POD; when RunPod says it is lost, stop it and start a replacement on the run's network volume, or,
+    with a checkpoint.remote in the template's env, in any data center with the GPUs."""
     if not args.pod:
         raise ConfigError("command line", "POD", "`podkit deploy watch` needs a pod id")
-    if not args.network_volume:
+    tpl = template.from_args(args)
+    remote = checkpoint_remote(tpl, template_source(args))
+    if not args.network_volume and not remote:
         raise ConfigError("command line", "--network-volume", "a replacement pod resumes from the run's network "
-                          "volume, and none was named: on a new pod volume it would start from nothing",
-                          hint="deploy with `podkit deploy --network-volume ID` and watch with the same ID")
+                          "volume or its checkpoint.remote, and neither was named: on a new pod volume it would "
+                          "start from nothing",
+                          hint="deploy with `podkit deploy --network-volume ID` and watch with the same ID, or put "
+                          f"{REMOTE_ENV} (s3://bucket/prefix) and its credentials in the template's env (--template)")
     for flag, value in (("--lost-after", args.lost_after), ("--poll", args.poll), ("--backoff", args.backoff)):
         if not 0 < value < float("inf"):
             raise ConfigError("command line", flag, f"{value}: a positive number of seconds")
     if args.max_relaunches < 0:
         raise ConfigError("command line", "--max-relaunches", f"{args.max_relaunches}: 0 or more")
     check_cloud(args)
-    tpl = template.from_args(args)
     check_pod_id(args.pod)
     if args.image:  # the replacements' image (without it, the image the watched pod runs)
         template.check_image(tpl, args)
     d = Deployer()
-    vol = d.network_volume(args.network_volume)
-    if not d.api.pod(args.pod):
+    vol = d.network_volume(args.network_volume) if args.network_volume else None
+    if not (pod := d.api.pod(args.pod)):
         raise PodkitError(f"RunPod knows no pod {args.pod!r}", "check the id: `podkit deploy status` lists your "
                           "pods; the watch replaces pods it has seen, never one it could not find")
     launch = relauncher(d, tpl, vol, args.cloud, args.gpus, args.name, args.capacity_timeout, args.image)
+    where = (f"on network volume {vol['id']} ({vol['dataCenter']})" if vol else f"in any data center of "
+             f"{args.cloud} cloud with the GPUs, each restoring from checkpoint.remote {remote}")
     _log.info(f"watching pod {args.pod} every {args.poll:g} s; lost after {args.lost_after:g} s not running; up to "
-              f"{args.max_relaunches} replacement(s) on network volume {vol['id']} ({vol['dataCenter']})")
-    w = Watch(d, args.pod, launch, volume_id=vol["id"], lost_after_s=args.lost_after, start_grace_s=args.wait_timeout,
-              poll_s=args.poll, max_relaunches=args.max_relaunches, backoff_s=args.backoff)
-    with one_watch(vol["id"]):
+              f"{args.max_relaunches} replacement(s) {where}")
+    w = Watch(d, args.pod, launch, volume_id=vol["id"] if vol else "", remote=remote, lost_after_s=args.lost_after,
+              start_grace_s=args.wait_timeout, poll_s=args.poll, max_relaunches=args.max_relaunches,
+              backoff_s=args.backoff)
+    run = run_of(pod) or args.pod  # without a volume, one watch per run id (a pod of no run: per pod)
+    with one_watch(vol["id"]) if vol else one_watch(f"run-{run}", f"{run} (no network volume)"):
         try:
             return w.run()
         except KeyboardInterrupt:

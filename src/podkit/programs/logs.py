@@ -23,7 +23,7 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
-from podkit import costguard, ending, lease, log, notify, pid1, records, supervisord
+from podkit import costguard, ending, lease, log, notify, pid1, records, standing, supervisord
 
 READY = b"READY\n"
 OK = b"RESULT 2\nOK"
@@ -144,38 +144,24 @@ class Pump:
                                f"({records.checkpoint_at(prog.get('checkpoint_step'))})", self.state_dir)
             costguard.when_finished(prog.get("step"), self.guard, self.state_dir, self.say, after=sent)
 
+    def standing(self) -> standing.Standing:
+        """The pod's standing from this listener's own events (standing.judge: the rule status renders too)."""
+        return standing.judge(standing.gather(self.state_dir, standing.of_events(self.states)))
+
     def cannot_train(self) -> str:
         """Why this pod can no longer train, "" while it can: a program FATAL, the trainer stopped for good
         (a refusal, the loop bound, a script that never trained) by its own record since its start, or a
         cluster node's `ray` stopped by its bound (it cannot join the head)."""
-        for name in ("trainer", "sglang"):
-            if (self.states.get(name) or {}).get("state") == supervisord.FATAL:
-                return f"{name} FATAL"
-        ray = self.states.get("ray") or {}
-        join = records.RAY_LOOP.read(self.state_dir) if ray.get("state") == supervisord.EXITED else {}
-        if join.get("gave_up") and (join.get("last_failure") or 0) >= (ray.get("started_at") or 0) - 1:
-            return f"this node cannot join its cluster (the Ray head at {join.get('head')})"
-        rec = self.states.get("trainer") or {}
-        if rec.get("state") != supervisord.EXITED:
-            return ""  # STOPPED: stopped by a person, who starts it again: never the pod's stop
-        end = self.trainer_end(rec.get("pid"))
-        return f"the trainer stopped for good ({end.kind.name})" if end is not None and end.family == ending.FINAL \
-            else ""
+        s = self.standing()
+        return s.why if s.stuck else ""
 
     def idle_rule(self) -> None:
         """Tells the cost guard whether the pod can train, and since when it cannot (costguard.cannot_train)."""
-        why = self.cannot_train()
-        who, since = "the trainer", time.time()
-        if why:
-            # The program whose end it is: its state change starts the wait.
-            name = next((n for n in ("trainer", "sglang") if (self.states.get(n) or {}).get("state") == supervisord.FATAL),
-                        "ray" if why.startswith("this node cannot join") else "trainer")
-            who = "`ray`" if name == "ray" else "the trainer"
-            # Counted from the state change itself: a listener restarted since does not start the wait again.
-            t = (self.states.get(name) or {}).get("since")
-            since = t if isinstance(t, (int, float)) and t <= since else since
-        self._idle = costguard.cannot_train(self._idle, why, who, since, self.guard, self.state_dir, self.say,
-                                            still=self.cannot_train)
+        s, now = self.standing(), time.time()
+        # Counted from the state change itself: a listener restarted since does not start the wait again.
+        since = s.since if s.stuck and isinstance(s.since, (int, float)) and s.since <= now else now
+        self._idle = costguard.cannot_train(self._idle, s.why if s.stuck else "", s.who or "the trainer", since,
+                                            self.guard, self.state_dir, self.say, still=self.cannot_train)
 
     def stop_trainer(self, why: str = "the maximum run time (guard.stop_pod_at)") -> str:
         """For the maximum run time or the budget (costguard.Deadline, which says `why`): the watchdog first, so

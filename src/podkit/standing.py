@@ -1,0 +1,253 @@
+"""The pod's standing, worked out once: what the trainer is doing now and how its last run ended (Kubernetes'
+`state` and `lastState`), whether the run can still train and why not, and how much of it is durable (the last
+step whose checkpoint is off the pod, and what is at risk since).
+
+`judge(Evidence)` is a pure rule over gathered evidence (tests/test_standing.py states its invariants and checks
+them over generated evidence); `gather` reads that evidence from the records, `of_supervisord` and `of_events`
+turn supervisord's answer or the log listener's events into it. status.collect puts the standing in its answer;
+status, doctor, metrics, the page and the log listener's cost guard render it and never work it out again."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from podkit import ending, records, spend
+from podkit.supervisord import BACKOFF, EXITED, FATAL, RUNNING, STARTING, STOPPED, STOPPING
+
+# What the run is doing, in a word: `run` of the standing.
+TRAINING, STARTING_, RESTARTING, FINISHED, STOPPED_, CANNOT, ENDED, NOT_RUNNING, UNKNOWN, SAFE_MODE, NO_TRAINER = (
+    "training", "starting", "restarting", "finished", "stopped", "cannot-train", "ended", "not-running", "unknown",
+    "safe-mode", "no-trainer")
+RUNS = (TRAINING, STARTING_, RESTARTING, FINISHED, STOPPED_, CANNOT, ENDED, NOT_RUNNING, UNKNOWN, SAFE_MODE,
+        NO_TRAINER)
+SLACK_S = 1.0  # supervisord's start times are whole seconds and the listener stamps a start late
+
+
+@dataclass(frozen=True)
+class Program:
+    """One program as supervisord (or the listener's events) has it: its state, since when, its last start and
+    the pid of its last process (None where not known)."""
+    state: str
+    since: float | None = None
+    started: float | None = None
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the standing is judged on. `reachable`: supervisord answers (None: not asked, the listener is its own
+    evidence); `exited`: the recorded supervisord is certainly gone; `end`: the trainer's last end record, raw."""
+    programs: dict[str, Program]
+    end: dict | None = None
+    ray_loop: dict = field(default_factory=dict)
+    safe_mode: dict | None = None
+    reachable: bool | None = True
+    exited: bool = False
+    booted: float | None = None  # this boot's start (records.CURRENT)
+    now: float = 0.0
+
+
+@dataclass(frozen=True)
+class Standing:
+    run: str                 # one of RUNS
+    can_train: bool | None   # None: not known (supervisord does not answer)
+    why: str                 # why it cannot train, or what it does instead ("" while it trains)
+    who: str                 # what must start again for it to train: "the trainer", "`ray`", "" (nothing will)
+    since: float | None      # when the trainer entered its state (the stop's wait counts from it)
+    state: dict              # the trainer now: {"name", "since", "pid"}
+    last: dict | None        # its last end: {"kind", "family", "words", "time", "step", "this_run", ...}
+
+    @property
+    def stuck(self) -> bool:
+        """The pod cannot train and nothing will start it by itself: what guard.stop_pod_after_s counts."""
+        return self.run == CANNOT
+
+    def as_dict(self) -> dict:
+        return {"run": self.run, "can_train": self.can_train, "why": self.why, "who": self.who,
+                "since": self.since, "state": self.state, "last": self.last}
+
+
+def _this_run(end: ending.End | None, trainer: Program | None, booted: float | None) -> bool:
+    """The end is the one of the trainer's last run: recorded since its start (since the boot where its start is
+    not known), and by its process where both name one (an earlier run's "done" on the volume says nothing of a
+    trainer that exited since)."""
+    if end is None:
+        return False
+    start = trainer.started if trainer is not None and trainer.started is not None else booted
+    if start is not None and (end.time or 0) < start - SLACK_S:
+        return False
+    named, pid = end.rec.get("program"), trainer.pid if trainer is not None else None
+    return not (pid and isinstance(named, int) and not isinstance(named, bool) and named != pid)
+
+
+def _last(end: ending.End | None, this_run: bool) -> dict | None:
+    if end is None:
+        return None
+    return {"kind": end.kind.name, "family": end.family, "words": end.words(), "said": end.said(),
+            "time": end.time, "step": end.step if isinstance(end.step, int) and not isinstance(end.step, bool)
+            else None, "first": end.first(), "fix": end.hint or end.kind.fix or "", "this_run": this_run}
+
+
+def judge(ev: Evidence) -> Standing:
+    """The standing from the evidence alone (no clock, no files): the first rule that holds, in the order a
+    person asks: is it up at all, is it stuck for good, did it finish, is it training."""
+    end = ending.of(ev.end, now=ev.now or None)
+    trainer = ev.programs.get("trainer")
+    this_run = _this_run(end, trainer, ev.booted)
+    last = _last(end, this_run)
+    state = {"name": trainer.state if trainer else None, "since": trainer.since if trainer else None,
+             "pid": trainer.pid if trainer else None}
+
+    def out(run, can, why="", who="", since=None):
+        return Standing(run, can, why, who, since, state, last)
+
+    if ev.safe_mode:
+        sm = ev.safe_mode
+        return out(SAFE_MODE, False, f"in safe mode ({sm.get('stage')}): {sm.get('message')}", "",
+                   sm.get("since") if isinstance(sm.get("since"), (int, float)) else None)
+    if ev.reachable is False:
+        return out(NOT_RUNNING, None, "the pod is not running (supervisord has exited)") if ev.exited else \
+            out(UNKNOWN, None, "supervisord does not answer")
+    for name in ("trainer", "sglang"):
+        p = ev.programs.get(name)
+        if p is not None and p.state == FATAL:
+            return out(CANNOT, False, f"{name} FATAL (supervisord gave up starting it)", "the trainer"
+                       if name == "trainer" else "sglang", p.since)
+    ray = ev.programs.get("ray")
+    loop = ev.ray_loop if isinstance(ev.ray_loop, dict) else {}
+    if ray is not None and ray.state == EXITED and loop.get("gave_up") is True and \
+            _num(loop.get("last_failure")) >= (_num(ray.started) or 0) - SLACK_S:
+        return out(CANNOT, False, f"this node cannot join its cluster (the Ray head at {loop.get('head')})", "`ray`",
+                   ray.since)
+    if trainer is None:
+        return out(NO_TRAINER, None, "no trainer program on this node")
+    if this_run and end.family == ending.FINAL and trainer.state == EXITED:
+        return out(CANNOT, False, f"the trainer stopped for good ({end.kind.name})", "the trainer", trainer.since)
+    if this_run and end.family == ending.FINISHED and trainer.state in (EXITED, STOPPED):
+        return out(FINISHED, False, f"it finished its run {records.at_step(end.step)}", "", trainer.since)
+    if trainer.state == STOPPED:
+        return out(STOPPED_, True, "the trainer is stopped (`podkit ctl start trainer` starts it)", "the trainer",
+                   trainer.since)
+    if trainer.state == EXITED:
+        # Exited 0 (anything else is restarted) without a final or finished end of its own: nothing restarts it.
+        return out(ENDED, None, "the trainer exited without recording a final end", "the trainer", trainer.since)
+    if trainer.state in (BACKOFF, STOPPING):
+        return out(RESTARTING, True, "the trainer is restarting", "the trainer", trainer.since)
+    if trainer.state == STARTING:
+        return out(STARTING_, True, "", "", trainer.since)
+    if trainer.state == RUNNING:
+        return out(TRAINING, True, "", "", trainer.since)
+    return out(UNKNOWN, None, f"the trainer is {trainer.state}", "the trainer", trainer.since)
+
+
+def _num(v) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else 0.0
+
+
+def _int(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _time(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e11 else None
+
+
+# -- the evidence, gathered ---------------------------------------------------------------------------------------
+def of_supervisord(infos: list[dict], listener: dict) -> dict[str, Program]:
+    """supervisord's getAllProcessInfo, with the listener's record (programs.json) for the pid of a process that
+    has exited (supervisord says 0 then)."""
+    out = {}
+    for info in infos:
+        name, state = info.get("name"), info.get("statename")
+        rec = listener.get(name) if isinstance(listener.get(name), dict) else {}
+        gone = state in (EXITED, STOPPED, BACKOFF, FATAL)
+        start, stop = _time(info.get("start")), _time(info.get("stop"))
+        pid = info.get("pid") or _int(rec.get("pid")) or None
+        out[name] = Program(state, (stop or _time(rec.get("since"))) if gone else start, start, pid)
+    return out
+
+
+def of_events(states: dict) -> dict[str, Program]:
+    """The log listener's own record of the programs' state changes (programs.json's shape)."""
+    return {name: Program(rec.get("state"), _time(rec.get("since")), _time(rec.get("started_at")), _int(rec.get("pid")))
+            for name, rec in states.items() if isinstance(rec, dict) and isinstance(rec.get("state"), str)}
+
+
+def gather(state_dir: Path, programs: dict[str, Program], reachable: bool | None = True, exited: bool = False,
+           safe_mode: dict | None = None, now: float | None = None) -> Evidence:
+    return Evidence(programs, records.PROGRESS.read(state_dir).get("stopped"), records.RAY_LOOP.read(state_dir),
+                    safe_mode, reachable, exited, _time(records.CURRENT.read(state_dir).get("started")),
+                    time.time() if now is None else now)
+
+
+# -- durability: what is off the pod ---------------------------------------------------------------------------------
+def durable(remote: dict | None, step, cost: dict | None, now: float, configured: bool | None = None) -> dict | None:
+    """The last step whose checkpoint is whole on the remote (records.REMOTE) and its age, what is at risk since
+    (steps, and dollars at the price in force, with how sure that is), and the last upload's failure if it came
+    after. None when the run has no remote (`configured` False, or no record and not told)."""
+    remote = remote if isinstance(remote, dict) else {}
+    if configured is False or configured is None and not remote:
+        return None
+    up = remote.get("uploaded") if isinstance(remote.get("uploaded"), dict) else {}
+    last = remote.get("last") if isinstance(remote.get("last"), dict) else {}
+    d_step, d_time = _int(up.get("step")), _time(up.get("time"))
+    step = _int(step)
+    out = {"step": d_step, "time": d_time, "age_s": max(0.0, now - d_time) if d_time else None,
+           "where": up.get("where") if isinstance(up.get("where"), str) else "",
+           "at_risk_steps": max(0, step - (d_step or 0)) if step is not None else None,
+           "at_risk_usd": None, "usd_sureness": "unknown", "failing": None}
+    price = (cost or {}).get("per_hour")
+    if isinstance(price, (int, float)) and price > 0 and cost.get("source") != "unknown":
+        # the pod's time since the durable step (or since the run's start on this pod when nothing is durable)
+        since = d_time or _time((cost or {}).get("started"))
+        if since is not None:
+            out["at_risk_usd"] = round(price * max(0.0, now - since) / 3600, 6)
+            out["usd_sureness"] = "estimated" if cost.get("source") == "estimated" else "read"
+    if last.get("outcome") == "failed" and (_time(last.get("time")) or 0) >= (d_time or 0):
+        out["failing"] = {"step": _int(last.get("step")), "why": str(last.get("why") or "")[:600],
+                          "time": _time(last.get("time"))}
+    return out
+
+
+def durable_words(d: dict, now: float) -> str:
+    """durable() in a line: "step 40 is off the pod (12m ago); at risk: 3 steps, ~$0.09 (read)"."""
+    if d["step"] is None:
+        out = "no checkpoint of this run is off the pod yet"
+    else:
+        out = f"step {d['step']} is off the pod ({_ago(d['age_s'])}" + (f", {d['where']}" if d["where"] else "") + ")"
+    risk = []
+    if d["at_risk_steps"]:
+        risk.append(f"{d['at_risk_steps']} step(s)")
+    if d["at_risk_usd"] is not None and (d["at_risk_steps"] or d["step"] is None):
+        risk.append(f"~{spend.cents(d['at_risk_usd'])} ({d['usd_sureness']})")
+    if risk:
+        out += "; at risk if the pod is lost: " + ", ".join(risk)
+    if d["failing"]:
+        f = d["failing"]
+        out += f"; the last upload failed ({_ago(now - f['time']) if f['time'] else 'when unknown'}" + \
+            (f", step {f['step']}" if f["step"] is not None else "") + f"): {f['why']}"
+    return out
+
+
+def _ago(s) -> str:
+    if s is None:
+        return "when unknown"
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m ago" if s >= 3600 else f"{s // 60}m ago" if s >= 60 else f"{s}s ago"
+
+
+def behind(d: dict | None, limit_s: float, training: bool, started: float | None, now: float) -> str:
+    """The durability guard (guard.durable_within_s): why the last durable step is too far behind ("" while it is
+    not): a run that trains, whose newest durable checkpoint (or, with none, its start on this pod) is older than
+    the limit while there are steps at risk."""
+    if not d or not limit_s or not training:
+        return ""
+    t = d["time"] or started
+    if t is None or now - t <= limit_s or d["at_risk_steps"] == 0:
+        return ""
+    what = f"the last durable checkpoint is step {d['step']}, {_ago(now - t)}" if d["step"] is not None else \
+        f"no checkpoint of this run has reached the remote since it started {_ago(now - t)}"
+    why = f" (the last upload: {d['failing']['why']})" if d["failing"] else ""
+    return f"{what}, more than guard.durable_within_s ({limit_s:g} s){why}"

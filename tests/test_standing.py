@@ -1,0 +1,243 @@
+"""The pod's standing as a pure function of gathered evidence (src/podkit/standing.py): the cases a user's runs
+make, and property tests (Hypothesis) for its invariants over generated evidence: what may stop the pod (stuck),
+that an earlier run's or another process's record never decides, that the listener's events and supervisord's
+answer are judged alike, and what the durability figures may say."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from podkit import ending, standing
+from podkit.standing import Evidence, Program
+from podkit.supervisord import BACKOFF, EXITED, FATAL, RUNNING, STARTING, STOPPED, STOPPING
+
+pytestmark = pytest.mark.timeout(120)
+T0 = 1_000_000.0
+STATES = (STARTING, RUNNING, BACKOFF, STOPPING, EXITED, STOPPED, FATAL)
+KINDS = tuple(ending.KINDS)
+
+
+def end(by, t, pid=4242, step=7, **kw):
+    return {"by": by, "time": T0 + t, "program": pid, "step": step, "message": "KeyError: 'answer'", **kw}
+
+
+def judge(trainer=None, end_rec=None, sglang=RUNNING, **kw):
+    programs = {"sglang": Program(sglang, T0 + 1, T0)}
+    if trainer is not None:
+        programs["trainer"] = trainer
+    return standing.judge(Evidence(programs, end_rec, now=T0 + 1000, booted=T0 - 10, **kw))
+
+
+CASES = [
+    # (what, trainer, end, run, can_train)
+    ("a trainer that steps", Program(RUNNING, T0 + 5, T0 + 5, 4242), None, standing.TRAINING, True),
+    ("a trainer that finished its run", Program(EXITED, T0 + 90, T0 + 5, 4242), end(ending.FINISHED_KINDS[0], 80),
+     standing.FINISHED, False),
+    ("a finished trainer the watchdog stopped", Program(STOPPED, T0 + 95, T0 + 5, 4242),
+     end(ending.FINISHED_KINDS[0], 80), standing.FINISHED, False),
+    ("a script stopped for good by the loop bound", Program(EXITED, T0 + 90, T0 + 5, 4242),
+     end(ending.CRASH_LOOP, 85), standing.CANNOT, False),
+    ("the same record, from an earlier run of the trainer", Program(EXITED, T0 + 90, T0 + 50, 4343),
+     end(ending.CRASH_LOOP, 20, pid=4242), standing.ENDED, None),
+    ("a record by another process since the start", Program(EXITED, T0 + 90, T0 + 5, 4343),
+     end(ending.CRASH_LOOP, 85, pid=4242), standing.ENDED, None),
+    ("a trainer you stopped", Program(STOPPED, T0 + 90, T0 + 5, 4242), end(ending.SIGTERM, 89), standing.STOPPED_,
+     True),
+    ("a trainer supervisord gave up on", Program(FATAL, T0 + 90, T0 + 5, 4242), None, standing.CANNOT, False),
+    ("a trainer restarting after a failure", Program(BACKOFF, T0 + 90, T0 + 5, 4242), end(ending.FAILED, 89),
+     standing.RESTARTING, True),
+    ("an end stamped an hour ahead (planted, or another node's clock)", Program(EXITED, T0 + 90, T0 + 5, 4242),
+     end(ending.CRASH_LOOP, 1000 + 3600), standing.ENDED, None),
+]
+
+
+@pytest.mark.parametrize("what,trainer,rec,run,can", CASES, ids=[c[0] for c in CASES])
+def test_each_case_is_judged_as_its_user_would(what, trainer, rec, run, can):
+    s = judge(trainer, rec)
+    assert (s.run, s.can_train) == (run, can), (what, s)
+    assert s.stuck == (run == standing.CANNOT)
+
+
+def test_inference_fatal_stops_the_run_and_names_sglang_as_what_must_start_again():
+    s = judge(Program(RUNNING, T0 + 5, T0 + 5), sglang=FATAL)
+    assert s.stuck and s.who == "sglang" and "sglang FATAL" in s.why and s.since == T0 + 1
+
+
+def test_a_cluster_node_whose_ray_gave_up_in_this_start_cannot_train_and_an_earlier_start_is_history():
+    programs = {"ray": Program(EXITED, T0 + 60, T0 + 30)}
+    gave_up = {"gave_up": True, "last_failure": T0 + 59, "head": "10.0.0.1:6379"}
+    s = standing.judge(Evidence(programs, None, gave_up, now=T0 + 100))
+    assert s.stuck and s.who == "`ray`" and "10.0.0.1:6379" in s.why
+    earlier = standing.judge(Evidence(programs, None, {**gave_up, "last_failure": T0 + 10}, now=T0 + 100))
+    assert not earlier.stuck
+
+
+def test_safe_mode_and_an_unreachable_supervisord_say_so_before_anything_the_records_hold():
+    rec = end(ending.CRASH_LOOP, 85)
+    sm = judge(Program(EXITED, T0 + 90, T0 + 5, 4242), rec, safe_mode={"stage": "config", "message": "bad key",
+                                                                       "since": T0 + 3})
+    assert (sm.run, sm.can_train, sm.since) == (standing.SAFE_MODE, False, T0 + 3) and "bad key" in sm.why
+    gone = standing.judge(Evidence({}, rec, reachable=False, exited=True, booted=T0 - 10, now=T0 + 1000))
+    assert (gone.run, gone.can_train) == (standing.NOT_RUNNING, None) and gone.last["this_run"]
+    before = standing.judge(Evidence({}, rec, reachable=False, exited=True, booted=T0 + 500, now=T0 + 1000))
+    assert not before.last["this_run"]  # recorded before this boot: an earlier run's
+    hung = standing.judge(Evidence({}, None, reachable=False, now=T0))
+    assert (hung.run, hung.can_train) == (standing.UNKNOWN, None)
+
+
+# -- invariants over generated evidence ------------------------------------------------------------------------------
+times = st.floats(0, 2000, allow_nan=False)
+programs_ = st.builds(Program, st.sampled_from(STATES), st.one_of(st.none(), times.map(lambda t: T0 + t)),
+                      st.one_of(st.none(), times.map(lambda t: T0 + t)), st.one_of(st.none(), st.sampled_from([4242,
+                                                                                                                4343])))
+ends = st.one_of(st.none(), st.builds(end, st.sampled_from(KINDS + ("not-a-kind",)) | st.sampled_from(
+    ending.FINAL_KINDS + ending.FINISHED_KINDS), st.floats(-100, 5000), st.sampled_from([4242, 4343, None])))
+# Mostly a trainer and an answering supervisord: where the rules that can stop the pod are
+evidence = st.builds(
+    Evidence,
+    st.one_of(st.fixed_dictionaries({"trainer": programs_}, optional={"sglang": programs_, "ray": programs_}),
+              st.fixed_dictionaries({}, optional={"trainer": programs_, "sglang": programs_, "ray": programs_})),
+    ends,
+    st.one_of(st.just({}), st.fixed_dictionaries({"gave_up": st.booleans(), "last_failure": times.map(lambda t: T0 + t),
+                                                  "head": st.just("h:1")})),
+    st.sampled_from([None, None, None, {"stage": "config", "message": "m", "since": T0}]),
+    st.sampled_from([True, True, True, False]), st.booleans(), st.one_of(st.none(), times.map(lambda t: T0 + t)),
+    st.just(T0 + 1000))
+
+
+def _fatal(ev: Evidence) -> bool:
+    return any((ev.programs.get(n) or Program("")).state == FATAL for n in ("trainer", "sglang"))
+
+
+@settings(max_examples=600, deadline=None)
+@given(evidence)
+def test_a_pod_is_stuck_only_on_evidence_of_this_run_that_nothing_will_restart(ev):
+    """What guard.stop_pod_after_s counts: a FATAL program, the trainer EXITED with a final end of its own last run,
+    or `ray` given up in its last start. Never a stop you asked for, never an earlier run's or a planted record,
+    never while supervisord does not answer; and always with its why and what must start again."""
+    s = standing.judge(ev)
+    assert s.run in standing.RUNS
+    if s.stuck:
+        assert s.why and s.who and ev.reachable and not ev.safe_mode
+        t = ev.programs.get("trainer")
+        final = s.last is not None and s.last["this_run"] and s.last["family"] == ending.FINAL
+        ray = ev.programs.get("ray")
+        assert _fatal(ev) or (t is not None and t.state == EXITED and final) or (
+            ray is not None and ray.state == EXITED and ev.ray_loop.get("gave_up") is True), s
+    t = ev.programs.get("trainer")
+    if ev.reachable and not ev.safe_mode and t is not None and t.state == STOPPED and not _fatal(ev):
+        assert not s.stuck  # a person's stop: they start it again
+    if s.run == standing.FINISHED:  # never a false "finished": the trainer's own record of this run says so
+        assert s.last["this_run"] and s.last["family"] == ending.FINISHED and t.state in (EXITED, STOPPED)
+
+
+@settings(max_examples=400, deadline=None)
+@given(evidence)
+def test_can_train_says_how_sure_it_is_and_agrees_with_the_run(ev):
+    s = standing.judge(ev)
+    sure = {True: {standing.TRAINING, standing.STARTING_, standing.RESTARTING, standing.STOPPED_},
+            False: {standing.CANNOT, standing.FINISHED, standing.SAFE_MODE},
+            None: {standing.NOT_RUNNING, standing.UNKNOWN, standing.ENDED, standing.NO_TRAINER}}
+    assert s.run in sure[s.can_train], s
+    if not ev.reachable and not ev.safe_mode:
+        assert s.can_train is None  # supervisord does not answer: not known, never a guess
+
+
+@settings(max_examples=400, deadline=None)
+@given(evidence, st.floats(0.5, 5000))
+def test_an_end_from_before_the_trainers_start_or_from_the_future_decides_nothing(ev, before):
+    t = ev.programs.get("trainer")
+    start = t.started if t is not None and t.started is not None else ev.booted
+    if start is None or ev.end is None:
+        return
+    old = {**ev.end, "time": start - standing.SLACK_S - before}
+    future = {**ev.end, "time": ev.now + ending.FUTURE_S + before}
+    none = standing.judge(Evidence(ev.programs, None, ev.ray_loop, ev.safe_mode, ev.reachable, ev.exited, ev.booted,
+                                   ev.now))
+    for rec in (old, future):
+        s = standing.judge(Evidence(ev.programs, rec, ev.ray_loop, ev.safe_mode, ev.reachable, ev.exited, ev.booted,
+                                    ev.now))
+        assert (s.run, s.can_train, s.why) == (none.run, none.can_train, none.why)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["trainer", "sglang", "ray"]),
+                       st.tuples(st.sampled_from(STATES), times, times, st.sampled_from([4242, 4343])), max_size=3),
+       ends)
+def test_the_listeners_events_and_supervisords_answer_are_judged_alike(progs, rec):
+    """The log listener (its own events, programs.json's shape) and status (supervisord's getAllProcessInfo) see one
+    pod: the same standing, so the cost guard never stops a pod that status says trains."""
+    events = {n: {"state": s, "since": T0 + since, "started_at": T0 + start, "pid": pid}
+              for n, (s, since, start, pid) in progs.items()}
+    infos = [{"name": n, "statename": s, "start": T0 + start,
+              "stop": T0 + since if s in (EXITED, STOPPED, BACKOFF, FATAL) else 0,
+              "pid": 0 if s in (EXITED, STOPPED, BACKOFF, FATAL) else pid}
+             for n, (s, since, start, pid) in progs.items()]
+    a = standing.judge(Evidence(standing.of_events(events), rec, now=T0 + 1000))
+    b = standing.judge(Evidence(standing.of_supervisord(infos, events), rec, now=T0 + 1000))
+    assert (a.run, a.can_train, a.why, a.who) == (b.run, b.can_train, b.why, b.who)
+
+
+# -- durability --------------------------------------------------------------------------------------------------------
+def remote(step=40, t=T0 + 100, failed=None):
+    rec = {"uploaded": {"outcome": "uploaded", "step": step, "time": t, "where": "s3://b/p/gen-40"}}
+    rec["last"] = failed or rec["uploaded"]
+    return rec
+
+
+def test_the_last_durable_step_its_age_and_what_is_at_risk_are_said_with_how_sure_the_dollars_are():
+    cost = {"per_hour": 0.36, "source": "read", "started": T0}
+    d = standing.durable(remote(), 43, cost, T0 + 100 + 600)
+    assert (d["step"], d["age_s"], d["at_risk_steps"]) == (40, 600.0, 3)
+    assert d["at_risk_usd"] == pytest.approx(0.06) and d["usd_sureness"] == "read"
+    words = standing.durable_words(d, T0 + 700)
+    assert "step 40 is off the pod (10m ago" in words and "3 step(s), ~$0.06 (read)" in words
+    assert standing.durable({}, 3, cost, T0) is None  # no remote, no record: nothing to say
+    none_yet = standing.durable({}, 3, cost, T0 + 3600, configured=True)
+    assert none_yet["step"] is None and none_yet["at_risk_steps"] == 3 and none_yet["at_risk_usd"] == pytest.approx(0.36)
+    assert "no checkpoint of this run is off the pod yet" in standing.durable_words(none_yet, T0 + 3600)
+
+
+def test_an_upload_failing_since_the_last_whole_one_is_named_and_an_older_failure_is_not():
+    failed = {"outcome": "failed", "step": 44, "why": "s3://b/p refused the credentials", "time": T0 + 200}
+    d = standing.durable(remote(failed=failed), 44, None, T0 + 300)
+    assert d["failing"]["why"].endswith("refused the credentials") and d["at_risk_usd"] is None
+    assert "the last upload failed" in standing.durable_words(d, T0 + 300)
+    old = standing.durable(remote(t=T0 + 250, failed={**failed, "time": T0 + 200}), 44, None, T0 + 300)
+    assert old["failing"] is None
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.none(), st.integers(0, 10**6)), st.one_of(st.none(), st.integers(-5, 10**6)),
+       st.one_of(st.none(), st.floats(-1, 50)), st.sampled_from(["read", "billed", "estimated", "unknown"]),
+       st.floats(0, 10**6), st.floats(0, 10**5))
+def test_what_is_at_risk_is_never_negative_never_priced_on_an_unknown_price_and_grows_with_time(
+        d_step, step, price, source, t, later):
+    rec = {} if d_step is None else remote(step=d_step, t=T0 + t)
+    cost = {"per_hour": price, "source": source, "started": T0}
+    now = T0 + t + 1
+    d = standing.durable(rec, step, cost, now, configured=True)
+    assert d["at_risk_steps"] is None or d["at_risk_steps"] >= 0
+    if isinstance(step, int) and step >= 0 and d_step is not None and step <= d_step:
+        assert d["at_risk_steps"] == 0
+    if not price or price <= 0 or source == "unknown":
+        assert d["at_risk_usd"] is None and d["usd_sureness"] == "unknown"
+    else:
+        assert d["at_risk_usd"] >= 0 and d["usd_sureness"] in ("read", "estimated")
+        assert standing.durable(rec, step, cost, now + later, configured=True)["at_risk_usd"] >= d["at_risk_usd"]
+    standing.durable_words(d, now)  # always says something
+
+
+def test_the_durability_guard_speaks_only_for_a_run_that_trains_with_steps_at_risk_past_its_limit():
+    d = standing.durable(remote(t=T0), 45, None, T0 + 4000)
+    assert "more than guard.durable_within_s (3600 s)" in standing.behind(d, 3600, True, T0 - 100, T0 + 4000)
+    assert standing.behind(d, 0, True, T0, T0 + 4000) == ""  # off
+    assert standing.behind(d, 3600, False, T0, T0 + 4000) == ""  # not training: nothing new at risk
+    assert standing.behind(d, 3600, True, T0, T0 + 3000) == ""  # within the limit
+    caught_up = standing.durable(remote(step=45, t=T0), 45, None, T0 + 4000)
+    assert standing.behind(caught_up, 3600, True, T0, T0 + 4000) == ""  # nothing at risk
+    never = standing.durable({}, 5, None, T0 + 4000, configured=True)
+    assert "no checkpoint of this run has reached the remote since it started" in \
+        standing.behind(never, 3600, True, T0, T0 + 4000)
