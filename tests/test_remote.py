@@ -6,57 +6,25 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, free_port, wait_for
+from conftest import ROOT, wait_for
 from podkit import config, records, remote, restore
 from podkit.programs.fake_trainer import FakeTrainer
+from s3server import SECRET, Server
 
 pytestmark = pytest.mark.timeout(60)
 
-KEY, SECRET = "podkittestaccess01", "podkittestsecret0123456789"  # serve s3 refuses keys much shorter
 BUCKETS = 12
-
-
-class Server:
-    """`rclone serve s3` over `root`: each directory under it is a bucket."""
-
-    def __init__(self, root: Path) -> None:
-        self.root, self.port = root, free_port()
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> Server:
-        for i in range(BUCKETS):  # made before it starts: its directory cache sees them
-            (self.root / f"bucket-{i:02d}").mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen([remote.rclone(), "serve", "s3", "--addr", f"127.0.0.1:{self.port}",
-                                      "--auth-key", f"{KEY},{SECRET}", "-q", str(self.root)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: _listening(self.port), 15, what="rclone serve s3 to listen")
-        return self
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)  # ours, by its pid
-            self.proc.wait(10)
-
-
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("s3")).start()
+    s = Server(tmp_path_factory.mktemp("s3"), [f"bucket-{i:02d}" for i in range(BUCKETS)]).start()
     yield s
     s.kill()
 
@@ -73,8 +41,7 @@ def bucket(server) -> str:
 def env_for(server: Server, workspace: Path, bucket: str, secret: str = SECRET, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PODKIT_", "AWS_", "RCLONE_"))}
     env.update({"PODKIT_CONFIG": str(ROOT / "configs" / "smoke.yaml"), "PODKIT_WORKSPACE": str(workspace),
-                "PODKIT_CHECKPOINT_REMOTE": f"s3://{bucket}/runs", "AWS_ACCESS_KEY_ID": KEY,
-                "AWS_SECRET_ACCESS_KEY": secret, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.port}",
+                **server.env(bucket, secret=secret),
                 "PODKIT_CHECKPOINT_REMOTE_TIMEOUT_S": "20", **extra})  # a hang fails the test, not its timeout
     return env
 
