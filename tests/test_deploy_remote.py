@@ -209,6 +209,15 @@ def test_watch_without_a_volume_or_a_remote_is_refused_naming_both(runpod_api, t
         "and neither was named" in r.stderr and "PODKIT_CHECKPOINT_REMOTE (s3://bucket/prefix)" in r.stderr
 
 
+def test_watch_without_a_volume_refuses_a_pod_without_a_run_id(runpod_api, tmp_path):
+    """A pod podkit deploy did not make has no PODKIT_RUN_ID: with no volume, nothing would tell its replacements
+    from a stranger's pods, so the watch refuses it (exit 1) before it follows anything."""
+    runpod_api.add_pod(id="pod-old", name="podkit-run")
+    r = podkit_deploy(runpod_api, "watch", "pod-old", "--template", template(tmp_path))
+    assert r.returncode == 1 and "pod pod-old has no run id (PODKIT_RUN_ID in its env)" in r.stderr, r.stderr
+    assert "--network-volume" in r.stderr and created(runpod_api) == [] and "Traceback" not in r.stderr
+
+
 @pytest.mark.parametrize("remote, env, says", [
     (REMOTE, {"AWS_SECRET_ACCESS_KEY": ""}, "env.AWS_SECRET_ACCESS_KEY: missing: PODKIT_CHECKPOINT_REMOTE "
      f"'{REMOTE}' needs it on the pod"),

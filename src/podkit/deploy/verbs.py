@@ -11,7 +11,7 @@ import shlex
 import sys
 import time
 
-from podkit import log
+from podkit import guardfile, log
 from podkit import runpod as api
 from podkit.costguard import POD_ID
 from podkit.deploy import template
@@ -303,6 +303,11 @@ def watch(args) -> int:
     if not (pod := d.api.pod(args.pod)):
         raise PodkitError(f"RunPod knows no pod {args.pod!r}", "check the id: `podkit deploy status` lists your "
                           "pods; the watch replaces pods it has seen, never one it could not find")
+    if not vol and not run_of(pod):  # its replacements and a second pod of it are told by nothing else
+        raise PodkitError(f"pod {args.pod} has no run id ({guardfile.RUN_ENV} in its env): without a network volume "
+                          "the watch tells the run's pods in every data center by it, so it could neither follow a "
+                          "migration nor end a second replacement", "deploy the run with `podkit deploy`, which "
+                          "gives it one, or watch it with --network-volume")
     launch = relauncher(d, tpl, vol, args.cloud, args.gpus, args.name, args.capacity_timeout, args.image)
     where = (f"on network volume {vol['id']} ({vol['dataCenter']})" if vol else f"in any data center of "
              f"{args.cloud} cloud with the GPUs, each restoring from checkpoint.remote {remote}")
