@@ -241,3 +241,91 @@ def test_the_durability_guard_speaks_only_for_a_run_that_trains_with_steps_at_ri
     never = standing.durable({}, 5, None, T0 + 4000, configured=True)
     assert "no checkpoint of this run has reached the remote since it started" in \
         standing.behind(never, 3600, True, T0, T0 + 4000)
+
+
+# -- every view renders it ---------------------------------------------------------------------------------------------
+def _podkit(args, ws, **env):
+    import os
+    import subprocess
+    import sys
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PODKIT_", "RUNPOD_", "AWS_", "RCLONE_"))}
+    return subprocess.run([sys.executable, "-m", "podkit", *args, "--workspace", str(ws)], capture_output=True,
+                          text=True, env={**base, **env}, timeout=60)
+
+
+@pytest.mark.parametrize("failing", [False, True], ids=["behind", "failing"])
+def test_status_doctor_and_metrics_say_what_is_off_the_pod_and_what_is_at_risk(tmp_path, failing):
+    """A run whose uploads stopped: status and doctor say the last durable step, its age and the steps and dollars
+    at risk; doctor names an upload's failure in the user's terms, or the guard's limit crossed; /metrics carries
+    the figures. Staged records: the uploader's own (records.REMOTE) and the trainer's progress."""
+    import json
+    import time
+
+    from prometheus_client import generate_latest
+
+    from podkit import config, doctor, metrics, records
+
+    ws = tmp_path / "ws"
+    state = ws / ".podkit"
+    state.mkdir(parents=True)
+    now = time.time()
+    records.PROGRESS.write(state, {"step": 52, "time": now - 5, "checkpoint_step": 50})
+    up = {"outcome": "uploaded", "step": 40, "time": now - 7200, "where": "s3://b/p/e/t/gen-40", "bytes": 9,
+          "took_s": 1.0}
+    last = {"outcome": "failed", "step": 50, "time": now - 60,
+            "why": "s3://b/p refused the credentials (wrong or missing AWS_ACCESS_KEY_ID)"} if failing else up
+    records.REMOTE.write(state, {"uploaded": up, "last": last})
+    env = {"PODKIT_CHECKPOINT_REMOTE": "s3://b/p", "PODKIT_GUARD_DURABLE_WITHIN_S": "3600"}
+    shown = _podkit(["status"], ws, **env).stdout
+    assert "checkpoints off the pod: step 40 is off the pod (2h00m ago, s3://b/p/e/t/gen-40); at risk if the pod " \
+           "is lost: 12 step(s)" in shown, shown
+    found = {f["id"]: f for f in json.loads(_podkit(["doctor", "--json"], ws, **env).stdout)["findings"]}
+    if failing:
+        f = found["upload_failing"]
+        assert f["severity"] == "problem" and "refused the credentials" in f["evidence"][0], f
+    else:
+        assert "upload_failing" not in found
+        # not training (no supervisord here): the guard speaks for a run that trains only
+        assert "durable_behind" not in found
+        cfg = config.load(None, environ={**env, "PODKIT_WORKSPACE": str(ws)})
+        pod = doctor.Pod(cfg, ws)
+        pod.st["standing"]["run"] = standing.TRAINING  # as status.collect judges a pod whose trainer steps
+        f = doctor.check_durable(pod, time.time())
+        assert f.id == "durable_behind" and f.severity == "problem", f
+        assert "the last durable checkpoint is step 40, 2h00m ago, more than guard.durable_within_s (3600 s)" in \
+            f.evidence[0], f.evidence
+    text = generate_latest(metrics.registry(ws, 600)).decode()
+    assert "podkit_durable_step 40.0" in text and "podkit_at_risk_steps 12.0" in text
+    assert f"podkit_upload_failing {1.0 if failing else 0.0}" in text
+
+
+def test_the_listener_notifies_once_when_the_durable_checkpoint_falls_behind_and_says_when_one_reaches_it(
+        tmp_path, monkeypatch):
+    """The durability guard in the log listener (at each TICK_60): one notification when a run that trains has
+    nothing newer than guard.durable_within_s on the remote, not one a minute; a line when the uploads catch up."""
+    import io
+    import time
+
+    from podkit import notify, records
+    from podkit.programs import logs
+
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    now = time.time()
+    records.PROGRESS.write(state, {"step": 52, "time": now - 5})
+    records.REMOTE.write(state, {"uploaded": remote(step=40, t=now - 7200)["uploaded"]})
+    out = io.StringIO()
+    pump = logs.Pump(out, None, state_dir=state)
+    pump.states = {"trainer": {"state": RUNNING, "since": now - 100, "started_at": now - 100, "pid": 4242}}
+    pump.durable_within_s = 3600
+    sent = []
+    monkeypatch.setattr(notify, "send", lambda event, text, *a, **k: sent.append((event, text)))
+    assert "more than guard.durable_within_s (3600 s)" in pump.durability(now)
+    pump.durability(now + 60)
+    assert [e for e, _ in sent] == ["durability"] and "12 step(s)" in sent[0][1], sent
+    records.REMOTE.write(state, {"uploaded": remote(step=52, t=now + 100)["uploaded"]})
+    assert pump.durability(now + 120) == "" and "reach the remote again: step 52" in out.getvalue()
+    pump.states["trainer"] = {"state": EXITED, "since": now + 130, "started_at": now - 100, "pid": 4242}
+    records.PROGRESS.write(state, {"step": 60, "time": now + 125})
+    assert pump.durability(now + 9000) == ""  # not training: nothing new at risk, nothing said

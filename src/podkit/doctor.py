@@ -409,8 +409,10 @@ def trainer_end(pod: Pod) -> ending.End | None:
     """The trainer's last end, unless a newer run of it is underway (`podkit resume` after a stop for good: the
     record stays until the next end, and is history meanwhile)."""
     end = ending.of(pod.progress.get("stopped"))
-    p = (getattr(pod, "st", None) or {}).get("programs", {}).get("trainer") or {}
-    if end is not None and p.get("state") in supervisord.UP and (p.get("started") or 0) > (end.time or 0):
+    s = (getattr(pod, "st", None) or {}).get("standing") or {}
+    # the standing judged whose end it is (standing.py): an earlier run's, while the trainer is up again, is history
+    if end is not None and (s.get("state") or {}).get("name") in supervisord.UP and \
+            not (s.get("last") or {}).get("this_run"):
         return None
     return end
 
@@ -643,7 +645,7 @@ def examine(cfg, workspace: Path, *, environ=None, cgroup_dir: Path = Path("/sys
              check_nccl_ifname(pod, now, environ, net_dir), check_nan_loss(pod, now), check_trainer_config(pod, now),
              check_hang(pod, now), check_failing_after_progress(pod, now),
              check_notify(pod, now), check_last_stop(pod, now), check_boot_failed(pod, now), check_episodes(pod, now), check_reattach(pod, now), check_cluster(pod, now), check_cluster_join(pod, now),
-             check_guard_file(pod, now), check_spend(pod, now)]
+             check_guard_file(pod, now), check_spend(pod, now), check_durable(pod, now)]
     return [f for f in found if f is not None]
 
 
@@ -687,3 +689,36 @@ def main(cfg, workspace: Path, as_json: bool) -> int:
                 print(f"  - {e}")
             print(f"  fix: {f.fix}")
     return 1 if problems else 0
+
+
+def check_durable(pod: Pod, now: float) -> Finding | None:
+    """With checkpoint.remote: checkpoints that do not reach it (the upload's failure, in the user's terms), a last
+    durable checkpoint further behind than guard.durable_within_s, or another run's checkpoint refused at boot."""
+    from podkit import standing
+    from podkit.remote import WAYS_ON
+
+    remote = pod.cfg is not None and bool(pod.cfg.checkpoint.remote)
+    d = pod.st.get("durable") or (standing.durable({}, pod.progress.get("step"), pod.st.get("cost"), now,
+                                                   configured=True) if remote else None)
+    if not d:
+        return None
+    line = [status.printable(standing.durable_words(d, now), 900)]
+    if d["failing"]:
+        return Finding("upload_failing", "checkpoints are not reaching checkpoint.remote", line,
+                       "fix what the failure names; the uploader tries again at the next checkpoint (or within "
+                       "5 minutes), and `podkit logs logs` shows each try", "problem")
+    limit = pod.cfg.guard.durable_within_s if pod.cfg is not None else 0
+    training = (pod.st.get("standing") or {}).get("run") == standing.TRAINING
+    why = standing.behind(d, limit, training, records.CURRENT.read(pod.state).get("started"), now)
+    if why:
+        return Finding("durable_behind", "the run's last durable checkpoint is far behind", [status.printable(why, 900)],
+                       "a checkpoint is uploaded once AReaL's recover checkpoint (or the fake trainer's) is whole: "
+                       "save more often (AReaL's recover.freq_steps / freq_secs), or raise guard.durable_within_s",
+                       "problem")
+    rest = records.REMOTE.read(pod.state).get("restore") or {}
+    booted = (pod.boots[-1].get("time") or 0) if pod.boots else 0
+    if rest.get("outcome") == "refused" and (rest.get("time") or 0) >= booted - 60:
+        return Finding("restore_refused", "a checkpoint on the remote was not restored at this boot",
+                       [f"step {rest.get('step')}: {status.printable(rest.get('why'), 600)}"],
+                       "another run's (or a damaged) generation is never restored: " + WAYS_ON, "info")
+    return None

@@ -85,6 +85,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                 "checkpoints die with the pod (terminated, or migrated to another host); warn, "
                                 "refuse to train (safe mode), or off. With checkpoint.remote set, the remote is "
                                 "durable and neither applies", "", choices=("warn", "refuse", "off")),
+        "durable_within_s": Field(float, 3600.0, "durability guard, with checkpoint.remote: a notification (and a "
+                                  "doctor problem) when the run trains and its last checkpoint on the remote is older "
+                                  "than this while newer steps are at risk; 0: never", "s", minimum=0),
     },
     "cluster": {
         "nodes": Field(int, 1, "nodes of the run; more than 1: a Ray cluster running AReaL's own Ray launcher "

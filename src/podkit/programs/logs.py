@@ -61,6 +61,7 @@ class Pump:
         self.deadline = costguard.Deadline(self.guard, lambda key: self.guards.from_file(key), state_dir, self.say,
                                            self.stop_trainer)
         self._idle: costguard.WhenIdle | None = None
+        self.durable_within_s, self._behind = 0.0, ""  # the durability guard (with checkpoint.remote): its limit, its word
         self.trainer_grace_s = trainer_grace_s
         self.state_dir = state_dir
         self.partial: dict[tuple[str, str], str] = {}
@@ -163,6 +164,27 @@ class Pump:
         self._idle = costguard.cannot_train(self._idle, s.why if s.stuck else "", s.who or "the trainer", since,
                                             self.guard, self.state_dir, self.say, still=self.cannot_train)
 
+    def durability(self, now: float | None = None) -> str:
+        """The durability guard (guard.durable_within_s): a notification once the run trains and its last checkpoint
+        on the remote falls further behind than the limit, and a line in the log when one reaches it again. Returns
+        why it is behind ("" while it is not)."""
+        if not self.durable_within_s or self.state_dir is None:
+            return ""
+        now = time.time() if now is None else now
+        d = standing.durable(records.REMOTE.read(self.state_dir), records.PROGRESS.read(self.state_dir).get("step"),
+                             costguard.cost(self.state_dir), now, configured=True)
+        why = standing.behind(d, self.durable_within_s, self.standing().run == standing.TRAINING,
+                              records.CURRENT.read(self.state_dir).get("started"), now)
+        if why and not self._behind:
+            self.say(f"[podkit:remote] {why}")
+            notify.send("durability", f"{why}; at risk if the pod is lost: {standing.durable_words(d, now)}",
+                        self.state_dir)
+        elif self._behind and not why:
+            self.say("[podkit:remote] the run's checkpoints reach the remote again"
+                     + (f": step {d['step']}" if d and d["step"] is not None else ""))
+        self._behind = why
+        return why
+
     def stop_trainer(self, why: str = "the maximum run time (guard.stop_pod_at)") -> str:
         """For the maximum run time or the budget (costguard.Deadline, which says `why`): the watchdog first, so
         that it cannot start the trainer again; then the trainer, wait=True: the call returns once it has exited
@@ -198,6 +220,7 @@ class Pump:
             except OSError as e:
                 self.say(f"cannot renew the workspace lease ({e.strerror})")
             self.idle_rule()  # a guard set on the pod since, or a listener restarted after the trainer stopped
+            self.durability()
 
 
 # What the listener, the last program to stop, waits for a notification in flight: docker stop's default
@@ -216,6 +239,8 @@ def main(cfg) -> int:
     pump.idle_rule()  # a listener restarted after the trainer stopped for good: the rule holds still
     if cfg.checkpoint.remote and not (cfg.multi_node and cfg.cluster.rank != 0):
         from podkit import remote  # rclone and hashing only with a remote
+
+        pump.durable_within_s = cfg.guard.durable_within_s
 
         # Here, not a program of its own: the listener outlives every trainer restart and stops last.
         remote.Uploader(cfg, pump.say).start()
