@@ -337,3 +337,17 @@ def test_an_areal_checkpoint_is_not_uploaded_while_a_rank_writes_it(pod, server,
     assert up.once() is None and not gen_dir(server, bucket, 7).exists()
     marker.unlink()
     assert up.once() == 7 and (gen_dir(server, bucket, 7) / remote.MANIFEST).exists()
+
+
+def test_podkits_example_checkpoint_is_restored_as_its_trainer_recorded_it(pod, server, bucket):
+    """Without trainer.entry the trainer records podkit's example as the entry, and no repo (areal/hooks.py): a new
+    pod of that run restores it (the boot once told the run as entry "" with the repo, and refused it as another
+    run's)."""
+    from podkit.areal import identity
+
+    a = pod("a", PODKIT_TRAINER_KIND="areal", PODKIT_REPO_URL="https://example.com/me/unused.git")
+    example = str(ROOT / "src" / "podkit" / "areal" / "example" / "gsm8k_grpo.py")
+    areal_checkpoint(a, 3, identity.record_for(("podkit", "run"), "podkit:gsm8k_grpo", a.inference.model, "", "",
+                                               example))
+    remote.Remote(a.checkpoint.remote, "podkit/run").upload(remote.local(a))
+    assert restore.run(pod("b", PODKIT_TRAINER_KIND="areal", PODKIT_REPO_URL="https://example.com/me/unused.git")) == 4

@@ -151,11 +151,14 @@ def run_id(cfg) -> str:
 
 def mine(cfg) -> dict:
     """This run's identity record, as the boot can tell it (what the trainer writes beside its checkpoint, less
-    what only the trainer knows: the commit, the file that defines the entry)."""
+    what only the trainer knows: the commit, the file that defines the entry). AReaL's entry and repo as the
+    trainer records them (areal/hooks.py, check_run): podkit's example when no trainer.entry is named, and then
+    no repo (else a restore took the example's own generations for another run's)."""
     names = identity.names(cfg)
-    model = cfg.inference.model
-    return identity.record_for((names.experiment or "", names.trial or ""), cfg.trainer.entry, model,
-                               cfg.repo.url)
+    entry, repo = cfg.trainer.entry, cfg.repo.url
+    if cfg.trainer.kind == "areal" and not entry:
+        entry, repo = "podkit:gsm8k_grpo", ""
+    return identity.record_for((names.experiment or "", names.trial or ""), entry, cfg.inference.model, repo)
 
 
 def _areal_root(cfg) -> Path:
