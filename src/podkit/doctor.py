@@ -698,6 +698,8 @@ def check_durable(pod: Pod, now: float) -> Finding | None:
     from podkit.remote import WAYS_ON
 
     remote = pod.cfg is not None and bool(pod.cfg.checkpoint.remote)
+    if pod.cfg is not None and not remote:
+        return None  # no remote for this run: an earlier run's remote.json on the volume is not its durability
     d = pod.st.get("durable") or (standing.durable({}, pod.progress.get("step"), pod.st.get("cost"), now,
                                                    configured=True) if remote else None)
     if not d:

@@ -193,6 +193,12 @@ def durable(remote: dict | None, step, cost: dict | None, now: float, configured
     up = remote.get("uploaded") if isinstance(remote.get("uploaded"), dict) else {}
     last = remote.get("last") if isinstance(remote.get("last"), dict) else {}
     d_step, d_time = _int(up.get("step")), _time(up.get("time"))
+    rest = remote.get("restore") if isinstance(remote.get("restore"), dict) else {}
+    if rest.get("outcome") == "restored" and _int(rest.get("step")) is not None and \
+            (d_step is None or rest["step"] > d_step):
+        # restored from the remote at a boot (a replacement pod without a network volume): on the remote, uploaded
+        # by an earlier pod of the run when, this pod does not know
+        d_step, d_time, up = rest["step"], None, {}
     step = _int(step)
     out = {"step": d_step, "time": d_time, "age_s": max(0.0, now - d_time) if d_time else None,
            "where": up.get("where") if isinstance(up.get("where"), str) else "",
@@ -201,7 +207,8 @@ def durable(remote: dict | None, step, cost: dict | None, now: float, configured
     price = (cost or {}).get("per_hour")
     if isinstance(price, (int, float)) and price > 0 and cost.get("source") != "unknown":
         # the pod's time since the durable step (or since the run's start on this pod when nothing is durable)
-        since = d_time or _time((cost or {}).get("started"))
+        # (this pod's: an earlier pod's upload, before this pod started, does not count this pod's price from it)
+        since = max((t for t in (d_time, _time((cost or {}).get("started"))) if t is not None), default=None)
         if since is not None:
             out["at_risk_usd"] = round(price * max(0.0, now - since) / 3600, 6)
             out["usd_sureness"] = "estimated" if cost.get("source") == "estimated" else "read"
@@ -234,7 +241,7 @@ def durable_words(d: dict, now: float) -> str:
 def _ago(s) -> str:
     if s is None:
         return "when unknown"
-    s = int(s)
+    s = max(0, int(s))  # a clock stepped back since: not "-50s ago"
     return f"{s // 3600}h{s % 3600 // 60:02d}m ago" if s >= 3600 else f"{s // 60}m ago" if s >= 60 else f"{s}s ago"
 
 
@@ -245,7 +252,7 @@ def behind(d: dict | None, limit_s: float, training: bool, started: float | None
     if not d or not limit_s or not training:
         return ""
     t = d["time"] or started
-    if t is None or now - t <= limit_s or d["at_risk_steps"] == 0:
+    if t is None or now - t <= limit_s or not d["at_risk_steps"]:  # None: no step recorded, none at risk
         return ""
     what = f"the last durable checkpoint is step {d['step']}, {_ago(now - t)}" if d["step"] is not None else \
         f"no checkpoint of this run has reached the remote since it started {_ago(now - t)}"

@@ -38,7 +38,7 @@ def collect(workspace: Path, state_dir: Path | None = None) -> dict:
         out["programs"][name] = {
             "state": info["statename"], "pid": info["pid"] or None,
             "uptime_s": (info["now"] - info["start"]) if running else 0,
-            "restarts": max(0, rec.get("starts", 1) - 1), "exitstatus": info["exitstatus"],
+            "restarts": max(0, _count(rec.get("starts", 1)) - 1), "exitstatus": info["exitstatus"],
             "fatal": info["statename"] == FATAL, "started": info["start"] if info["statename"] in UP and info["start"] else None,
         }
     # The boot's timeline: a program restarted since its first start is an event on it, never its start

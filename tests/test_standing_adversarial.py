@@ -1,0 +1,114 @@
+"""The standing and the durability figures against a user's run and a corrupt volume (issue 48 item 4, issue 49 item
+6): records of the wrong types never make a view fail, and the views say nothing the evidence does not hold (a
+replacement pod's restored step is durable; dollars are this pod's; a guard speaks only of steps at risk)."""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import generate_latest
+
+from podkit import config, doctor, guards, metrics, pageview, records, standing, status, supervisord
+
+pytestmark = pytest.mark.timeout(120)
+T0 = 1_000_000.0
+
+
+def _info(name, state, now, pid=4242):
+    return {"name": name, "statename": state, "start": now - 600, "stop": 0, "now": now, "pid": pid, "exitstatus": 0,
+            "description": "", "group": name, "spawnerr": ""}
+
+
+def _pod(tmp_path, monkeypatch, infos, programs_rec, **files):
+    """A workspace whose supervisord answers `infos`, with the listener's programs.json and the given records."""
+    ws, run = tmp_path / "ws", tmp_path / "run"
+    state = ws / ".podkit"
+    state.mkdir(parents=True)
+    run.mkdir()
+    now = time.time()
+    records.CURRENT.write(state, {"run_dir": str(run), "socket": str(tmp_path / "no.sock"), "started": now - 3600})
+    (run / "programs.json").write_text(json.dumps(programs_rec))
+    for name, data in files.items():
+        (state / name).write_text(json.dumps(data))
+    server = SimpleNamespace(supervisor=SimpleNamespace(getAllProcessInfo=lambda: infos, getPID=lambda: 1))
+    monkeypatch.setattr(supervisord, "rpc", lambda sock: server)
+    return ws, now
+
+
+@pytest.mark.parametrize("starts", ["3", None, 1e300, [1], {"a": 1}, True], ids=repr)
+def test_a_listeners_record_of_the_wrong_type_never_makes_status_metrics_or_the_page_fail(tmp_path, monkeypatch,
+                                                                                         starts):
+    """programs.json (the listener's record, local disk) with a start count that is no count: status, its words,
+    health, the guards' forecast, a /metrics scrape and the page all answer, the restarts read as none."""
+    now = time.time()
+    ws, now = _pod(tmp_path, monkeypatch, [_info("trainer", "RUNNING", now), _info("sglang", "RUNNING", now)],
+                   {"trainer": {"starts": starts, "pid": "x", "since": "y", "started_at": [1]}})
+    st = status.collect(ws)
+    assert st["programs"]["trainer"]["restarts"] == 0 and st["standing"]["run"] == standing.TRAINING
+    status.human(st)
+    status.health_problem(st, 600)
+    guards.forecast(st, {"stop_pod_after_s": {"value": 3600}}, now)
+    assert b"podkit_run_standing" in generate_latest(metrics.registry(ws, 600))
+    html = pageview.render({"st": st, "now": now, "history": [], "loop": {}, "findings": [], "guards": {"guards": {}},
+                            "logs": {}, "total_steps": 100, "on_runpod": True, "health": None})
+    assert "could not be drawn" not in html
+
+
+def test_the_durability_guard_does_not_speak_of_steps_at_risk_when_the_run_has_recorded_none():
+    """A trainer that loads its model for an hour has no step at risk: no notification that it is behind."""
+    d = standing.durable({}, None, None, T0 + 4000, configured=True)
+    assert d["at_risk_steps"] is None
+    assert standing.behind(d, 3600, True, T0, T0 + 4000) == ""
+    d = standing.durable({"uploaded": {"outcome": "uploaded", "step": 40, "time": T0}}, None, None, T0 + 4000)
+    assert standing.behind(d, 3600, True, T0, T0 + 4000) == ""
+
+
+def test_a_replacement_pod_that_restored_a_step_from_the_remote_says_that_step_is_off_the_pod():
+    """A pod without a network volume restores the remote's newest step at boot (remote.json's `restore`): that
+    step is on the remote, not "no checkpoint of this run is off the pod yet" with every step at risk."""
+    rec = {"restore": {"outcome": "restored", "step": 480, "why": "", "time": T0 + 60}}
+    cost = {"per_hour": 3.6, "source": "read", "started": T0}
+    d = standing.durable(rec, 485, cost, T0 + 3600, configured=True)
+    assert d["step"] == 480 and d["at_risk_steps"] == 5, d
+    assert "no checkpoint of this run is off the pod yet" not in standing.durable_words(d, T0 + 3600)
+    # an upload since is newer: it counts; a refused or failed restore is nothing durable
+    up = {**rec, "uploaded": {"outcome": "uploaded", "step": 490, "time": T0 + 3000}}
+    assert standing.durable(up, 492, cost, T0 + 3600)["step"] == 490
+    for outcome in ("refused", "failed"):
+        bad = {"restore": {**rec["restore"], "outcome": outcome}}
+        assert standing.durable(bad, 485, cost, T0 + 3600, configured=True)["step"] is None
+
+
+def test_dollars_at_risk_are_this_pods_since_its_start_not_since_an_earlier_pods_upload():
+    """A replacement pod on the same volume: the last upload was the earlier pod's, hours before this pod started;
+    this pod's price over the time before it existed is not at risk."""
+    rec = {"uploaded": {"outcome": "uploaded", "step": 40, "time": T0}}
+    cost = {"per_hour": 3.6, "source": "read", "started": T0 + 7200}  # this pod started 2 h after the upload
+    d = standing.durable(rec, 45, cost, T0 + 7200 + 600)
+    assert d["at_risk_usd"] == pytest.approx(0.6), d  # 10 minutes of this pod at $3.60/h, not 2h10m
+
+
+def test_a_failed_uploads_age_is_never_negative_when_the_clock_was_stepped_back():
+    rec = {"uploaded": {"outcome": "uploaded", "step": 40, "time": T0},
+           "last": {"outcome": "failed", "step": 41, "why": "denied", "time": T0 + 500}}
+    d = standing.durable(rec, 41, None, T0 + 100)
+    assert "-" not in standing.durable_words(d, T0 + 100).split("failed (")[1].split(")")[0]
+
+
+def test_doctor_says_nothing_of_uploads_for_a_run_without_a_remote_whatever_an_older_record_holds(tmp_path):
+    """A volume whose earlier run had a checkpoint.remote (remote.json with a failed upload) under a run without
+    one: doctor names no failing upload and no durability of a remote the run does not have."""
+    ws = tmp_path / "ws"
+    state = ws / ".podkit"
+    state.mkdir(parents=True)
+    now = time.time()
+    records.PROGRESS.write(state, {"step": 52, "time": now - 5})
+    records.REMOTE.write(state, {"uploaded": {"outcome": "uploaded", "step": 40, "time": now - 7200},
+                                 "last": {"outcome": "failed", "step": 50, "time": now - 60, "why": "denied"}})
+    cfg = config.load(None, environ={"PODKIT_WORKSPACE": str(ws)})
+    assert not cfg.checkpoint.remote
+    pod = doctor.Pod(cfg, ws)
+    assert doctor.check_durable(pod, now) is None
