@@ -112,3 +112,16 @@ def test_doctor_says_nothing_of_uploads_for_a_run_without_a_remote_whatever_an_o
     assert not cfg.checkpoint.remote
     pod = doctor.Pod(cfg, ws)
     assert doctor.check_durable(pod, now) is None
+
+
+@pytest.mark.parametrize("source", ["billed", "read"])
+def test_dollars_at_risk_on_the_gpu_catalogues_list_price_say_they_are_estimated(source):
+    """RunPod showed no price for the running pod: the spend ledger prices it at the GPU catalogue's list price
+    (price_from "catalogue"), and a bill may still make the spend "billed". What is at risk is that list price over
+    time: an estimate, never "read"."""
+    rec = {"uploaded": {"outcome": "uploaded", "step": 40, "time": T0}}
+    cost = {"per_hour": 3.6, "source": source, "started": T0 - 60, "price_from": "catalogue"}
+    d = standing.durable(rec, 45, cost, T0 + 600)
+    assert d["at_risk_usd"] == pytest.approx(0.6) and d["usd_sureness"] == "estimated", d
+    read = standing.durable(rec, 45, {**cost, "price_from": "read"}, T0 + 600)
+    assert read["usd_sureness"] == "read"

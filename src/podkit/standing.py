@@ -211,7 +211,9 @@ def durable(remote: dict | None, step, cost: dict | None, now: float, configured
         since = max((t for t in (d_time, _time((cost or {}).get("started"))) if t is not None), default=None)
         if since is not None:
             out["at_risk_usd"] = round(price * max(0.0, now - since) / 3600, 6)
-            out["usd_sureness"] = "estimated" if cost.get("source") == "estimated" else "read"
+            # the GPU catalogue's list price (RunPod showed none) is an estimate, even under a bill
+            out["usd_sureness"] = "estimated" if cost.get("source") == "estimated" or \
+                cost.get("price_from") == "catalogue" else "read"
     if last.get("outcome") == "failed" and (_time(last.get("time")) or 0) >= (d_time or 0):
         out["failing"] = {"step": _int(last.get("step")), "why": str(last.get("why") or "")[:600],
                           "time": _time(last.get("time"))}
