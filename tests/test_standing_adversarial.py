@@ -125,3 +125,84 @@ def test_dollars_at_risk_on_the_gpu_catalogues_list_price_say_they_are_estimated
     assert d["at_risk_usd"] == pytest.approx(0.6) and d["usd_sureness"] == "estimated", d
     read = standing.durable(rec, 45, {**cost, "price_from": "read"}, T0 + 600)
     assert read["usd_sureness"] == "read"
+
+
+# -- the cost guard: the listener's rule before the standing, as the reference -----------------------------------------
+def _old_cannot_train(states: dict, state_dir) -> bool:
+    """Pump.cannot_train before standing.py (01b0ade): whether the cost guard counted the pod as unable to train."""
+    from podkit import ending
+    from podkit.supervisord import EXITED, FATAL
+
+    if any((states.get(n) or {}).get("state") == FATAL for n in ("trainer", "sglang")):
+        return True
+    ray = states.get("ray") or {}
+    join = records.RAY_LOOP.read(state_dir) if ray.get("state") == EXITED else {}
+    if join.get("gave_up") and (join.get("last_failure") or 0) >= (ray.get("started_at") or 0) - 1:
+        return True
+    rec = states.get("trainer") or {}
+    if rec.get("state") != EXITED:
+        return False
+    started = rec.get("started_at")
+    end = ending.read(state_dir, since=started - 1 if isinstance(started, (int, float)) else None,
+                      program_pid=rec.get("pid"))
+    return end is not None and end.family == ending.FINAL
+
+
+def _listener_cases():
+    from hypothesis import strategies as st
+
+    from podkit import ending
+
+    now = time.time()
+    when = st.one_of(st.none(), st.floats(now - 5000, now + 100), st.just("x"))
+    rec = st.fixed_dictionaries({"state": st.sampled_from(["STARTING", "RUNNING", "BACKOFF", "STOPPING", "EXITED",
+                                                           "STOPPED", "FATAL", "UNKNOWN"])},
+                                optional={"since": when, "started_at": when,
+                                          "pid": st.sampled_from([None, 4242, 4343, "4242"])})
+    states = st.fixed_dictionaries({}, optional={"trainer": rec, "sglang": rec, "ray": rec})
+    end = st.one_of(st.none(), st.fixed_dictionaries(
+        {"by": st.sampled_from(list(ending.KINDS) + ["planted"]), "time": st.floats(now - 6000, now + 30)},
+        optional={"program": st.sampled_from([4242, 4343])}))
+    ray = st.one_of(st.none(), st.fixed_dictionaries({"gave_up": st.booleans(),
+                                                      "last_failure": st.floats(now - 6000, now)}))
+    return states, end, ray, st.one_of(st.none(), st.floats(now - 7000, now))
+
+
+def test_the_cost_guard_counts_a_pod_unable_to_train_exactly_as_the_listener_did_before_the_standing(tmp_path):
+    """The log listener's cost guard (guard.stop_pod_after_s stops the RunPod pod) over generated events and records,
+    its listener's programs.json of the wrong types included: stuck exactly when the rule it replaced was, but for an
+    earlier boot's end record read for a trainer whose start the listener never saw (the old rule took any)."""
+    import io
+    import itertools
+
+    from hypothesis import HealthCheck, given, settings
+
+    from podkit.programs import logs
+
+    counter = itertools.count()
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(*_listener_cases())
+    def check(states, end, ray, booted):
+        d = tmp_path / str(next(counter))
+        d.mkdir()
+        if end:
+            records.PROGRESS.write(d, {"stopped": end})
+        if ray:
+            records.RAY_LOOP.write(d, ray)
+        if booted:
+            records.CURRENT.write(d, {"started": booted})
+        pump = logs.Pump(io.StringIO(), None, state_dir=d)
+        pump.states = states
+        new = bool(pump.cannot_train())  # never raises: the old rule did on a start that is no time
+        try:
+            old = _old_cannot_train(states, d)
+        except TypeError:
+            return
+        trainer = states.get("trainer") or {}
+        if old and not new and not isinstance(trainer.get("started_at"), (int, float)) and booted \
+                and end["time"] < booted - standing.SLACK_S:
+            return  # an earlier boot's record: the one difference, on purpose
+        assert new == old, (states, end, ray, booted)
+
+    check()
