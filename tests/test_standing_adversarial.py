@@ -206,3 +206,40 @@ def test_the_cost_guard_counts_a_pod_unable_to_train_exactly_as_the_listener_did
         assert new == old, (states, end, ray, booted)
 
     check()
+
+
+@pytest.mark.parametrize("what,trainer_pid,sglang,stuck", [
+    ("the trainer stopped for good by its own record", 4242, "RUNNING", True),
+    ("an end recorded by another process", 4343, "RUNNING", False),
+    ("sglang FATAL since", 4343, "FATAL", True),
+])
+def test_a_listener_restarted_after_the_pod_could_no_longer_train_counts_from_the_state_change(
+        tmp_path, monkeypatch, what, trainer_pid, sglang, stuck):
+    """supervisord restarts the log listener (a crash, an OOM kill): it reads its programs.json back and the cost
+    guard's wait counts from the trainer's (or sglang's) state change, not from its own start; a record another
+    process made is no reason to stop the pod."""
+    import io
+    import os
+
+    from podkit import costguard, ending
+    from podkit.programs import logs
+
+    state, run = tmp_path / ".podkit", tmp_path / "run"
+    state.mkdir()
+    run.mkdir()
+    now = time.time()
+    records.CURRENT.write(state, {"started": now - 7200})
+    records.PROGRESS.write(state, {"step": 3, "stopped": {"by": ending.CRASH_LOOP, "time": now - 3000,
+                                                          "program": 4242, "step": 3}})
+    (run / "programs.json").write_text(json.dumps({
+        "_supervisord": os.getppid(),
+        "trainer": {"state": "EXITED", "since": now - 2990, "started_at": now - 3500, "pid": trainer_pid, "starts": 1},
+        "sglang": {"state": sglang, "since": now - 2000, "started_at": now - 7000, "pid": 77, "starts": 1}}))
+    seen = []
+    monkeypatch.setattr(costguard, "cannot_train", lambda rule, why, who, since, *a, **k: seen.append((why, since)))
+    pump = logs.Pump(io.StringIO(), run, state_dir=state)
+    pump.idle_rule()
+    why, since = seen[-1]
+    assert bool(why) == stuck, (what, why)
+    if stuck:
+        assert since == (now - 2990 if sglang != "FATAL" else now - 2000), (what, since, now)
