@@ -243,3 +243,12 @@ def test_a_listener_restarted_after_the_pod_could_no_longer_train_counts_from_th
     assert bool(why) == stuck, (what, why)
     if stuck:
         assert since == (now - 2990 if sglang != "FATAL" else now - 2000), (what, since, now)
+
+
+def test_a_planted_remote_record_costs_what_an_honest_one_does():
+    """remote.json with a place and a failure of megabytes: the figures carry a bounded text, as the failure's is."""
+    rec = {"uploaded": {"outcome": "uploaded", "step": 40, "time": T0, "where": "s3://b/" + "x" * 5_000_000},
+           "last": {"outcome": "failed", "step": 41, "why": "y" * 5_000_000, "time": T0 + 10}}
+    d = standing.durable(rec, 41, None, T0 + 100)
+    assert len(d["where"]) <= 600 and len(d["failing"]["why"]) <= 600
+    assert len(standing.durable_words(d, T0 + 100)) < 2000

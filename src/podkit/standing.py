@@ -201,7 +201,7 @@ def durable(remote: dict | None, step, cost: dict | None, now: float, configured
         d_step, d_time, up = rest["step"], None, {}
     step = _int(step)
     out = {"step": d_step, "time": d_time, "age_s": max(0.0, now - d_time) if d_time else None,
-           "where": up.get("where") if isinstance(up.get("where"), str) else "",
+           "where": up["where"][:600] if isinstance(up.get("where"), str) else "",
            "at_risk_steps": max(0, step - (d_step or 0)) if step is not None else None,
            "at_risk_usd": None, "usd_sureness": "unknown", "failing": None}
     price = (cost or {}).get("per_hour")
