@@ -252,3 +252,12 @@ def test_a_planted_remote_record_costs_what_an_honest_one_does():
     d = standing.durable(rec, 41, None, T0 + 100)
     assert len(d["where"]) <= 600 and len(d["failing"]["why"]) <= 600
     assert len(standing.durable_words(d, T0 + 100)) < 2000
+
+
+def test_a_failing_upload_is_named_after_the_clock_was_stepped_back_past_the_last_whole_one():
+    """The uploader keeps its newest attempt in `last`: after an upload at 12:00, the clock stepped back an hour and
+    an upload failed at "11:10". The failure is the newest attempt whatever its stamp says: named, not hidden."""
+    rec = {"uploaded": {"outcome": "uploaded", "step": 40, "time": T0 + 3600},
+           "last": {"outcome": "failed", "step": 45, "why": "denied", "time": T0 + 600}}
+    d = standing.durable(rec, 45, None, T0 + 700)
+    assert d["failing"] is not None and d["failing"]["why"] == "denied", d

@@ -214,7 +214,10 @@ def durable(remote: dict | None, step, cost: dict | None, now: float, configured
             # the GPU catalogue's list price (RunPod showed none) is an estimate, even under a bill
             out["usd_sureness"] = "estimated" if cost.get("source") == "estimated" or \
                 cost.get("price_from") == "catalogue" else "read"
-    if last.get("outcome") == "failed" and (_time(last.get("time")) or 0) >= (d_time or 0):
+    # `last` is the uploader's newest attempt: a failure since the last whole upload, or whatever its stamp once the
+    # clock was stepped back past that upload (stamped ahead of now)
+    if last.get("outcome") == "failed" and ((_time(last.get("time")) or 0) >= (d_time or 0)
+                                            or d_time is not None and d_time > now + ending.FUTURE_S):
         out["failing"] = {"step": _int(last.get("step")), "why": str(last.get("why") or "")[:600],
                           "time": _time(last.get("time"))}
     return out
