@@ -240,7 +240,9 @@ def test_a_save_over_a_file_during_its_upload_drops_that_generation(pod, server,
                   "pad": t.torch.zeros(1 << 19)}, path)  # 2 MB at 1 MiB/s: 2 s to upload
     monkeypatch.setenv("RCLONE_BWLIMIT", "1M")
     up = remote.Uploader(a, say=lambda _: None)
-    writer = subprocess.Popen(["sh", "-c", f"sleep 0.7; printf X | dd of={path} bs=1 seek=100 conv=notrunc "
+    started = gen_dir(server, bucket, 5)  # the PUT under way (the run's lease and the listing come first)
+    writer = subprocess.Popen(["sh", "-c", f"for i in $(seq 200); do [ -d {started} ] && break; sleep 0.05; done; "
+                                           f"sleep 0.3; printf X | dd of={path} bs=1 seek=100 conv=notrunc "
                                            "status=none"])  # ours
     try:
         assert up.once() is None

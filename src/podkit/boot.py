@@ -324,6 +324,11 @@ def up(cfg, steps: int | None = None) -> int:
     final = records.PROGRESS.read(cfg.state_dir)
     _log.info(f"supervisord exited {code}; trainer {records.at_step(final.get('step'))}, "
               f"{records.checkpoint_at(final.get('checkpoint_step'))}")
+    upload = records.REMOTE.read(cfg.state_dir).get("final") or {} if cfg.checkpoint.remote else {}
+    if upload.get("outcome") == "uploading" and (upload.get("time") or 0) > started:  # killed before it could say
+        _log.warn(f"the last checkpoint (step {upload.get('step')}) was still uploading when the stop's deadline "
+                  "killed the log listener: it is not on the remote; the next start uploads it (stop_timeout_s "
+                  "gives the stop longer)")
     if failed:
         _log.error(f"{failed[0]}; `podkit doctor --workspace {cfg.workspace_path}` says the same after the fact. "
                    "This run has stopped everything: fix it, then run the same command again (it resumes from the "

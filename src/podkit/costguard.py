@@ -108,9 +108,16 @@ RETRY_MAX_S = 300.0
 RETRY_FOR_S = 3600.0
 
 
+# What must be done before this pod stops itself, once per stop, in the stop's own thread: the log listener's
+# upload of the last checkpoint (checkpoint.remote: remote.Uploader.final, within checkpoint.remote_final_s). Each
+# takes the stop's reason and returns what to say of it, which the pod-stop notification carries.
+BEFORE_STOP: list = []
+
+
 class Stopper:
     """One pod stop: notified once, sent, retried. `wanted()` (a reason to call it off, or "") is asked
-    before each attempt: a guard set to never meanwhile, or a trainer started again, ends the retries."""
+    before each attempt: a guard set to never meanwhile, or a trainer started again, ends the retries.
+    BEFORE_STOP is done first, and waited for, on the stop's first attempt."""
 
     def __init__(self, reason: str, state_dir: Path | None, wanted=None, say=None, notified: bool = False) -> None:
         self.reason, self.state_dir, self.notified = reason, state_dir, notified
@@ -118,6 +125,12 @@ class Stopper:
         self.say = say or _log.info
         self.done = False
         self.thread: threading.Thread | None = None
+
+    def _before(self, fn) -> str:
+        try:
+            return fn(self.reason)
+        except Exception as e:  # noqa: BLE001 - the pod stops whatever failed before it
+            return f"what comes before the stop failed ({type(e).__name__}: {e})"
 
     def start(self, after: threading.Thread | None = None) -> Stopper:
         """In a daemon thread (events and signals keep flowing); `after`, a notification to let go out first."""
@@ -132,11 +145,16 @@ class Stopper:
         if after:
             after.join(15)
         delay, until, first = FIRST_RETRY_S, time.monotonic() + RETRY_FOR_S, not self.notified
+        before = first
         while True:
             off = self.wanted()
             if off:
                 self.say(f"the pod's self-stop is called off: {off}")
                 return False
+            if before:  # once: a retry of a refused stop has nothing new to upload
+                before = False
+                self.reason += "".join(f"; {said}" for said in map(self._before, BEFORE_STOP) if said)
+                continue  # asked again: a guard set to never during a long upload calls the stop off
             if stop_pod_notified(self.reason, self.state_dir, notify=first):
                 self.done = True
                 return True

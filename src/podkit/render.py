@@ -3,6 +3,7 @@ supervisord.conf, expanded with it, parses with supervisor's own parser before t
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -64,10 +65,16 @@ def stop_budget(cfg) -> dict[str, str]:
     4. Inference gets its stop_grace_s and the ray program the trainer's grace and Ray's drain (45 s), each
        cut to the deadline: after the trainer, the deadline decides.
     5. A notification gets what remains of the deadline, none past it (notify.py).
+    6. The log listener stops last, after the trainer has exited with its checkpoint, and uploads that checkpoint
+       (checkpoint.remote) in what the deadline leaves, less its own second (programs/logs.py FINAL_RESERVE_S),
+       at most checkpoint.remote_final_s: its stopwaitsecs is the whole deadline, so supervisord never kills it
+       first; PID 1's kill at the deadline is the bound. The trainer's checkpoint comes first: the upload is never
+       given time the trainer's grace needs (a checkpoint that is not written cannot be uploaded).
     The programs read the trainer's grace as trainer.stop_grace_s: the checkpoint it must fit is theirs."""
     deadline = cfg.stop_timeout_s - MARGIN_S
     trainer = max(1, min(cfg.trainer.stop_grace_s, int(deadline - OWN_S)))
     return {pid1.STOP_DEADLINE_ENV: f"{deadline:g}", "PODKIT_TRAINER_STOP_GRACE_S": str(trainer),
+            "PODKIT_LOGS_STOP_WAIT_S": str(max(1, math.ceil(deadline))),
             "PODKIT_INFERENCE_STOP_GRACE_S": str(max(1, min(cfg.inference.stop_grace_s, int(deadline)))),
             "PODKIT_RAY_STOP_WAIT_S": str(max(1, min(trainer + 45, int(deadline))))}
 

@@ -250,5 +250,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "remote_poll_s": Field(float, 10.0, "how often the uploader looks for a new checkpoint", "s", minimum=0.1),
         "remote_timeout_s": Field(float, 3600.0, "limit for one upload or restore (rclone retries within it)", "s",
                                   minimum=1),
+        "remote_final_s": Field(float, 600.0, "limit for the upload of the last checkpoint when the pod stops "
+                                "itself (a cost guard: the pod bills meanwhile, and stops after it); at a SIGTERM "
+                                "(docker stop, RunPod's stop, podkit up's Ctrl-C) it gets at most what stop_timeout_s "
+                                "leaves after the trainer's checkpoint. What could not be uploaded is named", "s",
+                                minimum=0),
     },
 }

@@ -226,6 +226,9 @@ class Pump:
 # What the listener, the last program to stop, waits for a notification in flight: docker stop's default
 # budget is 10 s for everything, and a webhook that accepts and never answers must not spend it.
 DRAIN_S = 1.0
+# What the listener keeps of the stop's deadline after the final upload of the last checkpoint: the run's lease on the
+# remote released (one request), then the workspace's and the stop's notification.
+FINAL_RESERVE_S = 1.0
 
 
 def main(cfg) -> int:
@@ -237,21 +240,33 @@ def main(cfg) -> int:
                 on_runpod=costguard.on_runpod(), socket_path=cfg.socket_path)
     pump.guards = guardfile.Live(cfg.workspace_path, {k: getattr(cfg.guard, k) for k in guardfile.KEYS}, pump.say)
     pump.idle_rule()  # a listener restarted after the trainer stopped for good: the rule holds still
+    uploader = None
     if cfg.checkpoint.remote and not (cfg.multi_node and cfg.cluster.rank != 0):
         from podkit import remote  # rclone and hashing only with a remote
 
         pump.durable_within_s = cfg.guard.durable_within_s
 
         # Here, not a program of its own: the listener outlives every trainer restart and stops last.
-        remote.Uploader(cfg, pump.say).start()
+        uploader = remote.Uploader(cfg, pump.say).start()
+        # A cost guard's stop uploads the last checkpoint first (its trainer has stopped), then stops the pod.
+        costguard.BEFORE_STOP.append(lambda why: uploader.final(cfg.checkpoint.remote_final_s, "the pod stops itself"))
     if pump.on_runpod:  # what the pod costs (cost.json), and what guard.max_spend goes by
         pump.deadline.spent = costguard.Meter(cfg.state_dir, cfg.guard.cost_every_s, cfg.trainer.max_steps,
                                               pump.say).start().spent
 
     def stop(*_):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not start this again mid-upload
         pump.flush()
-        # The lease first: a webhook that never answers must not keep the workspace from the next pod.
-        if supervisord.stop_requested(cfg.socket_path, "logs"):
+        stopping = supervisord.stop_requested(cfg.socket_path, "logs")
+        if stopping and uploader:
+            # supervisord stops this listener last: the trainer has exited with its checkpoint, which goes up
+            # within what the stop's deadline leaves (render.stop_budget), the leases' release kept out of it.
+            uploader.final(min(cfg.checkpoint.remote_final_s, notify.left() - FINAL_RESERVE_S), "the pod is stopping",
+                           "what the stop's deadline left after the trainer (stop_timeout_s)", for_good=True)
+            uploader.release(max(0.1, min(30.0, notify.left() - FINAL_RESERVE_S / 2)))
+        # The lease before the notification: a webhook that never answers must not keep the workspace from the
+        # next pod (after the upload: the volume's checkpoint is read until then).
+        if stopping:
             lease.release(cfg.state_dir)  # the pod is stopping: the workspace is free for the next one
         notify.drain(DRAIN_S)  # the stop's own notification, posted moments ago, within the stop's budget
         # Not SystemExit: a notification still in flight, cut at the stop's deadline, must not wake up in the
