@@ -143,7 +143,8 @@ def test_supervisors_loop_has_the_shape_pid1s_patch_expects():
 ])
 def test_the_stop_budget_gives_the_trainer_what_podkits_own_work_leaves(tmp_path, env, deadline, trainer, inference):
     """One deadline, 1.5 s inside the stop timeout; the trainer's grace is what is left after 1 s of
-    podkit's own work; inference is cut to the deadline; supervisord's stopwaitsecs follow."""
+    podkit's own work; inference is cut to the deadline; supervisord's stopwaitsecs follow, the log listener's
+    the whole deadline (its upload of the last checkpoint)."""
     cfg = config.load(ROOT / "configs" / "default.yaml",
                       environ={"PODKIT_WORKSPACE": str(tmp_path), "PODKIT_RUN_DIR": str(tmp_path / "run"), **env})
     budget = render.stop_budget(cfg)
@@ -156,6 +157,8 @@ def test_the_stop_budget_gives_the_trainer_what_podkits_own_work_leaves(tmp_path
     waits = {g.name: g.process_configs[0].stopwaitsecs for g in opts.process_group_configs}
     assert waits["trainer"] == int(trainer) and waits["sglang"] == int(inference)
     assert waits["ray"] <= float(deadline)
+    # the listener uploads the last checkpoint (checkpoint.remote) after the trainer: only PID 1's deadline cuts it
+    assert float(deadline) <= waits["logs"] < float(deadline) + 1
 
 
 def test_a_notification_during_a_stop_ends_by_its_deadline(tmp_path):
