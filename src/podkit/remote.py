@@ -223,8 +223,9 @@ class Remote:
         self._cut = None if at is None else (at, why)
 
     def check(self) -> None:
-        if self._cut is not None and time.monotonic() >= self._cut[0]:
-            raise RemoteError(self._cut[1])
+        cut = self._cut  # one read: another thread may set it meanwhile
+        if cut is not None and time.monotonic() >= cut[0]:
+            raise RemoteError(cut[1])
 
     def where(self, gen: str | None = None) -> str:
         """A place on the remote in the user's words (checkpoint.remote's own spelling)."""
@@ -250,14 +251,14 @@ class Remote:
                 out, err = p.communicate(timeout=max(0.01, min(0.2, until - time.monotonic())))
                 break
             except subprocess.TimeoutExpired:
-                over = time.monotonic() >= until
-                if over or self._cut is not None and time.monotonic() >= self._cut[0]:
+                over, cut = time.monotonic() >= until, self._cut
+                if over or cut is not None and time.monotonic() >= cut[0]:
                     p.kill()  # ours, by its pid
                     p.communicate()
                     if over:
                         raise RemoteError(f"rclone {args[0]} on {self.url} took longer than {limit:g} s "
                                           "(checkpoint.remote_timeout_s)") from None
-                    self.check()
+                    raise RemoteError(cut[1]) from None
         if p.returncode != 0:
             err = "\n".join(ln for ln in self._redact(err.decode(errors="replace")).splitlines()
                             if "Config file" not in ln)  # rclone's notice of no config file: env config is ours
@@ -342,7 +343,7 @@ class Remote:
             try:  # what arrived is what was read: the remote's own hashes against the local files
                 self.rclone("check", "--one-way", "--files-from-raw", listing.name, str(ckpt.root), dest)
             except RemoteError as e:
-                if self._cut is not None and time.monotonic() >= self._cut[0]:
+                if (cut := self._cut) is not None and time.monotonic() >= cut[0]:
                     raise  # cut (the stop's deadline), not a mismatch: its files stay without a manifest
                 self._drop(ckpt.step)
                 raise RemoteError(f"generation {ckpt.step} does not match the files uploaded ({e}): dropped") from e
@@ -474,6 +475,8 @@ class Uploader:
 
     def _once(self, final: bool) -> int | None:
         self.why = ""
+        if self.stopped.is_set() and not final:
+            return None  # the listener's stop made the last upload: none after it
         if not final:
             progress = records.PROGRESS.read(self.cfg.state_dir)
             if not isinstance(progress.get("checkpoint_step"), int) or progress["checkpoint_step"] <= (self.done or 0):
