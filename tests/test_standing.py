@@ -329,3 +329,30 @@ def test_the_listener_notifies_once_when_the_durable_checkpoint_falls_behind_and
     pump.states["trainer"] = {"state": EXITED, "since": now + 130, "started_at": now - 100, "pid": 4242}
     records.PROGRESS.write(state, {"step": 60, "time": now + 125})
     assert pump.durability(now + 9000) == ""  # not training: nothing new at risk, nothing said
+
+
+def test_another_runs_record_on_a_reused_volume_is_never_this_runs_durable_step(tmp_path, monkeypatch):
+    """remote.json is stamped with its run (remote._write): a new run on a volume another run used says nothing of
+    its own is off the pod (with a remote), and without a remote says nothing at all; the uploader's first write
+    for the new run drops the old run's entries."""
+    import types
+
+    from podkit import records, status
+    from podkit import remote as uploader
+
+    old = {**remote(), "run": "gsm8k/old-trial"}
+    assert standing.durable(old, 12, None, T0 + 500, configured=True, run="gsm8k/new-trial")["step"] is None
+    assert standing.durable(old, 12, None, T0 + 500, run="gsm8k/new-trial") is None
+    assert standing.durable(old, 12, None, T0 + 500, configured=True, run="gsm8k/old-trial")["step"] == 40
+    ws = tmp_path / "ws"
+    state = ws / ".podkit"
+    state.mkdir(parents=True)
+    records.REMOTE.write(state, old)
+    records.PROGRESS.write(state, {"step": 12, "time": T0 + 400, "run": "gsm8k/new-trial"})
+    assert status.collect(ws, state, remote=False)["durable"] is None
+    assert status.collect(ws, state, remote=True)["durable"]["step"] is None
+    cfg = types.SimpleNamespace(state_dir=state)
+    monkeypatch.setattr(uploader, "run_id", lambda cfg: "gsm8k/new-trial")
+    uploader.restored(cfg, "refused", 40, "another run's")
+    rec = records.REMOTE.read(state)
+    assert rec["run"] == "gsm8k/new-trial" and "uploaded" not in rec and rec["restore"]["step"] == 40

@@ -59,7 +59,7 @@ class Pod:
         self.state = cfg.state_dir if cfg is not None and Path(cfg.workspace_path) == Path(workspace) else \
             workspace / ".podkit"
         self.logs = workspace / "logs"
-        self.st = status.collect(workspace, self.state)
+        self.st = status.collect(workspace, self.state, bool(cfg.checkpoint.remote) if cfg is not None else None)
         current = records.CURRENT.read(self.state)
         self.programs = records.PROGRAMS.read(Path(current["run_dir"])) if current.get("run_dir") else {}
         self.progress = records.PROGRESS.read(self.state)

@@ -33,12 +33,13 @@ _log = log.get("metrics")
 class PodCollector:
     """The pod's figures, read at each scrape. `safe_mode` is the waiting boot's own view (no supervisord)."""
 
-    def __init__(self, workspace: Path, window_s: float, state_dir: Path | None = None) -> None:
-        self.ws, self.window_s = Path(workspace), window_s
+    def __init__(self, workspace: Path, window_s: float, state_dir: Path | None = None,
+                 remote: bool | None = None) -> None:
+        self.ws, self.window_s, self.remote = Path(workspace), window_s, remote
         self.state = Path(state_dir) if state_dir is not None else self.ws / ".podkit"  # this node's records
 
     def collect(self):
-        st = status.collect(self.ws, self.state)
+        st = status.collect(self.ws, self.state, self.remote)
         now = time.time()  # after the read: a step recorded while status read is not in the future
         safe = st.get("safe_mode") or {}
         g = GaugeMetricFamily("podkit_safe_mode", "1 while the pod waits in safe mode, by the stage that failed",
@@ -147,9 +148,10 @@ class PodCollector:
                                 value=float(sum(1 for b in boots if now - b.get("time", 0) <= self.window_s)))
 
 
-def registry(workspace: Path, window_s: float, state_dir: Path | None = None) -> CollectorRegistry:
+def registry(workspace: Path, window_s: float, state_dir: Path | None = None,
+             remote: bool | None = None) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(PodCollector(workspace, window_s, state_dir))
+    reg.register(PodCollector(workspace, window_s, state_dir, remote))
     return reg
 
 
@@ -244,7 +246,8 @@ def main(cfg) -> int:
 
         return idle("metrics", "metrics.port is 0: no metrics endpoint")
     try:
-        httpd = server(m.host, m.port, registry(cfg.workspace_path, cfg.guard.window_s, cfg.state_dir), os.environ.get(KEY_ENV, ""))
+        httpd = server(m.host, m.port, registry(cfg.workspace_path, cfg.guard.window_s, cfg.state_dir,
+                                                  bool(cfg.checkpoint.remote)), os.environ.get(KEY_ENV, ""))
     except ValueError as e:  # what the boot's check refuses; not served here either
         _log.error(f"{e}; not serving /metrics")
         return 1

@@ -192,7 +192,7 @@ class Source:
 
     def gather(self) -> dict:
         """The model the panels draw: the records as read, each list and text bounded where the view walks it."""
-        st = pageview.bound(status.collect(self.ws, self.state), depth=12)
+        st = pageview.bound(status.collect(self.ws, self.state, bool(self.cfg.checkpoint.remote)), depth=12)
         now = time.time()
         loop = self._loop()
         try:

@@ -517,4 +517,5 @@ _UPLOAD = {"outcome": str, "step": int, "why": str, "time": TIME, "bytes": int, 
 # "lease": this pod's hold on the run's lease on the remote (held; blocked: another pod holds it, `why` names it).
 REMOTE = Record("remote.json", {"last": _UPLOAD, "uploaded": _UPLOAD, "final": _UPLOAD,
                                 "lease": {"outcome": str, "why": str, "time": TIME},
-                                "restore": {"outcome": str, "step": int, "why": str, "time": TIME}})
+                                "restore": {"outcome": str, "step": int, "why": str, "time": TIME},
+                                "run": str})  # the run (experiment/trial) the record is of

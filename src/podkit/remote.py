@@ -216,6 +216,7 @@ class Remote:
         self.timeout_s = timeout_s
         self.secrets = _secrets(self.env)
         self._cut: tuple[float, str] | None = None  # (time.monotonic(), why): every call ends by then
+        self.read: dict[int, dict] = {}  # the manifests read, by step (manifest())
 
     def cut(self, at: float | None, why: str = "") -> None:
         """Every rclone call (the one running now too) and every hash ends by `at` (time.monotonic()) with
@@ -293,7 +294,12 @@ class Remote:
         return sorted(self.listing(), reverse=True)
 
     def manifest(self, step: int) -> dict | None:
-        """The generation's manifest, or None: no manifest (an upload that did not finish), or not one."""
+        """The generation's manifest, or None: no manifest (an upload that did not finish), or not one. One read is
+        kept: a manifest is written last and never rewritten (a generation dropped here is forgotten; another pod of
+        the run uploads nothing while this one holds the lease), so an upload's prune does not fetch every kept
+        generation's manifest again (an rclone start each: CPU beside the trainer)."""
+        if step in self.read:
+            return self.read[step]
         try:
             raw = self.rclone("cat", f"{self.base}/{gen(step)}/{MANIFEST}", timeout=120)
         except RemoteError:
@@ -305,6 +311,8 @@ class Remote:
         ok = (isinstance(data, dict) and data.get("step") == step and isinstance(data.get("files"), dict)
               and all(isinstance(v, dict) and isinstance(v.get("sha256"), str) and isinstance(v.get("size"), int)
                       for v in data["files"].values()))
+        if ok:
+            self.read[step] = data
         return data if ok else None
 
     def whole(self) -> list[int]:
@@ -356,6 +364,7 @@ class Remote:
         return manifest
 
     def _drop(self, step: int) -> None:
+        self.read.pop(step, None)
         try:
             self.rclone("purge", f"{self.base}/{gen(step)}", timeout=300)
         except RemoteError as e:
@@ -603,27 +612,27 @@ class Uploader:
             self.say(f"[podkit:remote] the run's lease on the remote was not released ({e}); it lapses by itself")
 
 
-def _record(cfg, fields: dict) -> None:
+def _write(cfg, **parts) -> None:
+    """remote.json, stamped with the run it is of: another run's entries (a volume a new run reuses) are dropped,
+    never shown as this run's durable step."""
+    run = run_id(cfg)
     try:
-        REMOTE.write(cfg.state_dir, {**REMOTE.read(cfg.state_dir), "last": fields,
-                                     **({"uploaded": fields} if fields["outcome"] == "uploaded" else {})})
+        base = REMOTE.read(cfg.state_dir)
+        REMOTE.write(cfg.state_dir, {**(base if base.get("run", run) == run else {}), **parts, "run": run})
     except OSError:
         pass
+
+
+def _record(cfg, fields: dict) -> None:
+    _write(cfg, last=fields, **({"uploaded": fields} if fields["outcome"] == "uploaded" else {}))
 
 
 def _record_final(cfg, fields: dict) -> None:
-    try:
-        REMOTE.write(cfg.state_dir, {**REMOTE.read(cfg.state_dir), "final": fields})
-    except OSError:
-        pass
+    _write(cfg, final=fields)
 
 
 def _record_lease(cfg, outcome: str, why: str) -> None:
-    try:
-        REMOTE.write(cfg.state_dir, {**REMOTE.read(cfg.state_dir), "lease": {
-            "outcome": outcome, "why": why, "time": time.time()}})
-    except OSError:
-        pass
+    _write(cfg, lease={"outcome": outcome, "why": why, "time": time.time()})
 
 
 # -- the restore half (the restore stage, restore.py, calls restore) ---------------------------------------------
@@ -639,11 +648,7 @@ def ours(ckpt: Local):
 
 
 def restored(cfg, outcome: str, step: int | None, why: str) -> None:
-    try:
-        REMOTE.write(cfg.state_dir, {**REMOTE.read(cfg.state_dir), "restore": {
-            "outcome": outcome, "step": step, "why": why, "time": time.time()}})
-    except OSError:
-        pass
+    _write(cfg, restore={"outcome": outcome, "step": step, "why": why, "time": time.time()})
 
 
 def restore(cfg, rem: Remote) -> int | None:

@@ -183,11 +183,15 @@ def gather(state_dir: Path, programs: dict[str, Program], reachable: bool | None
 
 
 # -- durability: what is off the pod ---------------------------------------------------------------------------------
-def durable(remote: dict | None, step, cost: dict | None, now: float, configured: bool | None = None) -> dict | None:
+def durable(remote: dict | None, step, cost: dict | None, now: float, configured: bool | None = None,
+            run=None) -> dict | None:
     """The last step whose checkpoint is whole on the remote (records.REMOTE) and its age, what is at risk since
     (steps, and dollars at the price in force, with how sure that is), and the last upload's failure if it came
-    after. None when the run has no remote (`configured` False, or no record and not told)."""
+    after. None when the run has no remote (`configured` False, or no record and not told). `run`: the run the
+    trainer records (progress.json); a record of another run (a volume a new run reuses) is not this run's."""
     remote = remote if isinstance(remote, dict) else {}
+    if isinstance(run, str) and run and isinstance(remote.get("run"), str) and remote["run"] and remote["run"] != run:
+        remote = {}  # nothing of this run off the pod yet (with a remote), never another run's step as its
     if configured is False or configured is None and not remote:
         return None
     up = remote.get("uploaded") if isinstance(remote.get("uploaded"), dict) else {}

@@ -12,9 +12,10 @@ from podkit import costguard, ending, failure, health, proc, programs, records, 
 from podkit.supervisord import FATAL, RUNNING, UP
 
 
-def collect(workspace: Path, state_dir: Path | None = None) -> dict:
+def collect(workspace: Path, state_dir: Path | None = None, remote: bool | None = None) -> dict:
     """`state_dir`: this node's records (a cluster's other ranks keep theirs in .podkit/node-<rank>, and
-    report themselves, not rank 0); by default the workspace's own."""
+    report themselves, not rank 0); by default the workspace's own. `remote`: whether checkpoint.remote is set
+    (None: not known here; remote.json then says)."""
     state_dir = workspace / ".podkit" if state_dir is None else Path(state_dir)
     current = records.CURRENT.read(state_dir)
     out: dict = {"workspace": str(workspace), "supervisord": {"reachable": False}, "programs": {},
@@ -78,7 +79,8 @@ def collect(workspace: Path, state_dir: Path | None = None) -> dict:
     out["standing"] = standing.judge(standing.gather(
         state_dir, standing.of_supervisord(infos, programs), reachable=out["supervisord"]["reachable"],
         exited=exited, safe_mode=out["safe_mode"])).as_dict()
-    out["durable"] = standing.durable(records.REMOTE.read(state_dir), prog.get("step"), out["cost"], time.time())
+    out["durable"] = standing.durable(records.REMOTE.read(state_dir), prog.get("step"), out["cost"], time.time(),
+                                      configured=remote, run=prog.get("run"))
     inf = current.get("inference") or {}
     host, port = inf.get("host", "127.0.0.1"), inf.get("port", 30000)
     sglang = out["programs"].get("sglang")
@@ -334,7 +336,8 @@ def health_problem(st: dict, progress_timeout_s: float, multi_node: bool = False
 
 def main(workspace: Path, as_json: bool, health_check: bool = False, progress_timeout_s: float = 1800,
          multi_node: bool = False, cfg=None) -> int:
-    st = collect(workspace, cfg.state_dir if cfg is not None else None)
+    st = collect(workspace, cfg.state_dir if cfg is not None else None,
+                 remote=bool(cfg.checkpoint.remote) if cfg is not None else None)
     if cfg is not None and not health_check:
         from podkit import guardfile
 

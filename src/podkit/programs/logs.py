@@ -171,8 +171,9 @@ class Pump:
         if not self.durable_within_s or self.state_dir is None:
             return ""
         now = time.time() if now is None else now
-        d = standing.durable(records.REMOTE.read(self.state_dir), records.PROGRESS.read(self.state_dir).get("step"),
-                             costguard.cost(self.state_dir), now, configured=True)
+        prog = records.PROGRESS.read(self.state_dir)
+        d = standing.durable(records.REMOTE.read(self.state_dir), prog.get("step"), costguard.cost(self.state_dir), now,
+                             configured=True, run=prog.get("run"))
         why = standing.behind(d, self.durable_within_s, self.standing().run == standing.TRAINING,
                               records.CURRENT.read(self.state_dir).get("started"), now)
         if why and not self._behind:
