@@ -146,8 +146,9 @@ class Pump:
             costguard.when_finished(prog.get("step"), self.guard, self.state_dir, self.say, after=sent)
 
     def standing(self) -> standing.Standing:
-        """The pod's standing from this listener's own events (standing.judge: the rule status renders too)."""
-        return standing.judge(standing.gather(self.state_dir, standing.of_events(self.states)))
+        """The pod's standing from this listener's own events (standing.judge: the rule status renders too). A copy
+        of them: the cost guard's stopper asks again from its own thread while events come in."""
+        return standing.judge(standing.gather(self.state_dir, standing.of_events(dict(self.states))))
 
     def cannot_train(self) -> str:
         """Why this pod can no longer train, "" while it can: a program FATAL, the trainer stopped for good
