@@ -19,7 +19,7 @@ from s3server import SECRET, Server
 
 pytestmark = pytest.mark.timeout(60)
 
-BUCKETS = 12
+BUCKETS = 20  # one per test that asks for one (the `bucket` fixture)
 
 
 @pytest.fixture(scope="module")
