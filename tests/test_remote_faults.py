@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import test_costguard
 import test_remote
 from conftest import PODKIT, wait_for
 from podkit import costguard, records, remote, restore
@@ -23,7 +24,8 @@ from s3server import Server
 
 pytestmark = pytest.mark.timeout(60)
 pod = test_remote.pod  # the fixture, served by this module's own server and bucket
-BUCKETS = [f"faults-{i:02d}" for i in range(10)]
+runpod_api, STOP, on_runpod = test_costguard.runpod_api, test_costguard.STOP, test_costguard.on_runpod  # RunPod's stub
+BUCKETS = [f"faults-{i:02d}" for i in range(16)]  # one a test
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +161,23 @@ def test_a_pods_sigterm_uploads_the_checkpoint_the_trainer_wrote_in_its_stop(sta
     assert gens(server, bucket) == {last: True}
     assert f"the pod is stopping: the last checkpoint, step {last}, is on the remote" in s.stdout()
     assert records.REMOTE.read(s.workspace / ".podkit")["final"]["outcome"] == "uploaded"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_a_finished_run_on_runpod_uploads_its_last_checkpoint_before_its_pod_stops(stack_factory, server, bucket,
+                                                                                   runpod_api):
+    """The smoke stack on RunPod (the API stub) with a remote whose uploader never looks by itself: training finishes
+    at step 12, and the cost guard's stop (guard.stop_pod_when_finished) has the log listener upload that last
+    checkpoint before it asks RunPod: the stop's reason says where it is."""
+    env = {**server.env(bucket), "PODKIT_CHECKPOINT_REMOTE_POLL_S": "3600", "PODKIT_TRAINER_MAX_STEPS": "12",
+           **on_runpod(runpod_api.url)}
+    s = stack_factory("a", **env).start()
+    wait_for(lambda: STOP in runpod_api.calls(), 60, what="the pod's stop")
+    assert gens(server, bucket) == {12: True}
+    assert "stopping pod pod-abc123: training finished at step 12 (guard.stop_pod_when_finished: auto); the last " \
+           "checkpoint, step 12, is on the remote (s3://" in s.stdout()
+    assert s.stop() == 0
 
 
 # -- two pods of one run ----------------------------------------------------------------------------------------
