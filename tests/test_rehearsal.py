@@ -2,13 +2,15 @@
 under the real supervisord booted by `podkit boot`, against podkit's generating STAND-IN for SGLang (a
 tiny causal LM; not SGLang). The AReaL environment (rehearse/env.sh, built and cached by `make test`)
 runs the stack, found through $AREAL_PYTHON; the tiny model and data are built once per session by
-rehearse/assets.py. What runs is configs/cpu-rehearsal.yaml, as `make rehearse` runs it."""
+rehearse/assets.py. What runs is configs/cpu-rehearsal.yaml, as `make rehearse` runs it; checkpoint.remote points at
+a real S3 endpoint on loopback (tests/s3server.py) where a test says so."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -19,6 +21,8 @@ import pytest
 
 from areal_stack import CPU_OVERRIDES, PYTHON, areal_run, example_remote, repo_env
 from conftest import PODKIT, ROOT, alive, free_port, wait_for
+from podkit import remote
+from s3server import Server
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"), pytest.mark.timeout(420),
               pytest.mark.skipif(not PYTHON and not os.environ.get("CI"),
@@ -26,9 +30,23 @@ pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"), pytest.ma
                                         "$(sh rehearse/env.sh))")]
 
 
-def test_the_real_trainer_trains_pushes_each_version_evaluates_resumes_after_sigterm_and_after_a_hang(rehearsal):
+@pytest.fixture
+def s3(tmp_path):
+    """A real S3 endpoint on loopback for checkpoint.remote (before `rehearsal` in a test's arguments: the stacks'
+    stops, in the fixtures' teardown, still reach it)."""
+    server = Server(tmp_path / "s3", ["ckpt"]).start()
+    yield server
+    server.kill()
+
+
+def test_the_real_trainer_trains_pushes_each_version_evaluates_resumes_from_the_remote_on_a_new_volume_after_sigterm(
+        s3, rehearsal):
+    """Three real steps with checkpoint.remote; the SIGTERM's checkpoint goes up at the stop; the volume is deleted,
+    and a pod on an empty one restores that checkpoint at its boot, saying so, and resumes at the next step; then a
+    hung rank is restarted by the watchdog and a lost lease stops the trainer."""
     # No recover checkpoint before the stop (every 1000 steps): the one SIGTERM forces is what resumes.
-    s = rehearsal(PODKIT_TRAINER_OVERRIDES="+evaluator.freq_steps=2 recover.freq_steps=1000").start()
+    s = rehearsal(PODKIT_TRAINER_OVERRIDES="+evaluator.freq_steps=2 recover.freq_steps=1000",
+                  **s3.env("ckpt")).start()
     served = set()
     # Each step's push is served: sample while it trains (rollouts are paused around each update).
     wait_for(lambda: (served.add((s.progress().get("weight_version"), s.served())) or
@@ -58,11 +76,20 @@ def test_the_real_trainer_trains_pushes_each_version_evaluates_resumes_after_sig
     assert "Training failed" not in s.log("trainer")
     assert "inference was restarted" not in s.log("trainer"), "a pod stop is not an inference restart"
     stopped_at = p["step"]
+    gens = s3.root / "ckpt" / "runs" / "podkit" / "run"  # <remote>/<experiment>/<trial>/gen-<step>/
+    assert (gens / remote.gen(stopped_at) / remote.MANIFEST).is_file(), sorted(gens.rglob("*"))
 
-    # The same workspace: a new container on the same volume (with a watchdog quick enough to test).
+    # The pod and its volume are gone: a new pod on a new, empty volume at the same mount point (with a watchdog
+    # quick enough to test) restores the SIGTERM's checkpoint from the remote at its boot and resumes from it.
+    shutil.rmtree(s.workspace)
+    said = len(s.stdout())
+    # Its uploader looks no more (an upload per step would load the lane's two cores): the restore is under test.
     s2 = rehearsal(PODKIT_WATCHDOG_TRAINER_STALL_S="40", PODKIT_WATCHDOG_INTERVAL_S="2",
-                   PODKIT_TRAINER_STOP_GRACE_S="10").start()
+                   PODKIT_TRAINER_STOP_GRACE_S="10", PODKIT_CHECKPOINT_REMOTE_POLL_S="3600", **s3.env("ckpt")).start()
     t1 = time.time()
+    boot = s2.stdout()[said:]
+    assert f"restored the checkpoint of step {stopped_at} from s3://ckpt/runs/podkit/run/" in boot, \
+        [ln for ln in boot.splitlines() if "restore" in ln or "remote" in ln]
     p = s2.wait_fresh_step(stopped_at + 1, t1)
     assert p["resumed_at"] == stopped_at and p["resumed_from"], p
     assert "Recovering from StepInfo" in s2.log("trainer")
