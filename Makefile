@@ -86,6 +86,7 @@ bench: $(VENV)/.ready sysdeps
 	PYTHON=$(PYTHON) $(BIN)/python bench/entry.py --steps 6 --runs 2
 	PYTHON=$(PYTHON) $(BIN)/python bench/startup.py --runs 2
 	$(BIN)/python bench/page.py --steps 100000 --runs 21
+	$(BIN)/python bench/remote.py --size-mib 1024 --runs 3 --seconds 30
 
 clean:
 	rm -rf $(VENV) workspace
