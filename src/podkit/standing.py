@@ -171,8 +171,13 @@ def of_supervisord(infos: list[dict], listener: dict) -> dict[str, Program]:
 
 def of_events(states: dict) -> dict[str, Program]:
     """The log listener's own record of the programs' state changes (programs.json's shape)."""
-    return {name: Program(rec.get("state"), _time(rec.get("since")), _time(rec.get("started_at")), _int(rec.get("pid")))
+    return {name: Program(rec.get("state"), _time(rec.get("since")), _time(rec.get("started_at")), _pid(rec.get("pid")))
             for name, rec in states.items() if isinstance(rec, dict) and isinstance(rec.get("state"), str)}
+
+
+def _pid(v) -> int | None:
+    """A pid recorded as something else (corrupt) is no process: it matches no end record's."""
+    return None if v is None else _int(v) or -1
 
 
 def gather(state_dir: Path, programs: dict[str, Program], reachable: bool | None = True, exited: bool = False,
