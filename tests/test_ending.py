@@ -523,13 +523,17 @@ def test_the_start_up_timeline_ends_at_the_boots_first_step_and_shows_no_tenths_
 
 
 def test_status_says_who_stopped_the_trainer_and_shows_a_hostile_exception_as_text(tmp_path):
-    from podkit import status
+    from podkit import standing, status
+
+    def st(t):  # status.collect's answer, as far as _last_stop reads it: the trainer's record and the standing
+        judged = standing.judge(standing.Evidence({}, t["stopped"], now=time.time()))
+        return {"trainer": t, "supervisord": {}, "standing": judged.as_dict()}
 
     t = {"stopped": ending.record(ending.SIGTERM, step=3, asked="you (podkit ctl stop trainer)"), "checkpoint_step": 3}
-    assert status._last_stop(t).startswith("the trainer stopped by you (podkit ctl stop trainer) at step 3")
+    assert status._last_stop(st(t)).startswith("the trainer stopped by you (podkit ctl stop trainer) at step 3")
     hostile = ending.record(ending.CRASH_LOOP, "the trainer failed 3 times: ValueError: \x1b[2J<script>x</script>",
                             "fix \x1b]8;;evil\x07it")
-    out = status._last_stop({"stopped": hostile})
+    out = status._last_stop(st({"stopped": hostile}))
     assert "\x1b" not in out and "<script>x</script>" in out and "why: the trainer failed 3 times" in out, out
 
 
@@ -613,9 +617,15 @@ def test_doctor_reads_a_stop_for_good_as_history_once_a_newer_run_of_the_trainer
     final = ending.record(ending.CRASH_LOOP, "the trainer failed 3 times in a row")
     final["time"] = now - 100
     doctor, pod = doctor_pod(tmp_path, {"step": 4, "stopped": final}, [boot])
-    pod.st = {"programs": {"trainer": {"state": "EXITED"}}}
+    from podkit import standing
+
+    def st(state, started=None):  # status.collect's answer, as far as doctor reads it: the programs and the standing
+        judged = standing.judge(standing.Evidence({"trainer": standing.Program(state, started=started)}, final, now=now))
+        return {"programs": {"trainer": {"state": state, "started": started}}, "standing": judged.as_dict()}
+
+    pod.st = st("EXITED")
     assert doctor.check_trainer_config(pod, now).id == "trainer_crash_loop"
-    pod.st = {"programs": {"trainer": {"state": "RUNNING", "started": now - 50}}}  # `podkit resume` since
+    pod.st = st("RUNNING", now - 50)  # `podkit resume` since
     assert doctor.check_trainer_config(pod, now) is None
 
 

@@ -414,9 +414,6 @@ def trainer_end(pod: Pod) -> ending.End | None:
     if end is not None and (s.get("state") or {}).get("name") in supervisord.UP and \
             not (s.get("last") or {}).get("this_run"):
         return None
-    p = (getattr(pod, "st", None) or {}).get("programs", {}).get("trainer") or {}
-    if not s and end is not None and p.get("state") in supervisord.UP and (p.get("started") or 0) > (end.time or 0):
-        return None  # no standing judged (a partial view): the trainer's start after the end says the same
     return end
 
 

@@ -179,9 +179,6 @@ def last_hour(loop: dict, now: float | None = None) -> dict:
 def _last_stop(st: dict) -> str:
     """How the trainer's last run ended, in words: the standing's `last` (its own record, judged this run's or an
     earlier one's by standing.judge)."""
-    if "trainer" not in st:  # a trainer's record alone: its end as recorded
-        end = ending.of(st.get("stopped"))
-        st = {"trainer": st, "supervisord": {}, "standing": {"last": standing._last(end, True)}}
     t, s = st["trainer"], st.get("standing") or {}
     last, ckpt = s.get("last"), records.checkpoint_at(t.get("checkpoint_step"))
     if last is not None and not last["this_run"] and s.get("run") == standing.NOT_RUNNING:
