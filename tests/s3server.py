@@ -1,5 +1,5 @@
 """A real S3 endpoint on loopback for the checkpoint remote: `rclone serve s3` over a directory, driven by the rclone
-podkit ships (remote.rclone()). Each directory under the root is a bucket. Plain Python (no pytest), like harness.py:
+podkit ships (mover.binary()). Each directory under the root is a bucket. Plain Python (no pytest), like harness.py:
 tests/test_remote.py and tests/test_rehearsal.py serve from it, and bench/remote.py puts tests/ on its path for it."""
 
 from __future__ import annotations
@@ -21,14 +21,16 @@ class Server:
     def __init__(self, root: Path, buckets: list[str]) -> None:
         self.root, self.buckets, self.port = root, buckets, free_port()
         self.proc: subprocess.Popen | None = None
+        self.nice = 0  # bench/remote.py's step time: the server stands for another machine, its CPU not the pod's
 
     def start(self) -> Server:
-        from podkit import remote
+        from podkit import mover
 
         for name in self.buckets:
             (self.root / name).mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen([remote.rclone(), "serve", "s3", "--addr", f"127.0.0.1:{self.port}",
-                                      "--auth-key", f"{KEY},{SECRET}", "-q", str(self.root)],
+        self.proc = subprocess.Popen([*mover.yielding(self.nice), mover.binary(), "serve", "s3",
+                                      "--addr", f"127.0.0.1:{self.port}", "--auth-key", f"{KEY},{SECRET}", "-q",
+                                      str(self.root)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: _listening(self.port), 15, what="rclone serve s3 to listen")
         return self

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, wait_for
-from podkit import config, records, remote, restore
+from podkit import config, mover, records, remote, restore
 from podkit.programs.fake_trainer import FakeTrainer
 from s3server import SECRET, Server
 
@@ -212,7 +212,7 @@ def test_server_killed_mid_upload_leaves_the_previous_generation_the_newest(pod,
     t.torch.save({"step": 8, "model": t.model.state_dict(), "optim": t.opt.state_dict(),
                   "pad": t.torch.zeros(1 << 20)}, big)  # 4 MB at 256 KiB/s: 16 s to upload
     monkeypatch.setenv("RCLONE_BWLIMIT", "256k")
-    monkeypatch.setattr(remote, "RETRIES", ("--retries", "1", "--low-level-retries", "1"))  # dead: said at once
+    monkeypatch.setattr(mover, "RETRIES", ("--retries", "1", "--low-level-retries", "1"))  # dead: said at once
     up = remote.Uploader(a, say=lambda _: None)
     killer = subprocess.Popen(["sh", "-c", f"sleep 2; kill -9 {server.proc.pid}"])  # ours, by pid
     try:
@@ -353,3 +353,31 @@ def test_podkits_example_checkpoint_is_restored_as_its_trainer_recorded_it(pod, 
                                                example))
     remote.Remote(a.checkpoint.remote, "podkit/run").upload(remote.local(a))
     assert restore.run(pod("b", PODKIT_TRAINER_KIND="areal", PODKIT_REPO_URL="https://example.com/me/unused.git")) == 4
+
+
+def test_uploads_beside_training_yield_the_cpu_and_the_stops_final_upload_does_not(pod, tmp_path, monkeypatch):
+    """The background uploads start rclone at nice 19, SCHED_BATCH and the lowest best-effort disk priority (the
+    trainer's steps come first: bench/remote.py's step time); the stop's final upload, once the trainer has exited,
+    at the listener's own priority (it has a deadline). A steady upload is four rclone starts: the copy, the lease
+    read before the manifest, the manifest, the listing that prunes (each start is CPU taken beside the trainer)."""
+    real, seen = mover.binary(), tmp_path / "priorities"
+    wrapper = tmp_path / "rclone-watched"
+    wrapper.write_text(f'#!/bin/sh\necho "$(cut -d" " -f19 /proc/$$/stat) $(chrt -p $$ | head -1 | sed "s/.*: //")'
+                       f' $1" >> {seen}\nexec "{real}" "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(mover, "binary", lambda: str(wrapper))
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    a = pod("a")
+    train_to(a, 3)
+    up = remote.Uploader(a, say=lambda _: None)
+    assert up.once() == 3
+    train_to(a, 5)
+    first = len(seen.read_text().splitlines())
+    assert up.once() == 5
+    background = seen.read_text().splitlines()
+    assert {ln.rsplit(" ", 1)[0] for ln in background} == {f"{min(19, base + 19)} SCHED_BATCH"}, background
+    assert [ln.rsplit(" ", 1)[1] for ln in background[first:]] == ["copy", "cat", "copyto", "lsf"], background
+    train_to(a, 6)
+    assert "step 6, is on the remote" in up.final(30, "the pod's stop")
+    final = seen.read_text().splitlines()[len(background):]
+    assert final and {ln.rsplit(" ", 1)[0] for ln in final} == {f"{base} SCHED_OTHER"}, final

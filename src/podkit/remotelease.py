@@ -48,6 +48,7 @@ class RemoteLease:
         self.token = ""  # ours while we hold it
         self.beat = 0
         self.renewed = 0.0  # time.monotonic() of our last write
+        self.seen = 0.0  # time.monotonic() of our last read that found the lease ours
         self._seen: dict[str, float] = {}  # another pod's lease content -> when this reader first saw it
 
     @property
@@ -86,12 +87,16 @@ class RemoteLease:
             if isinstance(every, (int, float)) and not isinstance(every, bool) and every > 0 else self.lapse_s
         return time.monotonic() - first < lapse
 
-    def hold(self) -> str:
+    def hold(self, fresh_s: float = 0.0) -> str:
         """"" when this uploader holds the run's lease (taken, or renewed when due); else who holds it. Raises
-        remote.RemoteError when the remote cannot be read or written."""
+        remote.RemoteError when the remote cannot be read or written. `fresh_s`: a lease read as ours within it, and
+        not due for renewal, is taken as still ours without a read (another pod takes it only once it has lapsed)."""
         now = time.monotonic()
+        if self.token and now - self.seen < fresh_s and now - self.renewed < self.renew_s:
+            return ""
         holder = self.read()
         if holder and holder.get("token") == self.token and self.token and now - self.renewed < self.renew_s:
+            self.seen = now
             return ""
         if holder and holder.get("token") != self.token and self.live(holder):
             self.token = ""
@@ -107,6 +112,7 @@ class RemoteLease:
             self.token = ""
             return f"another pod took this run's lease on the remote at once ({who(back)})"
         self.token, self.beat, self.renewed = token, ours["beat"], now
+        self.seen = now
         return ""
 
     def release(self) -> bool:
