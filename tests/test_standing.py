@@ -357,3 +357,70 @@ def test_another_runs_record_on_a_reused_volume_is_never_this_runs_durable_step(
     uploader.restored(cfg, "refused", 40, "another run's")
     rec = records.REMOTE.read(state)
     assert rec["run"] == "gsm8k/new-trial" and "uploaded" not in rec and rec["restore"]["step"] == 40
+
+
+def test_a_stop_that_left_its_checkpoint_on_the_disk_and_a_pod_kept_off_the_remote_are_named_until_an_upload_lands(
+        tmp_path):
+    """remote.json's "final" (the stop's upload of the last checkpoint) and "lease" (another pod holds the run's
+    lease on the remote): status, doctor, the page and /metrics name them while nothing whole went up after them,
+    and say nothing of them once a newer generation did."""
+    import json
+    import time
+
+    from prometheus_client import generate_latest
+
+    from podkit import metrics, pageview, records, status
+
+    ws = tmp_path / "ws"
+    state = ws / ".podkit"
+    state.mkdir(parents=True)
+    now = time.time()
+    records.PROGRESS.write(state, {"step": 52, "time": now - 50, "checkpoint_step": 50})
+    up = {"outcome": "uploaded", "step": 40, "time": now - 900, "where": "s3://b/p/e/t/gen-40"}
+    final = {"outcome": "failed", "step": 50, "time": now - 30,
+             "why": "the final upload's deadline passed (600.0 s: checkpoint.remote_final_s)"}
+    lease = {"outcome": "blocked", "time": now - 20, "why": "another pod holds this run's lease on the remote (pod b)"}
+    records.REMOTE.write(state, {"uploaded": up, "last": up, "final": final, "lease": lease})
+    env = {"PODKIT_CHECKPOINT_REMOTE": "s3://b/p"}
+    shown = _podkit(["status"], ws, **env).stdout
+    assert "at the stop (30s ago), step 50 was NOT uploaded: the final upload's deadline passed" in shown, shown
+    assert "nothing uploaded since 20s ago: another pod holds this run's lease on the remote (pod b)" in shown
+    found = {f["id"]: f for f in json.loads(_podkit(["doctor", "--json"], ws, **env).stdout)["findings"]}
+    assert found["final_upload_failed"]["severity"] == "problem", found
+    st_ = status.collect(ws, state, remote=True)
+    box = pageview.trouble(pageview.View({"st": st_, "now": now, "history": [], "findings": [], "health": None},
+                                         lambda s: s))
+    assert "the last checkpoint is not off the pod" in box and "this pod uploads nothing" in box, box
+    assert "podkit_upload_blocked 1.0" in generate_latest(metrics.registry(ws, 600)).decode()
+    # a cut stop ("uploading" never ended) is named too, in other words
+    records.REMOTE.write(state, {"uploaded": up, "final": {**final, "outcome": "uploading", "why": ""}})
+    assert "the stop's upload of step 50 began (30s ago) and has not said it ended" in \
+        standing.durable_words(status.collect(ws, state, remote=True)["durable"], now)
+    # a whole generation after them: neither is this pod's trouble any more
+    newer = {**up, "step": 51, "time": now - 5}
+    records.REMOTE.write(state, {"uploaded": newer, "last": newer, "final": final, "lease": lease})
+    d = status.collect(ws, state, remote=True)["durable"]
+    assert d["final"] is None and d["blocked"] is None and d["step"] == 51
+    assert "NOT uploaded" not in _podkit(["status"], ws, **env).stdout
+    found = {f["id"] for f in json.loads(_podkit(["doctor", "--json"], ws, **env).stdout)["findings"]}
+    assert not found & {"final_upload_failed", "remote_lease_held"}, found
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.none(), st.integers(0, 100)), st.floats(0, 1000), st.sampled_from(["failed", "uploading",
+       "uploaded", "none", "odd"]), st.integers(0, 120), st.floats(0, 1000), st.sampled_from(["blocked", "held"]),
+       st.floats(0, 1000))
+def test_the_stop_and_the_lease_are_named_only_when_no_whole_upload_came_after_them(
+        d_step, d_t, outcome, f_step, f_t, lease_outcome, l_t):
+    rec = {} if d_step is None else remote(step=d_step, t=T0 + d_t)
+    rec["final"] = {"outcome": outcome, "step": f_step, "why": "x", "time": T0 + f_t}
+    rec["lease"] = {"outcome": lease_outcome, "why": "y", "time": T0 + l_t}
+    now = T0 + 2000
+    d = standing.durable(rec, 120, None, now, configured=True)
+    if d["final"]:
+        assert outcome in ("failed", "uploading") and (d_step is None or (f_t >= d_t and f_step > d_step))
+    if d["blocked"]:
+        assert lease_outcome == "blocked" and (d_step is None or l_t >= d_t)
+    if d_step is not None and f_t < d_t:
+        assert d["final"] is None
+    standing.durable_words(d, now)

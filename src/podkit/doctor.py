@@ -709,6 +709,14 @@ def check_durable(pod: Pod, now: float) -> Finding | None:
         return Finding("upload_failing", "checkpoints are not reaching checkpoint.remote", line,
                        "fix what the failure names; the uploader tries again at the next checkpoint (or within "
                        "5 minutes), and `podkit logs logs` shows each try", "problem")
+    if d.get("final"):
+        return Finding("final_upload_failed", "the last checkpoint did not reach checkpoint.remote when the pod stopped",
+                       line, "the volume still holds it: start a pod on this volume (it uploads it), or copy it up "
+                       "yourself; give the stop more time with checkpoint.remote_final_s", "problem")
+    if d.get("blocked"):
+        return Finding("remote_lease_held", "another pod of this run holds its lease on checkpoint.remote", line,
+                       "two pods of one run never upload into one generation: stop the other pod (`podkit deploy "
+                       "stop`), or wait; its lease lapses guard.lease_s after it stops renewing it", "problem")
     limit = pod.cfg.guard.durable_within_s if pod.cfg is not None else 0
     training = (pod.st.get("standing") or {}).get("run") == standing.TRAINING
     why = standing.behind(d, limit, training, records.CURRENT.read(pod.state).get("started"), now)

@@ -114,6 +114,9 @@ class PodCollector:
                     yield GaugeMetricFamily(metric, doc, value=float(value))
             yield GaugeMetricFamily("podkit_upload_failing", "1 while the last upload to checkpoint.remote failed",
                                     value=1.0 if d["failing"] else 0.0)
+            yield GaugeMetricFamily("podkit_upload_blocked", "1 while another pod holds the run's lease on "
+                                    "checkpoint.remote (this pod uploads nothing)",
+                                    value=1.0 if d.get("blocked") else 0.0)
         loop = records.TRAINER_LOOP.read(self.state)
         if loop.get("boot") != records.CURRENT.read(self.state).get("started"):
             loop = {}  # an earlier boot's count

@@ -429,6 +429,12 @@ def trouble(v: View) -> str:
     if isinstance(d, dict) and d.get("failing"):
         out.append(f'<div class="box"><b>checkpoints are not reaching the remote</b>: '
                    f'<span class="quote">{said(d["failing"].get("why"))}</span></div>')
+    if isinstance(d, dict) and isinstance(d.get("final"), dict):
+        out.append(f'<div class="box"><b>the last checkpoint is not off the pod</b>: '
+                   f'<span class="quote">{said(standing.final_words(d["final"], v.now))}</span></div>')
+    if isinstance(d, dict) and isinstance(d.get("blocked"), dict):
+        out.append(f'<div class="box"><b>this pod uploads nothing</b>: '
+                   f'<span class="quote">{said(d["blocked"].get("why"))}</span></div>')
     loop = v.t.get("loop") or {}
     if loop and not loop.get("gave_up"):
         out.append(f'<div class="box note">the loop bound: {said(loop.get("failures") or 0, 20)} failure(s) in a row '

@@ -229,6 +229,20 @@ def durable(remote: dict | None, step, cost: dict | None, now: float, configured
                                             or d_time is not None and d_time > now + ending.FUTURE_S):
         out["failing"] = {"step": _int(last.get("step")), "why": str(last.get("why") or "")[:600],
                           "time": _time(last.get("time"))}
+    out["blocked"], out["final"] = None, None
+
+    def since(rec: dict) -> bool:  # nothing whole went up after it (or the upload's stamp is ahead of the clock)
+        return (_time(rec.get("time")) or 0) >= (d_time or 0) or d_time is not None and d_time > now + ending.FUTURE_S
+    lease = remote.get("lease") if isinstance(remote.get("lease"), dict) else {}
+    if lease.get("outcome") == "blocked" and since(lease):
+        # another pod holds the run's lease on the remote and nothing went up since: this pod's steps stay on its disk
+        out["blocked"] = {"why": str(lease.get("why") or "")[:600], "time": _time(lease.get("time"))}
+    final = remote.get("final") if isinstance(remote.get("final"), dict) else {}
+    if final.get("outcome") in ("failed", "uploading") and since(final) and \
+            (_int(final.get("step")) is None or d_step is None or final["step"] > d_step):
+        # the pod's stop uploaded nothing newer (failed, or cut while "uploading" by the stop's kill)
+        out["final"] = {"outcome": final["outcome"], "step": _int(final.get("step")),
+                        "why": str(final.get("why") or "")[:600], "time": _time(final.get("time"))}
     return out
 
 
@@ -245,11 +259,25 @@ def durable_words(d: dict, now: float) -> str:
         risk.append(f"~{spend.cents(d['at_risk_usd'])} ({d['usd_sureness']})")
     if risk:
         out += "; at risk if the pod is lost: " + ", ".join(risk)
-    if d["failing"]:
+    if d["failing"] and not (d.get("final") and d["final"]["step"] == d["failing"]["step"]):  # said once, below
         f = d["failing"]
         out += f"; the last upload failed ({_ago(now - f['time']) if f['time'] else 'when unknown'}" + \
             (f", step {f['step']}" if f["step"] is not None else "") + f"): {f['why']}"
+    if d.get("blocked"):
+        out += f"; nothing uploaded since {_ago(now - d['blocked']['time']) if d['blocked']['time'] else 'when unknown'}" \
+            f": {d['blocked']['why']}"
+    if d.get("final"):
+        out += "; " + final_words(d["final"], now)
     return out
+
+
+def final_words(f: dict, now: float) -> str:
+    """The stop's upload of the last checkpoint, when it did not put that checkpoint on the remote."""
+    what = f"step {f['step']}" if f["step"] is not None else "the last checkpoint"
+    when = _ago(now - f["time"]) if f["time"] else "when unknown"
+    if f["outcome"] == "uploading":
+        return f"the stop's upload of {what} began ({when}) and has not said it ended (a kill cuts it)"
+    return f"at the stop ({when}), {what} was NOT uploaded: {f['why']}"
 
 
 def _ago(s) -> str:
