@@ -1,7 +1,7 @@
 """The checkpoint remote (checkpoint.remote, issue 49) against a real S3 endpoint on loopback (`rclone serve s3` over a
 temporary directory, tests/s3server.py), each figure against a baseline measured in the same run.
 
-    python bench/remote.py [--size-mib 1024] [--runs 3] [--kind smoke|areal] [--seconds 30] [--steps 8]
+    python bench/remote.py [--size-mib 1024] [--runs 3] [--kind smoke|areal] [--seconds 30] [--steps 8] [--every-s 0]
 
 1. Upload: podkit's upload of one checkpoint of --size-mib MiB in 8 files (remote.Remote.upload of a Local: the
    files' sha256 for the manifest, hashed while `rclone copy --checksum` copies them, their stamps compared before
@@ -11,7 +11,10 @@ temporary directory, tests/s3server.py), each figure against a baseline measured
    checkpoint as it trains) against the remote off, pods in alternating order (target <= 1.05x). --kind smoke: the
    fake trainer (configs/smoke.yaml with no sleep between steps, so the step is its own work, and a checkpoint
    every 10 steps, over --seconds of training); --kind areal: AReaL's real trainer on CPU (configs/cpu-rehearsal.yaml,
-   a recover checkpoint every step, over --steps steps).
+   a recover checkpoint every step, over --steps steps). The uploading pods run at --every-s
+   (checkpoint.remote_every_s; 0, the default here: each checkpoint as soon as it is whole, an upload always
+   running); the trainer's time lost per upload is printed, and what it comes to at the setting's default of 60 s.
+   The loopback server stands for another machine: it runs at the lowest priority, so its CPU is not the pod's.
 3. Restore: boot to the first step on an empty workspace that restores the run's checkpoint from the remote,
    against the same run's warm volume booted again (its checkpoint there, nothing to restore): the start-up
    timeline of `podkit status` (bench/startup.py), with the restore phase. --kind areal shares one compile cache
@@ -156,40 +159,49 @@ def step_time(kind: str, python: str, ws: Path, log: Path, assets, env, seconds:
         pod.boot()
         warm = 20 if kind == "smoke" else 2
         wait_for(lambda: pod.progress().get("step", 0) >= warm, 600, f"step {warm}")
-        start = pod.progress()["step"]
+        start, before = pod.progress()["step"], uploads(pod)
+        t0 = time.monotonic()
         if kind == "smoke":
             time.sleep(seconds)
         else:
             wait_for(lambda: pod.progress().get("step", 0) >= start + steps, 120 + 60 * steps, f"step {start + steps}")
         marks = [(s, t) for s, t in history(pod) if s >= start]
         (s1, t1), (s2, t2) = marks[0], marks[-1]
-        return (t2 - t1) / (s2 - s1), uploads(pod)
+        return (t2 - t1) / (s2 - s1), uploads(pod) - before, time.monotonic() - t0
     finally:
         pod.close()
 
 
-def steps(kind, python, root, assets, server, runs, seconds, n) -> None:
+def steps(kind, python, root, assets, server, runs, seconds, n, every_s) -> None:
     # the loopback server stands for a machine elsewhere: at the lowest priority, its own CPU is not the pod's
     server.kill()
     server.nice = mover.NICE
     server.start()
-    on, off, made = [], [], []
+    on, off, made, windows = [], [], [], []
     for i in range(runs):
-        on_env = {**server.env(BUCKET, f"steps{i}"), "PODKIT_CHECKPOINT_REMOTE_POLL_S": "0.5"}  # nothing to restore
+        on_env = {**server.env(BUCKET, f"steps{i}"), "PODKIT_CHECKPOINT_REMOTE_POLL_S": "0.5",
+                  "PODKIT_CHECKPOINT_REMOTE_EVERY_S": str(every_s)}  # a prefix of its own: nothing to restore
         for label in (("on", "off") if i % 2 == 0 else ("off", "on")):
             ws = root / f"steps-{label}{i}"
-            t, ups = step_time(kind, python, ws, root / f"steps-{label}{i}.log", assets,
-                               on_env if label == "on" else {}, seconds, n)
+            t, ups, window = step_time(kind, python, ws, root / f"steps-{label}{i}.log", assets,
+                                       on_env if label == "on" else {}, seconds, n)
             (on if label == "on" else off).append(t)
             if label == "on":
                 made.append(ups)
-            print(f"run {i}: remote {label:<3} {t * 1000:8.1f} ms a step" + (f" ({ups} uploads)" if label == "on" else ""),
-                  flush=True)
+                windows.append(window)
+            print(f"run {i}: remote {label:<3} {t * 1000:8.1f} ms a step" +
+                  (f" ({ups} uploads in {window:.0f} s)" if label == "on" else ""), flush=True)
             shutil.rmtree(ws, ignore_errors=True)
     a, b = statistics.median(on), statistics.median(off)
-    print(f"step time, uploads running  median {a * 1000:8.1f} ms ({kind}; uploads per run {made})")
+    print(f"step time, uploads running  median {a * 1000:8.1f} ms ({kind}, checkpoint.remote_every_s {every_s:g}; "
+          f"uploads per window {made})")
     print(f"step time, no remote (baseline) median {b * 1000:8.1f} ms (n={runs} each)")
     print(f"ratio with/without uploads {a / b:.3f}x (target <= 1.05x)", flush=True)
+    if sum(made) and a > b:
+        # the trainer's seconds lost per upload: its slowdown over the windows, shared by their uploads
+        lost = (a / b - 1) * statistics.median(windows) / statistics.median(made)
+        print(f"the trainer's time lost per upload ~{lost:.2f} s: at one upload a minute (checkpoint.remote_every_s "
+              f"60, the default) ~{1 + lost / 60:.3f}x", flush=True)
     server.kill()
     server.nice = 0
     server.start()
@@ -233,6 +245,8 @@ def main() -> int:
     ap.add_argument("--kind", choices=("smoke", "areal"), default="smoke", help="the trainer of parts 2 and 3")
     ap.add_argument("--seconds", type=float, default=30, help="smoke: the step-time window of each pod")
     ap.add_argument("--steps", type=int, default=8, help="areal: the step-time window of each pod")
+    ap.add_argument("--every-s", type=float, default=0.0, help="checkpoint.remote_every_s of the pods with uploads "
+                    "(0: each checkpoint as soon as it is whole, the most uploads)")
     ap.add_argument("--only", choices=("upload", "steps", "restore"), action="append", help="parts to run (all)")
     args = ap.parse_args()
     parts = args.only or ["upload", "steps", "restore"]
@@ -251,7 +265,7 @@ def main() -> int:
         if "upload" in parts:
             upload(server, root, args.size_mib, args.runs)
         if "steps" in parts:
-            steps(args.kind, python, root, assets, server, args.runs, args.seconds, args.steps)
+            steps(args.kind, python, root, assets, server, args.runs, args.seconds, args.steps, args.every_s)
         if "restore" in parts:
             restore(args.kind, python, root, assets, server, args.runs)
     finally:

@@ -381,3 +381,22 @@ def test_uploads_beside_training_yield_the_cpu_and_the_stops_final_upload_does_n
     assert "step 6, is on the remote" in up.final(30, "the pod's stop")
     final = seen.read_text().splitlines()[len(background):]
     assert final and {ln.rsplit(" ", 1)[0] for ln in final} == {f"{base} SCHED_OTHER"}, final
+
+
+def test_background_uploads_start_at_most_once_every_remote_every_s_and_take_the_newest_then(pod, server, bucket):
+    """checkpoint.remote_every_s (3 s here): the loop's first upload goes at once; the checkpoints saved within the
+    next 3 s wait, and only the newest of them goes up (each upload's rclone starts are CPU beside the trainer)."""
+    a = pod("a", PODKIT_CHECKPOINT_REMOTE_EVERY_S="3", PODKIT_CHECKPOINT_REMOTE_POLL_S="0.1")
+    up = remote.Uploader(a, say=lambda _: None).start()
+    try:
+        train_to(a, 1)
+        wait_for(lambda: records.REMOTE.read(a.state_dir).get("uploaded", {}).get("step") == 1, 20, what="step 1 up")
+        first = records.REMOTE.read(a.state_dir)["uploaded"]["time"]
+        train_to(a, 2)
+        time.sleep(0.5)
+        train_to(a, 3)
+        wait_for(lambda: records.REMOTE.read(a.state_dir).get("uploaded", {}).get("step") == 3, 20, what="step 3 up")
+        assert records.REMOTE.read(a.state_dir)["uploaded"]["time"] - first >= 2.0
+        assert not gen_dir(server, bucket, 2).exists()  # never started: the newest went when the time came
+    finally:
+        up.stopped.set()

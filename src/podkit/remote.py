@@ -450,6 +450,7 @@ class Uploader:
         self.inflight: int | None = None  # the step uploading now
         self.why = ""  # why the last look uploaded nothing, when it had a checkpoint to upload
         self.blocked = ""  # who holds the run's lease, while another pod does: said once per holder
+        self.began = -float("inf")  # time.monotonic() of the last upload's start (checkpoint.remote_every_s)
 
     def start(self) -> Uploader:
         threading.Thread(target=self.loop, name="podkit-remote", daemon=True).start()
@@ -458,7 +459,8 @@ class Uploader:
     def loop(self) -> None:
         while not self.stopped.wait(self.cfg.checkpoint.remote_poll_s):
             try:
-                self.once()
+                if time.monotonic() - self.began >= self.cfg.checkpoint.remote_every_s:
+                    self.once()
                 self.renew()
             except Exception as e:  # noqa: BLE001 - the uploader never takes the listener down
                 self.say(f"[podkit:remote] upload failed: {e}; trying again at the next checkpoint")
@@ -522,6 +524,7 @@ class Uploader:
                 self.say(f"[podkit:remote] this pod ({self.lease.pod}) holds the run's lease on the remote now: "
                          "uploads go on")
                 _record_lease(self.cfg, "held", f"pod {self.lease.pod}")
+            self.began = time.monotonic()
             manifest = self.remote.upload(ckpt, lambda: self.moved(ckpt.step), self.lease.hold)
         except (RemoteError, OSError) as e:
             self.why = str(e)

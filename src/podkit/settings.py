@@ -248,6 +248,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "remote_keep": Field(int, 3, "whole generations kept on the remote; an older one is removed only once a "
                              "newer one is whole", "", minimum=1, maximum=1000),
         "remote_poll_s": Field(float, 10.0, "how often the uploader looks for a new checkpoint", "s", minimum=0.1),
+        "remote_every_s": Field(float, 60.0, "the shortest time between the starts of two background uploads: the "
+                                "newest whole checkpoint goes up then (each upload's rclone starts are CPU beside "
+                                "the trainer); 0: each one as soon as it is whole. The stop's upload never waits "
+                                "for it", "s", minimum=0),
         "remote_timeout_s": Field(float, 3600.0, "limit for one upload or restore (rclone retries within it)", "s",
                                   minimum=1),
         "remote_final_s": Field(float, 600.0, "limit for the upload of the last checkpoint when the pod stops "
