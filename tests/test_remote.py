@@ -272,7 +272,7 @@ def test_older_generations_are_pruned_only_behind_enough_whole_ones(pod, server,
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 def test_a_pod_on_an_empty_volume_resumes_where_the_lost_pod_left_off(stack_factory, server, bucket):
     """The smoke stack with a remote: the log listener uploads the fake trainer's checkpoints as it trains; a second
     pod on an empty workspace restores the newest at its boot (the restore stage) and resumes at that step."""
@@ -281,7 +281,8 @@ def test_a_pod_on_an_empty_volume_resumes_where_the_lost_pod_left_off(stack_fact
     env["PODKIT_CHECKPOINT_REMOTE_POLL_S"] = "0.3"
     runs = server.root / bucket / "runs" / "podkit" / "run"
     a = stack_factory("a", **env).start()
-    wait_for(lambda: list(runs.glob("gen-*/manifest.json")), 30, what="a generation uploaded")
+    # the uploads run at nice 19: on a machine the suite keeps busy they take what is left
+    wait_for(lambda: list(runs.glob("gen-*/manifest.json")), 90, what="a generation uploaded")
     assert a.stop() == 0
     newest = max(int(p.parent.name[4:]) for p in runs.glob("gen-*/manifest.json"))
     b = stack_factory("b", **env).start()
@@ -384,9 +385,10 @@ def test_uploads_beside_training_yield_the_cpu_and_the_stops_final_upload_does_n
 
 
 def test_background_uploads_start_at_most_once_every_remote_every_s_and_take_the_newest_then(pod, server, bucket):
-    """checkpoint.remote_every_s (3 s here): the loop's first upload goes at once; the checkpoints saved within the
-    next 3 s wait, and only the newest of them goes up (each upload's rclone starts are CPU beside the trainer)."""
-    a = pod("a", PODKIT_CHECKPOINT_REMOTE_EVERY_S="3", PODKIT_CHECKPOINT_REMOTE_POLL_S="0.1")
+    """checkpoint.remote_every_s (10 s here: more than an upload takes on a busy machine): the loop's first upload
+    goes at once; the checkpoints saved within the next 10 s wait, and only the newest of them goes up (each
+    upload's rclone starts are CPU beside the trainer)."""
+    a = pod("a", PODKIT_CHECKPOINT_REMOTE_EVERY_S="10", PODKIT_CHECKPOINT_REMOTE_POLL_S="0.1")
     up = remote.Uploader(a, say=lambda _: None).start()
     try:
         train_to(a, 1)
@@ -395,8 +397,8 @@ def test_background_uploads_start_at_most_once_every_remote_every_s_and_take_the
         train_to(a, 2)
         time.sleep(0.5)
         train_to(a, 3)
-        wait_for(lambda: records.REMOTE.read(a.state_dir).get("uploaded", {}).get("step") == 3, 20, what="step 3 up")
-        assert records.REMOTE.read(a.state_dir)["uploaded"]["time"] - first >= 2.0
+        wait_for(lambda: records.REMOTE.read(a.state_dir).get("uploaded", {}).get("step") == 3, 40, what="step 3 up")
+        assert records.REMOTE.read(a.state_dir)["uploaded"]["time"] - first >= 5.0
         assert not gen_dir(server, bucket, 2).exists()  # never started: the newest went when the time came
     finally:
         up.stopped.set()

@@ -314,7 +314,17 @@ class Remote:
         # upload costs the copy, not the copy and the hashes). rclone checks what arrived against what it read
         # ("corrupted on transfer"); the files' stamps, unchanged from before the hashes to after the copy, say
         # both read one content. Where the stamps are too coarse to say it, the files are hashed again.
+        # A file's times step with the kernel's clock tick (a few ms before Linux 6.13's fine-grained ctime): a
+        # write within the tick of its last one leaves its stamps as they were. A file changed within SETTLE_S of
+        # the look is looked at again once that has passed, and hashed again after the copy if it still is.
+        looked = time.time()
         before = stamps(ckpt.root, ckpt.files)
+        young = max((m[4] for m in before.values()), default=0) / 1e9 + SETTLE_S - looked
+        if 0 < young <= SETTLE_S:
+            time.sleep(young)
+            looked = time.time()
+            before = stamps(ckpt.root, ckpt.files)
+        settled = all(m[4] / 1e9 + SETTLE_S <= looked for m in before.values())
         hashed: dict = {}
         failed = threading.Event()  # the copy failed: the hashes stop too
 
@@ -329,6 +339,8 @@ class Remote:
                 hashed["files"] = hashes(ckpt.root, ckpt.files, check)
             except (RemoteError, OSError) as e:
                 hashed["error"] = e
+            except Exception as e:  # noqa: BLE001 - said as the upload's failure, never a KeyError after the copy
+                hashed["error"] = RemoteError(f"the checkpoint's files could not be hashed ({e!r})")
         hasher = threading.Thread(target=digest, name="podkit-remote-hash", daemon=True)
         hasher.start()
         try:
@@ -350,7 +362,7 @@ class Remote:
             raise RemoteError(f"generation {ckpt.step} dropped: {why}")
         after = stamps(ckpt.root, ckpt.files)
         changed = sorted(k for k in after if after[k] != before.get(k))
-        if not changed and not fine(before):
+        if not changed and not (fine(before) and settled):
             again = hashes(ckpt.root, ckpt.files, self.check)
             changed = sorted(k for k in again if again[k] != manifest["files"].get(k))
         if changed:
@@ -426,6 +438,9 @@ RETRY_S = 300.0  # a failed step is tried again after this, or as soon as a newe
 # The lease seen ours this recently is not read again before a copy (the read before the manifest is the one that
 # keeps two pods out of one generation): an rclone start less per upload beside the trainer.
 FRESH_S = 10.0
+# A file's change time is trusted to show a later write only once it is this much older than the look: more than
+# the kernel's clock tick (1-10 ms), which file times step with where the filesystem has no finer ctime.
+SETTLE_S = 0.05
 
 
 class Uploader:
