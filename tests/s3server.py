@@ -52,3 +52,23 @@ def _listening(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def fixtures(buckets: list[str]):
+    """A test module's `server` (one per module, over `buckets`) and `bucket` (a bucket of the test's own) fixtures:
+    `server, bucket = s3server.fixtures(BUCKETS)` at the module's top level."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def server(tmp_path_factory):
+        s = Server(tmp_path_factory.mktemp("s3"), buckets).start()
+        yield s
+        s.kill()
+
+    handed = iter(buckets)
+
+    @pytest.fixture
+    def bucket(server) -> str:
+        return next(handed)
+
+    return server, bucket

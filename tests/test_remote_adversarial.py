@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+import s3server
 import test_remote
 from podkit import mover, records, remote, standing
 from s3server import Server
@@ -23,20 +24,7 @@ pod = test_remote.pod  # the fixture, served by this module's own server and buc
 train_to, gen_dir = test_remote.train_to, test_remote.gen_dir
 BUCKETS = [f"adv-{i:02d}" for i in range(12)]
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("s3"), BUCKETS).start()
-    yield s
-    s.kill()
-
-
-_handed = iter(BUCKETS)
-
-
-@pytest.fixture
-def bucket(server) -> str:
-    return next(_handed)
+server, bucket = s3server.fixtures(BUCKETS)  # one server for the module, a bucket a test
 
 
 def big(cfg, step: int, size: int = 2 << 20):

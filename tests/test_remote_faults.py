@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import s3server
 import test_costguard
 import test_remote
 from conftest import PODKIT, wait_for
@@ -27,20 +28,7 @@ pod = test_remote.pod  # the fixture, served by this module's own server and buc
 runpod_api, STOP, on_runpod = test_costguard.runpod_api, test_costguard.STOP, test_costguard.on_runpod  # RunPod's stub
 BUCKETS = [f"faults-{i:02d}" for i in range(16)]  # one a test
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("s3"), BUCKETS).start()
-    yield s
-    s.kill()
-
-
-_handed = iter(BUCKETS)
-
-
-@pytest.fixture
-def bucket(server) -> str:
-    return next(_handed)
+server, bucket = s3server.fixtures(BUCKETS)  # one server for the module, a bucket a test
 
 
 def train_to(cfg, step: int, pad: int = 0) -> FakeTrainer:
