@@ -43,6 +43,7 @@ from s3server import Server  # noqa: E402
 from startup import show, timeline  # noqa: E402
 
 BUCKET = "bench"
+FIRST_GEN_S = 120  # the first pod's wait for a first checkpoint, then for its first generation (seconds now)
 
 
 # -- 1. upload ------------------------------------------------------------------------------------------------------
@@ -213,8 +214,14 @@ def restore(kind, python, root, assets, server, runs) -> None:
     volume = root / "restore-volume"
     pod = pod_for(kind, python, volume, root / "restore-first.log", assets, env)
     try:  # the run's first pod: trains until a generation of it is on the remote
+        t0 = time.monotonic()
         pod.boot()
-        wait_for(lambda: list((server.root / BUCKET / "restore").rglob(remote.MANIFEST)), 600, "a generation uploaded")
+        saved = wait_for(lambda: pod.progress().get("checkpoint_step") and time.monotonic(), FIRST_GEN_S,
+                         "a first checkpoint")
+        wait_for(lambda: list((server.root / BUCKET / "restore").rglob(remote.MANIFEST)), FIRST_GEN_S,
+                 "a generation uploaded")
+        print(f"first generation on the remote {time.monotonic() - saved:.1f} s after the first checkpoint "
+              f"({time.monotonic() - t0:.1f} s after the boot)", flush=True)
     finally:
         pod.close()
     empty, warm = [], []
