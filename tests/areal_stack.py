@@ -72,7 +72,7 @@ class Rehearsal(Stack):
 
     def wait_fresh_step(self, step: int, after: float, timeout: float = 240) -> dict:
         """A step at least `step` completed by a trainer process started after `after`."""
-        return wait_for(lambda: (p := self.progress()).get("step", 0) >= step and (p.get("time") or 0) > after
+        return wait_for(lambda: ((p := self.progress()).get("step") or 0) >= step and (p.get("time") or 0) > after
                         and p, timeout, interval=0.5, what=f"trainer step {step}")
 
     def podkit(self, *args: str) -> subprocess.CompletedProcess:

@@ -133,6 +133,49 @@ def test_the_real_trainer_trains_pushes_each_version_evaluates_resumes_from_the_
     assert s2.progress() == frozen
 
 
+def test_start_over_with_a_remote_trains_from_step_0_and_no_pod_restores_the_lineage_it_left(s3, rehearsal,
+                                                                                                monkeypatch):
+    """The real trainer with checkpoint.remote: its recover checkpoints go up; `podkit start-over` (the trainer
+    stopped first) begins a new lineage of the run: the trainer trains from step 0, its new checkpoints go up
+    although older than the ones it left (kept on the remote), status names the lineage, and a pod on an empty
+    volume restores the new lineage's checkpoint, never the one the run left."""
+    env = {**s3.env("ckpt"), "PODKIT_CHECKPOINT_REMOTE_POLL_S": "1", "PODKIT_CHECKPOINT_REMOTE_EVERY_S": "0"}
+    s = rehearsal(**env).start()
+    top = s3.root / "ckpt" / "runs" / "podkit" / "run"  # <remote>/<experiment>/<trial>: the first lineage
+
+    def steps(where: Path) -> set[int]:
+        return {int(p.parent.name[4:]) for p in where.glob(f"gen-*/{remote.MANIFEST}")}
+    wait_for(lambda: steps(top) and s.progress().get("step", 0) >= 2, 240, interval=0.5,
+             what="two real steps and a generation uploaded")
+    ctl = subprocess.run([*PODKIT, "ctl", "stop", "trainer"], capture_output=True, text=True, env=s.env, timeout=120)
+    assert ctl.returncode == 0, ctl.stdout + ctl.stderr  # (ctl takes the rest of its line: the env names the pod)
+    left = max(steps(top))
+    r = s.podkit("start-over")
+    assert r.returncode == 0 and "begin a new lineage" in r.stdout, r.stdout + r.stderr
+    p = s.wait_fresh_step(1, time.time())
+    assert p["resumed_from"] is None, p  # from step 0, not from the remote's checkpoint it left
+    new = wait_for(lambda: [d for d in (top / remote.LINEAGES).glob("*") if steps(d)], 180, interval=0.5,
+                   what="a generation of the new lineage")[0]
+    assert min(steps(new)) <= left, (steps(new), left)  # not skipped as older than the one left
+    assert left in steps(top)  # the lineage it left is kept on the remote
+    st = json.loads(s.podkit("status", "--json").stdout)
+    assert st["durable"]["lineage"]["count"] == 2 and st["durable"]["lineage"]["id"] == new.name, st["durable"]
+    assert s.stop() == 0
+
+    # A pod on an empty volume (the tiny model copied to it: the same weights at a new place) restores the new
+    # lineage's newest, never the lineage the run left.
+    from podkit import config, records, restore
+
+    empty = rehearsal("empty", **env)
+    for k, v in empty.env.items():  # rclone's credentials reach it through the environment only
+        monkeypatch.setenv(k, v)
+    cfg = config.load(environ=empty.env)
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    step = restore.run(cfg)
+    assert step == max(steps(new)), (step, steps(new), left)
+    assert records.REMOTE.read(cfg.state_dir)["lineage"]["id"] == new.name
+
+
 def test_a_killed_trainer_resumes_and_a_restarted_inference_costs_your_repo_no_trainer_restart_unless_it_stays_down(
         rehearsal, tmp_path):
     """The user's repo (examples/my-repo as trainer.entry, synced from a bare remote) through both

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, wait_for
-from podkit import config, mover, records, remote, restore
+from podkit import config, mover, records, remote, restore, uploader
 from podkit.programs.fake_trainer import FakeTrainer
 from s3server import SECRET, Server
 
@@ -42,7 +42,8 @@ def env_for(server: Server, workspace: Path, bucket: str, secret: str = SECRET, 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PODKIT_", "AWS_", "RCLONE_"))}
     env.update({"PODKIT_CONFIG": str(ROOT / "configs" / "smoke.yaml"), "PODKIT_WORKSPACE": str(workspace),
                 **server.env(bucket, secret=secret),
-                "PODKIT_CHECKPOINT_REMOTE_TIMEOUT_S": "20", **extra})  # a hang fails the test, not its timeout
+                "PODKIT_CHECKPOINT_REMOTE_TIMEOUT_S": "20",  # a hang fails the test, not its timeout
+                "PODKIT_CHECKPOINT_RESTORE_TIMEOUT_S": "6", **extra})  # a restore gives up within the test's
     return env
 
 
@@ -78,7 +79,7 @@ def test_upload_then_restore_onto_an_empty_workspace_resumes_at_that_step(pod, s
     on an empty volume restores it at boot and the trainer resumes at step 7 with the same weights."""
     a = pod("a")
     trained = train_to(a, 7)
-    up = remote.Uploader(a, say=lambda _: None)
+    up = uploader.Uploader(a, say=lambda _: None)
     assert up.once() == 7
     manifest = json.loads((gen_dir(server, bucket, 7) / remote.MANIFEST).read_text())
     assert manifest["step"] == 7 and list(manifest["files"]) == ["step-00000007.pt"]
@@ -101,7 +102,7 @@ def test_a_generation_without_its_manifest_is_not_a_checkpoint(pod, server, buck
     """An upload cut before its manifest (gen 9's files, no manifest) is skipped: the restore takes gen 4."""
     a = pod("a")
     train_to(a, 4)
-    assert remote.Uploader(a).once() == 4
+    assert uploader.Uploader(a).once() == 4
     train_to(a, 9)
     cut = remote.Remote(a.checkpoint.remote, "podkit/run")  # gen 9's files, as an upload cut before its manifest
     cut.rclone("copy", str(a.checkpoint_dir / "step-00000009.pt"), f"{cut.base}/{remote.gen(9)}")
@@ -117,7 +118,7 @@ def test_a_corrupted_object_is_refused_by_its_checksum(pod, server, bucket, caps
     the older whole generation is restored instead."""
     a = pod("a")
     train_to(a, 3)
-    up = remote.Uploader(a)
+    up = uploader.Uploader(a)
     assert up.once() == 3
     train_to(a, 6)
     assert up.once() == 6
@@ -138,7 +139,7 @@ def test_wrong_credentials_are_named_and_the_boot_goes_on(pod, capsys):
     the boot goes on without a restore), and the secret is in neither."""
     a = pod("a", AWS_SECRET_ACCESS_KEY="wrongsecret-hunter2-0123456789")
     train_to(a, 2)
-    assert remote.Uploader(a, say=lambda _: None).once() is None
+    assert uploader.Uploader(a, say=lambda _: None).once() is None
     why = records.REMOTE.read(a.state_dir)["last"]["why"]
     assert "refused the credentials" in why
     assert restore.run(pod("b", AWS_SECRET_ACCESS_KEY="wrongsecret-hunter2-0123456789")) is None
@@ -159,35 +160,60 @@ def test_a_missing_bucket_is_named(server, tmp_path, monkeypatch, capsys):
 
 
 def test_another_runs_generation_is_never_restored(pod, server, bucket, capsys):
-    """A generation under this run's names whose manifest says another model trained it is refused, with the
-    ways on; the volume stays empty."""
+    """Another run (another model) uploaded under this run's names and prefix: this run restores nothing of it,
+    is told that another run (its model named) uses the prefix and how to part them, and keeps a lineage of its
+    own; the volume stays empty."""
     a = pod("a", PODKIT_INFERENCE_MODEL="someone/else-7b")
     train_to(a, 5)
-    assert remote.Uploader(a).once() == 5
+    assert uploader.Uploader(a).once() == 5
     b = pod("b")
     assert restore.run(b) is None
     said = capsys.readouterr().out
-    assert "another run's checkpoint" in said and "its model is someone/else-7b" in said
+    assert "another run (model someone/else-7b" in said and "a lineage of their own" in said
     assert "trainer.trial" in said
     assert not b.checkpoint_dir.exists() or not any(b.checkpoint_dir.iterdir())
+    assert records.REMOTE.read(b.state_dir)["lineage"]["id"] != ""
+
+
+def test_a_planted_generation_of_another_run_in_this_runs_lineage_is_refused(pod, server, bucket, capsys):
+    """A generation whose manifest names another run's identity, copied into this run's own lineage by hand, is
+    refused by its identity, with the ways on."""
+    a = pod("a", PODKIT_INFERENCE_MODEL="someone/else-7b")
+    train_to(a, 5)
+    assert uploader.Uploader(a).once() == 5
+    b = pod("b")
+    restore.run(b)  # b's own lineage (a holds the first)
+    lineage = records.REMOTE.read(b.state_dir)["lineage"]["id"]
+    top = remote.Remote(b.checkpoint.remote, "podkit/run", 20)
+    mine = top.of_lineage(lineage)
+    top.rclone("copy", f"{top.base}/{remote.gen(5)}", f"{mine.base}/{remote.gen(5)}")  # through the server: its cache
+    manifest = json.loads((gen_dir(server, bucket, 5) / remote.MANIFEST).read_text())
+    planted = b.state_dir / "planted.json"
+    planted.write_text(json.dumps({**manifest, "lineage": lineage}))
+    top.rclone("copyto", str(planted), f"{mine.base}/{remote.gen(5)}/{remote.MANIFEST}")
+    capsys.readouterr()
+    assert restore.run(b) is None
+    said = capsys.readouterr().out
+    assert "another run's checkpoint" in said and "its model is someone/else-7b" in said
 
 
 def test_another_runs_generations_under_the_same_names_are_never_pruned_nor_skip_this_runs_uploads(pod, server,
                                                                                                     bucket):
     """Another run (another model) left generations 5 and 6 under this run's names: this run's uploads from step 1
-    were skipped as "already there" until it passed step 6, and its pruning removed the other run's; now both
-    look at the manifests' identity first."""
+    were skipped as "already there" until it passed step 6, and its pruning removed the other run's; now this run
+    keeps a lineage of its own beside the other's, and neither touches the other's generations."""
     other = pod("other", PODKIT_INFERENCE_MODEL="someone/else-7b")
-    up_other = remote.Uploader(other, say=lambda _: None)
+    up_other = uploader.Uploader(other, say=lambda _: None)
     for step in (5, 6):
         train_to(other, step)
         assert up_other.once() == step
     a = pod("a", PODKIT_CHECKPOINT_REMOTE_KEEP="2")
-    up = remote.Uploader(a, say=lambda _: None)
+    up = uploader.Uploader(a, say=lambda _: None)
     for step in (1, 2, 3, 4):
         train_to(a, step)
         assert up.once() == step, step
-    assert up.remote.whole() == [6, 5, 4, 3], "keep 2 of this run's: 1 and 2 pruned, the other run's kept"
+    assert up.remote.lineage != "" and up.remote.whole() == [4, 3], "keep 2 of this run's, in its own lineage"
+    assert up.remote.of_lineage("").whole() == [6, 5], "the other run's kept, in the first lineage"
 
 
 def test_a_malformed_remote_is_a_config_error(tmp_path):
@@ -206,14 +232,14 @@ def test_server_killed_mid_upload_leaves_the_previous_generation_the_newest(pod,
     once the endpoint is back a restore takes gen 2, the newest whole one."""
     a = pod("a")
     train_to(a, 2)
-    assert remote.Uploader(a).once() == 2
+    assert uploader.Uploader(a).once() == 2
     t = train_to(a, 8)
     big = a.checkpoint_dir / "step-00000008.pt"
     t.torch.save({"step": 8, "model": t.model.state_dict(), "optim": t.opt.state_dict(),
                   "pad": t.torch.zeros(1 << 20)}, big)  # 4 MB at 256 KiB/s: 16 s to upload
     monkeypatch.setenv("RCLONE_BWLIMIT", "256k")
     monkeypatch.setattr(mover, "RETRIES", ("--retries", "1", "--low-level-retries", "1"))  # dead: said at once
-    up = remote.Uploader(a, say=lambda _: None)
+    up = uploader.Uploader(a, say=lambda _: None)
     killer = subprocess.Popen(["sh", "-c", f"sleep 2; kill -9 {server.proc.pid}"])  # ours, by pid
     try:
         t0 = time.monotonic()
@@ -239,7 +265,7 @@ def test_a_save_over_a_file_during_its_upload_drops_that_generation(pod, server,
     t.torch.save({"step": 5, "model": t.model.state_dict(), "optim": t.opt.state_dict(),
                   "pad": t.torch.zeros(1 << 19)}, path)  # 2 MB at 1 MiB/s: 2 s to upload
     monkeypatch.setenv("RCLONE_BWLIMIT", "1M")
-    up = remote.Uploader(a, say=lambda _: None)
+    up = uploader.Uploader(a, say=lambda _: None)
     started = gen_dir(server, bucket, 5)  # the PUT under way (the run's lease and the listing come first)
     writer = subprocess.Popen(["sh", "-c", f"for i in $(seq 200); do [ -d {started} ] && break; sleep 0.05; done; "
                                            f"sleep 0.3; printf X | dd of={path} bs=1 seek=100 conv=notrunc "
@@ -257,7 +283,7 @@ def test_older_generations_are_pruned_only_behind_enough_whole_ones(pod, server,
     """keep 2: after gens 1, 2 nothing goes; gen 3 whole removes gen 1; a cut gen 4 (no manifest) removes nothing."""
     monkeypatch.setenv("PODKIT_CHECKPOINT_REMOTE_KEEP", "2")
     a = pod("a", PODKIT_CHECKPOINT_REMOTE_KEEP="2")
-    up = remote.Uploader(a, say=lambda _: None)
+    up = uploader.Uploader(a, say=lambda _: None)
     for step in (1, 2):
         train_to(a, step)
         assert up.once() == step
@@ -336,7 +362,7 @@ def test_an_areal_checkpoint_is_not_uploaded_while_a_rank_writes_it(pod, server,
     marker = a.run_path / f"{records.SAVING_PREFIX}0"
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text("")
-    up = remote.Uploader(a, say=lambda _: None)
+    up = uploader.Uploader(a, say=lambda _: None)
     assert up.once() is None and not gen_dir(server, bucket, 7).exists()
     marker.unlink()
     assert up.once() == 7 and (gen_dir(server, bucket, 7) / remote.MANIFEST).exists()
@@ -370,7 +396,7 @@ def test_uploads_beside_training_yield_the_cpu_and_the_stops_final_upload_does_n
     base = os.getpriority(os.PRIO_PROCESS, 0)
     a = pod("a")
     train_to(a, 3)
-    up = remote.Uploader(a, say=lambda _: None)
+    up = uploader.Uploader(a, say=lambda _: None)
     assert up.once() == 3
     train_to(a, 5)
     first = len(seen.read_text().splitlines())
@@ -389,7 +415,7 @@ def test_background_uploads_start_at_most_once_every_remote_every_s_and_take_the
     goes at once; the checkpoints saved within the next 10 s wait, and only the newest of them goes up (each
     upload's rclone starts are CPU beside the trainer)."""
     a = pod("a", PODKIT_CHECKPOINT_REMOTE_EVERY_S="10", PODKIT_CHECKPOINT_REMOTE_POLL_S="0.1")
-    up = remote.Uploader(a, say=lambda _: None).start()
+    up = uploader.Uploader(a, say=lambda _: None).start()
     try:
         train_to(a, 1)
         wait_for(lambda: records.REMOTE.read(a.state_dir).get("uploaded", {}).get("step") == 1, 20, what="step 1 up")

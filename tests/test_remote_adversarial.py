@@ -16,7 +16,7 @@ import pytest
 
 import s3server
 import test_remote
-from podkit import mover, records, remote, standing
+from podkit import mover, records, remote, standing, uploader
 from s3server import Server
 
 pytestmark = pytest.mark.timeout(60)
@@ -61,27 +61,40 @@ def test_a_rewrite_that_puts_its_mtime_back_still_drops_the_generation(pod, serv
     w = writer_once_copying(server, bucket, 5, f"printf XXXX | dd of={path} bs=1 seek=100 conv=notrunc status=none; "
                                                 f"touch -m -d '{stamp}' {path}")
     try:
-        assert remote.Uploader(a, say=lambda _: None).once() is None
+        assert uploader.Uploader(a, say=lambda _: None).once() is None
     finally:
         w.wait(20)
     assert "changed while it was uploaded" in records.REMOTE.read(a.state_dir)["last"]["why"]
     assert not (gen_dir(server, bucket, 5) / remote.MANIFEST).exists()
 
 
-def test_a_file_renamed_over_during_the_copy_drops_the_generation(pod, server, bucket, monkeypatch):
-    """A save that writes a temp file of the same size and renames it over the one uploading: a new inode."""
+def test_a_file_renamed_over_during_the_copy_drops_the_generation_unless_a_snapshot_froze_it(pod, server, bucket,
+                                                                                              monkeypatch):
+    """A save that writes a temp file of the same size and renames it over the one uploading: a new inode. The
+    uploader's snapshot links the file it looked at (snapshot.py): those bytes go up whole, the rename's never. An
+    upload of the volume's files as they are (AReaL's at the stop, or no room for a copy) drops the generation."""
     a = pod("a")
     path = big(a, 6)
+    looked = path.read_bytes()
     other = path.with_name(".tmp-save")
     other.write_bytes(os.urandom(path.stat().st_size))
     monkeypatch.setenv("RCLONE_BWLIMIT", "1M")
     w = writer_once_copying(server, bucket, 6, f"mv {other} {path}")
     try:
-        assert remote.Uploader(a, say=lambda _: None).once() is None
+        assert uploader.Uploader(a, say=lambda _: None).once() == 6
     finally:
         w.wait(20)
-    assert "changed while it was uploaded" in records.REMOTE.read(a.state_dir)["last"]["why"]
+    assert path.read_bytes() != looked and (gen_dir(server, bucket, 6) / path.name).read_bytes() == looked
     assert manifest_matches_remote(server, bucket, 6)
+    path = big(a, 7)
+    other.write_bytes(os.urandom(path.stat().st_size))
+    w = writer_once_copying(server, bucket, 7, f"mv {other} {path}")
+    try:
+        with pytest.raises(remote.RemoteError, match="changed while it was uploaded"):
+            remote.Remote(a.checkpoint.remote, "podkit/run").upload(remote.local(a))
+    finally:
+        w.wait(20)
+    assert manifest_matches_remote(server, bucket, 7)
 
 
 def test_a_rewrite_within_the_clock_tick_of_the_look_is_not_taken_as_unchanged(pod, server, bucket, monkeypatch):
@@ -115,7 +128,7 @@ def test_a_rewrite_within_the_clock_tick_of_the_look_is_not_taken_as_unchanged(p
     monkeypatch.setattr(remote, "hashes", hashes)
     real_binary = mover.binary()
     monkeypatch.setattr(remote.mover, "binary", lambda: (time.sleep(0.1), real_binary)[1])  # rclone reads late
-    up = remote.Uploader(a, say=lambda _: None)
+    up = uploader.Uploader(a, say=lambda _: None)
     up.once()
     assert manifest_matches_remote(server, bucket, 7)
 
@@ -126,7 +139,7 @@ def test_a_hash_that_raises_an_unexpected_error_fails_the_upload_in_words(pod, s
     a = pod("a")
     train_to(a, 3)
     monkeypatch.setattr(remote, "sha256", lambda *_: (_ for _ in ()).throw(ValueError("boom")))
-    up = remote.Uploader(a, say=lambda _: None)
+    up = uploader.Uploader(a, say=lambda _: None)
     words = up.final(30, "the pod's stop")
     assert "NOT on the remote" in words and "could not be hashed" in words
     assert records.REMOTE.read(a.state_dir)["final"]["outcome"] == "failed"
@@ -173,7 +186,7 @@ def test_yielding_without_chrt_keeps_nice_and_ionice_and_the_upload_goes_up(pod,
     assert not any(p.endswith("chrt") for p in prefix) and any(p.endswith("nice") for p in prefix), prefix
     a = pod("a")
     train_to(a, 2)
-    assert remote.Uploader(a, say=lambda _: None).once() == 2
+    assert uploader.Uploader(a, say=lambda _: None).once() == 2
     assert manifest_matches_remote(server, bucket, 2)
 
 
@@ -181,7 +194,7 @@ def test_the_stops_upload_right_after_a_background_one_does_not_wait_for_remote_
     """checkpoint.remote_every_s an hour: the loop's upload of step 1 went a moment ago, step 2 is saved, and the
     stop's final upload puts it up at once."""
     a = pod("a", PODKIT_CHECKPOINT_REMOTE_EVERY_S="3600", PODKIT_CHECKPOINT_REMOTE_POLL_S="0.1")
-    up = remote.Uploader(a, say=lambda _: None).start()
+    up = uploader.Uploader(a, say=lambda _: None).start()
     try:
         train_to(a, 1)
         test_remote.wait_for(lambda: records.REMOTE.read(a.state_dir).get("uploaded", {}).get("step") == 1, 20,
@@ -196,11 +209,11 @@ def test_the_stops_upload_right_after_a_background_one_does_not_wait_for_remote_
 
 
 def test_the_fresh_lease_is_read_again_before_the_manifest(pod, server, bucket, monkeypatch):
-    """A lease held moments ago is not read before the copy (remote.FRESH_S), but another pod's lease written
+    """A lease held moments ago is not read before the copy (uploader.FRESH_S), but another pod's lease written
     meanwhile is seen before the manifest: the generation is left without one."""
     a = pod("a")
     train_to(a, 1)
-    up = remote.Uploader(a, say=lambda _: None)
+    up = uploader.Uploader(a, say=lambda _: None)
     assert up.once() == 1
     train_to(a, 2)
     real = up.remote.rclone

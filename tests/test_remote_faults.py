@@ -19,7 +19,7 @@ import s3server
 import test_costguard
 import test_remote
 from conftest import PODKIT, wait_for
-from podkit import costguard, mover, records, remote, restore
+from podkit import costguard, mover, records, remote, restore, uploader
 from podkit.programs.fake_trainer import FakeTrainer
 from s3server import Server
 
@@ -54,7 +54,7 @@ def test_the_last_checkpoint_goes_up_at_the_stop_and_is_recorded(pod, server, bu
     records it; a second final() (the pod's SIGTERM after a cost guard's stop) has nothing left to do."""
     a = pod("a", RUNPOD_POD_ID="pod-a")
     said: list[str] = []
-    up = remote.Uploader(a, say=said.append)
+    up = uploader.Uploader(a, say=said.append)
     train_to(a, 4)
     assert up.once() == 4
     train_to(a, 9)
@@ -74,9 +74,9 @@ def test_what_could_not_be_uploaded_at_the_stop_is_named_with_its_step_and_why(p
     a = pod("a", RUNPOD_POD_ID="pod-a", AWS_SECRET_ACCESS_KEY="wrongsecret-0123456789abcdef")
     train_to(a, 6)
     said: list[str] = []
-    words = remote.Uploader(a, say=said.append).final(20, "the pod is stopping")
+    words = uploader.Uploader(a, say=said.append).final(20, "the pod is stopping")
     assert "the last checkpoint, step 6, is NOT on the remote" in words and "refused the credentials" in words
-    assert "newest whole generation of this run is none of this run's" in words
+    assert "newest whole generation of this lineage is not known (the remote could not be read)" in words
     final = records.REMOTE.read(a.state_dir)["final"]
     assert final["outcome"] == "failed" and final["step"] == 6 and "refused the credentials" in final["why"]
     assert any("NOT on the remote" in line for line in said)
@@ -88,7 +88,7 @@ def test_the_final_upload_is_cut_at_its_deadline_and_says_so(pod, server, bucket
     a = pod("a", RUNPOD_POD_ID="pod-a")
     train_to(a, 3, pad=1 << 20)
     monkeypatch.setenv("RCLONE_BWLIMIT", "256k")
-    up = remote.Uploader(a, say=lambda _: None)
+    up = uploader.Uploader(a, say=lambda _: None)
     t0 = time.monotonic()
     words = up.final(1.0, "the pod is stopping", "what the stop's deadline left after the trainer (stop_timeout_s)")
     assert time.monotonic() - t0 < 2.5
@@ -103,7 +103,7 @@ def test_an_older_upload_in_flight_is_given_up_for_the_last_checkpoint(pod, serv
     train_to(a, 2, pad=1 << 20)
     monkeypatch.setenv("RCLONE_BWLIMIT", "256k")
     said: list[str] = []
-    up = remote.Uploader(a, say=said.append)
+    up = uploader.Uploader(a, say=said.append)
     import threading
 
     loop = threading.Thread(target=up.once, daemon=True)
@@ -123,7 +123,7 @@ def test_a_cost_guards_stop_uploads_the_last_checkpoint_before_it_asks_runpod(po
     for it: RunPod is asked to stop the pod only once the last checkpoint's manifest is on the remote, and the stop's
     reason (the pod-stop notification) says where it is."""
     a = pod("a", RUNPOD_POD_ID="pod-a")
-    up = remote.Uploader(a, say=lambda _: None)
+    up = uploader.Uploader(a, say=lambda _: None)
     train_to(a, 8)
     asked: list[tuple[str, dict]] = []
     monkeypatch.setattr(costguard, "stop_pod_notified", lambda reason, *_a, **_k: asked.append(
@@ -174,12 +174,12 @@ def test_two_pods_of_one_run_never_upload_into_one_generation(pod, server, bucke
     uploads nothing, says who holds it, and records it; while a renews, b's watch never lapses it; once a is gone
     (no renewal for the lease's length) b takes it and uploads, and a, back, uploads nothing."""
     a = pod("a", RUNPOD_POD_ID="pod-a")
-    up_a = remote.Uploader(a, say=lambda _: None)
+    up_a = uploader.Uploader(a, say=lambda _: None)
     train_to(a, 3)
     assert up_a.once() == 3
     b = pod("b", RUNPOD_POD_ID="pod-b")
     said: list[str] = []
-    up_b = remote.Uploader(b, say=said.append)
+    up_b = uploader.Uploader(b, say=said.append)
     up_b.lease.lapse_s = 1.5
     train_to(b, 5)
     assert up_b.once() is None and 5 not in gens(server, bucket)
@@ -206,7 +206,7 @@ def test_a_lease_taken_during_an_upload_leaves_that_generation_without_its_manif
     a = pod("a", RUNPOD_POD_ID="pod-a")
     train_to(a, 4, pad=1 << 19)  # 2 MB at 1 MiB/s: 2 s
     monkeypatch.setenv("RCLONE_BWLIMIT", "1M")
-    up_a = remote.Uploader(a, say=lambda _: None)
+    up_a = uploader.Uploader(a, say=lambda _: None)
     up_a.lease.renew_s = 0.0  # its lease says so: a reader's lapse is then its own alone
     import threading
 
@@ -216,7 +216,7 @@ def test_a_lease_taken_during_an_upload_leaves_that_generation_without_its_manif
     wait_for(lambda: up_a.lease.token and up_a.inflight == 4 and (server.root / bucket / "runs").exists(), 15,
              what="step 4 uploading under a's lease")
     b = pod("b", RUNPOD_POD_ID="pod-b")
-    up_b = remote.Uploader(b, say=lambda _: None)
+    up_b = uploader.Uploader(b, say=lambda _: None)
     up_b.lease.lapse_s = 0.0  # b judges a's lease lapsed (a partition: a's renewals unseen)
     assert up_b.lease.hold() == ""
     t.join(20)
@@ -229,13 +229,13 @@ def test_the_pods_stop_releases_its_lease_and_the_next_pod_uploads_at_once(pod, 
     """The lease released at the stop (Uploader.release) is gone from the remote: a replacement pod uploads at its
     first look, without waiting for a lapse."""
     a = pod("a", RUNPOD_POD_ID="pod-a")
-    up_a = remote.Uploader(a, say=lambda _: None)
+    up_a = uploader.Uploader(a, say=lambda _: None)
     train_to(a, 2)
     assert up_a.once() == 2
     up_a.release()
     b = pod("b", RUNPOD_POD_ID="pod-b")
     train_to(b, 3)
-    assert remote.Uploader(b, say=lambda _: None).once() == 3
+    assert uploader.Uploader(b, say=lambda _: None).once() == 3
 
 
 # -- faults -------------------------------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def test_server_killed_and_restarted_mid_restore_leaves_no_half_checkpoint(pod, 
     checkpoint and no temp of it; the next boot, the endpoint back, restores it."""
     a = pod("a", RUNPOD_POD_ID="pod-a")
     train_to(a, 6, pad=3 << 20)
-    assert remote.Uploader(a, say=lambda _: None).once() == 6
+    assert uploader.Uploader(a, say=lambda _: None).once() == 6
     b = pod("b", RUNPOD_POD_ID="pod-b")
     monkeypatch.setenv("RCLONE_BWLIMIT", "1M")
     monkeypatch.setattr(mover, "RETRIES", ("--retries", "1", "--low-level-retries", "1"))
@@ -314,7 +314,7 @@ def test_a_full_remote_is_named_as_full_and_the_next_checkpoint_goes_up_once_it_
     in remote.json and the log, with no manifest; once there is room, the next checkpoint goes up."""
     a = pod("a", **full.env())  # the S3 remote's variables beside it, unused
     said: list[str] = []
-    up = remote.Uploader(a, say=said.append)
+    up = uploader.Uploader(a, say=said.append)
     train_to(a, 3, pad=1 << 18)
     assert up.once() is None
     why = records.REMOTE.read(a.state_dir)["last"]["why"]
@@ -350,7 +350,7 @@ def test_no_credential_of_the_remote_reaches_the_bug_report_bundle(pod, server, 
     a = pod("a", AWS_SECRET_ACCESS_KEY=wrong, RCLONE_CONFIG_MYS3_TYPE="s3",
             RCLONE_CONFIG_MYS3_ACCESS_KEY_ID="podkittestaccess01", RCLONE_CONFIG_MYS3_SECRET_ACCESS_KEY=rclone_secret)
     train_to(a, 2)
-    assert remote.Uploader(a, say=lambda _: None).once() is None  # refused: its words recorded
+    assert uploader.Uploader(a, say=lambda _: None).once() is None  # refused: its words recorded
     (a.workspace_path / "logs").mkdir(exist_ok=True)
     (a.workspace_path / "logs" / "logs.log").write_text(
         f"podkit   | [podkit:remote] step 2 not uploaded: {records.REMOTE.read(a.state_dir)['last']['why']}\n"

@@ -209,18 +209,37 @@ def _resume(cfg, args) -> int:
       "from step 0 (e.g. it found another run's checkpoint under its names); then start the trainer",
       opt("--dry-run", action="store_true"), workspace=True)
 def _start_over(cfg, args) -> int:
+    from podkit import remote
     from podkit.areal import identity
 
-    return identity.start_over(cfg, args.dry_run)
+    return identity.start_over(cfg, args.dry_run, then=lambda: remote.new_lineage(cfg, "start-over"))
 
 
 @verb("adopt", "resume the checkpoint under this run's names as this run's own, where the trainer stopped saying "
       "another run wrote it and you know it is this run (a script renamed, the repo or the model moved); then "
       "start the trainer", opt("--dry-run", action="store_true"), workspace=True)
 def _adopt(cfg, args) -> int:
+    from podkit import remote
     from podkit.areal import identity
 
-    return identity.adopt(cfg, args.dry_run)
+    return identity.adopt(cfg, args.dry_run, then=lambda: remote.new_lineage(cfg, "adopt"))
+
+
+@verb("restore", "the restore stage again, on a pod whose trainer is stopped: the newest whole checkpoint of the "
+      "run's lineage from checkpoint.remote onto the volume, when it is newer than the volume's (what boot does)",
+      workspace=True)
+def _restore(cfg, args) -> int:
+    from podkit import restore
+    from podkit.areal import identity
+
+    identity.own_run(cfg, "restore")  # refused while the trainer runs: its checkpoints are in use
+    if not cfg.checkpoint.remote:
+        print("checkpoint.remote is not set: there is nothing to restore from")
+        return 0
+    step = restore.run(cfg)
+    print(f"restored step {step}: start the trainer (`podkit ctl start trainer`)" if step is not None else
+          "nothing restored (the log lines above say why)")
+    return 0
 
 
 @verb("weights", "put inference.model's weights on the volume before the GPU pod needs them: from the hub "

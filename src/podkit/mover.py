@@ -11,6 +11,16 @@ import sysconfig
 import threading
 from pathlib import Path
 
+
+class RemoteError(Exception):
+    """What went wrong with the remote, in the user's terms (never a credential). `lasting`: trying again does not
+    help until someone changes something (refused credentials, a missing bucket, a remote not configured)."""
+
+    def __init__(self, message: str, lasting: bool = False) -> None:
+        super().__init__(message)
+        self.lasting = lasting
+
+
 # rclone's retries of a whole operation (a --checksum copy skips what arrived) and of each request; an endpoint that
 # is down fails in about 18 s with these (5 low-level retries: 80 s, the SDK's back-off), not at boot's expense.
 RETRIES = ("--retries", "3", "--low-level-retries", "3")
@@ -90,3 +100,10 @@ def explain(stderr: str, where: str) -> str:
     lines = [re.sub(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d \w+\s*: ", "", ln.strip())
              for ln in stderr.strip().splitlines() if ln.strip()]
     return f"{where}: {lines[-1] if lines else 'rclone failed'}"
+
+
+def lasting(words: str, where: str) -> bool:
+    """Whether explain()'s words name a fault that trying again does not mend: the credentials refused, a bucket
+    that does not exist, a remote that is not configured."""
+    return words.startswith((f"{where} refused the credentials", f"the bucket of {where} does not exist",
+                             f"{where} names an rclone remote that is not configured"))

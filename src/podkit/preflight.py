@@ -177,7 +177,19 @@ def pod_facts(cfg, environ) -> None:
         _log.warn(f"this pod has {have} GPUs and the config takes {len(used)} ({_gpu_keys(cfg)}): {have - len(used)} "
                   "GPU(s) idle and billed; deploy fewer, or give them to the config")
     policy = cfg.guard.network_volume
-    if cfg.checkpoint.remote and not environ.get("RUNPOD_VOLUME_ID"):  # the remote is what outlives this pod
+    named = True
+    if cfg.checkpoint.remote and not environ.get("RUNPOD_VOLUME_ID"):
+        # only with a remote and no volume: whether another pod can find the run
+        from podkit.areal import identity
+
+        run = identity.names(cfg)
+        named = run.known
+        if not named:  # uploads begin once the trainer names the run, but a pod without this volume cannot find it
+            _log.warn(f"checkpoint.remote is set, but the run's names are AReaL's to tell ({run}): a pod of this run "
+                      "without this volume cannot tell where its checkpoints are on the remote and would train from "
+                      "step 0; set trainer.experiment and trainer.trial. Until then the remote does not count as "
+                      "durable here")
+    if cfg.checkpoint.remote and named and not environ.get("RUNPOD_VOLUME_ID"):  # the remote outlives this pod
         _log.info(f"no network volume: the run's checkpoints go to checkpoint.remote {cfg.checkpoint.remote} "
                   "instead, each whole one as it is saved, and a pod of this run in any data center restores the "
                   f"newest at boot (a remote counts as durable: guard.network_volume {policy} does not apply)")

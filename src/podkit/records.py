@@ -289,10 +289,13 @@ RANK_SHAPE = {"rank": int, "pid": int, "start": int, "host": str, "node": str, "
 # sure ("billed" | "read" | "estimated" | "unknown", with why and since when), when the pod started, when this was
 # looked, USD to the run's end at the trainer's pace, the pod and its run, USD its earlier starts spent, USD the
 # run's earlier pods spent (a replacement carries them), the last bill, the last good read.
+# `carried`: the earlier pods' parts, by pod; `total`: the run's spend across its pods (spend.run_total).
 COST = Record("cost.json", {"per_hour": NUMBER, "spent": NUMBER, "source": str, "started": TIME, "time": TIME,
                             "projected": NUMBER, "pod": str, "before": NUMBER, "run": str, "run_before": NUMBER,
                             "carried_from": str, "bill": NUMBER, "read_at": TIME, "price_from": str, "why": str,
-                            "since": TIME})
+                            "since": TIME, "carried": dict,
+                            "total": {"spent": NUMBER, "source": str, "why": str, "since": TIME, "per_hour": NUMBER,
+                                      "pods": int, "parts": [dict], "time": TIME}})
 # The log phases of this boot's first run of inference, kept once seen (startup.keep): the boot's timeline.
 STARTUP = Record("startup.json", {"boot": TIME, "phases": dict})
 STATE_RECORDS = (BOOTS, PROGRESS, CURRENT, SAFE_MODE, SYNC, RESUME, WATCHDOG, NOTIFY, CLUSTER, TRAINER_LOOP,
@@ -515,7 +518,13 @@ HISTORY = History()
 _UPLOAD = {"outcome": str, "step": int, "why": str, "time": TIME, "bytes": int, "took_s": NUMBER, "where": str}
 # "final": the last checkpoint at the pod's stop (outcome uploaded, failed, none; uploading: cut by the stop's kill);
 # "lease": this pod's hold on the run's lease on the remote (held; blocked: another pod holds it, `why` names it).
+# "lineage": the run's lineage this pod uploads into and restores from (runrecord.py: `count` lineages in all).
+# "restore": the boot's restore (restoring, restored, failed, refused, none), with its bytes `done` of `total`.
+# "ahead": the remote holds a newer whole generation of this lineage than the trainer started from.
 REMOTE = Record("remote.json", {"last": _UPLOAD, "uploaded": _UPLOAD, "final": _UPLOAD,
                                 "lease": {"outcome": str, "why": str, "time": TIME},
-                                "restore": {"outcome": str, "step": int, "why": str, "time": TIME},
+                                "restore": {"outcome": str, "step": int, "why": str, "time": TIME, "where": str,
+                                            "got": int, "total": int, "began": TIME},
+                                "lineage": {"id": str, "why": str, "since": TIME, "count": int},
+                                "ahead": {"step": int, "where": str, "time": TIME, "from": int},
                                 "run": str})  # the run (experiment/trial) the record is of

@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -28,9 +27,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from podkit import log, mover, records
+from podkit import config, log, mover, records
 from podkit.areal import identity
 from podkit.checkpoint import NAME as STEP_FILE
+from podkit.mover import RemoteError
 
 _log = log.get("remote")
 _rlog = log.get("restore")  # the restore stage's half (restore.py) logs as the stage
@@ -38,6 +38,7 @@ WAYS_ON = ("another run's generations are never restored. Ways on: give this run
            "(trainer.trial), point checkpoint.remote at another prefix, or remove that run's generations from "
            "the remote yourself if they are not needed")
 MANIFEST = "manifest.json"
+LINEAGES = "lineages"  # <run>/lineages/<id>/: a later lineage's generations and lease (runrecord.py)
 GEN = re.compile(r"^gen-(\d+)$")
 S3_NAME = "PODKIT_S3"  # the env-configured rclone remote that s3:// URLs become
 # AWS's variables -> the s3 backend's options (rclone reads RCLONE_CONFIG_<NAME>_<OPTION>).
@@ -45,10 +46,6 @@ _AWS = {"ACCESS_KEY_ID": ("AWS_ACCESS_KEY_ID",), "SECRET_ACCESS_KEY": ("AWS_SECR
         "SESSION_TOKEN": ("AWS_SESSION_TOKEN",), "ENDPOINT": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
         "REGION": ("AWS_REGION", "AWS_DEFAULT_REGION")}
 _SECRET_WORDS = ("SECRET", "TOKEN", "PASS", "KEY")
-
-
-class RemoteError(Exception):
-    """What went wrong with the remote, in the user's terms (never a credential)."""
 
 
 def parse(url: str) -> tuple[str, dict[str, str]]:
@@ -103,11 +100,12 @@ def hashes(root: Path, files: list[str], check=lambda: None) -> dict[str, dict]:
 
 
 def stamps(root: Path, files: list[str]) -> dict[str, tuple]:
-    """Each file's size, inode and change times: any write to it (or a file renamed over it) changes them."""
+    """Each file's size, inode and change times: any write to it (or a file renamed over it) changes them. Last, its
+    link count: a change of it explains a change time that moved alone (a link came or went, no write)."""
     out = {}
     for rel in files:
         s = (root / rel).stat()
-        out[rel] = (s.st_size, s.st_ino, s.st_dev, s.st_mtime_ns, s.st_ctime_ns)
+        out[rel] = (s.st_size, s.st_ino, s.st_dev, s.st_mtime_ns, s.st_ctime_ns, s.st_nlink)
     return out
 
 
@@ -128,9 +126,61 @@ class Local:
     record: dict | None = None
 
 
+def names(cfg) -> tuple[str, str] | None:
+    """The run's names: as the config tells them, else as AReaL resolved them (the trainer writes them in
+    progress.json's `run` once it has started: a Hydra default or an interpolation only AReaL's loader can tell);
+    None while neither can say. A planted or odd `run` is not a name."""
+    known = identity.names(cfg)
+    if known.known:
+        return known.experiment, known.trial
+    said = records.PROGRESS.read(cfg.state_dir).get("run")
+    if isinstance(said, str) and said.count("/") == 1:
+        exp, trial = said.split("/")
+        if all(config.NAME.match(n) and n not in (".", "..") for n in (exp, trial)):
+            return exp, trial
+    return None
+
+
 def run_id(cfg) -> str:
-    names = identity.names(cfg)
-    return f"{names.experiment}/{names.trial}" if names.known else ""
+    found = names(cfg)
+    return "/".join(found) if found else ""
+
+
+def new_lineage(cfg, why: str, say=print) -> str:
+    """`podkit start-over` / `podkit adopt`: the run begins a new lineage in its record (runrecord.begin), so that no
+    pod restores or extends the one it leaves (kept on the remote, never restored). Returns its id ("" when the
+    run's names cannot be told: start-over refuses that first)."""
+    from podkit import runrecord
+
+    bk = book(cfg)
+    if bk is None:
+        return ""
+    entry = runrecord.begin(bk, mine(cfg), why, push_s=30.0 if bk.remote is not None else 0.0)
+    note(cfg, lineage={"id": entry["id"], "why": why, "since": entry["time"],
+                       "count": runrecord.ours_count(bk.entries("lineage"), mine(cfg), Path("/nonexistent"))})
+    if bk.remote is None:
+        return entry["id"]
+    if bk.problem:
+        say(f"the run's new lineage ({entry['id']}) is recorded on this volume but NOT yet on the remote "
+            f"({bk.problem}): the log listener puts it there once the remote answers; until then a pod without this "
+            "volume would restore the lineage this run left")
+    else:
+        say(f"the run's checkpoints on {bk.remote.where(root=True)} begin a new lineage ({entry['id']}): the one "
+            "it left stays there, never restored")
+    return entry["id"]
+
+
+def book(cfg, rem: Remote | None = None):
+    """The run's record (runrecord.py) as this pod reads and writes it: on the remote when checkpoint.remote is
+    set (`rem`, or one made here), else on the volume; None while the run's names cannot be told."""
+    from podkit import guardfile, remotelease, runrecord
+
+    found = names(cfg)
+    if found is None:
+        return None
+    if rem is None and cfg.checkpoint.remote:
+        rem = Remote(cfg.checkpoint.remote, "/".join(found), cfg.checkpoint.remote_timeout_s)
+    return runrecord.RunRecord(cfg.state_dir, found, rem, remotelease.pod_name(), guardfile.run_id())
 
 
 def mine(cfg) -> dict:
@@ -138,16 +188,16 @@ def mine(cfg) -> dict:
     what only the trainer knows: the commit, the file that defines the entry). AReaL's entry and repo as the
     trainer records them (areal/hooks.py, check_run): podkit's example when no trainer.entry is named, and then
     no repo (else a restore took the example's own generations for another run's)."""
-    names = identity.names(cfg)
+    found = names(cfg) or ("", "")
     entry, repo = cfg.trainer.entry, cfg.repo.url
     if cfg.trainer.kind == "areal" and not entry:
         entry, repo = "podkit:gsm8k_grpo", ""
-    return identity.record_for((names.experiment or "", names.trial or ""), entry, cfg.inference.model, repo)
+    return identity.record_for(found, entry, cfg.inference.model, repo)
 
 
 def _areal_root(cfg) -> Path:
-    names = identity.names(cfg)
-    return identity.save_root(identity.fileroot(cfg), names.experiment or "", names.trial or "")
+    exp, trial = names(cfg) or ("", "")  # no names yet: a root that holds no checkpoint
+    return identity.save_root(identity.fileroot(cfg), exp or "(unnamed)", trial or "(unnamed)")
 
 
 def _areal_step(root: Path) -> int | None:
@@ -171,7 +221,10 @@ def local(cfg) -> Local:
                  if p.is_file() and not p.is_symlink()]
         if (root / identity.RECORD).is_file():
             files.append(identity.RECORD)
-        return Local("areal", root, _areal_step(root), files, identity.read_record(root))
+        record = identity.read_record(root)
+        if record is not None and record.get("adopt"):  # `podkit adopt`: the user says it is this run's
+            record = {**mine(cfg), "adopt": record["adopt"]}
+        return Local("areal", root, _areal_step(root), files, record)
     from podkit.checkpoint import CheckpointDir
 
     ckpts = CheckpointDir(cfg.checkpoint_dir)
@@ -182,13 +235,18 @@ def local(cfg) -> Local:
 
 
 class Remote:
-    """The run's generations on the remote, through rclone."""
+    """The generations of one lineage of the run on the remote, through rclone. The run's names have one prefix,
+    `root` (`<remote>/<experiment>/<trial>`), holding the run's record (runrecord.py, `run/`), the first lineage's
+    generations and lease (the layout before lineages), and each later lineage's under `lineages/<id>/`."""
 
-    def __init__(self, url: str, run: str, timeout_s: float = 3600.0, environ: dict[str, str] | None = None) -> None:
+    def __init__(self, url: str, run: str, timeout_s: float = 3600.0, environ: dict[str, str] | None = None,
+                 lineage: str = "") -> None:
         self.url = url.strip().rstrip("/")
         self.run = run
-        self.base = f"{parse(url)[0].rstrip('/')}/{run}"
-        self.bucket = self.base.split("/")[0] if self.url.startswith("s3://") else None
+        self.root = f"{parse(url)[0].rstrip('/')}/{run}"
+        self.lineage = lineage
+        self.base = f"{self.root}/{LINEAGES}/{lineage}" if lineage else self.root
+        self.bucket = self.root.split("/")[0] if self.url.startswith("s3://") else None
         self.env = environment(url, environ)
         self.timeout_s = timeout_s
         self.secrets = _secrets(self.env)
@@ -206,9 +264,22 @@ class Remote:
         if cut is not None and time.monotonic() >= cut[0]:
             raise RemoteError(cut[1])
 
-    def where(self, gen: str | None = None) -> str:
-        """A place on the remote in the user's words (checkpoint.remote's own spelling)."""
-        return f"{self.url}/{self.run}" + (f"/{gen}" if gen else "")
+    def where(self, gen: str | None = None, root: bool = False) -> str:
+        """A place on the remote in the user's words (checkpoint.remote's own spelling): this lineage's, or with
+        `root` the run's names' prefix."""
+        lineage = f"/{LINEAGES}/{self.lineage}" if self.lineage and not root else ""
+        return f"{self.url}/{self.run}{lineage}" + (f"/{gen}" if gen else "")
+
+    def of_lineage(self, lineage: str) -> Remote:
+        """The same remote, bound to another lineage of the run (its own generations and lease)."""
+        if lineage == self.lineage:
+            return self
+        other = Remote.__new__(Remote)
+        other.__dict__.update(self.__dict__)
+        other.lineage = lineage
+        other.base = f"{self.root}/{LINEAGES}/{lineage}" if lineage else self.root
+        other.read = {}
+        return other
 
     def _redact(self, text: str) -> str:
         for s in self.secrets:
@@ -236,29 +307,31 @@ class Remote:
                     p.kill()  # ours, by its pid
                     p.communicate()
                     if over:
-                        raise RemoteError(f"rclone {args[0]} on {self.url} took longer than {limit:g} s "
-                                          "(checkpoint.remote_timeout_s)") from None
+                        bound = " (checkpoint.remote_timeout_s)" if limit == self.timeout_s else ""  # else the caller's
+                        raise RemoteError(f"rclone {args[0]} on {self.url} took longer than {round(limit, 1):g} s"
+                                          f"{bound}") from None
                     raise RemoteError(cut[1]) from None
         if p.returncode != 0:
             err = "\n".join(ln for ln in self._redact(err.decode(errors="replace")).splitlines()
                             if "Config file" not in ln)  # rclone's notice of no config file: env config is ours
-            raise RemoteError(mover.explain(err, self.url))
+            words = mover.explain(err, self.url)
+            raise RemoteError(words, lasting=mover.lasting(words, self.url))
         return out
 
     # -- reading ---------------------------------------------------------------------------------------------
-    def listing(self) -> dict[int, bool]:
+    def listing(self, timeout: float = 120) -> dict[int, bool]:
         """{step: whether its manifest is there} of every generation, in one listing. A run with none yet: {}."""
         try:
-            out = self.rclone("lsf", "-R", "--files-only", self.base, timeout=120)
+            out = self.rclone("lsf", "-R", "--max-depth", "2", "--files-only", self.base, timeout=timeout)
         except RemoteError as e:
             if "directory not found" not in str(e).lower():
                 raise
             if self.bucket:  # S3 lists a missing prefix as empty: not found is the bucket itself
                 try:
-                    self.rclone("lsf", "--max-depth", "1", "--dirs-only", self.bucket, timeout=120)
+                    self.rclone("lsf", "--max-depth", "1", "--dirs-only", self.bucket, timeout=timeout)
                 except RemoteError:
                     raise RemoteError(f"the bucket {self.bucket.partition(':')[2]} of {self.url} does not exist "
-                                      "(create it, or fix checkpoint.remote)") from None
+                                      "(create it, or fix checkpoint.remote)", lasting=True) from None
             return {}
         found: dict[int, bool] = {}
         for line in out.decode().splitlines():
@@ -272,24 +345,30 @@ class Remote:
         """Every generation's step, newest first, whole or not."""
         return sorted(self.listing(), reverse=True)
 
-    def manifest(self, step: int) -> dict | None:
-        """The generation's manifest, or None: no manifest (an upload that did not finish), or not one. One read is
-        kept: a manifest is written last and never rewritten (a generation dropped here is forgotten; another pod of
-        the run uploads nothing while this one holds the lease), so an upload's prune does not fetch every kept
-        generation's manifest again (an rclone start each: CPU beside the trainer)."""
+    def manifest(self, step: int, strict: bool = False, timeout: float = 120) -> dict | None:
+        """The generation's manifest, or None: no manifest (an upload that did not finish), or not one. `strict`: a
+        read that fails (the endpoint down or stalled) raises RemoteError instead: the restore tries it again rather
+        than take an older generation for it. One read is kept: a manifest is written last and never rewritten (a
+        generation dropped here is forgotten; another pod of the run uploads nothing while this one holds the
+        lease), so an upload's prune does not fetch every kept generation's manifest again (an rclone start each:
+        CPU beside the trainer)."""
         if step in self.read:
             return self.read[step]
         try:
-            raw = self.rclone("cat", f"{self.base}/{gen(step)}/{MANIFEST}", timeout=120)
+            raw = self.rclone("cat", f"{self.base}/{gen(step)}/{MANIFEST}", timeout=timeout)
         except RemoteError:
+            if strict:
+                raise
             return None
         try:
             data = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
-        ok = (isinstance(data, dict) and data.get("step") == step and isinstance(data.get("files"), dict)
-              and all(isinstance(v, dict) and isinstance(v.get("sha256"), str) and isinstance(v.get("size"), int)
-                      for v in data["files"].values()))
+        ok = isinstance(data, dict) and data.get("step") == step and isinstance(data.get("files"), dict) \
+            and bool(data["files"]) and data.get("lineage", "") == self.lineage \
+            and all(safe_path(k) and isinstance(v, dict) and isinstance(v.get("sha256"), str)
+                    and isinstance(v.get("size"), int) and not isinstance(v["size"], bool) and v["size"] >= 0
+                    for k, v in data["files"].items())
         if ok:
             self.read[step] = data
         return data if ok else None
@@ -355,14 +434,18 @@ class Remote:
             hasher.join()
         if "error" in hashed:
             raise hashed["error"]
-        manifest = {"step": ckpt.step, "kind": ckpt.kind, "run": self.run, "time": time.time(),
+        manifest = {"step": ckpt.step, "kind": ckpt.kind, "run": self.run, "lineage": self.lineage, "time": time.time(),
                     "identity": ckpt.record, "files": hashed["files"]}
         if why := moved():
             self._drop(ckpt.step)
             raise RemoteError(f"generation {ckpt.step} dropped: {why}")
         after = stamps(ckpt.root, ckpt.files)
         changed = sorted(k for k in after if after[k] != before.get(k))
-        if not changed and not (fine(before) and settled):
+        # The change time alone moves when a link to the file comes or goes (the trainer prunes the step that a
+        # snapshot's link shares, snapshot.py): no write, so the content says, hashed again.
+        relinked = bool(changed) and all(after[k][:4] == before.get(k, ())[:4] and after[k][5:] != before[k][5:]
+                                         for k in changed)
+        if relinked or not changed and not (fine(before) and settled):
             again = hashes(ckpt.root, ckpt.files, self.check)
             changed = sorted(k for k in again if again[k] != manifest["files"].get(k))
         if changed:
@@ -380,6 +463,10 @@ class Remote:
 
     def _drop(self, step: int) -> None:
         self.read.pop(step, None)
+        try:  # the manifest first: a removal cut halfway (a kill, or a restore reading it) leaves no whole-looking one
+            self.rclone("deletefile", f"{self.base}/{gen(step)}/{MANIFEST}", timeout=60)
+        except RemoteError:
+            pass  # none (a dropped upload's), or the purge below says what is wrong
         try:
             self.rclone("purge", f"{self.base}/{gen(step)}", timeout=300)
         except RemoteError as e:
@@ -411,256 +498,47 @@ class Remote:
                 out.append(step)
         return out
 
-    def download(self, step: int, into: Path) -> None:
-        self.rclone("copy", "--checksum", f"{self.base}/{gen(step)}", str(into))
+    def download(self, step: int, into: Path, timeout: float | None = None) -> None:
+        self.rclone("copy", "--checksum", f"{self.base}/{gen(step)}", str(into), timeout=timeout)
 
 
 def gen(step: int) -> str:
     return f"gen-{step:08d}"
 
 
-def verify(root: Path, manifest: dict) -> str:
-    """'' when every file the manifest names is under root with its size and sha256; else what is not."""
-    for rel, want in manifest["files"].items():
-        p = root / rel
-        if not p.is_file():
-            return f"{rel} is missing"
-        if p.stat().st_size != want["size"]:
-            return f"{rel} has {p.stat().st_size} bytes, its manifest {want['size']}"
-        if sha256(p) != want["sha256"]:
-            return f"{rel} does not match its manifest's sha256 (corrupt on the remote or in transit)"
-    return ""
+def safe_path(rel) -> bool:
+    """A manifest's file name is a plain relative path inside its generation (never absolute, never `..`): else a
+    restore would place nothing, or place it outside the checkpoint."""
+    if not isinstance(rel, str) or not rel or len(rel) > 1024 or "\0" in rel or rel.startswith("/"):
+        return False
+    parts = rel.split("/")
+    return all(p not in ("", ".", "..") for p in parts)
 
 
-# -- the uploader: a thread of the log listener ------------------------------------------------------------------
 REMOTE = records.REMOTE
-RETRY_S = 300.0  # a failed step is tried again after this, or as soon as a newer one is saved
-# The lease seen ours this recently is not read again before a copy (the read before the manifest is the one that
-# keeps two pods out of one generation): an rclone start less per upload beside the trainer.
-FRESH_S = 10.0
 # A file's change time is trusted to show a later write only once it is this much older than the look: more than
 # the kernel's clock tick (1-10 ms), which file times step with where the filesystem has no finer ctime.
 SETTLE_S = 0.05
 
 
-class Uploader:
-    """Uploads each new whole checkpoint, one at a time, newest first: it looks at progress.json's
-    checkpoint_step (written by the trainer once a checkpoint is whole) every `poll_s`, and uploads what the
-    volume holds then, so the steps saved during an upload are skipped for the newest. The trainer never waits
-    on it. Runs in the log listener (programs/logs.py), the long-lived program that outlives trainer restarts
-    and stops last. It uploads only while it holds the run's lease on the remote (remotelease.py): a second pod
-    of the run uploads nothing meanwhile. `final` puts the last checkpoint up when the pod stops."""
-
-    def __init__(self, cfg, say=None) -> None:
-        from podkit import remotelease
-
-        self.cfg = cfg
-        self.say = say or (lambda line: _log.info(line.removeprefix("[podkit:remote] ")))
-        self.remote = Remote(cfg.checkpoint.remote, run_id(cfg), cfg.checkpoint.remote_timeout_s)
-        self.lease = remotelease.RemoteLease(self.remote, cfg.guard.lease_s)
-        self.done: int | None = None  # the newest step whole on the remote, as far as this process knows
-        self.stopped = threading.Event()
-        self.failed: tuple[int, float] | None = None  # (step, when) of the last failed upload
-        self.lock = threading.Lock()  # one upload at a time: the loop's, or the final one
-        self.inflight: int | None = None  # the step uploading now
-        self.why = ""  # why the last look uploaded nothing, when it had a checkpoint to upload
-        self.blocked = ""  # who holds the run's lease, while another pod does: said once per holder
-        self.began = -float("inf")  # time.monotonic() of the last upload's start (checkpoint.remote_every_s)
-
-    def start(self) -> Uploader:
-        threading.Thread(target=self.loop, name="podkit-remote", daemon=True).start()
-        return self
-
-    def loop(self) -> None:
-        while not self.stopped.wait(self.cfg.checkpoint.remote_poll_s):
-            try:
-                if time.monotonic() - self.began >= self.cfg.checkpoint.remote_every_s:
-                    self.once()
-                self.renew()
-            except Exception as e:  # noqa: BLE001 - the uploader never takes the listener down
-                self.say(f"[podkit:remote] upload failed: {e}; trying again at the next checkpoint")
-
-    def renew(self) -> None:
-        """The run's lease renewed when due while this uploader holds it: another pod sees it change, so live."""
-        if self.lease.token and time.monotonic() - self.lease.renewed >= self.lease.renew_s:
-            with self.lock:
-                if not self.stopped.is_set() and (who := self.lease.hold()):
-                    self._blocked(who)
-
-    def moved(self, step: int) -> str:
-        """Why the volume's checkpoint is no longer the whole one of `step` ("" while it is): AReaL writes its
-        recover checkpoint in place, with a marker in the run dir while a rank writes (areal/hooks.py). The fake
-        trainer writes each step to a file of its own: a newer one leaves the older whole (the hashes say if not)."""
-        if self.cfg.trainer.kind != "areal":
-            return ""
-        if any(Path(self.cfg.run_path).glob(records.SAVING_PREFIX + "*")):
-            return "a save of the recover checkpoint is in flight"
-        now = local(self.cfg).step
-        return "" if now == step else f"the checkpoint on the volume is now step {now}"
-
-    def once(self, final: bool = False) -> int | None:
-        """Upload the volume's checkpoint if it is newer than the remote's newest; the step uploaded, or None (and
-        `why`, when there was one to upload). `final`: the trainer has exited; its checkpoint is taken without
-        progress.json's word and without waiting RETRY_S after a failure."""
-        with self.lock:
-            return self._once(final)
-
-    def _once(self, final: bool) -> int | None:
-        self.why = ""
-        self.remote.nice = 0 if final else mover.NICE  # beside a training trainer, the upload yields
-        if self.stopped.is_set() and not final:
-            return None  # the listener's stop made the last upload: none after it
-        if not final:
-            progress = records.PROGRESS.read(self.cfg.state_dir)
-            if not isinstance(progress.get("checkpoint_step"), int) or progress["checkpoint_step"] <= (self.done or 0):
-                return None
-        ckpt = local(self.cfg)
-        if ckpt.step is None or ckpt.step <= (self.done or 0):
-            return None
-        if why := self.moved(ckpt.step):
-            self.why = why
-            return None  # mid-save: the next look takes it whole
-        if not final and self.failed and self.failed[0] == ckpt.step and time.monotonic() - self.failed[1] < RETRY_S:
-            return None  # the same step failed moments ago (credentials, a missing bucket): said once per RETRY_S
-        t0 = time.monotonic()
-        self.inflight = ckpt.step
-        try:
-            if self.done is None:  # this process's first look: what this run has there is not uploaded again
-                whole = self.remote.whole_of(ours(ckpt))
-                self.done = whole[0] if whole else 0
-                if ckpt.step <= self.done:
-                    return None
-            if who := self.lease.hold(fresh_s=FRESH_S):
-                self.why = who
-                self._blocked(who)
-                return None
-            if self.blocked:
-                self.blocked = ""
-                self.say(f"[podkit:remote] this pod ({self.lease.pod}) holds the run's lease on the remote now: "
-                         "uploads go on")
-                _record_lease(self.cfg, "held", f"pod {self.lease.pod}")
-            self.began = time.monotonic()
-            manifest = self.remote.upload(ckpt, lambda: self.moved(ckpt.step), self.lease.hold)
-        except (RemoteError, OSError) as e:
-            self.why = str(e)
-            _record(self.cfg, {"outcome": "failed", "step": ckpt.step, "why": str(e), "time": time.time()})
-            self.say(f"[podkit:remote] step {ckpt.step} not uploaded: {e}")
-            self.failed = (ckpt.step, time.monotonic())
-            return None
-        finally:
-            self.inflight = None
-        self.done = ckpt.step
-        size = sum(f["size"] for f in manifest["files"].values())
-        took = time.monotonic() - t0
-        try:
-            gone = self.remote.prune(self.cfg.checkpoint.remote_keep, ours(ckpt))
-        except RemoteError as e:
-            gone = []
-            self.say(f"[podkit:remote] older generations not removed: {e}")
-        _record(self.cfg, {"outcome": "uploaded", "step": ckpt.step, "bytes": size, "took_s": took,
-                           "time": time.time(), "where": self.remote.where(gen(ckpt.step))})
-        self.say(f"[podkit:remote] checkpoint of step {ckpt.step} uploaded to {self.remote.where(gen(ckpt.step))} "
-                 f"({size / 1e6:.1f} MB in {took:.1f} s)" + (f"; removed generations {gone}" if gone else ""))
-        return ckpt.step
-
-    def _blocked(self, who: str) -> None:
-        if who != self.blocked:
-            self.say(f"[podkit:remote] nothing uploaded: {who}. Two pods of one run never upload into one "
-                     "generation: this pod uploads once that lease is released or has lapsed (unchanged for "
-                     f"{self.lease.lapse_s:g} s, guard.lease_s)")
-            _record_lease(self.cfg, "blocked", who)
-        self.blocked = who
-
-    def final(self, within_s: float, why: str, limit: str = "checkpoint.remote_final_s",
-              for_good: bool = False) -> str:
-        """The last whole checkpoint on the volume onto the remote before the pod stops (`why`), within `within_s`
-        (`limit` names what set it): an older step's upload in flight is given up for it, the same step's is
-        waited for, whatever still runs at the deadline is cut. The pod's stop calls it once the trainer has
-        exited (its last checkpoint written): the trainer never waits on it. Said, and recorded (records.REMOTE
-        "final"): the step now on the remote, or the step that is not and why. `for_good` (the listener's own
-        stop): nothing is uploaded after it. Returns the words."""
-        until = time.monotonic() + max(0.0, within_s)
-        if for_good:
-            self.stopped.set()
-        try:
-            newest = local(self.cfg).step
-        except OSError as e:
-            return self._final(None, "failed", f"the volume's checkpoint cannot be read ({e.strerror})", why)
-        if newest is None:
-            return self._final(None, "none", "", why)
-        if newest <= (self.done or 0):
-            return self._final(newest, "uploaded", "", why)
-        cut = f"the final upload's deadline passed ({within_s:.1f} s: {limit})"
-        if self.inflight is not None and self.inflight < newest:  # the newest wins, at the end too
-            self.remote.cut(time.monotonic(), f"given up for step {newest}, the last, at the pod's stop")
-        else:
-            self.remote.cut(until, cut)
-        _record_final(self.cfg, {"outcome": "uploading", "step": newest, "why": why, "time": time.time()})
-        # A cut call ends within one of rclone's 0.2-s slices: the lock is free by the deadline and that slice.
-        if not self.lock.acquire(timeout=max(0.0, until - time.monotonic()) + 0.5):
-            return self._final(newest, "failed", f"the upload in flight did not end by the deadline ({limit})", why)
-        try:
-            self.remote.cut(until, cut)
-            if until - time.monotonic() <= 0:
-                self.why = f"no time was left for it ({within_s:.1f} s: {limit})"
-            elif self._once(final=True) is None and not self.why and (self.done or 0) < newest:
-                self.why = "nothing was uploaded (see the lines above)"
-        finally:
-            if not for_good:
-                self.remote.cut(None)
-            self.lock.release()
-        if (self.done or 0) >= newest:
-            return self._final(newest, "uploaded", "", why)
-        return self._final(newest, "failed", self.why, why)
-
-    def _final(self, step: int | None, outcome: str, problem: str, why: str) -> str:
-        where = self.remote.where(gen(step)) if step is not None and outcome == "uploaded" else ""
-        if outcome == "none":
-            words = "no checkpoint on the volume to upload"
-        elif outcome == "uploaded":
-            words = f"the last checkpoint, step {step}, is on the remote ({where})"
-        else:
-            newest = f"step {self.done}" if self.done else "none of this run's"
-            words = (f"the last checkpoint{f', step {step},' if step is not None else ''} is NOT on the remote: "
-                     f"{problem}; the remote's newest whole generation of this run is {newest}")
-        _record_final(self.cfg, {"outcome": outcome, "step": step, "why": problem, "time": time.time(),
-                                 "where": where or None})
-        self.say(f"[podkit:remote] {why}: {words}")
-        return words
-
-    def release(self, within_s: float = 30.0) -> None:
-        """The run's lease on the remote given up (the pod stops): the next pod of the run uploads at once."""
-        try:
-            self.remote.cut(time.monotonic() + within_s, "no time was left to release it")
-            self.lease.release()
-        except RemoteError as e:
-            self.say(f"[podkit:remote] the run's lease on the remote was not released ({e}); it lapses by itself")
-
-
-def _write(cfg, **parts) -> None:
+# -- remote.json: what this pod knows of the run's remote ------------------------------------------------------
+def note(cfg, **parts) -> None:
     """remote.json, stamped with the run it is of: another run's entries (a volume a new run reuses) are dropped,
     never shown as this run's durable step."""
     run = run_id(cfg)
     try:
         base = REMOTE.read(cfg.state_dir)
-        REMOTE.write(cfg.state_dir, {**(base if base.get("run", run) == run else {}), **parts, "run": run})
+        if base.get("run", run) != run:
+            base = {}
+        was, now = (base.get("lineage") or {}).get("id"), (parts.get("lineage") or {}).get("id")
+        if "lineage" in parts and was is not None and was != now:
+            base = {}  # another lineage (a start-over): the abandoned one's steps are never this one's durable step
+        REMOTE.write(cfg.state_dir, {**base, **parts, "run": run})
     except OSError:
         pass
 
 
-def _record(cfg, fields: dict) -> None:
-    _write(cfg, last=fields, **({"uploaded": fields} if fields["outcome"] == "uploaded" else {}))
-
-
-def _record_final(cfg, fields: dict) -> None:
-    _write(cfg, final=fields)
-
-
-def _record_lease(cfg, outcome: str, why: str) -> None:
-    _write(cfg, lease={"outcome": outcome, "why": why, "time": time.time()})
-
-
-# -- the restore half (the restore stage, restore.py, calls restore) ---------------------------------------------
+# -- whose generations are this run's ---------------------------------------------------------------------------
 def ours(ckpt: Local):
     """Whether a generation's manifest is this run's: its trainer kind and its identity record (another run under
     the same names and prefix is neither skipped over nor pruned)."""
@@ -670,93 +548,3 @@ def ours(ckpt: Local):
             theirs == ckpt.record or identity.is_record(theirs) and identity.is_record(ckpt.record)
             and not identity.differences(ckpt.record, theirs, ckpt.root))
     return mine
-
-
-def restored(cfg, outcome: str, step: int | None, why: str) -> None:
-    _write(cfg, restore={"outcome": outcome, "step": step, "why": why, "time": time.time()})
-
-
-def restore(cfg, rem: Remote) -> int | None:
-    """The newest whole generation of this run that is newer than the volume's checkpoint, put in place; its step,
-    or None."""
-    here = local(cfg)
-    if here.step is None and here.kind == "areal" and identity.has_checkpoint(here.root):
-        _rlog.info(f"{here.root} holds a recover checkpoint whose step podkit cannot read: kept, nothing restored")
-        return None
-    ours = mine(cfg)
-    listing = rem.listing()
-    for step in sorted(listing, reverse=True):
-        where = rem.where(gen(step))
-        if here.step is not None and step <= here.step:
-            _rlog.info(f"the volume has the checkpoint of step {here.step}; the remote's newest is step {step}: "
-                      "nothing to restore")
-            return None
-        manifest = rem.manifest(step) if listing[step] else None
-        if manifest is None:
-            _rlog.warn(f"{where} has no manifest (an upload that did not finish): not a checkpoint, skipped"
-                       if not listing[step] else f"{where} has a manifest podkit cannot read: not a checkpoint, skipped")
-            continue
-        if manifest.get("kind") != here.kind:
-            _rlog.warn(f"{where} is a {manifest.get('kind')} trainer's checkpoint, this run's trainer is "
-                      f"{here.kind}: not restored")
-            continue
-        theirs = manifest.get("identity")
-        diffs = identity.differences(ours, theirs, here.root) if identity.is_record(theirs) else \
-            ["its manifest does not say which run trained it"]
-        if diffs:
-            _rlog.warn(f"{where} is another run's checkpoint ({'; '.join(diffs)}): not restored; {WAYS_ON}")
-            restored(cfg, "refused", step, "; ".join(diffs))
-            continue
-        if _fetch(cfg, rem, step, manifest, here):
-            return step
-    if here.step is None:
-        _rlog.info(f"no whole generation of this run on {rem.where()}: the trainer starts from step 0")
-    return None
-
-
-def _temp_beside(target: Path, step: int) -> Path:
-    tmp = target.parent / f".{target.name}.restore-{gen(step)}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)  # our own temp of an earlier boot with this pid: never a checkpoint
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    return tmp
-
-
-def _fetch(cfg, rem: Remote, step: int, manifest: dict, here: Local) -> bool:
-    where = rem.where(gen(step))
-    tmp = _temp_beside(here.root, step)
-    t0 = time.monotonic()
-    try:
-        rem.download(step, tmp)
-        problem = verify(tmp, manifest)
-        if problem:
-            _rlog.warn(f"{where} refused: {problem}; trying an older generation")
-            restored(cfg, "refused", step, problem)
-            return False
-        _place(here, tmp, manifest)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)  # what is left of our own download, never the checkpoint
-    size = sum(f["size"] for f in manifest["files"].values())
-    _rlog.info(f"restored the checkpoint of step {step} from {where} ({size / 1e6:.1f} MB in "
-              f"{time.monotonic() - t0:.1f} s): the trainer resumes from it")
-    restored(cfg, "restored", step, "")
-    return True
-
-
-def _place(here: Local, tmp: Path, manifest: dict) -> None:
-    """Renames only, on the volume's own filesystem: the checkpoint is there whole, or not at all."""
-    if here.kind == "fake":
-        here.root.mkdir(parents=True, exist_ok=True)
-        for rel in manifest["files"]:
-            os.replace(tmp / rel, here.root / rel)
-        name = next(iter(manifest["files"]))
-        pointer = here.root / f".latest.tmp-{os.getpid()}"
-        pointer.write_text(name + "\n")
-        os.replace(pointer, here.root / "latest")
-        return
-    if here.root.exists():  # an older checkpoint of this run: kept beside, never deleted
-        aside = here.root.with_name(f"{here.root.name}.before-restore-{time.strftime('%Y%m%d-%H%M%S')}")
-        os.rename(here.root, aside)
-        _rlog.info(f"the older checkpoint (step {here.step}) moved aside to {aside}")
-    os.rename(tmp, here.root)

@@ -27,8 +27,11 @@ import os
 import socket
 import tempfile
 import time
+from pathlib import Path
 
 from podkit import lease
+from podkit.areal import identity
+from podkit.mover import RemoteError
 
 NAME = "lease.json"
 
@@ -42,14 +45,22 @@ def pod_name(environ=None) -> str:
 class RemoteLease:
     """The run's lease on the remote, as one uploader holds it. `remote` is remote.Remote."""
 
-    def __init__(self, remote, lapse_s: float, renew_s: float = lease.RENEW_S, pod: str | None = None) -> None:
+    def __init__(self, remote, lapse_s: float, renew_s: float = lease.RENEW_S, pod: str | None = None,
+                 identity: dict | None = None) -> None:
         self.remote, self.lapse_s, self.renew_s = remote, lapse_s, renew_s
         self.pod = pod or pod_name()
+        self.identity = identity  # this run's identity record: a lease of another run's is that run's, not ours
+        self.other_run: dict | None = None  # the identity of another run that holds this lease (hold() said so)
         self.token = ""  # ours while we hold it
         self.beat = 0
         self.renewed = 0.0  # time.monotonic() of our last write
         self.seen = 0.0  # time.monotonic() of our last read that found the lease ours
         self._seen: dict[str, float] = {}  # another pod's lease content -> when this reader first saw it
+
+    def rebind(self, remote, identity: dict | None) -> None:
+        """The lease of another lineage of the run (remote.Remote.of_lineage), held as the run `identity`."""
+        self.remote, self.identity = remote, identity
+        self.token, self.beat, self.renewed, self.seen, self._seen = "", 0, 0.0, 0.0, {}
 
     @property
     def path(self) -> str:
@@ -57,8 +68,6 @@ class RemoteLease:
 
     def read(self) -> dict | None:
         """The lease on the remote; None when there is none; {} when it is not one (taken as lapsed)."""
-        from podkit.remote import RemoteError
-
         try:
             raw = self.remote.rclone("cat", self.path, timeout=60)
         except RemoteError as e:
@@ -92,9 +101,16 @@ class RemoteLease:
         remote.RemoteError when the remote cannot be read or written. `fresh_s`: a lease read as ours within it, and
         not due for renewal, is taken as still ours without a read (another pod takes it only once it has lapsed)."""
         now = time.monotonic()
+        self.other_run = None
         if self.token and now - self.seen < fresh_s and now - self.renewed < self.renew_s:
             return ""
         holder = self.read()
+        theirs = holder.get("identity") if holder else None
+        if theirs is not None and self.identity is not None and holder.get("token") != self.token \
+                and not _same_run(self.identity, theirs, self.remote):
+            # another run under the same names and prefix: not a pod of this run, and no reason to wait for it
+            self.token, self.other_run = "", theirs if isinstance(theirs, dict) else {}
+            return f"another run holds a lease on {self.remote.where()}"
         if holder and holder.get("token") == self.token and self.token and now - self.renewed < self.renew_s:
             self.seen = now
             return ""
@@ -105,7 +121,8 @@ class RemoteLease:
         token = self.token if mine else os.urandom(8).hex()
         wall = time.time()
         ours = {"pod": self.pod, "boot": _boot(), "token": token, "beat": self.beat + 1, "renew_s": self.renew_s,
-                "since": holder.get("since") if mine else wall, "renewed": wall}
+                "since": holder.get("since") if mine else wall, "renewed": wall,
+                **({"identity": self.identity} if self.identity is not None else {})}
         self._write(ours)
         back = self.read() or {}
         if back.get("token") != token:  # another pod wrote after us: the object names the holder
@@ -146,3 +163,9 @@ def _boot() -> str:
 
     ppid = os.getppid()
     return f"{socket.gethostname()}:{ppid}:{proc.starttime(ppid) or 0}"
+
+
+def _same_run(mine: dict, theirs, remote) -> bool:
+    """A lease that says which run holds it is this run's when identity.differences finds nothing (the definition
+    runrecord.same_run uses)."""
+    return identity.is_record(theirs) and not identity.differences(mine, theirs, Path("/nonexistent"))

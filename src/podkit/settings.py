@@ -243,8 +243,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "remote": Field(str, "", "a place off the pod for the run's checkpoints: s3://bucket/prefix (credentials from "
                         "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL) or any rclone remote name:path "
                         "(RCLONE_CONFIG_<NAME>_* env vars). Each whole checkpoint is uploaded in the background as "
-                        "<remote>/<experiment>/<trial>/gen-<step>/, and the boot restores the newest onto a volume "
-                        "without it; empty: off", "url"),
+                        "<remote>/<experiment>/<trial>/gen-<step>/ (a lineage begun by start-over: under "
+                        "lineages/<id>/), and the boot restores the newest of the run's current lineage onto a volume "
+                        "without it; the run's record (its lineages, pods, spend, guards) lives beside them, in run/; "
+                        "empty: off", "url"),
         "remote_keep": Field(int, 3, "whole generations kept on the remote; an older one is removed only once a "
                              "newer one is whole", "", minimum=1, maximum=1000),
         "remote_poll_s": Field(float, 10.0, "how often the uploader looks for a new checkpoint", "s", minimum=0.1),
@@ -254,6 +256,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                 "for it", "s", minimum=0),
         "remote_timeout_s": Field(float, 3600.0, "limit for one upload or restore (rclone retries within it)", "s",
                                   minimum=1),
+        "restore_timeout_s": Field(float, 300.0, "how long the boot's restore keeps trying a remote that does not "
+                                   "answer (the run's record, the listing, a manifest: each read bounded, tried again "
+                                   "with back-off); then the trainer starts from what the volume has, and status says "
+                                   "the remote's newest was not restored. A download that moves is bounded by "
+                                   "remote_timeout_s", "s", minimum=0),
         "remote_final_s": Field(float, 600.0, "limit for the upload of the last checkpoint when the pod stops "
                                 "itself (a cost guard: the pod bills meanwhile, and stops after it); at a SIGTERM "
                                 "(docker stop, RunPod's stop, podkit up's Ctrl-C) it gets at most what stop_timeout_s "

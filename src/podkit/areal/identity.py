@@ -453,7 +453,7 @@ def wandb_id(root: Path, base: str, resuming: bool, logged: set[str] = frozenset
     return f"{base}-{n}"
 
 
-def _own_run(cfg, verb: str):
+def own_run(cfg, verb: str):
     """The run whose checkpoints `verb` changes, refused where they may be in use: (names, save root, the
     trainer's supervisord info or None)."""
     from podkit import lease, records, supervisord
@@ -494,14 +494,15 @@ def _start_trainer(cfg, info, run, say) -> None:
         say(f"could not start the trainer ({e}): `podkit ctl start trainer`")
 
 
-def adopt(cfg, dry_run: bool = False, say=print) -> int:
+def adopt(cfg, dry_run: bool = False, say=print, then=lambda: None) -> int:
     """`podkit adopt`: the checkpoint under this run's names is this run's, although its record says another
     run wrote it (the same script renamed, the repo moved, the model copied elsewhere): the trainer's next
     start resumes it and writes its own record over the old one (kept beside it). For a refusal the user
-    knows to be wrong; start-over is the way when the checkpoint is really another run's."""
+    knows to be wrong; start-over is the way when the checkpoint is really another run's. `then()` runs once the
+    change is made, before the trainer starts (the run's new lineage)."""
     from podkit.errors import PodkitError
 
-    run, root, info = _own_run(cfg, "adopt")
+    run, root, info = own_run(cfg, "adopt")
     record = read_record(root)
     if not has_checkpoint(root):
         raise PodkitError(f"run {run} has no recover checkpoint at {root}: there is nothing to adopt",
@@ -517,23 +518,32 @@ def adopt(cfg, dry_run: bool = False, say=print) -> int:
     write_record(root, {**(record or record_for(("", ""), "", "", "")), "adopt": time.time()})
     say(f"the checkpoint in {root} is run {run}'s own now: its next start resumes it"
         + (f" (the old record kept as {root.parent / f'{root.name}.{RECORD}.before-{stamp}'})" if record else ""))
+    then()
     _start_trainer(cfg, info, run, say)
     return 0
 
 
-def start_over(cfg, dry_run: bool = False, say=print) -> int:
+def start_over(cfg, dry_run: bool = False, say=print, then=lambda: None) -> int:
     """`podkit start-over`: this run's checkpoints (AReaL's save root under its names) moved aside beside
     them, kept, never deleted; then the trainer started again if the pod runs. For a run that found
-    another run's checkpoint under its names (check_run in hooks.py), or a user who wants step 0."""
+    another run's checkpoint under its names (check_run in hooks.py), or a user who wants step 0. `then()` runs
+    once the volume's part is done, before the trainer starts: the run's new lineage, so that no pod restores the
+    checkpoints it left from the remote (also when this volume holds none of them)."""
     from podkit import records
     from podkit.errors import PodkitError
 
-    run, root, info = _own_run(cfg, "start-over")
+    run, root, info = own_run(cfg, "start-over")
+    if cfg.trainer.kind != "areal":  # the fake trainer keeps its checkpoints in checkpoint_dir, not AReaL's root
+        root = Path(cfg.checkpoint_dir)
     if root.is_symlink():
         raise PodkitError(f"{root} is a symbolic link: podkit moves only a directory of its own",
                           "move it aside by hand (AReaL follows the link and finds the checkpoint)")
     if not root.is_dir():
+        if dry_run:
+            say(f"run {run} has no checkpoints at {root}: would begin a new lineage of the run")
+            return 0
         say(f"run {run} has no checkpoints at {root}: it starts from step 0 as it is")
+        then()
         return 0
     aside = root.with_name(f"{root.name}.set-aside-{time.strftime('%Y%m%d-%H%M%S')}")
     if dry_run:
@@ -549,6 +559,7 @@ def start_over(cfg, dry_run: bool = False, say=print) -> int:
     if progress:
         records.PROGRESS.write(cfg.state_dir, {**progress, "step": None, "checkpoint_step": None,
                                                "resumed_at": None, "resumed_from": None})
+    then()
     _start_trainer(cfg, info, run, say)
     return 0
 

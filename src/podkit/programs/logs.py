@@ -19,6 +19,7 @@ import codecs
 import os
 import signal
 import sys
+import threading
 import time
 import xmlrpc.client
 from pathlib import Path
@@ -244,28 +245,41 @@ def main(cfg) -> int:
     pump.idle_rule()  # a listener restarted after the trainer stopped for good: the rule holds still
     uploader = None
     if cfg.checkpoint.remote and not (cfg.multi_node and cfg.cluster.rank != 0):
-        from podkit import remote  # rclone and hashing only with a remote
+        from podkit import uploader as uploading  # rclone and hashing only with a remote
 
         pump.durable_within_s = cfg.guard.durable_within_s
 
         # Here, not a program of its own: the listener outlives every trainer restart and stops last.
-        uploader = remote.Uploader(cfg, pump.say).start()
+        uploader = uploading.Uploader(cfg, pump.say).start()
         # A cost guard's stop uploads the last checkpoint first (its trainer has stopped), then stops the pod.
         costguard.BEFORE_STOP.append(lambda why: uploader.final(cfg.checkpoint.remote_final_s, "the pod stops itself"))
-    if pump.on_runpod:  # what the pod costs (cost.json), and what guard.max_spend goes by
-        pump.deadline.spent = costguard.Meter(cfg.state_dir, cfg.guard.cost_every_s, cfg.trainer.max_steps,
-                                              pump.say).start().spent
+    meter = None
+    if pump.on_runpod:  # what the pod costs (cost.json), and what guard.max_spend goes by: the run's, across its pods
+        from podkit import runmeter
+
+        meter = costguard.Meter(cfg.state_dir, cfg.guard.cost_every_s, cfg.trainer.max_steps, pump.say,
+                                runs=runmeter.for_pod(cfg, pump.say)).start()
+        if not (cfg.multi_node and cfg.cluster.rank != 0):  # a cluster's head acts on the run's, its nodes' included
+            pump.deadline.spent = meter.spent
 
     def stop(*_):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not start this again mid-upload
         pump.flush()
         stopping = supervisord.stop_requested(cfg.socket_path, "logs")
+        # The run's record learns this pod stopped (its time after is nobody's spend): one small push, beside the
+        # last checkpoint's upload rather than out of its time.
+        told = threading.Thread(target=meter.final, args=(max(0.1, min(10.0, notify.left() - FINAL_RESERVE_S)),),
+                                daemon=True) if stopping and meter else None
+        if told:
+            told.start()
         if stopping and uploader:
             # supervisord stops this listener last: the trainer has exited with its checkpoint, which goes up
             # within what the stop's deadline leaves (render.stop_budget), the leases' release kept out of it.
             uploader.final(min(cfg.checkpoint.remote_final_s, notify.left() - FINAL_RESERVE_S), "the pod is stopping",
                            "what the stop's deadline left after the trainer (stop_timeout_s)", for_good=True)
             uploader.release(max(0.1, min(30.0, notify.left() - FINAL_RESERVE_S / 2)))
+        if told:
+            told.join(max(0.0, min(10.0, notify.left() - FINAL_RESERVE_S / 2)))
         # The lease before the notification: a webhook that never answers must not keep the workspace from the
         # next pod (after the upload: the volume's checkpoint is read until then).
         if stopping:
