@@ -112,14 +112,17 @@ def test_the_verb_refuses_a_bad_value_with_exit_2_and_writes_nothing(tmp_path):
     assert not guardfile.path(ws).exists()
     r = guard(ws, "set", "stop_pod_at=+2h", "stop_pod_after_s=90m", "stop_pod_when_finished=never")
     assert r.returncode == 0, r.stderr
-    data = json.loads(guardfile.path(ws).read_text())
+    data = json.loads(guardfile.path(ws).read_text())["runs"][""]  # the entries of this run (none: not on RunPod)
     assert data["stop_pod_after_s"]["value"] == 5400 and data["stop_pod_when_finished"]["value"] == "never"
     assert abs(data["stop_pod_at"]["value"] - (time.time() + 7200)) < 60 and data["stop_pod_at"]["over"] == 0
     assert [p.name for p in (ws / ".podkit").iterdir()] == ["guards.json"], "written by rename, no temp left"
     assert stat.S_IMODE(guardfile.path(ws).stat().st_mode) == 0o644
     assert guard(ws, "clear", "stop_pod_at").returncode == 0
-    assert set(json.loads(guardfile.path(ws).read_text())) == {"stop_pod_after_s", "stop_pod_when_finished"}
-    assert guard(ws, "clear").returncode == 0 and not guardfile.path(ws).exists()
+    # a clear leaves its mark: the run's record learns of it, and never brings the guard back
+    left = guardfile.live(guardfile.read(guardfile.path(ws))[0][""])
+    assert set(left) == {"stop_pod_after_s", "stop_pod_when_finished"}
+    assert guard(ws, "clear").returncode == 0 and guardfile.live(guardfile.read(guardfile.path(ws))[0][""]) == {}
+    assert json.loads(guard(ws, "show", "--json").stdout)["guards"]["stop_pod_at"]["from"] == "config (defaults)"
 
 
 def test_a_budget_is_set_on_a_running_pod_in_dollars_and_a_bad_one_is_refused(tmp_path):
@@ -137,12 +140,13 @@ def test_a_budget_is_set_on_a_running_pod_in_dollars_and_a_bad_one_is_refused(tm
     assert not guardfile.path(ws).exists()
     r = guard(ws, "set", "max_spend=$25.5")
     assert r.returncode == 0, r.stderr
-    assert json.loads(guardfile.path(ws).read_text())["max_spend"] == {
-        "value": 25.5, "over": 0.0, "time": pytest.approx(time.time(), abs=60), "run": ""}
+    assert json.loads(guardfile.path(ws).read_text())["runs"][""]["max_spend"] == {
+        "value": 25.5, "over": 0.0, "time": pytest.approx(time.time(), abs=60)}
     assert "guard.max_spend                $25.50  [" in r.stdout, r.stdout
     rep = json.loads(guard(ws, "show", "--json").stdout)["guards"]["max_spend"]
     assert rep["value"] == 25.5 and "podkit guard set" in rep["from"] and rep["setting"] == 0
-    assert guard(ws, "clear", "max_spend").returncode == 0 and not guardfile.path(ws).exists()
+    assert guard(ws, "clear", "max_spend").returncode == 0 and guardfile.read(guardfile.path(ws))[0][""] == {
+        "max_spend": {"cleared": True, "time": pytest.approx(time.time(), abs=60), "run": ""}}
     assert "guard.max_spend                0 (no budget)  [config (defaults)]" in guard(ws).stdout
 
 
@@ -324,7 +328,8 @@ def test_a_console_started_pod_obeys_no_earlier_runs_guards_and_keeps_its_own_ac
     r = guard(s.workspace, "set", "stop_pod_at=+1h", env=s.env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("run id: pod-pod-guard123  [RUNPOD_POD_ID: a pod started without podkit deploy]")
-    assert json.loads(p.read_text())["stop_pod_at"]["run"] == "pod-pod-guard123"
+    runs = json.loads(p.read_text())["runs"]
+    assert "stop_pod_at" in runs["pod-pod-guard123"] and runs[""]["stop_pod_at"]["value"] < now, "another run's kept"
     wait_for(lambda: "guard.stop_pod_at is now" in s.stdout(), 20, what="the new maximum run time taken")
     assert s.stop() == 0
 

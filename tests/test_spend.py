@@ -178,3 +178,142 @@ def test_the_runs_spend_carries_over_a_replacement_pod_and_never_over_another_ru
     nxt = spend.advance(ls[-1], look(ls[-1]["time"] + 60, 1.0, pod="pod-b", run="run-1" if same else "run-2",
                                      started=ls[-1]["time"] + 30))
     assert spend.total(nxt) == pytest.approx((before if same else 0.0) + 30 / H, abs=1e-6)
+
+
+# -- the run's spend across its pods (spend.run_total) ------------------------------------------------------------
+def ledger(t: float, spent=1.0, pod="me", run="run-1", started=None, source="read", per_hour=1.0, **kw) -> dict:
+    """This pod's ledger as spend.advance leaves it."""
+    return {"pod": pod, "run": run, "spent": spent, "source": source, "per_hour": per_hour, "time": t,
+            "started": T0 if started is None else started, "why": None, "since": None, "carried": {}, **kw}
+
+
+def fig(pod: str, spent, t: float, run="run-1", per_hour=1.0, source="read", stopped=False) -> dict:
+    """Another pod's figures, as the run's record or its ledger holds them."""
+    return {"pod": pod, "run": run, "spent": spent, "source": source if spent is not None else "unknown",
+            "per_hour": per_hour, "time": t, "stopped": stopped}
+
+
+def test_a_lost_pods_minutes_until_runpod_stopped_it_are_in_the_run_total():
+    """Pod a's last record at T0 - 20 min ($5, $3/h); it was lost, stopped by the watch, and this pod (its
+    replacement) started at T0. RunPod's bill for it ($5.75, its last 15 minutes in) is the part; refused the bill,
+    its price from its last record until this pod started (RunPod says it stopped, first seen at T0 + 1 min), said
+    as an estimate; refused everything, the same bound, saying RunPod cannot be asked."""
+    mine = ledger(T0 + 60, spent=0.05)
+    last = [fig("pod-a", 5.0, T0 - 1200, per_hour=3.0)]
+    billed = spend.run_total(mine, last, {"pod-a": {"state": "stopped", "bill": 5.75, "ended": T0 + 60}}, T0 + 60)
+    [a] = billed["parts"]
+    assert (a["spent"], a["source"]) == (5.75, "billed") and billed["spent"] == pytest.approx(5.8)
+    assert billed["source"] == "read" and billed["pods"] == 2
+    refused = spend.run_total(mine, last, {"pod-a": {"state": "stopped", "bill": None, "bill_why": "HTTP 403",
+                                                     "ended": T0 + 60}}, T0 + 60)
+    [a] = refused["parts"]
+    assert a["spent"] == pytest.approx(5.0 + 3.0 * 1200 / H) and a["source"] == "estimated"
+    assert "RunPod says it stopped by" in a["why"] and "its bill cannot be read (HTTP 403)" in a["why"]
+    assert refused["source"] == "estimated" and "pod pod-a ($6.00): its last record at" in refused["why"]
+    dark = spend.run_total(mine, last, {"pod-a": {"state": None, "why": "HTTP 403: Forbidden"}}, T0 + 600)
+    assert dark["parts"][0]["spent"] == pytest.approx(6.0) and "until this pod started" in dark["parts"][0]["why"]
+    assert "RunPod cannot be asked about it (HTTP 403: Forbidden)" in dark["parts"][0]["why"]
+
+
+def test_a_pod_that_recorded_its_stop_counts_nothing_after_it_and_a_running_one_counts_to_now():
+    mine = ledger(T0 + H, spent=1.0)
+    stopped = spend.run_total(mine, [fig("pod-a", 2.0, T0 - H, stopped=True)], {"pod-a": {"state": "stopped"}},
+                              T0 + H)
+    assert stopped["parts"][0]["spent"] == 2.0 and stopped["parts"][0]["source"] == "read"
+    # a cluster's node, its ledger a minute old (fresh: RunPod not asked): its price since then
+    node = spend.run_total(mine, [fig("node-1", 12.0, T0 + H - 60, per_hour=6.0)], {}, T0 + H)
+    assert node["parts"][0]["spent"] == pytest.approx(12.1) and node["source"] == "read"
+    assert node["per_hour"] == pytest.approx(7.0), "the run's pace: this pod's and its node's"
+
+
+def test_the_run_total_keeps_a_pod_once_whatever_holds_its_figures_and_never_another_runs():
+    """Pod a carried in this pod's ledger (from the volume's cost.json, $4) and in the run's record ($4.50, newer):
+    one part of $4.50. Another run's pod under the same names, and this pod's own entry, are not parts."""
+    mine = ledger(T0 + H, carried={"pod-a": {"spent": 4.0, "source": "read", "time": T0 - 600, "per_hour": 0.0}})
+    obs = [fig("pod-a", 4.5, T0 - 300, per_hour=0.0, stopped=True), fig("pod-z", 99.0, T0, run="run-2"),
+           fig("me", 50.0, T0)]
+    got = spend.run_total(mine, obs, {}, T0 + H)
+    assert [p["pod"] for p in got["parts"]] == ["pod-a"] and got["spent"] == pytest.approx(5.5)
+
+
+run_pods = st.sampled_from(["pod-a", "pod-b", "pod-c", "me"])
+figs = st.lists(st.builds(fig, run_pods, st.one_of(st.none(), st.floats(0, 100)), st.floats(T0 - 3 * H, T0 + H),
+                          st.sampled_from(["run-1", "run-1", "run-2"]), st.one_of(st.none(), st.floats(0, 20)),
+                          st.sampled_from(["billed", "read", "estimated"]), st.booleans()), max_size=8)
+seens = st.dictionaries(run_pods, st.fixed_dictionaries({
+    "state": st.sampled_from(["running", "stopped", "gone", None]), "why": st.sampled_from([None, "HTTP 403"]),
+    "price": st.one_of(st.none(), st.floats(0, 20)), "bill": st.one_of(st.none(), st.floats(0, 200)),
+    "ended": st.one_of(st.none(), st.floats(T0 - H, T0 + 2 * H))}), max_size=4)
+
+
+carries = st.dictionaries(st.sampled_from(["pod-a", "pod-b"]), st.builds(
+    lambda spent, t: {"spent": spent, "source": "read", "time": t, "per_hour": 1.0}, st.floats(0, 100),
+    st.floats(T0 - 3 * H, T0)), max_size=2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(figs, seens, st.one_of(st.none(), st.floats(0, 50)), st.floats(0, 3 * H), carries)
+def test_the_run_total_is_never_below_a_part_counts_each_pod_once_and_never_another_runs(obs, seen, mine_spent, later,
+                                                                                          carry):
+    """A pod in the run's record and in the volume's carry is one part; another run's pod none; the total is the
+    sum of the parts and this pod's spend, never below any figure recorded of a pod of this run."""
+    now = T0 + H + later
+    mine = ledger(T0 + H, spent=mine_spent, source="read" if mine_spent is not None else "unknown", carried=carry)
+    got = spend.run_total(mine, obs, seen, now)
+    pods = [p["pod"] for p in got["parts"]]
+    assert len(pods) == len(set(pods)) and "me" not in pods, "each other pod once; this pod is its ledger"
+    assert set(pods) == {o["pod"] for o in obs if o["run"] == "run-1" and o["pod"] != "me"} | set(carry)
+    for o in obs + [{"pod": p, "run": "run-1", **c} for p, c in carry.items()]:  # never below a recorded figure
+        if o["run"] == "run-1" and o["pod"] != "me" and o["spent"] is not None:
+            assert next(p for p in got["parts"] if p["pod"] == o["pod"])["spent"] >= o["spent"] - 1e-8
+    known = [p["spent"] for p in got["parts"] if p["spent"] is not None] + ([mine_spent] if mine_spent is not None
+                                                                             else [])
+    if known:
+        assert got["spent"] == pytest.approx(sum(known), abs=1e-8) and all(got["spent"] >= k - 1e-8 for k in known)
+    else:
+        assert got["spent"] is None and got["source"] == "unknown"
+    assert got["source"] == spend.weakest([p["source"] for p in got["parts"]] + [mine["source"]]) or \
+        got["source"] == "estimated" and "unknown" in [p["source"] for p in got["parts"]] + [mine["source"]]
+    for p in got["parts"]:  # how sure each part is, and why when it is not
+        assert p["source"] in spend.SOURCES and (p["spent"] is None) == (p["source"] == "unknown")
+        if p["source"] in ("estimated", "unknown"):
+            assert p["why"]
+    if any(p["source"] == "unknown" for p in got["parts"]) and got["spent"] is not None:
+        assert got["source"] == "estimated" and "not known" in got["why"]
+    other = spend.run_total(mine, obs + [fig("pod-x", 1e6, T0, run="run-2")], seen, now)
+    assert other["spent"] == got["spent"], "another run's pod changes nothing"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(figs, seens, st.floats(0, 600)), min_size=1, max_size=6))
+def test_the_run_total_never_goes_down(looks):
+    """Look after look, with what is known of each pod changing as it will (a record pulled, a bill refused, a pod
+    seen gone), the run's total and each pod's part never go down."""
+    prev, t, spent = None, T0 + H, 0.0
+    for obs, seen, dt in looks:
+        t += dt
+        spent += dt / H
+        got = spend.run_total(ledger(t, spent=spent), obs, seen, t, prev)
+        if prev is not None:
+            assert got["spent"] >= prev["spent"] - 1e-9
+            before = {p["pod"]: p["spent"] for p in prev["parts"] if p["spent"] is not None}
+            for p in got["parts"]:
+                if p["pod"] in before:
+                    assert p["spent"] is not None and p["spent"] >= before[p["pod"]] - 1e-9
+        prev = spend.checked_total(got)
+        assert prev is not None, "the total as stored reads back"
+
+
+def test_a_replacement_carries_the_earlier_pods_pod_by_pod():
+    """pod-a, then pod-b (carrying pod-a), then pod-c: pod-c's ledger carries both, by pod, and its run total counts
+    each once even when the run's record holds them too."""
+    a = walk([look(T0, 1.0, pod="pod-a"), look(T0 + H, 1.0, pod="pod-a")])[-1]
+    b = spend.advance(a, look(T0 + 2 * H, 1.0, pod="pod-b", started=T0 + 1.5 * H))
+    c = spend.advance(b, look(T0 + 3 * H, 1.0, pod="pod-c", started=T0 + 2.5 * H))
+    assert set(c["carried"]) == {"pod-a", "pod-b"} and c["run_before"] == pytest.approx(1.5)
+    total = spend.run_total(c, [fig("pod-a", 1.0, T0 + H, stopped=True), fig("pod-b", 0.5, T0 + 2 * H, stopped=True)],
+                            {}, T0 + 3 * H)
+    assert total["spent"] == pytest.approx(2.0) and total["pods"] == 3
+    legacy = spend.advance({**a, "carried": None, "run_before": 7.0}, look(T0 + 2 * H, 1.0, pod="pod-b",
+                                                                         started=T0 + 1.5 * H))
+    assert legacy["carried"][spend.EARLIER]["spent"] == 7.0 and legacy["carried"]["pod-a"]["spent"] == 1.0

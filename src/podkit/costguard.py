@@ -7,7 +7,9 @@ trainer first with its checkpoint. Off outside RunPod (no RUNPOD_POD_ID) and wit
 
 What the pod costs is one record, `<state_dir>/cost.json` (records.COST): the Meter reads the pod's price
 (`GET /v2/pods/{id}`: cost, startedAt) and its bill (`GET /v2/billing/pods?podId=`) every
-`guard.cost_every_s` and writes it; `cost()` reads it back checked, for status, notifications and the page.
+`guard.cost_every_s` and writes it, with the run's spend across its pods (`total`: runmeter.py gathers the
+others, spend.run_total sums them), which the budget acts on; `cost()` reads it back checked (never another
+run's), for status, notifications and the page.
 
 A stopped pod keeps its volume (checkpoints, logs, the repo) and bills only for disk; it restarts from
 the console or `podkit deploy start`. The call is REST API v2's `POST /v2/pods/{id}/action` with
@@ -390,22 +392,39 @@ def _checked(rec: dict, future_ok: bool = False) -> dict | None:
             "before": _money(rec.get("before"), SPENT_MAX) or 0.0,
             "run_before": _money(rec.get("run_before"), SPENT_MAX) or 0.0,
             "bill": _money(rec.get("bill"), SPENT_MAX), "read_at": _time(rec.get("read_at")),
-            "since": _time(rec.get("since")), **text}
+            "since": _time(rec.get("since")), **text, "carried": spend.carried(rec),
+            "total": spend.checked_total(rec.get("total"))}
 
 
-def cost(state_dir: Path | None) -> dict | None:
-    """cost.json, checked (the spend ledger: spend.advance), or None when there is none or it cannot be trusted
-    (records.COST's shape sets a corrupt file aside). Fields that are not what they say are dropped to None."""
-    return None if state_dir is None else _checked(records.COST.read(state_dir))
+def cost(state_dir: Path | None, environ=None) -> dict | None:
+    """cost.json, checked (the spend ledger: spend.advance), or None when there is none, it cannot be trusted
+    (records.COST's shape sets a corrupt file aside), or it is another run's (a reused volume's, before this pod's
+    meter wrote its own: never shown as this run's spend). Fields that are not what they say are dropped to None."""
+    c = None if state_dir is None else _checked(records.COST.read(state_dir))
+    return c if c is not None and ours(c, environ) else None
+
+
+def ours(c: dict, environ=None) -> bool:
+    """Whether ledger `c` is this run's (guardfile.run_id) or this pod's; off RunPod (no run id), any is."""
+    from podkit import guardfile
+
+    environ = os.environ if environ is None else environ
+    run = guardfile.run_id(environ)
+    return not run or c.get("run") == run or not c.get("run") and c.get("pod") == environ.get("RUNPOD_POD_ID")
 
 
 def words(c: dict, now: float | None = None) -> str:
-    """cost() in a line: "$0.35/h, $1.20 spent (billed), ~$3.10 to the end at this pace"."""
+    """cost() in a line: "$0.35/h, $1.20 spent (billed), ~$3.10 to the end at this pace", and the run's spend
+    across its pods when it has others: "; $5.30 this run, over 3 pods (estimated since ...: pod x ...)"."""
     now = time.time() if now is None else now
     price = f"${c['per_hour']:.2f}/h" if c.get("per_hour") else "price unknown"
     out = (f"{price}, {cents(c['spent'])} spent ({sureness(c)})" if c["spent"] is not None
            else f"{price}, spend {sureness(c)}")
-    if c.get("run_before") and c["spent"] is not None:
+    run = c.get("total")
+    if run and run.get("parts"):
+        out += (f"; {cents(run['spent'])} this run, over {run['pods']} pods ({sureness(run)})" if run["spent"]
+                is not None else f"; this run's spend over {run['pods']} pods {sureness(run)}")
+    elif c.get("run_before") and c["spent"] is not None:
         out += f"; {cents(c['run_before'] + c['spent'])} this run, with its earlier pods"
     if c.get("projected") is not None:
         out += f", ~{cents(c['projected'])} to the end at this pace"
@@ -421,10 +440,12 @@ class Meter:
     at the trainer's pace. What RunPod does not answer is said once (and once more when it answers again);
     nothing here raises into the listener."""
 
-    def __init__(self, state_dir: Path, every_s: float, total_steps: int = 0, say=None, environ=None) -> None:
+    def __init__(self, state_dir: Path, every_s: float, total_steps: int = 0, say=None, environ=None,
+                 runs=None) -> None:
         from podkit import guardfile
 
         self.state_dir, self.every_s, self.total_steps = Path(state_dir), every_s, total_steps
+        self.runs = runs  # runmeter.RunMeter: the run's other pods (the run's record, a cluster's nodes), or None
         self.say = say or _log.info
         self.environ = os.environ if environ is None else environ
         self.pod = self.environ.get("RUNPOD_POD_ID", "")
@@ -448,6 +469,12 @@ class Meter:
 
     def start(self) -> Meter:
         def loop() -> None:
+            if self.runs is not None:  # the run's record first: a replacement's first look has the run's spend
+                try:
+                    self.runs.begin((self.last or {}).get("total"))
+                except Exception:  # noqa: BLE001 - the record thread tries again
+                    pass
+                self.runs.start()
             while True:
                 try:
                     self.read()
@@ -480,8 +507,15 @@ class Meter:
         self.mono = mono
         rec = spend.advance(self.last, look)
         rec["projected"] = self.projected(rec["per_hour"]) if rec.get("per_hour") else None
+        if self.runs is not None:
+            rec["total"] = self._run_total(rec, now)
         self.last = _checked(rec, future_ok=True) or rec  # the budget goes by the ledger, written or not (a full volume)
         self._tell(rec)
+        if self.runs is not None:
+            try:
+                self.runs.mine(self.last)
+            except Exception as e:  # noqa: BLE001 - the record's write fails alone (a full volume): said once
+                self._once_said("mine", f"this pod's spend cannot be written to the run's record ({e})")
         try:
             records.COST.write(self.state_dir, rec)
         except OSError as e:
@@ -494,6 +528,26 @@ class Meter:
             self.say(f"the pod's cost is read again: {words(self.last)}")
             self.failing = ""
         return rec if answered else None
+
+    def _run_total(self, rec: dict, now: float) -> dict | None:
+        try:
+            return self.runs.total(self._client, rec, now, (self.last or {}).get("total"))
+        except Exception as e:  # noqa: BLE001 - the run's other pods are left out, said once; this pod's spend holds
+            self._once_said("total", f"the run's other pods cannot be counted ({type(e).__name__}: {e}): the budget "
+                            "goes by this pod's spend and what its volume carries")
+            return None
+
+    def _once_said(self, key: str, msg: str) -> None:
+        if key not in self.said:
+            self.said.add(key)
+            self.say(msg)
+
+    def final(self, timeout_s: float) -> bool:
+        """At the pod's stop: its figures, saying it stopped, into the run's record within `timeout_s`."""
+        try:
+            return self.runs is not None and self.runs.final(self.last, timeout_s)
+        except Exception:  # noqa: BLE001 - the stop goes on
+            return False
 
     def _tell(self, rec: dict) -> None:
         """Say once each way the spend is unsure (status, doctor and the page show it from cost.json)."""
@@ -527,6 +581,9 @@ class Meter:
         if price is not None and price > PER_HOUR_MAX:
             raise runpod.ApiError(f"RunPod's answer for pod {self.pod} has no price (cost {pod.get('cost')!r:.40})")
         running = pod.get("status") not in STOPPED_STATUSES  # this runs inside the pod: it runs
+        if self.runs is not None:  # where this pod runs, for the run's record (a migration moves it)
+            self.runs.facts = {k: pod.get(f)[:64] for k, f in (("data_center", "dataCenterId"), ("created", "createdAt"))
+                               if isinstance(pod.get(f), str)}
         look = {"ok": True, "price": price if price is not None else pod.get("cost"), "running": running,
                 "started": runpod.started_at(pod), "start_raw": pod.get("startedAt"), "bill": None,
                 "catalogue": self._catalogue(pod) if running and not price else None}

@@ -659,6 +659,12 @@ def check_spend(pod: Pod, now: float) -> Finding | None:
         return None
     budget = guardfile.report(pod.cfg)["guards"]["max_spend"]["value"] if pod.cfg is not None else 0
     line = [costguard.words(c, now)] + ([f"guard.max_spend {spend.usd(budget)}"] if budget else [])
+    run = c.get("total") if isinstance(c.get("total"), dict) else None
+    if run and run.get("source") == "estimated" and c["source"] != "unknown":  # this pod's is sure, the run's is not
+        return Finding("spend_estimated", "what this run has spent is an estimate: some of its pods' spend could not "
+                       "be read", line, "nothing to do: the budget goes by the estimate, which counts each pod's time "
+                       "at its price until it stopped; RunPod's console shows the bill (a key that may read other "
+                       "pods' bills makes it exact)", "info")
     if c["source"] == "unknown":
         return Finding("spend_unknown", "what this run has spent is not known" + (": its budget cannot act" if budget
                                                                                    else ""), line,
@@ -713,6 +719,17 @@ def check_durable(pod: Pod, now: float) -> Finding | None:
         return Finding("final_upload_failed", "the last checkpoint did not reach checkpoint.remote when the pod stopped",
                        line, "the volume still holds it: start a pod on this volume (it uploads it), or copy it up "
                        "yourself; give the stop more time with checkpoint.remote_final_s", "problem")
+    if d.get("ahead"):
+        return Finding("remote_ahead", "the remote holds a newer checkpoint of this run's lineage than this pod trains "
+                       "from", [status.printable(standing.ahead_words(d["ahead"]), 900)],
+                       "to train on from the remote's: `podkit ctl stop trainer`, `podkit restore`, `podkit ctl start "
+                       "trainer`; to keep this pod's line instead: `podkit start-over` (a new lineage)", "problem")
+    if (d.get("restore") or {}).get("outcome") == "failed":
+        return Finding("restore_failed", "the boot could not restore the run's checkpoint from checkpoint.remote",
+                       [status.printable(standing.restore_words(d["restore"], now), 900)],
+                       "fix what it names (the endpoint, the credentials, the volume's room); once the remote answers "
+                       "the uploader says whether it holds a newer checkpoint than this pod's; `podkit restore` (the "
+                       "trainer stopped) restores it", "problem")
     if d.get("blocked"):
         return Finding("remote_lease_held", "another pod of this run holds its lease on checkpoint.remote", line,
                        "two pods of one run never upload into one generation: stop the other pod (`podkit deploy "

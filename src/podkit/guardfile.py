@@ -8,8 +8,13 @@ guard.stop_pod_after_s, guard.max_spend) and safe mode (guard.stop_pod_after_s, 
 
 Each entry names the value it replaced (`over`): it holds while the pod's own setting (config file or
 env) is still that value. An env edit on a stopped pod is newer than the file, so it wins at the pod's
-next start, and the stale entry is ignored, saying so. Each entry also names the run that set it
-(run_id()): an earlier run's or an earlier pod's file on a reused volume is stale, said, not obeyed.
+next start, and the stale entry is ignored, saying so. The entries are kept per run (run_id()):
+`{"runs": {<run>: {<key>: {"value", "over", "time"}}}}`; a run's `guard set` and `guard clear` change its own
+and never another run's, and another run's on a reused volume is said, not obeyed. `guard clear` leaves a
+mark (`{"cleared": true, "time"}`): the run's record (guardrecord.py, which the log listener keeps in step with
+this file) learns of the clear, and a replacement pod does not take the cleared guard back from it. An entry
+that came from the run's record says so (`from`). A file of the older shape (`{<key>: {..., "run"}}`) is read
+as its entries' runs'.
 
 The file is data on a volume, not trusted: a symlink, a file that is not this user's or that others may
 write, more than MAX_BYTES, or any key or value the config itself would refuse, and the whole file is
@@ -19,6 +24,8 @@ settings hold. Depends on config, records and log only; stdlib at import (safe m
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -31,10 +38,11 @@ from podkit.errors import ConfigError, PodkitError
 from podkit.guards import KEYS, parse, show  # noqa: F401 - the table's, read here as ever
 
 NAME = "guards.json"
-ENTRY_FIELDS = ("value", "over", "time", "run")
+ENTRY_FIELDS = ("value", "over", "time", "run", "from", "cleared")
 RUN_ENV = "PODKIT_RUN_ID"  # `podkit deploy` gives each run one; its watch's replacements keep it (run_id())
 RUN_ID = re.compile(r"^[A-Za-z0-9_-]{0,64}$")
-MAX_BYTES = 4096  # four entries take a few hundred bytes
+MAX_BYTES = 16384  # four entries of a run take a few hundred bytes
+MAX_RUNS = 16  # runs kept in one file: past it the run whose entries are oldest goes (never the writer's own)
 LOOK_EVERY_S = 1.0  # the enforcers look often (every event, every 0.2 s): one stat a second at most
 
 
@@ -43,8 +51,8 @@ def path(workspace) -> Path:
 
 
 def read(p: Path) -> tuple[dict, str]:
-    """The file's entries ({key: {"value", "over", "time"}}), or ({}, what is wrong with it). A missing file
-    is no entries and nothing wrong."""
+    """The file's entries by run ({run: {key: {"value", "over", "time", "run"[, "from"]} or {"cleared": True,
+    "time", "run"}}}), or ({}, what is wrong with it). A missing file is no entries and nothing wrong."""
     try:
         st = os.lstat(p)
     except FileNotFoundError:
@@ -81,32 +89,99 @@ def read(p: Path) -> tuple[dict, str]:
     if not isinstance(data, dict):
         return {}, f"is JSON {type(data).__name__}, not an object of guards"
     try:
-        return {key: _entry(key, e, str(p)) for key, e in data.items()}, ""
+        return _by_run(data, str(p)), ""
     except ConfigError as e:
         return {}, f"{e.key}: {e.problem}"
     except (ArithmeticError, TypeError, ValueError) as e:  # a number no float holds: 1e400 written out
         return {}, f"holds a value that is not a setting ({type(e).__name__})"
 
 
+def _by_run(data: dict, source: str) -> dict:
+    if "runs" not in data:  # the older shape: one entry per key, naming its run
+        out: dict = {}
+        for key, e in data.items():
+            entry = _entry(key, e, source)
+            out.setdefault(entry["run"], {})[key] = entry
+        return out
+    runs = data["runs"]
+    if set(data) != {"runs"} or not isinstance(runs, dict) or len(runs) > MAX_RUNS:
+        raise ConfigError(source, "runs", f"expected {{\"runs\": {{<run>: {{<key>: ...}}}}}} of at most {MAX_RUNS} "
+                          f"runs, got {json.dumps(data)[:80]}")
+    out = {}
+    for run, entries in runs.items():
+        if not RUN_ID.match(run) or not isinstance(entries, dict):
+            raise ConfigError(source, f"runs.{run[:64]}", f"not a run id with its guards ({entries!r:.60})")
+        out[run] = {key: {**_entry(key, {**e, "run": run} if isinstance(e, dict) else e, source)}
+                    for key, e in entries.items()}
+    return out
+
+
 def _entry(key: str, e: object, source: str) -> dict:
     if key not in KEYS:
         raise ConfigError(source, str(key)[:80], "not a guard that changes on a running pod",
                           hint=f"one of {', '.join(KEYS)}")
-    if not isinstance(e, dict) or "value" not in e or set(e) - set(ENTRY_FIELDS):
+    if not isinstance(e, dict) or ("value" not in e and e.get("cleared") is not True) or set(e) - set(ENTRY_FIELDS):
         raise ConfigError(source, key, f"expected {{\"value\": ..., \"over\": ..., \"time\": ...}}, got {e!r:.80}")
-    out = {"value": config.check("guard", key, e["value"], source, from_env=False)}
-    if e.get("over") is not None:
-        out["over"] = config.check("guard", key, e["over"], f"{source} (over)", from_env=False)
     run = e.get("run", "")
     if not isinstance(run, str) or not RUN_ID.match(run):
         raise ConfigError(source, key, f"run {run!r:.40} is not a run id")
-    out["run"] = run
     t = e.get("time")
+    if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool)
+                          or not 0 <= t <= time.time() + records.FUTURE_SKEW_S):
+        raise ConfigError(source, key, f"time {t!r:.40} is not a time")
+    if e.get("cleared") is True:  # `podkit guard clear`'s mark: the run's record learns of the clear
+        if t is None or "value" in e:
+            raise ConfigError(source, key, f"a cleared guard has its time and no value, got {e!r:.80}")
+        return {"cleared": True, "time": float(t), "run": run}
+    out = {"value": config.check("guard", key, e["value"], source, from_env=False), "run": run}
+    if e.get("over") is not None:
+        out["over"] = config.check("guard", key, e["over"], f"{source} (over)", from_env=False)
     if t is not None:
-        if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 <= t <= time.time() + records.FUTURE_SKEW_S:
-            raise ConfigError(source, key, f"time {t!r:.40} is not a time")
         out["time"] = float(t)
+    if e.get("from") is not None:
+        if not isinstance(e["from"], str) or len(e["from"]) > 200 or not e["from"].isprintable():
+            raise ConfigError(source, key, f"from {e['from']!r:.40} is not where a guard came from")
+        out["from"] = e["from"]
     return out
+
+
+def live(entries: dict) -> dict:
+    """A run's entries that are guards (not `guard clear`'s marks)."""
+    return {k: e for k, e in entries.items() if not e.get("cleared")}
+
+
+@contextlib.contextmanager
+def _locked(p: Path):
+    """`podkit guard` and the log listener (guardrecord.py) both change the file: one at a time, by a lock on its
+    directory (no file of its own beside it), released when the change is written."""
+    fd = os.open(p.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a volume without locks: each write is still whole (temp and rename)
+            pass
+        yield
+    finally:
+        os.close(fd)
+
+
+def update(p: Path, change, run: str | None = None, keep_bad: bool = False) -> dict | None:
+    """Run `run`'s entries changed by `change(entries) -> entries` under the lock, every other run's kept; a file
+    that cannot be read (what is wrong is said by the readers) is started again, or with `keep_bad` left as it is
+    (None). Returns the run's entries."""
+    run = run_id() if run is None else run
+    with _locked(p):
+        by_run, problem = read(p)
+        if problem and keep_bad:
+            return None
+        if problem:
+            by_run = {}
+        mine = change(dict(by_run.get(run, {})))
+        if mine == by_run.get(run, {}) and not problem:
+            return mine
+        by_run[run] = mine
+        _write(p, by_run, keep=run)
+    return mine
 
 
 def run_id(environ=None) -> str:
@@ -122,20 +197,26 @@ def run_id(environ=None) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", f"pod-{pod}")[:64] if pod else ""
 
 
-def resolve(entries: dict, base: dict, run: str | None = None) -> tuple[dict, dict]:
-    """(the values in force, {key: why an entry is not used}) for the pod's settings `base`. An entry of
-    another run (an earlier run's file on a reused volume, an earlier pod's) is not this run's to obey."""
+def resolve(by_run: dict, base: dict, run: str | None = None) -> tuple[dict, dict]:
+    """(the values in force, {key: why an entry is not used}) for the pod's settings `base`: this run's entries
+    (`read`'s, by run). Another run's (an earlier run's file on a reused volume, another run's pod on the same
+    volume) is not this run's to obey, and never replaces this run's."""
     run = run_id() if run is None else run
     values, stale = dict(base), {}
-    for key, e in entries.items():
-        if e.get("run", "") != run:
-            stale[key] = (f"was set by another run ({e.get('run') or 'one without a run id'}; this one is "
-                          f"{run or 'without a run id'}): the pod's setting holds; `podkit guard clear {key}`")
-        elif "over" in e and key in base and e["over"] != base[key]:
+    mine = by_run.get(run, {})
+    for key, e in live(mine).items():
+        if "over" in e and key in base and e["over"] != base[key]:
             stale[key] = (f"was set over {show(key, e['over'])}, but the pod's setting is now {show(key, base[key])} "
                           f"(an edit of its env or config since): the setting holds; `podkit guard clear {key}`")
         else:
             values[key] = e["value"]
+    for other in sorted((r for r in by_run if r != run), key=lambda r: max(
+            (e.get("time") or 0 for e in by_run[r].values()), default=0)):
+        for key in live(by_run[other]):
+            if key not in mine:
+                stale[key] = (f"was set by another run ({other or 'one without a run id'}; this one is "
+                              f"{run or 'without a run id'}): the pod's setting holds (another run's guard is "
+                              f"never this run's: `podkit guard set {key}=...` sets this run's)")
     return values, stale
 
 
@@ -153,8 +234,9 @@ class Live:
         self.path, self.base, self.say = path(workspace), dict(base), say
         self.run = run_id()
         self.sig: object = "unread"
-        self.entries: dict = {}
+        self.entries: dict = {}  # this run's guards in the file
         self.stale: dict = {}
+        self.said_stale: set[str] = set()
         self.current = dict(base)
         self.next_look = 0.0
 
@@ -190,22 +272,26 @@ class Live:
         if sig == self.sig:
             return
         first, self.sig = self.sig == "unread", sig
-        entries, problem = read(self.path)
+        by_run, problem = read(self.path)
         before = self.current
         if problem:
             self._say(f"{self.path} {problem}: ignored, the pod's settings hold "
                       f"({'; '.join(f'guard.{k} {show(k, v)}' for k, v in self.base.items())})")
-            entries = {}
-        self.entries = entries
-        self.current, self.stale = resolve(entries, self.base, self.run)
+            by_run = {}
+        entries = self.entries = live(by_run.get(self.run, {}))
+        self.current, self.stale = resolve(by_run, self.base, self.run)
         stale = self.stale
         for key, why in stale.items():
-            self._say(f"{self.path}: guard.{key} {why}")
+            if f"{key}: {why}" not in self.said_stale:  # another run's entries stay: said once, not at every change
+                self.said_stale.add(f"{key}: {why}")
+                self._say(f"{self.path}: guard.{key} {why}")
         for key in KEYS:  # only what this enforcer goes by (safe mode has no budget to say)
             if key in self.base and (self.current[key] != before.get(key) or first and key in entries
                                      and key not in stale):
-                src = f"from {self.path} (`podkit guard set`)" if key in entries and key not in stale else \
-                    "the pod's own setting"
+                src = "the pod's own setting"
+                if key in entries and key not in stale:
+                    came = entries[key].get("from")
+                    src = f"from {came}, kept in {self.path}" if came else f"from {self.path} (`podkit guard set`)"
                 self._say(f"guard.{key} is now {show(key, self.current[key])}, {src}")
 
 
@@ -239,14 +325,16 @@ def report(cfg) -> dict:
     settings = pod_settings(cfg)
     base = {k: v for k, (v, _) in settings.items()}
     p = path(cfg.workspace_path)
-    entries, problem = read(p)
+    by_run, problem = read(p)
     run = run_id()
-    values, stale = resolve(entries, base, run)
+    values, stale = resolve(by_run, base, run)
+    entries = live(by_run.get(run, {}))
     guards = {}
     for key in KEYS:
         e = entries.get(key)
         if e and key not in stale:
-            src = f"{p} (`podkit guard set`{', ' + _span(time.time() - e['time']) + ' ago' if 'time' in e else ''})"
+            ago = f", {_span(time.time() - e['time'])} ago" if "time" in e else ""
+            src = f"{e['from']}{ago}, kept in {p}" if e.get("from") else f"{p} (`podkit guard set`{ago})"
         else:
             src = f"config ({settings[key][1]})"
         guards[key] = {"value": values[key], "shown": show(key, values[key]), "from": src,
@@ -312,13 +400,13 @@ def forecast(state: Path, new: dict, rep: dict) -> list[str]:
         c = costguard.cost(state)
         total = spend.total(c)
         if total is None:
-            why = costguard.sureness(c) if c else "no cost.json yet (the log listener reads RunPod's price)"
+            why = spend.total_sureness(c) if c else "no cost.json yet (the log listener reads RunPod's price)"
             out.append(f"the run's spend is not known here ({why}): the budget acts once it is")
         elif total >= budget:
-            out.append(f"the run has spent {costguard.cents(total)} ({costguard.sureness(c)}), at or past this budget: "
-                       "the trainer stops with a checkpoint, then the pod, within the minute")
+            out.append(f"the run has spent {costguard.cents(total)} ({spend.total_sureness(c)}), at or past this "
+                       "budget: the trainer stops with a checkpoint, then the pod, within the minute")
         else:
-            out.append(f"the run has spent {costguard.cents(total)} ({costguard.sureness(c)}) of "
+            out.append(f"the run has spent {costguard.cents(total)} ({spend.total_sureness(c)}) of "
                        f"{spend.usd(budget)}")
     at = new.get("stop_pod_at")
     if at and rep["guards"]["stop_pod_at"]["value"] == at and at <= time.time():
@@ -338,19 +426,22 @@ def _set(cfg, p: Path, items: list[str]) -> dict:
             raise ConfigError("command line", item, "expected KEY=VALUE", hint="e.g. stop_pod_at=+6h")
         new[key] = parse(key, text, now)
     base = {k: v for k, (v, _) in pod_settings(cfg).items()}
-    entries, problem = read(p)
+    _, problem = read(p)
     if problem:
         print(f"podkit: warning: {p} {problem}: replaced", flush=True)
-        entries = {}
-    data = {k: {f: e[f] for f in ENTRY_FIELDS if f in e} for k, e in entries.items()}
-    run = run_id()
-    for key, value in new.items():
-        data[key] = {"value": value, "over": base[key], "time": now, "run": run}
-    _write(p, data)
+    update(p, lambda mine: {**mine, **{key: {"value": value, "over": base[key], "time": now}
+                                       for key, value in new.items()}})
     return new
 
 
-def _write(p: Path, data: dict) -> None:
+def _write(p: Path, by_run: dict, keep: str) -> None:
+    """Every run's entries, each as {key: {value, over, time[, from]}} or a clear's mark; past MAX_RUNS the runs
+    whose newest entry is oldest go (never `keep`, the writer's run)."""
+    def newest(run: str) -> float:
+        return max((e.get("time") or 0.0 for e in by_run[run].values()), default=0.0)
+    runs = sorted((r for r in by_run if by_run[r] and r != keep), key=newest, reverse=True)[:MAX_RUNS - 1]
+    data = {"runs": {r: {k: {f: v for f, v in e.items() if f != "run"} for k, e in by_run[r].items()}
+                     for r in ([keep] if by_run.get(keep) else []) + runs}}
     records.write_json(p, data, mode=0o644)  # temp + fsync + rename
     os.chmod(p, 0o644)  # whatever the umask: the readers refuse a file that others may write
 
@@ -361,12 +452,6 @@ def _clear(p: Path, keys: list[str]) -> None:
         if key not in KEYS:
             raise ConfigError("command line", f"guard.{key}", "not a guard that changes on a running pod",
                               hint=config._did_you_mean(key, KEYS) or f"one of {', '.join(KEYS)}")
-    entries, problem = read(p)
-    left = {} if problem or not keys else {k: e for k, e in entries.items() if k not in keys}
-    if left:
-        _write(p, left)
-    else:
-        try:
-            p.unlink()
-        except FileNotFoundError:
-            pass
+    now = time.time()
+    # a mark, not nothing: the run's record (guardrecord.py) learns of the clear, and never brings the guard back
+    update(p, lambda mine: {**mine, **{k: {"cleared": True, "time": now} for k in keys or KEYS}})

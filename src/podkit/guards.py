@@ -141,18 +141,21 @@ def _show_budget(value, now: float) -> str:
 def _forecast_budget(budget, ctx: dict) -> dict:
     now, c = ctx["now"], ctx["st"].get("cost") if isinstance(ctx["st"].get("cost"), dict) else None
     total = spend.total(c)
-    f = {"at": None, "on": spend.sureness(c) if c else "no cost.json", "words": "no budget"}
+    sure = spend.total_sureness(c) if c else "no cost.json"
+    # the run's pace: this pod's price and its other running pods' (a cluster's nodes)
+    rate = (c.get("total") or {}).get("per_hour") or c.get("per_hour") if c else None
+    f = {"at": None, "on": sure, "words": "no budget"}
     if budget:
         f["words"] = f"once the run has cost {spend.usd(budget)}"
         if total is None:
             f["words"] += ": what it has spent is not known, so the budget cannot act" if c else ""
         elif total >= budget:
-            f.update(at=now, words=f"{f['words']}: it has spent {spend.cents(total)} ({spend.sureness(c)}): now")
+            f.update(at=now, words=f"{f['words']}: it has spent {spend.cents(total)} ({sure}): now")
         else:
-            f["words"] += f": {spend.cents(total)} so far ({spend.sureness(c)})"
-            if c.get("per_hour"):
-                f["at"] = now + (budget - total) / c["per_hour"] * 3600
-                f["words"] += f", at {spend.cents(c['per_hour'])}/h {_when(f['at'], now)}"
+            f["words"] += f": {spend.cents(total)} so far ({sure})"
+            if rate:
+                f["at"] = now + (budget - total) / rate * 3600
+                f["words"] += f", at {spend.cents(rate)}/h {_when(f['at'], now)}"
     return f
 
 

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from podkit import ending, log, records, standing, status, supervisord, web
+from podkit import ending, log, records, spend, standing, status, supervisord, web
 from podkit.checks import METRICS_KEY_ENV as KEY_ENV
 from podkit.checks import loopback, usable_key
 
@@ -117,6 +117,23 @@ class PodCollector:
             yield GaugeMetricFamily("podkit_upload_blocked", "1 while another pod holds the run's lease on "
                                     "checkpoint.remote (this pod uploads nothing)",
                                     value=1.0 if d.get("blocked") else 0.0)
+            yield GaugeMetricFamily("podkit_remote_ahead_step", "the step of a newer checkpoint of this lineage on "
+                                    "checkpoint.remote than this pod trains from (0: none)",
+                                    value=float((d.get("ahead") or {}).get("step") or 0))
+            yield GaugeMetricFamily("podkit_restore_failed", "1 while the boot's restore gave up: the trainer "
+                                    "started without the remote's newest checkpoint",
+                                    value=1.0 if (d.get("restore") or {}).get("outcome") == "failed" else 0.0)
+        c = st.get("cost")
+        if c:  # on RunPod: this pod's spend and the run's across its pods, each with how sure it is
+            g = GaugeMetricFamily("podkit_spent_dollars", "USD spent, by scope (pod: this pod; run: the run across "
+                                  "its pods, what guard.max_spend acts on) and how sure (billed, read, estimated)",
+                                  labels=["scope", "source"])
+            run = c.get("total") or {}
+            for scope, value, source in (("pod", c.get("spent"), c.get("source")),
+                                         ("run", spend.total(c), run.get("source") or c.get("source"))):
+                if isinstance(value, (int, float)):
+                    g.add_metric([scope, str(source)], float(value))
+            yield g
         loop = records.TRAINER_LOOP.read(self.state)
         if loop.get("boot") != records.CURRENT.read(self.state).get("started"):
             loop = {}  # an earlier boot's count

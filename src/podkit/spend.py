@@ -14,8 +14,24 @@ and the notifications read it. Its rules, each an invariant tests/test_spend.py 
   never $0. A start RunPod gives in a shape that cannot be read counts from this container's boot, estimated.
 - The bill corrects the integral upward when it is ahead; a bill behind the integral by more than a few
   minutes of the price is a lagging bill, not the pod's spend.
-- A replacement pod of the same run (`deploy watch`) carries the earlier pods' spend: the budget is the run's.
-  Another run's record on a reused volume is not carried.
+- A replacement pod of the same run (`deploy watch`) carries the earlier pods' spend, pod by pod (`carried`):
+  the budget is the run's. Another run's record on a reused volume is not carried.
+
+`run_total(mine, observations, seen, now)` is the run's spend across its pods, pure too: this pod's ledger and,
+for each other pod of the same run (its own figures in the run's record, a cluster node's ledger, a carried
+part), its last figure plus its price from then until it stopped, or RunPod's bill for it when that is more.
+Its rules, each an invariant tests/test_spend.py checks:
+
+- Each pod counts once (its figures from several places are one pod's), another run's pod never, and the total is
+  never below any pod's part nor any figure a pod recorded.
+- The total never goes down from one look to the next (`prev`), as a pod's own spend never does.
+- A pod that stopped is what RunPod billed for it, its last minutes in, when the bill can be read and is not behind
+  what the pod recorded. Else its time after its last figure is counted at its price until it recorded its stop,
+  RunPod says it stopped or is gone (when first seen so), or, when RunPod cannot be asked, until this pod started
+  (a lost pod is stopped before its replacement starts) or, for a pod running beside this one (a cluster's node),
+  until now; a running pod's bill counts when it is ahead (as advance() takes it).
+- Each part says how sure it is, and the total is as sure as its least sure part; a part that is not known is
+  said, never counted as $0.
 
 Each spend says how sure it is (`source`): "billed" (RunPod's bill), "read" (the prices RunPod showed, over
 the time this pod ran), "estimated" (`why` says what was missing, `since` from when), or "unknown".
@@ -27,9 +43,12 @@ import decimal
 import math
 import time
 
-SOURCES = ("billed", "read", "estimated", "unknown")
+SOURCES = ("billed", "read", "estimated", "unknown")  # surest first
 LAG_S = 300.0  # RunPod's bill lags the pod's running by minutes: a bill further behind is not yet the spend
 AMOUNT_MAX = 1e7  # USD: past it a number is not an amount of one pod's money
+RATE_MAX = 1000.0  # USD/h: a pod of 8 of RunPod's dearest GPUs costs a few tens; more is not a price
+CARRIED_MAX = 64  # pods a ledger carries: a run relaunches a few times
+EARLIER = "(earlier pods)"  # a carry of podkit before it was kept pod by pod: not a pod id, never one in the record
 
 
 def _money(v) -> float | None:
@@ -49,8 +68,9 @@ def advance(ledger: dict | None, look: dict) -> dict:
     if prev and prev.get("pod") != look.get("pod"):
         # another pod's record on the volume: a replacement of this run carries its spend, another run's is not ours
         same_run = bool(look.get("run")) and prev.get("run") == look.get("run")
-        carried = (_money(prev.get("run_before")) or 0.0) + (_money(prev.get("spent")) or 0.0) if same_run else 0.0
-        prev = {"run_before": carried, "carried_from": prev.get("pod") if same_run else None}
+        items = carry(prev) if same_run else {}
+        prev = {"run_before": sum(i["spent"] for i in items.values()), "carried_from": prev.get("pod") if same_run
+                else None, "carried": items}
     run_before = _money(prev.get("run_before")) or 0.0
     last_t = prev.get("time")
     dt = look.get("dt")
@@ -60,7 +80,8 @@ def advance(ledger: dict | None, look: dict) -> dict:
     spent_prev = _money(prev.get("spent"))
     rate_prev = _money(prev.get("per_hour")) or 0.0
     out = {"pod": look.get("pod"), "run": look.get("run") or None, "run_before": run_before,
-           "carried_from": prev.get("carried_from"), "time": now, "started": prev.get("started"),
+           "carried_from": prev.get("carried_from"), "carried": carried(prev), "time": now,
+           "started": prev.get("started"),
            "before": _money(prev.get("before")) or 0.0, "bill": _money(prev.get("bill")),
            "read_at": prev.get("read_at"), "price_from": prev.get("price_from")}
     why, since = "", None
@@ -133,13 +154,172 @@ def advance(ledger: dict | None, look: dict) -> dict:
     return out
 
 
+def carried(ledger: dict) -> dict:
+    """The earlier pods' parts a ledger carries, {pod: {spent, source, time, per_hour}}, checked; a carry of
+    podkit before they were kept pod by pod is one part, EARLIER."""
+    raw = ledger.get("carried")
+    out = {}
+    if isinstance(raw, dict):
+        for pod, item in list(raw.items())[:CARRIED_MAX]:
+            if isinstance(pod, str) and 0 < len(pod) <= 64 and isinstance(item, dict) \
+                    and _money(item.get("spent")) is not None:
+                out[pod] = {"spent": _money(item["spent"]), "source": item.get("source") if item.get("source") in
+                            SOURCES[:3] else "estimated", "time": _time(item.get("time")),
+                            "per_hour": _rate(item.get("per_hour"))}
+    elif _money(ledger.get("run_before")):
+        out[EARLIER] = {"spent": _money(ledger["run_before"]), "source": "estimated", "time": None, "per_hour": None}
+    return out
+
+
+def carry(ledger: dict) -> dict:
+    """What a replacement of the same run carries from `ledger` (the earlier pod's): its parts and the pod itself."""
+    items = carried(ledger)
+    pod, spent = ledger.get("pod"), _money(ledger.get("spent"))
+    if isinstance(pod, str) and pod and spent is not None and len(items) < CARRIED_MAX:
+        kept = items.get(pod, {}).get("spent") or 0.0
+        items[pod] = {"spent": max(spent, kept), "source": ledger.get("source") if ledger.get("source") in
+                      SOURCES[:3] else "estimated", "time": _time(ledger.get("time")),
+                      "per_hour": _rate(ledger.get("per_hour"))}
+    return items
+
+
 def total(ledger: dict | None) -> float | None:
-    """The run's spend: this pod's and the earlier pods' of the same run; None while both are unknown (a
-    replacement pod whose own spend is not known yet has at least its run's earlier pods')."""
+    """The run's spend: its total across its pods (run_total) when the ledger has one, else this pod's and the
+    earlier pods' it carries; None while nothing of it is known (a replacement pod whose own spend is not known
+    yet has at least its run's earlier pods')."""
     if not ledger:
         return None
+    run = ledger.get("total")
+    if isinstance(run, dict) and (_money(run.get("spent")) is not None or run.get("source") == "unknown"):
+        return _money(run.get("spent"))
     mine, before = _money(ledger.get("spent")), _money(ledger.get("run_before")) or 0.0
     return None if mine is None and not before else before + (mine or 0.0)
+
+
+def total_sureness(ledger: dict) -> str:
+    """How sure the run's spend (total()) is, in words: its least sure part's, with why."""
+    run = ledger.get("total")
+    return sureness(run) if isinstance(run, dict) and run.get("source") in SOURCES else sureness(ledger)
+
+
+# -- the run's spend across its pods: a pure function of what each pod recorded and what RunPod says ---------------
+def _time(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e11 else None
+
+
+def _rate(v) -> float | None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= RATE_MAX
+    return float(v) if ok else None
+
+
+def weakest(sources) -> str:
+    """The least sure of `sources` (SOURCES' order); "billed" for none."""
+    return max(sources, key=SOURCES.index, default="billed")
+
+
+def _at(t: float) -> str:
+    return time.strftime("%H:%M UTC", time.gmtime(t))
+
+
+def part(pod: str, figures: list[dict], seen: dict, now: float, mine_started: float | None,
+         prev: dict | None = None) -> dict:
+    """One other pod's part of the run's spend. `figures`: what is recorded of it ({spent, source, time, per_hour,
+    stopped}: its own entries in the run's record, its ledger, a carry), checked. `seen`: what RunPod said of it at
+    this look ({} when not asked: its figures are fresh): state (running, stopped, gone, or None: not answered,
+    `why`), price, bill (None: not readable, `bill_why`), ended (when a look first saw it not running).
+    `mine_started`: when this pod started. `prev`: this part at the last look (a part never goes down)."""
+    known = [f for f in figures if f.get("spent") is not None]
+    base = max(known, key=lambda f: f["spent"], default=None)
+    newest = max(figures, key=lambda f: (f.get("time") or 0.0, bool(f.get("stopped"))), default={})
+    t0, rate = newest.get("time"), newest.get("per_hour")
+    state, bill = seen.get("state"), _money(seen.get("bill"))
+    if state == "running" and _rate(seen.get("price")):
+        rate = _rate(seen["price"])
+    end, kind, why = t0, None, ""
+    if t0 is None or newest.get("stopped"):
+        pass  # it recorded its stop (or only a carried amount is known: the ledger it came from was its last)
+    elif state == "running":
+        end, kind = now, "read"
+    elif state in ("stopped", "gone"):
+        ended = _time(seen.get("ended")) or now
+        end = min(ended, mine_started) if mine_started and t0 < mine_started else ended
+        kind = "estimated"
+        said = "is gone" if state == "gone" else "stopped"
+        why = f"its last record at {_at(t0)}; RunPod says it {said} by {_at(end)}: its price until then"
+    elif not seen and not (mine_started and t0 < mine_started):
+        end, kind = now, "read"  # its own figures are fresh (a cluster's node): its price since them
+    elif mine_started and t0 < mine_started:
+        end, kind = mine_started, "estimated"
+        why = (f"its last record at {_at(t0)}; RunPod cannot be asked about it ({str(seen.get('why') or 'not asked')[:120]}"
+               "): its price until this pod started")
+    else:
+        end, kind = now, "estimated"
+        why = (f"RunPod cannot be asked about it ({str(seen.get('why') or 'not asked')[:120]}): its last price "
+               f"since its last record at {_at(t0)}")
+    ext = rate * max(0.0, end - t0) / 3600 if rate and t0 is not None and end is not None else 0.0
+    est = base["spent"] + ext if base is not None else None
+    source = weakest([base["source"] if base else "unknown"] + ([kind] if kind else []))
+    if base is None:
+        why = "its spend is not known (it recorded none)"
+    elif base["source"] == "estimated" and not why:
+        why = "its own figure is an estimate"
+    over = state in ("stopped", "gone") or bool(newest.get("stopped"))
+    if bill is not None and over and (base is None or bill >= base["spent"]):
+        spent, source, why = bill, "billed", ""  # its last minutes are in RunPod's bill: the bill, not a bound
+    elif bill is not None and not over and (est is None or bill >= est - (rate or 0.0) * LAG_S / 3600):
+        spent, source, why = max(bill, est or 0.0), "billed", ""  # a running pod's bill lags: as advance() takes it
+    else:
+        spent = est
+        if bill is None and seen.get("bill_why") and source != "billed":
+            why += f"{'; ' if why else ''}its bill cannot be read ({str(seen['bill_why'])[:120]})"
+    if prev and _money(prev.get("spent")) is not None and (spent is None or prev["spent"] > spent):
+        spent = _money(prev["spent"])  # never down: a look with less to go by keeps what an earlier one counted
+        source, why = weakest([source, prev.get("source") if prev.get("source") in SOURCES else "estimated"]), \
+            why or prev.get("why") or ""
+    running = state == "running" or end == now and kind == "read"
+    return {"pod": pod, "spent": round(spent, 9) if spent is not None else None,
+            "source": source if spent is not None else "unknown", "why": why[:400] or None,
+            "per_hour": rate if running and rate else 0.0, "time": t0, "until": end if ext else t0,
+            "ended": _time(seen.get("ended")), "since": t0 if source == "estimated" else None}
+
+
+def run_total(mine: dict, observations: list[dict], seen: dict, now: float, prev: dict | None = None) -> dict:
+    """The run's spend across its pods: this pod's ledger `mine` (spend.advance's) and a part (part()) for each
+    other pod of its run, from `observations` (each {pod, run, spent, source, time, per_hour, stopped}, checked:
+    its own entries in the run's record, a cluster node's ledger) and the pods `mine` carries. Another run's pod,
+    and this pod itself, are not parts. `seen`: {pod: what RunPod said of it}. `prev`: the last look's total."""
+    run, me = mine.get("run"), mine.get("pod")
+    figures: dict[str, list[dict]] = {}
+    for pod, item in carried(mine).items():
+        figures.setdefault(pod, []).append({**item, "stopped": False})
+    for o in observations:
+        if run and o.get("run") == run and isinstance(o.get("pod"), str) and o["pod"] and o["pod"] != me:
+            figures.setdefault(o["pod"], []).append(o)
+    before = {p["pod"]: p for p in (prev or {}).get("parts") or [] if isinstance(p, dict) and p.get("pod")} \
+        if isinstance(prev, dict) else {}
+    started = _time(mine.get("started")) or _time(mine.get("time"))
+    parts = [part(pod, figs, seen.get(pod) or {}, now, started, before.get(pod))
+             for pod, figs in sorted(figures.items())]
+    for pod, p in before.items():  # a pod counted at an earlier look stays counted (its entry unread since)
+        if pod not in figures and pod != me and _money(p.get("spent")) is not None:
+            parts.append({**p, "per_hour": 0.0})
+    mine_spent = _money(mine.get("spent"))
+    known = [p["spent"] for p in parts if p["spent"] is not None]
+    spent = None if mine_spent is None and not known else (mine_spent or 0.0) + sum(known)
+    sources = [mine.get("source") if mine.get("source") in SOURCES else "unknown"] + [p["source"] for p in parts]
+    source = weakest(sources)
+    if source == "unknown" and spent is not None:
+        source = "estimated"  # what is known, with what is not said: never $0 for a part not known
+    whys = [f"this pod: {mine['why']}"] if mine.get("why") and mine.get("source") in ("estimated", "unknown") else []
+    whys += [f"pod {p['pod']} ({cents(p['spent']) if p['spent'] is not None else 'not known'}): {p['why']}"
+             for p in parts if p["source"] in ("estimated", "unknown") and p.get("why")]
+    since = [t for t in [_time(mine.get("since"))] + [p.get("since") for p in parts] if t]
+    rate = (_rate(mine.get("per_hour")) or 0.0) + sum(p["per_hour"] for p in parts)
+    if prev and _money(prev.get("spent")) is not None and (spent is None or prev["spent"] > spent):
+        spent = _money(prev["spent"])  # the parts never go down: nor does their sum (a part of a changed run id)
+    return {"spent": round(spent, 9) if spent is not None else None, "source": source,
+            "why": "; ".join(whys)[:600] or None, "since": min(since) if source == "estimated" and since else None,
+            "per_hour": round(rate, 6), "pods": 1 + len(parts), "parts": parts, "time": now}
 
 
 def usd(v) -> str:
@@ -174,3 +354,27 @@ def sureness(c: dict) -> str:
     if c["source"] == "unknown":
         return "unknown" + (f": {c['why']}" if c.get("why") else "")
     return c["source"]
+
+
+def checked_total(raw) -> dict | None:
+    """A stored run total (cost.json's `total`) as readers take it, or None when it cannot be trusted: an amount
+    that is not one, a source not podkit's, a part that is not a pod's."""
+    if not isinstance(raw, dict) or raw.get("source") not in SOURCES:
+        return None
+    spent = _money(raw.get("spent"))
+    if (spent is None) != (raw.get("spent") is None) or (spent is None) != (raw["source"] == "unknown"):
+        return None
+    parts = []
+    for p in raw.get("parts") or []:
+        if not isinstance(p, dict) or not isinstance(p.get("pod"), str) or not 0 < len(p["pod"]) <= 64 \
+                or p.get("source") not in SOURCES or (p.get("spent") is not None and _money(p["spent"]) is None):
+            return None
+        parts.append({"pod": p["pod"], "spent": _money(p.get("spent")), "source": p["source"],
+                      "why": p["why"][:400] if isinstance(p.get("why"), str) else None,
+                      "per_hour": _rate(p.get("per_hour")) or 0.0,
+                      **{k: _time(p.get(k)) for k in ("time", "until", "ended", "since")}})
+    pods = raw.get("pods")
+    return {"spent": spent, "source": raw["source"], "why": raw["why"][:600] if isinstance(raw.get("why"), str)
+            else None, "since": _time(raw.get("since")), "per_hour": _rate(raw.get("per_hour")) or 0.0,
+            "pods": pods if isinstance(pods, int) and not isinstance(pods, bool) and 0 < pods <= 1000 else
+            1 + len(parts), "parts": parts[:CARRIED_MAX * 2], "time": _time(raw.get("time"))}
