@@ -335,13 +335,13 @@ def test_the_listener_notifies_once_when_the_durable_checkpoint_falls_behind_and
 
 
 def test_another_runs_record_on_a_reused_volume_is_never_this_runs_durable_step(tmp_path, monkeypatch):
-    """remote.json is stamped with its run (remote._write): a new run on a volume another run used says nothing of
+    """remote.json is stamped with its run (remote.note): a new run on a volume another run used says nothing of
     its own is off the pod (with a remote), and without a remote says nothing at all; the uploader's first write
     for the new run drops the old run's entries."""
     import types
 
     from podkit import records, status
-    from podkit import remote as uploader
+    from podkit import remote as the_remote
 
     old = {**remote(), "run": "gsm8k/old-trial"}
     assert standing.durable(old, 12, None, T0 + 500, configured=True, run="gsm8k/new-trial")["step"] is None
@@ -355,8 +355,8 @@ def test_another_runs_record_on_a_reused_volume_is_never_this_runs_durable_step(
     assert status.collect(ws, state, remote=False)["durable"] is None
     assert status.collect(ws, state, remote=True)["durable"]["step"] is None
     cfg = types.SimpleNamespace(state_dir=state)
-    monkeypatch.setattr(uploader, "run_id", lambda cfg: "gsm8k/new-trial")
-    uploader.restored(cfg, "refused", 40, "another run's")
+    monkeypatch.setattr(the_remote, "run_id", lambda cfg: "gsm8k/new-trial")
+    the_remote.note(cfg, restore={"outcome": "refused", "step": 40, "why": "another run's", "time": T0 + 450})
     rec = records.REMOTE.read(state)
     assert rec["run"] == "gsm8k/new-trial" and "uploaded" not in rec and rec["restore"]["step"] == 40
 
@@ -431,3 +431,34 @@ def test_the_stop_and_the_lease_are_named_only_when_no_whole_upload_came_after_t
     if d_step is not None and f_at < d_at:
         assert d["final"] is None
     standing.durable_words(d, now)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.none(), st.integers(0, 300)), st.one_of(st.none(), st.integers(0, 300), st.text(max_size=3)),
+       st.sampled_from(["restoring", "retrying", "failed", "restored", "none", "refused", 7]),
+       st.one_of(st.none(), st.integers(-3, 10**10)), st.one_of(st.none(), st.integers(-3, 10)),
+       st.one_of(st.none(), st.text(max_size=30)))
+def test_the_remote_ahead_the_restore_and_the_lineage_are_named_only_on_their_evidence(
+        step, ahead, restore_outcome, total, count, lineage_id):
+    """The remote ahead of this pod is named only while the trainer's step is below it; the restore only while it is
+    under way or given up; the lineage only when the run has had more than one; any shape of these entries is judged
+    without raising, and the words stay bounded."""
+    rec = remote(step=10, t=T0 + 10)
+    rec["ahead"] = {"step": ahead, "where": "s3://b/p/gen", "time": T0 + 20, "from": 3}
+    rec["restore"] = {"outcome": restore_outcome, "step": 5, "why": "w" * 2000, "time": T0 + 5, "got": 1,
+                      "total": total}
+    rec["lineage"] = {"id": lineage_id, "why": "start-over", "since": T0, "count": count}
+    now = T0 + 100
+    d = standing.durable(rec, step, None, now, configured=True)
+    if d["ahead"]:
+        assert isinstance(ahead, int) and (step is None or step < ahead)
+    elif isinstance(ahead, int) and not isinstance(ahead, bool):
+        assert step is not None and step >= ahead
+    assert (d["restore"] is not None) == (restore_outcome in ("restoring", "retrying", "failed"))
+    assert (d["lineage"] is not None) == (isinstance(count, int) and count > 1)
+    words = standing.durable_words(d, now)
+    assert len(words) < 4000
+    if d["ahead"]:
+        assert f"step {ahead}" in words and "podkit restore" in words
+    if restore_outcome == "failed":
+        assert "without the remote's newest" in words

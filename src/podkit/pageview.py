@@ -435,6 +435,13 @@ def trouble(v: View) -> str:
     if isinstance(d, dict) and isinstance(d.get("blocked"), dict):
         out.append(f'<div class="box"><b>this pod uploads nothing</b>: '
                    f'<span class="quote">{said(d["blocked"].get("why"))}</span></div>')
+    if isinstance(d, dict) and isinstance(d.get("ahead"), dict):
+        out.append(f'<div class="box"><b>the remote is ahead of this pod</b>: '
+                   f'<span class="quote">{said(standing.ahead_words(d["ahead"]))}</span></div>')
+    if isinstance(d, dict) and isinstance(d.get("restore"), dict):
+        box = "box" if d["restore"].get("outcome") == "failed" else "box note"
+        out.append(f'<div class="{box}"><b>the restore</b>: '
+                   f'<span class="quote">{said(standing.restore_words(d["restore"], v.now))}</span></div>')
     loop = v.t.get("loop") or {}
     if loop and not loop.get("gave_up"):
         out.append(f'<div class="box note">the loop bound: {said(loop.get("failures") or 0, 20)} failure(s) in a row '

@@ -243,12 +243,34 @@ def durable(remote: dict | None, step, cost: dict | None, now: float, configured
         # the pod's stop uploaded nothing newer (failed, or cut while "uploading" by the stop's kill)
         out["final"] = {"outcome": final["outcome"], "step": _int(final.get("step")),
                         "why": str(final.get("why") or "")[:600], "time": _time(final.get("time"))}
+    # the boot's restore: under way (with its bytes), or given up (the trainer started without the remote's newest)
+    out["restore"] = None
+    if rest.get("outcome") in ("restoring", "retrying", "failed"):
+        total, done = _int(rest.get("total")), _int(rest.get("got"))
+        out["restore"] = {"outcome": rest["outcome"], "step": _int(rest.get("step")),
+                          "where": str(rest.get("where") or "")[:600], "why": str(rest.get("why") or "")[:600],
+                          "got": done if done is not None and done >= 0 else None,
+                          "total": total if total is not None and total >= 0 else None,
+                          "time": _time(rest.get("time"))}
+    # the remote holds a newer whole generation of this lineage than this pod's checkpoint (the uploader saw it)
+    ahead = remote.get("ahead") if isinstance(remote.get("ahead"), dict) else {}
+    a_step = _int(ahead.get("step"))
+    out["ahead"] = {"step": a_step, "where": str(ahead.get("where") or "")[:600], "from": _int(ahead.get("from")),
+                    "time": _time(ahead.get("time"))} \
+        if a_step is not None and (step is None or step < a_step) else None
+    # the lineage the steps belong to, named when the run has had more than one (a start-over, an adopt)
+    lin = remote.get("lineage") if isinstance(remote.get("lineage"), dict) else {}
+    count = _int(lin.get("count"))
+    out["lineage"] = {"id": str(lin.get("id") or "")[:64] or "the first", "why": str(lin.get("why") or "")[:40],
+                      "since": _time(lin.get("since")), "count": count} if count is not None and count > 1 else None
     return out
 
 
 def durable_words(d: dict, now: float) -> str:
     """durable() in a line: "step 40 is off the pod (12m ago); at risk: 3 steps, ~$0.09 (read)"."""
-    if d["step"] is None:
+    if d["step"] is None and (d.get("ahead") or (d.get("restore") or {}).get("outcome") in ("failed", "retrying")):
+        out = "nothing this pod trained is off the pod yet"  # the remote may hold the run's older pods' steps
+    elif d["step"] is None:
         out = "no checkpoint of this run is off the pod yet"
     else:
         out = f"step {d['step']} is off the pod ({_ago(d['age_s'])}" + (f", {d['where']}" if d["where"] else "") + ")"
@@ -268,7 +290,35 @@ def durable_words(d: dict, now: float) -> str:
             f": {d['blocked']['why']}"
     if d.get("final"):
         out += "; " + final_words(d["final"], now)
+    if d.get("lineage"):
+        lin = d["lineage"]
+        out += f"; lineage {lin['id']} of {lin['count']}" + (f" (begun by {lin['why']}" + (
+            f" {_ago(now - lin['since'])})" if lin.get("since") else ")") if lin.get("why") else "")
+    if d.get("restore"):
+        out += "; " + restore_words(d["restore"], now)
+    if d.get("ahead"):
+        out += "; " + ahead_words(d["ahead"])
     return out
+
+
+def restore_words(r: dict, now: float) -> str:
+    """The boot's restore, while under way or once given up."""
+    if r["outcome"] == "restoring":
+        size = f" ({(r['got'] or 0) / 1e6:.0f} of {r['total'] / 1e6:.0f} MB)" if r["total"] is not None else ""
+        return f"restoring step {r['step']} from {r['where'] or 'the remote'}{size}"
+    if r["outcome"] == "retrying":
+        return f"restoring: the remote could not be read ({r['why']}), trying again"
+    return (f"the boot's restore gave up ({_ago(now - r['time']) if r['time'] else 'when unknown'}): {r['why']}; the "
+            "trainer started without the remote's newest checkpoint")
+
+
+def ahead_words(a: dict) -> str:
+    """The remote is ahead of this pod: what it holds, what this pod trains from, and the two ways on."""
+    mine = f"step {a['from']}" if a["from"] is not None else "none"
+    return (f"the remote holds a newer checkpoint of this lineage, step {a['step']} ({a['where'] or 'remote'}), than "
+            f"this pod's ({mine}): this pod's steps are not uploaded under it. To train on from step {a['step']}: "
+            "`podkit ctl stop trainer`, `podkit restore`, `podkit ctl start trainer`; to keep this pod's line: "
+            "`podkit start-over`")
 
 
 def final_words(f: dict, now: float) -> str:
