@@ -141,12 +141,12 @@ def test_a_budget_is_set_on_a_running_pod_in_dollars_and_a_bad_one_is_refused(tm
     r = guard(ws, "set", "max_spend=$25.5")
     assert r.returncode == 0, r.stderr
     assert json.loads(guardfile.path(ws).read_text())["runs"][""]["max_spend"] == {
-        "value": 25.5, "over": 0.0, "time": pytest.approx(time.time(), abs=60)}
+        "value": 25.5, "over": 0.0, "time": pytest.approx(time.time(), abs=60), "seq": 1}
     assert "guard.max_spend                $25.50  [" in r.stdout, r.stdout
     rep = json.loads(guard(ws, "show", "--json").stdout)["guards"]["max_spend"]
     assert rep["value"] == 25.5 and "podkit guard set" in rep["from"] and rep["setting"] == 0
     assert guard(ws, "clear", "max_spend").returncode == 0 and guardfile.read(guardfile.path(ws))[0][""] == {
-        "max_spend": {"cleared": True, "time": pytest.approx(time.time(), abs=60), "run": ""}}
+        "max_spend": {"cleared": True, "time": pytest.approx(time.time(), abs=60), "run": "", "seq": 2}}
     assert "guard.max_spend                0 (no budget)  [config (defaults)]" in guard(ws).stdout
 
 

@@ -186,7 +186,7 @@ def test_a_download_that_stalls_is_cut_and_tried_again(pod, server, bucket, monk
     assert result == [6], said
     assert "stalled" in said and "trying again" in said, said
     assert records.REMOTE.read(b.state_dir)["restore"]["outcome"] == "restored"
-    assert sorted(p.name for p in b.checkpoint_dir.iterdir()) == ["latest", "step-00000006.pt"]
+    assert sorted(p.name for p in b.checkpoint_dir.iterdir() if p.name != remote.LINEAGE_MARK) == ["latest", "step-00000006.pt"]
 
 
 # -- 6. pruning while a replacement restores -----------------------------------------------------------------------
@@ -266,7 +266,7 @@ def test_a_manifest_naming_no_file_or_one_outside_its_generation_is_not_a_checkp
     before = outside.stat()
     assert restore.run(b) == 4
     assert "gen-00000009 has a manifest podkit cannot read: not a checkpoint, skipped" in capsys.readouterr().out
-    assert sorted(p.name for p in b.checkpoint_dir.iterdir()) == ["latest", "step-00000004.pt"]
+    assert sorted(p.name for p in b.checkpoint_dir.iterdir() if p.name != remote.LINEAGE_MARK) == ["latest", "step-00000004.pt"]
     assert (b.checkpoint_dir / "latest").read_text().strip() == "step-00000004.pt"
     assert outside.stat().st_ino == before.st_ino and outside.stat().st_mtime_ns == before.st_mtime_ns
 
@@ -294,7 +294,7 @@ def test_a_boot_killed_twice_mid_restore_leaves_no_half_download_after_the_next(
     assert restore.run(b) == 6
     assert not any(h.exists() for h in halves)
     assert live.is_dir() and kept.is_dir()
-    assert sorted(p.name for p in b.checkpoint_dir.iterdir()) == ["latest", "step-00000006.pt"]
+    assert sorted(p.name for p in b.checkpoint_dir.iterdir() if p.name != remote.LINEAGE_MARK) == ["latest", "step-00000006.pt"]
 
 
 @pytest.fixture

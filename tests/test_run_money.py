@@ -306,7 +306,7 @@ def test_a_guard_in_the_record_is_data_and_the_newer_side_wins():
     to_file, to_record = guardrecord.decide({"stop_pod_at": {"value": now + 60, "time": now - 30},
                                              "stop_pod_after_s": {"value": 60.0, "time": now - 1}}, rec)
     assert to_file["max_spend"]["value"] == 20.0 and "pod pod-a" in to_file["max_spend"]["from"]
-    assert to_file["stop_pod_at"] == {"cleared": True, "time": now - 5}
+    assert to_file["stop_pod_at"] == {"cleared": True, "time": now - 5, "seq": 0}
     assert set(to_record) == {"stop_pod_after_s"}
 
 
@@ -360,3 +360,26 @@ def test_a_replacement_pods_listener_takes_the_runs_budget_and_spend_from_the_re
     prog = b.progress()
     assert prog["stopped"]["by"] == "SIGTERM" and prog["checkpoint_step"] == prog["step"] > 0
     assert b.stop() == 0
+
+
+def test_a_clock_stepped_back_between_two_guard_sets_never_brings_the_earlier_budget_back(tmp_path, monkeypatch):
+    """`guard set max_spend=50`, the clock stepped back an hour, `guard set max_spend=10`: the second follows the first
+    (its count of changes one more), so the run's record never puts $50 back, on this pod or a replacement."""
+    from podkit import guardfile, guardrecord
+
+    monkeypatch.setenv("PODKIT_RUN_ID", "run-7")
+    p = tmp_path / ".podkit" / guardfile.NAME
+    p.parent.mkdir(parents=True)
+    now = time.time()
+    guardfile.update(p, lambda mine: {**mine, "max_spend": guardfile.after(mine, "max_spend", {
+        "value": 50.0, "over": 0.0, "time": now})})
+    first = guardfile.read(p)[0]["run-7"]["max_spend"]
+    rec = {"max_spend": {"value": 50.0, "set_at": now, "by": "pod-a", "seq": first["seq"]}}
+    guardfile.update(p, lambda mine: {**mine, "max_spend": guardfile.after(mine, "max_spend", {
+        "value": 10.0, "over": 0.0, "time": now - 3600})})  # the clock an hour behind
+    second = guardfile.read(p)[0]["run-7"]["max_spend"]
+    to_file, to_record = guardrecord.decide({"max_spend": second}, rec)
+    assert not to_file and to_record["max_spend"]["value"] == 10.0
+    entries = [{"key": "max_spend", "run": "run-7", "set_at": now, "seq": 1, "value": 50.0, "pod": "pod-a"},
+               {"key": "max_spend", "run": "run-7", "set_at": now - 3600, "seq": 2, "value": 10.0, "pod": "pod-a"}]
+    assert guardrecord.recorded(entries, "run-7")["max_spend"]["value"] == 10.0  # a replacement takes $10

@@ -723,7 +723,8 @@ def check_durable(pod: Pod, now: float) -> Finding | None:
         return Finding("remote_ahead", "the remote holds a newer checkpoint of this run's lineage than this pod trains "
                        "from", [status.printable(standing.ahead_words(d["ahead"]), 900)],
                        "to train on from the remote's: `podkit ctl stop trainer`, `podkit restore`, `podkit ctl start "
-                       "trainer`; to keep this pod's line instead: `podkit start-over` (a new lineage)", "problem")
+                       "trainer`; to make this pod's line the run's instead: `podkit adopt` (a new lineage from this "
+                       "pod's checkpoint)", "problem")
     if (d.get("restore") or {}).get("outcome") == "failed":
         return Finding("restore_failed", "the boot could not restore the run's checkpoint from checkpoint.remote",
                        [status.printable(standing.restore_words(d["restore"], now), 900)],

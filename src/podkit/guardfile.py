@@ -38,7 +38,8 @@ from podkit.errors import ConfigError, PodkitError
 from podkit.guards import KEYS, parse, show  # noqa: F401 - the table's, read here as ever
 
 NAME = "guards.json"
-ENTRY_FIELDS = ("value", "over", "time", "run", "from", "cleared")
+ENTRY_FIELDS = ("value", "over", "time", "run", "from", "cleared", "seq")
+SEQ_MAX = 10**9  # a guard's count of changes (`seq`): more is not a count podkit made
 RUN_ENV = "PODKIT_RUN_ID"  # `podkit deploy` gives each run one; its watch's replacements keep it (run_id())
 RUN_ID = re.compile(r"^[A-Za-z0-9_-]{0,64}$")
 MAX_BYTES = 16384  # four entries of a run take a few hundred bytes
@@ -129,11 +130,14 @@ def _entry(key: str, e: object, source: str) -> dict:
     if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool)
                           or not 0 <= t <= time.time() + records.FUTURE_SKEW_S):
         raise ConfigError(source, key, f"time {t!r:.40} is not a time")
+    seq = e.get("seq", 0)
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= SEQ_MAX:
+        raise ConfigError(source, key, f"seq {seq!r:.40} is not a count of changes")
     if e.get("cleared") is True:  # `podkit guard clear`'s mark: the run's record learns of the clear
         if t is None or "value" in e:
             raise ConfigError(source, key, f"a cleared guard has its time and no value, got {e!r:.80}")
-        return {"cleared": True, "time": float(t), "run": run}
-    out = {"value": config.check("guard", key, e["value"], source, from_env=False), "run": run}
+        return {"cleared": True, "time": float(t), "run": run, "seq": seq}
+    out = {"value": config.check("guard", key, e["value"], source, from_env=False), "run": run, "seq": seq}
     if e.get("over") is not None:
         out["over"] = config.check("guard", key, e["over"], f"{source} (over)", from_env=False)
     if t is not None:
@@ -429,9 +433,16 @@ def _set(cfg, p: Path, items: list[str]) -> dict:
     _, problem = read(p)
     if problem:
         print(f"podkit: warning: {p} {problem}: replaced", flush=True)
-    update(p, lambda mine: {**mine, **{key: {"value": value, "over": base[key], "time": now}
+    update(p, lambda mine: {**mine, **{key: after(mine, key, {"value": value, "over": base[key], "time": now})
                                        for key, value in new.items()}})
     return new
+
+
+def after(mine: dict, key: str, entry: dict) -> dict:
+    """`entry` as the change that follows the run's entry for `key` in force (`seq` one more): the run's record
+    (guardrecord.py) orders a guard's changes by it before their times, so a clock stepped back between two
+    `podkit guard set` never brings the earlier value back."""
+    return {**entry, "seq": int((mine.get(key) or {}).get("seq") or 0) + 1}
 
 
 def _write(p: Path, by_run: dict, keep: str) -> None:
@@ -454,4 +465,4 @@ def _clear(p: Path, keys: list[str]) -> None:
                               hint=config._did_you_mean(key, KEYS) or f"one of {', '.join(KEYS)}")
     now = time.time()
     # a mark, not nothing: the run's record (guardrecord.py) learns of the clear, and never brings the guard back
-    update(p, lambda mine: {**mine, **{k: {"cleared": True, "time": now} for k in keys or KEYS}})
+    update(p, lambda mine: {**mine, **{k: after(mine, k, {"cleared": True, "time": now}) for k in keys or KEYS}})

@@ -3,7 +3,8 @@ and the log listener keeps the run's record (runrecord.py, kind "guards") in ste
 run without that volume (a replacement in another data center, a migrated pod) enforces the same budget and
 maximum run time from its start, saying where they came from.
 
-Per guard, the newer of the two wins, by when it was set (`set_at`, the time `podkit guard set` wrote): this
+Per guard, the later change of the two wins: by its count of changes (`seq`, one more than the change it followed:
+guardfile.after), then by when it was set (`set_at`, the time `podkit guard set` wrote): this
 run's newer entry in the file goes into the record (a `guard clear` as a clear), and the record's newer one into
 the file (a clear as the file's mark of one). Only this run's entries, on either side: another run's, under
 the same names or on the same volume, are neither taken nor changed.
@@ -34,17 +35,20 @@ def recorded(entries: list[dict], run: str, now: float | None = None) -> dict:
                 or not isinstance(t, (int, float)) or not 0 < t <= now + AHEAD_S:
             continue
         by = e.get("pod") if isinstance(e.get("pod"), str) else "?"
+        seq = e.get("seq", 0)
+        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= guardfile.SEQ_MAX:
+            continue
         try:
             if e.get("cleared") is True:
-                got = {"cleared": True, "set_at": float(t), "by": by[:64]}
+                got = {"cleared": True, "set_at": float(t), "by": by[:64], "seq": seq}
             else:
                 got = {"value": config.check("guard", key, e.get("value"), "the run's record", from_env=False),
-                       "set_at": float(t), "by": by[:64]}
+                       "set_at": float(t), "by": by[:64], "seq": seq}
                 if e.get("over") is not None:
                     got["over"] = config.check("guard", key, e["over"], "the run's record", from_env=False)
         except (ConfigError, ArithmeticError, TypeError, ValueError):
             continue
-        if key not in out or got["set_at"] >= out[key]["set_at"]:
+        if key not in out or (got["seq"], got["set_at"]) >= (out[key]["seq"], out[key]["set_at"]):
             out[key] = got
     return out
 
@@ -60,11 +64,13 @@ def decide(mine: dict, rec: dict) -> tuple[dict, dict]:
     for key in guardfile.KEYS:
         f, r = mine.get(key), rec.get(key)
         ft = f.get("time") if f else None
-        if f and ft is not None and (r is None or ft > r["set_at"]):
+        fo = (f.get("seq") or 0, ft) if f and ft is not None else None  # the later change: seq, then time
+        ro = (r.get("seq") or 0, r["set_at"]) if r else None
+        if fo is not None and (ro is None or fo > ro):
             to_record[key] = f
-        elif r and (f is None or ft is None or r["set_at"] > ft):
-            to_file[key] = {"cleared": True, "time": r["set_at"]} if r.get("cleared") else \
-                {"value": r["value"], "time": r["set_at"], "from": came_from(r),
+        elif ro is not None and (fo is None or ro > fo):
+            to_file[key] = {"cleared": True, "time": r["set_at"], "seq": r.get("seq") or 0} if r.get("cleared") else \
+                {"value": r["value"], "time": r["set_at"], "seq": r.get("seq") or 0, "from": came_from(r),
                  **({"over": r["over"]} if "over" in r else {})}
     return to_file, to_record
 
@@ -92,9 +98,8 @@ def sync(book, workspace: Path, run: str, say, push_s: float = 30.0) -> None:
     if guardfile.update(p, change, run, keep_bad=True) is None:
         return
     for key, e in sent.items():
-        book.add("guards", {"key": key, "set_at": e["time"], **({"cleared": True} if e.get("cleared") else
-                                                                  {"value": e["value"], "over": e.get("over")})},
-                 push_s=0)
+        kept = {"cleared": True} if e.get("cleared") else {"value": e["value"], "over": e.get("over")}
+        book.add("guards", {"key": key, "set_at": e["time"], "seq": e.get("seq") or 0, **kept}, push_s=0)
     if sent:
         book.push(push_s)
     for key, e in took.items():

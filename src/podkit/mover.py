@@ -78,6 +78,9 @@ def explain(stderr: str, where: str) -> str:
     """rclone's error in the user's terms: the remote's refusal of the credentials, a bucket that is not there,
     a remote that does not answer; else rclone's own last line."""
     text = stderr.lower()
+    if "requesttimetooskewed" in text or "request time too skewed" in text or "time too skewed" in text:
+        return f"{where} refused the request: this pod's clock differs from the remote's by more than it allows " \
+               "(RequestTimeTooSkewed): set the pod's clock right (NTP); the credentials are not at fault"
     if any(w in text for w in ("invalidaccesskeyid", "signaturedoesnotmatch", "accessdenied", "statuscode: 403",
                                "status code: 403", "forbidden")):
         return f"{where} refused the credentials (wrong or missing AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or " \

@@ -515,7 +515,8 @@ def measure(v) -> float | None:
 
 HISTORY = History()
 # The checkpoint remote (remote.py): the last upload's outcome, and the last whole one's.
-_UPLOAD = {"outcome": str, "step": int, "why": str, "time": TIME, "bytes": int, "took_s": NUMBER, "where": str}
+_UPLOAD = {"outcome": str, "step": int, "why": str, "time": TIME, "bytes": int, "took_s": NUMBER, "where": str,
+           "lineage": str}
 # "final": the last checkpoint at the pod's stop (outcome uploaded, failed, none; uploading: cut by the stop's kill);
 # "lease": this pod's hold on the run's lease on the remote (held; blocked: another pod holds it, `why` names it).
 # "lineage": the run's lineage this pod uploads into and restores from (runrecord.py: `count` lineages in all).

@@ -156,6 +156,9 @@ def new_lineage(cfg, why: str, say=print) -> str:
     if bk is None:
         return ""
     entry = runrecord.begin(bk, mine(cfg), why, push_s=30.0 if bk.remote is not None else 0.0)
+    here = local(cfg)
+    if why == "adopt" and here.step is not None:  # the checkpoint kept: the new lineage goes on from it
+        mark_lineage(here, entry["id"])
     note(cfg, lineage={"id": entry["id"], "why": why, "since": entry["time"],
                        "count": runrecord.ours_count(bk.entries("lineage"), mine(cfg), Path("/nonexistent"))})
     if bk.remote is None:
@@ -232,6 +235,33 @@ def local(cfg) -> Local:
     if latest is None:
         return Local("fake", ckpts.path, None)
     return Local("fake", ckpts.path, int(STEP_FILE.match(latest.name).group(1)), [latest.name], mine(cfg))
+
+
+# The lineage a checkpoint on the volume belongs to (runrecord.py), in a file beside it (AReaL's save root, the fake
+# trainer's checkpoint dir; never a file of the checkpoint's): written when the checkpoint is restored, or when the
+# uploader first takes a checkpoint that has none (the trainer's own, of the lineage the pod uploads into).
+LINEAGE_MARK = ".podkit-lineage"
+
+
+def lineage_of(here: Local) -> str | None:
+    """The lineage the volume's checkpoint belongs to ("" the first); None when it does not say (a checkpoint from
+    before lineages, or one the trainer wrote since the last look), or says what is not a lineage."""
+    try:
+        with open(here.root / LINEAGE_MARK, "rb") as f:
+            said = f.read(129).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    from podkit import runrecord
+
+    return "" if said == "-" else said if runrecord.LINEAGE_ID.match(said) else None
+
+
+def mark_lineage(here: Local, lineage: str) -> None:
+    """The volume's checkpoint belongs to `lineage` ("" the first, written "-"): temp + rename."""
+    path = here.root / LINEAGE_MARK
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text((lineage or "-") + "\n")
+    os.replace(tmp, path)
 
 
 class Remote:
@@ -533,6 +563,9 @@ def note(cfg, **parts) -> None:
         was, now = (base.get("lineage") or {}).get("id"), (parts.get("lineage") or {}).get("id")
         if "lineage" in parts and was is not None and was != now:
             base = {}  # another lineage (a start-over): the abandoned one's steps are never this one's durable step
+        elif was is not None:  # an upload of the lineage left, ending after a start-over, is not this one's
+            parts = {k: v for k, v in parts.items()
+                     if not (isinstance(v, dict) and isinstance(v.get("lineage"), str) and v["lineage"] != was)}
         REMOTE.write(cfg.state_dir, {**base, **parts, "run": run})
     except OSError:
         pass

@@ -99,6 +99,9 @@ class Restore:
         while True:
             try:
                 return self._once()
+            except KeyboardInterrupt:  # `podkit restore`'s Ctrl-C: never left saying "restoring"
+                self._say("failed", None, why="interrupted (Ctrl-C)")
+                raise
             except Gone as e:
                 self.gone += 1
                 last = str(e)
@@ -134,6 +137,9 @@ class Restore:
         remote.note(self.cfg, lineage={"id": self.lineage, "why": (entry or {}).get("why") or "first",
                                          "since": (entry or {}).get("time"), "count": count})
         here = self.here
+        was = remote.lineage_of(here) if here.step is not None else None
+        if was is not None and was != self.lineage:  # a lineage the run left (a start-over on another pod)
+            self.here = here = self._set_aside(here, was)
         listing = rem.listing(timeout=self.call_s())
         for step in sorted(listing, reverse=True):
             where = rem.where(remote.gen(step))
@@ -168,6 +174,19 @@ class Restore:
             _log.info(f"no whole generation of this run on {rem.where()}: the trainer starts from step 0")
         self._say("none", None)
         return None
+
+    def _set_aside(self, here, was: str):
+        """The volume's checkpoint is of a lineage the run left: moved aside (kept, never deleted), as start-over
+        moves it, and the volume taken as holding none."""
+        from podkit import remote
+
+        aside = here.root.with_name(f"{here.root.name}.set-aside-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.rename(here.root, aside)
+        _log.warn(f"the checkpoint on the volume (step {here.step}) is of the lineage {was or 'the first'}, which the "
+                  f"run left (a start-over or adopt since, on this pod or another): moved aside to {aside} (kept: "
+                  "move it back and `podkit adopt` to make its line the run's); the run's lineage is "
+                  f"{self.lineage or 'the first'}")
+        return remote.local(self.cfg)
 
     def _first_identity(self) -> dict | None:
         """Who trained the newest whole generation at the top of the names' prefix (the first lineage), or None."""
@@ -237,6 +256,7 @@ class Restore:
                 self._say("refused", step, why=problem, where=where)
                 return False
             _place(here, tmp, manifest)
+            remote.mark_lineage(here, self.lineage)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)  # what is left of our own download, never the checkpoint

@@ -96,7 +96,9 @@ class RunRecord:
         """The entry in the mirror, and a mark that it is still to be pushed (`.pending/`, one mark per write, so
         that a write during a push is pushed by the next one, whatever the filesystem's clock tick)."""
         records.write_json(self.dir / kind / name, entry)
-        if self.remote is not None:
+        # marked also without a remote: a start-over before checkpoint.remote was set goes up once it is (a pod's
+        # own figures, written over each minute, are marked only with one)
+        if self.remote is not None or name != f"{self.pod}.json":
             pending = self.dir / PENDING
             pending.mkdir(parents=True, exist_ok=True)
             (pending / f"{kind}~{name}~{time.time_ns()}-{os.getpid()}").touch()
@@ -144,6 +146,10 @@ class RunRecord:
         """How many of this pod's writes have not reached the remote yet."""
         return len(self._pending()[0])
 
+    def unpushed_kinds(self) -> set[str]:
+        """The kinds of this pod's entries that have not reached the remote yet."""
+        return {name.partition("/")[0] for name in self._pending()[1]}
+
     def pull(self, timeout_s: float = SYNC_TIMEOUT_S) -> bool:
         """Every entry on the remote into the mirror (what is there already is skipped): one rclone call. This pod's
         own entries too (a pod restarted onto an empty volume keeps its name: a hostname, RunPod's pod id; its
@@ -159,6 +165,10 @@ class RunRecord:
         except RemoteError as e:
             if "directory not found" in str(e).lower():
                 return True  # a run without a record yet
+            if _full(self.dir):  # rclone's "no space left" is this pod's volume here, not the remote
+                self.problem, self.lasting = (f"this pod's volume is full: the run's record cannot be mirrored at "
+                                              f"{self.dir} (free space on the volume)"), False
+                return False
             self.problem, self.lasting = f"the run's record could not be read from {self.where} ({e})", e.lasting
             return False
         return True
@@ -193,6 +203,16 @@ class RunRecord:
             if e is not None and e.get("kind") == kind:
                 out.append({**e, "_name": n})
         return sorted(out, key=lambda e: (e["time"], e["_name"]))
+
+
+def _full(path: Path) -> bool:
+    """Whether the filesystem of `path` has no room left for the record (a megabyte)."""
+    import shutil
+
+    try:
+        return shutil.disk_usage(path).free < (1 << 20)
+    except OSError:
+        return False
 
 
 def _read(p: Path) -> dict | None:
@@ -232,10 +252,14 @@ def same_run(mine: dict, theirs, root: Path) -> bool:
 
 
 def current(entries: list[dict], mine: dict, root: Path) -> dict | None:
-    """This run's newest lineage entry (oldest-first `entries`, RunRecord.entries("lineage")), or None: the run is
-    in its first lineage unless another run's holds it (first())."""
+    """This run's current lineage entry (oldest-first `entries`, RunRecord.entries("lineage")), or None: the run is
+    in its first lineage unless another run's holds it (first_owner). Each lineage begun names the one it replaced
+    (`parent`): the current one is the newest that no later one of this run's replaced, so a clock stepped back
+    between two start-overs does not bring the first back; the times decide only between two begun from one."""
     ours = [e for e in entries if _is_lineage(e) and same_run(mine, e["identity"], root)]
-    return ours[-1] if ours else None
+    replaced = {e["parent"] for e in ours if isinstance(e.get("parent"), str) and e["parent"] != e["id"]}
+    leaves = [e for e in ours if e["id"] not in replaced]
+    return (leaves or ours)[-1] if ours else None
 
 
 def first_owner(entries: list[dict], root: Path = Path("/nonexistent")) -> dict | None:
@@ -286,7 +310,7 @@ def decide(book: RunRecord, mine: dict, root: Path, first_identity=lambda: None,
         theirs = first_identity()
     if theirs is not None and not same_run(mine, theirs, root):
         entry = book.add("lineage", {"id": new_id(), "why": "another-run", "identity": mine,
-                                     "other": describe(theirs)})
+                                     "other": describe(theirs)})  # no parent: the first lineage was never its
         if say:
             say(f"another run ({describe(theirs)}) uses this run's names and prefix ({'/'.join(book.names)}): this "
                 f"run's checkpoints go to a lineage of their own ({entry['id']}) and never mix with that run's; give "
@@ -297,6 +321,9 @@ def decide(book: RunRecord, mine: dict, root: Path, first_identity=lambda: None,
     return "", None
 
 
-def begin(book: RunRecord, mine: dict, why: str, push_s: float = 30.0) -> dict:
-    """A new lineage of the run (`podkit start-over`, `podkit adopt`): its entry, pushed within `push_s`."""
-    return book.add("lineage", {"id": new_id(), "why": why, "identity": mine}, push_s=push_s)
+def begin(book: RunRecord, mine: dict, why: str, push_s: float = 30.0, **more) -> dict:
+    """A new lineage of the run (`podkit start-over`, `podkit adopt`, a part from another run): its entry, naming the
+    lineage it replaces (`parent`: the current one), pushed within `push_s`."""
+    cur = current(book.entries("lineage"), mine, Path("/nonexistent"))
+    return book.add("lineage", {"id": new_id(), "why": why, "identity": mine, "parent": cur["id"] if cur else "",
+                                **more}, push_s=push_s)

@@ -317,8 +317,8 @@ def ahead_words(a: dict) -> str:
     mine = f"step {a['from']}" if a["from"] is not None else "none"
     return (f"the remote holds a newer checkpoint of this lineage, step {a['step']} ({a['where'] or 'remote'}), than "
             f"this pod's ({mine}): this pod's steps are not uploaded under it. To train on from step {a['step']}: "
-            "`podkit ctl stop trainer`, `podkit restore`, `podkit ctl start trainer`; to keep this pod's line: "
-            "`podkit start-over`")
+            "`podkit ctl stop trainer`, `podkit restore`, `podkit ctl start trainer`; to make this pod's line "
+            "the run's: `podkit adopt` (a new lineage from this pod's checkpoint)")
 
 
 def final_words(f: dict, now: float) -> str:

@@ -11,7 +11,21 @@ from pathlib import Path
 
 from podkit import log, mover, records, runrecord, snapshot
 from podkit.areal import identity
-from podkit.remote import Local, Remote, RemoteError, book, gen, local, mine, names, note, ours, run_id
+from podkit.remote import (
+    Local,
+    Remote,
+    RemoteError,
+    book,
+    gen,
+    lineage_of,
+    local,
+    mark_lineage,
+    mine,
+    names,
+    note,
+    ours,
+    run_id,
+)
 
 _log = log.get("remote")
 RETRY_S = 300.0  # a failed step is tried again after this, or as soon as a newer one is saved
@@ -120,6 +134,15 @@ class Uploader:
                 self.book.push()
         if lineage != self.lineage:
             self._rebind(lineage, here.root, mine_)
+        if self.book.remote is not None and "lineage" in self.book.unpushed_kinds() and not self.book.push():
+            # a lineage entry only this volume has (a start-over while the remote was down): a generation uploaded
+            # into it, and claimed at the stop, would be one no pod without this volume finds
+            self.why = (f"the run's lineage {self.lineage or 'the first'} is not on the remote yet "
+                        f"({self.book.problem}): nothing is uploaded into it until it is")
+            if self.why != self.unread:
+                self.unread = self.why
+                self.say(f"[podkit:remote] {self.why}")
+            return False
         return True
 
     def _rebind(self, lineage: str, root: Path, mine_: dict) -> None:
@@ -150,13 +173,35 @@ class Uploader:
                 return m.get("identity") if identity.is_record(m.get("identity")) else None
         return None
 
+    def _ours(self, ckpt: Local) -> bool:
+        """Whether the volume's checkpoint is of the lineage this pod uploads into: one that does not say yet (the
+        trainer's own) is marked as of it; one of a lineage the run left (a start-over on another pod while this one
+        trains) is not uploaded, said once."""
+        was = lineage_of(ckpt)
+        if was is None:
+            try:
+                mark_lineage(ckpt, self.lineage or "")
+            except OSError:
+                pass  # a read-only or full volume: unmarked, it is taken as this lineage's at each look
+            return True
+        if was == self.lineage:
+            return True
+        why = (f"the checkpoint on this volume (step {ckpt.step}) is of the lineage {was or 'the first'}, which the run "
+               f"left (a start-over or adopt on another pod): not uploaded into {self.lineage or 'the first'}. This "
+               "pod trains a line the run abandoned: stop it, or `podkit adopt` to make its line the run's")
+        if why != self.unread:  # said once
+            self.unread = why
+            self.say(f"[podkit:remote] {why}")
+        self.why = why
+        return False
+
     def _unreadable(self, why: str) -> None:
         """The remote could not be read before an upload: recorded for the checkpoint waiting (status names the
         failure), said once per reason."""
         self.why = why
         step = local(self.cfg).step
         if step is not None:
-            _record(self.cfg, {"outcome": "failed", "step": step, "why": why, "time": time.time()})
+            _record(self.cfg, {"lineage": self.lineage or "", "outcome": "failed", "step": step, "why": why, "time": time.time()})
         if why != self.unread:
             self.unread = why
             self.say(f"[podkit:remote] nothing uploaded: {why}; trying again at the next look")
@@ -170,9 +215,18 @@ class Uploader:
         self.unread = ""
         if whole and (here.step is None or here.step < whole[0]):
             self._ahead(here.step)
-        elif self.ahead is not None or records.REMOTE.read(self.cfg.state_dir).get("ahead"):
+            return
+        noted = records.REMOTE.read(self.cfg.state_dir)
+        if self.ahead is not None or noted.get("ahead"):
             self.ahead = None
             note(self.cfg, ahead=None)
+        if (noted.get("restore") or {}).get("outcome") in ("failed", "retrying", "restoring"):
+            # the remote is read now, and holds nothing newer of this lineage than this pod: the boot's restore that
+            # gave up (or was cut) lost nothing; said, and no longer shown
+            note(self.cfg, restore={**noted["restore"], "outcome": "resolved", "time": time.time()})
+            self.say("[podkit:remote] the remote answers again and holds nothing newer of this lineage than this pod's "
+                     f"checkpoint ({'none' if here.step is None else f'step {here.step}'}): the boot's restore lost "
+                     "nothing")
 
     def _ahead(self, step: int | None) -> None:
         """The lineage's newest whole generation is newer than this pod's checkpoint (`step`): this pod trained from
@@ -185,16 +239,15 @@ class Uploader:
             self.ahead = self.done
             note(self.cfg, ahead={"step": self.done, "where": where, "time": time.time(), "from": step})
             self.say(f"[podkit:remote] {self.why}. To train on from step {self.done}: `podkit ctl stop trainer`, "
-                     "`podkit restore`, `podkit ctl start trainer`; to keep this pod's line instead: `podkit "
-                     "start-over` (a new lineage)")
+                     "`podkit restore`, `podkit ctl start trainer`; to make this pod's line the run's instead: "
+                     "`podkit adopt` (a new lineage from this pod's checkpoint)")
 
     def _part(self, other: dict) -> None:
         """Another run holds this lineage's lease (it came under the same names and prefix): this run begins a
         lineage of its own, so that neither blocks nor overwrites the other."""
         here = local(self.cfg)
         mine_ = here.record or mine(self.cfg)
-        entry = self.book.add("lineage", {"id": runrecord.new_id(), "why": "another-run", "identity": mine_,
-                                          "other": runrecord.describe(other)})
+        entry = runrecord.begin(self.book, mine_, "another-run", push_s=0, other=runrecord.describe(other))
         self.say(f"[podkit:remote] another run ({runrecord.describe(other)}) uses this prefix "
                  f"({self.remote.where(root=True)}): give this run its own names (trainer.experiment / trainer.trial) "
                  f"or prefix (checkpoint.remote); meanwhile its checkpoints go to a lineage of their own "
@@ -240,7 +293,7 @@ class Uploader:
             if not isinstance(progress.get("checkpoint_step"), int) or progress["checkpoint_step"] in self.verified:
                 return None
         ckpt = local(self.cfg)
-        if ckpt.step is None or ckpt.step in self.verified:
+        if ckpt.step is None or not self._ours(ckpt) or ckpt.step in self.verified:
             return None
         if ckpt.step < (self.done or 0):
             self._ahead(ckpt.step)
@@ -273,7 +326,7 @@ class Uploader:
                 if not e.spent:
                     self.began = began  # nothing copied in vain: the next look tries again
                 if e.fast:  # said once a row, recorded each time
-                    _record(self.cfg, {"outcome": "failed", "step": ckpt.step, "why": str(e), "time": time.time()})
+                    _record(self.cfg, {"lineage": self.lineage or "", "outcome": "failed", "step": ckpt.step, "why": str(e), "time": time.time()})
                     if e.first:
                         self.say(f"[podkit:remote] {e}")
                 return None
@@ -286,7 +339,7 @@ class Uploader:
                 manifest = self.remote.upload(snap.local, moved, self.lease.hold)
         except (RemoteError, OSError) as e:
             self.why = str(e)
-            _record(self.cfg, {"outcome": "failed", "step": ckpt.step, "why": str(e), "time": time.time()})
+            _record(self.cfg, {"lineage": self.lineage or "", "outcome": "failed", "step": ckpt.step, "why": str(e), "time": time.time()})
             self.say(f"[podkit:remote] step {ckpt.step} not uploaded: {e}")
             self.failed = (ckpt.step, time.monotonic())
             return None
@@ -305,7 +358,7 @@ class Uploader:
         if self.ahead is not None and ckpt.step > self.ahead:
             self.ahead = None
             note(self.cfg, ahead=None)  # this pod's line is the lineage's newest now
-        _record(self.cfg, {"outcome": "uploaded", "step": ckpt.step, "bytes": size, "took_s": took,
+        _record(self.cfg, {"lineage": self.lineage or "", "outcome": "uploaded", "step": ckpt.step, "bytes": size, "took_s": took,
                            "time": time.time(), "where": self.remote.where(gen(ckpt.step))})
         self.say(f"[podkit:remote] checkpoint of step {ckpt.step} uploaded to {self.remote.where(gen(ckpt.step))} "
                  f"({size / 1e6:.1f} MB in {took:.1f} s)" + (f"; removed generations {gone}" if gone else ""))
@@ -336,14 +389,14 @@ class Uploader:
             return self._final(None, "failed", f"the volume's checkpoint cannot be read ({e.strerror})", why)
         if newest is None:
             return self._final(None, "none", "", why)
-        if newest in self.verified:  # its manifest read there, or written by this uploader: verified, not assumed
+        if newest in self.verified and lineage_of(local(self.cfg)) in (None, self.lineage):  # read or written there
             return self._final(newest, "uploaded", "", why)
         cut = f"the final upload's deadline passed ({within_s:.1f} s: {limit})"
         if self.inflight is not None and self.inflight < newest:  # the newest wins, at the end too
             self.remote.cut(time.monotonic(), f"given up for step {newest}, the last, at the pod's stop")
         else:
             self.remote.cut(until, cut)
-        _record_final(self.cfg, {"outcome": "uploading", "step": newest, "why": why, "time": time.time()})
+        _record_final(self.cfg, {"lineage": self.lineage or "", "outcome": "uploading", "step": newest, "why": why, "time": time.time()})
         # A cut call ends within one of rclone's 0.2-s slices: the lock is free by the deadline and that slice.
         if not self.lock.acquire(timeout=max(0.0, until - time.monotonic()) + 0.5):
             return self._final(newest, "failed", f"the upload in flight did not end by the deadline ({limit})", why)
@@ -372,7 +425,7 @@ class Uploader:
                 "not known (the remote could not be read)"
             words = (f"the last checkpoint{f', step {step},' if step is not None else ''} is NOT on the remote: "
                      f"{problem}; the remote's newest whole generation of this lineage is {newest}")
-        _record_final(self.cfg, {"outcome": outcome, "step": step, "why": problem, "time": time.time(),
+        _record_final(self.cfg, {"lineage": self.lineage or "", "outcome": outcome, "step": step, "why": problem, "time": time.time(),
                                  "where": where or None})
         self.say(f"[podkit:remote] {why}: {words}")
         return words

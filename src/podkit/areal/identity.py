@@ -503,6 +503,20 @@ def adopt(cfg, dry_run: bool = False, say=print, then=lambda: None) -> int:
     from podkit.errors import PodkitError
 
     run, root, info = own_run(cfg, "adopt")
+    if cfg.trainer.kind != "areal":  # the fake trainer's checkpoints say no run: adopting is the new lineage alone
+        from podkit.checkpoint import CheckpointDir
+        from podkit.errors import PodkitError
+
+        latest = CheckpointDir(cfg.checkpoint_dir).latest_path()
+        if latest is None:
+            raise PodkitError(f"run {run} has no checkpoint at {cfg.checkpoint_dir}: there is nothing to adopt",
+                              "start the trainer: it trains from step 0")
+        if dry_run:
+            say(f"would make {latest} the run's line: a new lineage from it")
+            return 0
+        then()
+        _start_trainer(cfg, info, run, say)
+        return 0
     record = read_record(root)
     if not has_checkpoint(root):
         raise PodkitError(f"run {run} has no recover checkpoint at {root}: there is nothing to adopt",
