@@ -391,9 +391,10 @@ def facts(v: View) -> str:
 
 
 def _durable(d: dict, now: float) -> str:
-    """The last durable step and what is at risk since, in standing's one line."""
+    """The last durable step and what is at risk since, in standing's one line (the restore and the remote ahead of
+    the pod have trouble boxes of their own: said there whole, not cut here)."""
     try:
-        return standing.durable_words(d, now)
+        return standing.durable_words({**d, "restore": None, "ahead": None}, now)
     except Exception:  # noqa: BLE001 - a record of the wrong shape: what can be said of it
         return f"step {clip(d.get('step'), 40)}"
 
