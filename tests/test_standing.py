@@ -32,34 +32,45 @@ def judge(trainer=None, end_rec=None, sglang=RUNNING, **kw):
     return standing.judge(Evidence(programs, end_rec, now=T0 + 1000, booted=T0 - 10, **kw))
 
 
+YOU = ({"program": "trainer", "by": "you (podkit ctl stop trainer)", "time": T0 + 89},)
 CASES = [
-    # (what, trainer, end, run, can_train)
-    ("a trainer that steps", Program(RUNNING, T0 + 5, T0 + 5, 4242), None, standing.TRAINING, True),
-    ("a trainer that finished its run", Program(EXITED, T0 + 90, T0 + 5, 4242), end(ending.FINISHED_KINDS[0], 80),
-     standing.FINISHED, False),
+    # (what, trainer, end, asks, run, can_train, stuck: the pod stops after guard.stop_pod_after_s)
+    ("a trainer that steps", Program(RUNNING, T0 + 5, T0 + 5, 4242), None, (), standing.TRAINING, True, False),
+    ("a trainer that finished its run", Program(EXITED, T0 + 90, T0 + 5, 4242), end(ending.FINISHED_KINDS[0], 80), (),
+     standing.FINISHED, False, False),
     ("a finished trainer the watchdog stopped", Program(STOPPED, T0 + 95, T0 + 5, 4242),
-     end(ending.FINISHED_KINDS[0], 80), standing.FINISHED, False),
+     end(ending.FINISHED_KINDS[0], 80), (), standing.FINISHED, False, False),
     ("a script stopped for good by the loop bound", Program(EXITED, T0 + 90, T0 + 5, 4242),
-     end(ending.CRASH_LOOP, 85), standing.CANNOT, False),
+     end(ending.CRASH_LOOP, 85), (), standing.CANNOT, False, True),
+    ("a script stopped for good that did not exit, stopped by the watchdog", Program(STOPPED, T0 + 95, T0 + 5, 4242),
+     end(ending.NEVER_TRAINED, 80), (), standing.CANNOT, False, True),
     ("the same record, from an earlier run of the trainer", Program(EXITED, T0 + 90, T0 + 50, 4343),
-     end(ending.CRASH_LOOP, 20, pid=4242), standing.ENDED, None),
+     end(ending.CRASH_LOOP, 20, pid=4242), (), standing.ENDED, None, True),
     ("a record by another process since the start", Program(EXITED, T0 + 90, T0 + 5, 4343),
-     end(ending.CRASH_LOOP, 85, pid=4242), standing.ENDED, None),
-    ("a trainer you stopped", Program(STOPPED, T0 + 90, T0 + 5, 4242), end(ending.SIGTERM, 89), standing.STOPPED_,
+     end(ending.CRASH_LOOP, 85, pid=4242), (), standing.ENDED, None, True),
+    ("a trainer whose end could not be written (a full volume)", Program(EXITED, T0 + 90, T0 + 5, 4242), None, (),
+     standing.ENDED, None, True),
+    ("a trainer you stopped", Program(STOPPED, T0 + 90, T0 + 5, 4242), end(ending.SIGTERM, 89), YOU,
+     standing.STOPPED_, True, False),
+    ("a trainer stopped by nobody who said so (supervisorctl)", Program(STOPPED, T0 + 90, T0 + 5, 4242),
+     end(ending.SIGTERM, 89), (), standing.STOPPED_, True, True),
+    ("a trainer you stopped long before its last stop", Program(STOPPED, T0 + 900, T0 + 500, 4242),
+     end(ending.SIGTERM, 899), YOU, standing.STOPPED_, True, True),
+    ("a trainer supervisord gave up on", Program(FATAL, T0 + 90, T0 + 5, 4242), None, (), standing.CANNOT, False,
      True),
-    ("a trainer supervisord gave up on", Program(FATAL, T0 + 90, T0 + 5, 4242), None, standing.CANNOT, False),
-    ("a trainer restarting after a failure", Program(BACKOFF, T0 + 90, T0 + 5, 4242), end(ending.FAILED, 89),
-     standing.RESTARTING, True),
+    ("a trainer restarting after a failure", Program(BACKOFF, T0 + 90, T0 + 5, 4242), end(ending.FAILED, 89), (),
+     standing.RESTARTING, True, False),
     ("an end stamped an hour ahead (planted, or another node's clock)", Program(EXITED, T0 + 90, T0 + 5, 4242),
-     end(ending.CRASH_LOOP, 1000 + 3600), standing.ENDED, None),
+     end(ending.CRASH_LOOP, 1000 + 3600), (), standing.ENDED, None, True),
 ]
 
 
-@pytest.mark.parametrize("what,trainer,rec,run,can", CASES, ids=[c[0] for c in CASES])
-def test_each_case_is_judged_as_its_user_would(what, trainer, rec, run, can):
-    s = judge(trainer, rec)
-    assert (s.run, s.can_train) == (run, can), (what, s)
-    assert s.stuck == (run == standing.CANNOT)
+@pytest.mark.parametrize("what,trainer,rec,asked,run,can,stuck", CASES, ids=[c[0] for c in CASES])
+def test_each_case_is_judged_as_its_user_would(what, trainer, rec, asked, run, can, stuck):
+    s = judge(trainer, rec, asked=asked)
+    assert (s.run, s.can_train, s.stuck) == (run, can, stuck), (what, s)
+    if run == standing.STOPPED_:
+        assert ("by you" in s.why) == (not stuck), s.why
 
 
 def test_inference_fatal_stops_the_run_and_names_sglang_as_what_must_start_again():
@@ -106,7 +117,11 @@ evidence = st.builds(
                                                   "head": st.just("h:1")})),
     st.sampled_from([None, None, None, {"stage": "config", "message": "m", "since": T0}]),
     st.sampled_from([True, True, True, False]), st.booleans(), st.one_of(st.none(), times.map(lambda t: T0 + t)),
-    st.just(T0 + 1000))
+    st.just(T0 + 1000),
+    st.one_of(st.just(()), st.lists(st.fixed_dictionaries({
+        "program": st.sampled_from(["trainer", "all", "sglang"]),
+        "by": st.sampled_from(["you (podkit ctl stop trainer)", "the watchdog (a hang)", "the maximum run time"]),
+        "time": times.map(lambda t: T0 + t)}), max_size=3).map(tuple)))
 
 
 def _fatal(ev: Evidence) -> bool:
@@ -115,25 +130,44 @@ def _fatal(ev: Evidence) -> bool:
 
 @settings(max_examples=600, deadline=None)
 @given(evidence)
-def test_a_pod_is_stuck_only_on_evidence_of_this_run_that_nothing_will_restart(ev):
-    """What guard.stop_pod_after_s counts: a FATAL program, the trainer EXITED with a final end of its own last run,
-    or `ray` given up in its last start. Never a stop you asked for, never an earlier run's or a planted record,
-    never while supervisord does not answer; and always with its why and what must start again."""
+def test_a_pod_is_stuck_exactly_when_supervisord_will_not_start_a_trainer_whatever_the_records_say(ev):
+    """What guard.stop_pod_after_s counts (autostop: idle observed, not recorded): a FATAL program, `ray` given up in
+    its last start, the trainer EXITED or STOPPED with no finish of its own last run, unless you stopped it (an ask of
+    yours at its stop) and no final end of its run says it can never train. Never while supervisord does not answer
+    or safe mode speaks (safe mode has its own rule), never a trainer that runs, starts or backs off; always with its
+    why and what must start again. The records give the words: removing them changes no stuck but a finish."""
     s = standing.judge(ev)
     assert s.run in standing.RUNS
-    if s.stuck:
-        assert s.why and s.who and ev.reachable and not ev.safe_mode
-        t = ev.programs.get("trainer")
-        final = s.last is not None and s.last["this_run"] and s.last["family"] == ending.FINAL
-        ray = ev.programs.get("ray")
-        assert _fatal(ev) or (t is not None and t.state == EXITED and final) or (
-            ray is not None and ray.state == EXITED and ev.ray_loop.get("gave_up") is True), s
     t = ev.programs.get("trainer")
-    if ev.reachable and not ev.safe_mode and t is not None and t.state == STOPPED and not _fatal(ev) \
-            and s.who != "`ray`":
-        assert not s.stuck  # a person's stop: they start it again (a node whose `ray` gave up cannot, whatever)
+    ray = ev.programs.get("ray")
+    this_run = s.last is not None and s.last["this_run"]
+    finished = this_run and s.last["family"] == ending.FINISHED
+    final = this_run and s.last["family"] == ending.FINAL
+    yours = t is not None and standing.stopped_by(ev.asked, t).startswith("you")
+    gave_up = ray is not None and ray.state == EXITED and ev.ray_loop.get("gave_up") is True and \
+        ev.ray_loop.get("last_failure", 0) >= (ray.started or 0) - standing.SLACK_S
+    idle = t is not None and not finished and (t.state == EXITED or t.state == STOPPED and (final or not yours))
+    want = bool(ev.reachable) and not ev.safe_mode and (_fatal(ev) or gave_up or idle)
+    assert s.stuck == want, (s, ev)
+    if s.stuck:
+        assert s.why and s.who
+    if t is not None and t.state in (RUNNING, STARTING, BACKOFF, STOPPING) and not _fatal(ev) and not gave_up:
+        assert not s.stuck
     if s.run == standing.FINISHED:  # never a false "finished": the trainer's own record of this run says so
         assert s.last["this_run"] and s.last["family"] == ending.FINISHED and t.state in (EXITED, STOPPED)
+
+
+@settings(max_examples=300, deadline=None)
+@given(evidence, st.sampled_from([(), YOU, ({"program": "all", "by": "you (podkit up got SIGINT)", "time": T0 + 5},),
+                                  ({"program": "trainer", "by": "the watchdog (a hang)", "time": T0 + 500},)]))
+def test_only_a_stop_you_asked_for_at_the_trainers_stop_keeps_a_stopped_pod_up(ev, asked):
+    """A STOPPED trainer is idle unless an ask of yours came at its stop: the asks change nothing else."""
+    s, with_asks = (standing.judge(Evidence(**{**ev.__dict__, "asked": a})) for a in ((), asked))
+    t = ev.programs.get("trainer")
+    if with_asks.stuck != s.stuck:
+        assert t is not None and t.state == STOPPED and s.stuck and not with_asks.stuck
+        assert standing.stopped_by(asked, t).startswith("you")
+    assert (with_asks.run, with_asks.can_train) == (s.run, s.can_train)
 
 
 @settings(max_examples=400, deadline=None)

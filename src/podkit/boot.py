@@ -103,6 +103,7 @@ def _record_current(cfg, pid: int) -> None:
     records.CURRENT.write(cfg.state_dir, {"run_dir": str(cfg.run_path), "socket": str(cfg.socket_path),
                                           "supervisord_pid": pid, "started": time.time(),
                                           "inference": {"host": cfg.inference.host, "port": cfg.inference.port}})
+    records.keep_reserve(cfg.state_dir)  # room for podkit's own records should the volume fill (records.write_json)
 
 
 def supervisord_argv(env: dict[str, str]) -> list[str]:

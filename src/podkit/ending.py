@@ -174,8 +174,53 @@ def store(state_dir: Path, rec: dict, progress=None) -> dict:
             prog["stopped"] = rec
             records.PROGRESS.write(state_dir, prog)
     except OSError:
-        pass
+        keep(rec)
     return rec
+
+
+# Where an end the volume could not take (full, failing) is kept: the run dir (local disk), named by the trainer
+# program for itself and its ranks. The log listener puts it on the volume once it has room (flush_kept); until
+# then every reader of the end reads both (read_kept), so a stop never waits on a write that failed.
+KEEP_ENV = "_PODKIT_END_KEPT_IN"
+KEPT = records.Record("trainer-end.json", records.STOPPED)
+
+
+def keep(rec: dict) -> None:
+    where = os.environ.get(KEEP_ENV, "")
+    if not where:
+        return
+    try:
+        KEPT.write(Path(where), rec, mode=0o600)
+    except OSError:
+        pass
+
+
+def read_kept(state_dir: Path, run_dir: Path | None) -> dict | None:
+    """The trainer's last end, raw: the volume's, or the run dir's when that one is newer (kept while the volume
+    could not take it)."""
+    vol = records.PROGRESS.read(state_dir).get("stopped")
+    local = KEPT.read_owned(run_dir) if run_dir is not None else {}
+    newer = lambda r: r.get("time") if isinstance(r, dict) and isinstance(r.get("time"), (int, float)) else -1  # noqa
+    return local if local and newer(local) > newer(vol) else vol
+
+
+def flush_kept(state_dir: Path, run_dir: Path) -> bool:
+    """An end kept in the run dir, put on the volume where it is newer than the volume's (the volume has room
+    again); True when there is none left to put."""
+    local = KEPT.read_owned(run_dir)
+    if not local:
+        return True
+    vol = records.PROGRESS.read(state_dir).get("stopped")
+    try:
+        if not (isinstance(vol, dict) and isinstance(vol.get("time"), (int, float))
+                and vol["time"] >= (local.get("time") or 0)):
+            prog = records.PROGRESS.read(state_dir)
+            prog["stopped"] = local
+            records.PROGRESS.write(state_dir, prog)
+        os.unlink(KEPT.path(run_dir))
+        return True
+    except OSError:
+        return False
 
 
 # -- one reader --------------------------------------------------------------------------------------------------
@@ -239,8 +284,9 @@ def of(rec, since: float | None = None, program_pid: int | None = None, now: flo
     return End(rec, stored=True)
 
 
-def read(state_dir: Path, since: float | None = None, program_pid: int | None = None) -> End | None:
-    return of(records.PROGRESS.read(state_dir).get("stopped"), since, program_pid)
+def read(state_dir: Path, since: float | None = None, program_pid: int | None = None,
+         run_dir: Path | None = None) -> End | None:
+    return of(read_kept(state_dir, run_dir), since, program_pid)
 
 
 # -- who asked for a stop ----------------------------------------------------------------------------------------
@@ -420,6 +466,32 @@ def oom_since(before) -> str:
         return ""
     return f"the kernel's OOM killer killed {now[0] - before} process(es) in this container ({now[1]}: oom_kill " \
            f"{before} -> {now[0]})"
+
+
+# Rank 0 notes the kernel's count at each step and at the finish (hooks.supervise): a kill the run stepped past was
+# not what ended it (another process's, long before), and one after the finish is a failure after it (verdict.py).
+OOM_AT_STEP = records.Record("oom-at-step.json", {"kills": int, "time": records.TIME, "step": int})
+
+
+def note_oom_kills(run_dir: Path, step=None) -> None:
+    """The kernel's OOM-kill count now, as of this step (rank 0, after each step and at the finish)."""
+    kills = oom_kills()
+    if kills is None:
+        return
+    try:
+        OOM_AT_STEP.write(run_dir, {"kills": kills[0], "time": time.time(),
+                                    **({"step": step} if isinstance(step, int) else {})}, mode=0o600)
+    except OSError:
+        pass
+
+
+def oom_since_step(run_dir: Path, since: float) -> str | None:
+    """Evidence of an OOM kill in this cgroup since the last step this run noted (note_oom_kills), "" for none;
+    None when this run noted no step (then only oom_since's count from its start says anything)."""
+    rec = OOM_AT_STEP.read_owned(run_dir)
+    if not isinstance(rec.get("kills"), int) or not isinstance(rec.get("time"), (int, float)) or rec["time"] < since:
+        return None
+    return oom_since(rec["kills"])
 
 
 # A rank records itself while it lives (the bootstrap); one whose record outlives it ended without going through

@@ -41,8 +41,9 @@ class Loop:
     def __init__(self, cfg, record: records.Record, program: str, progress: str, logger=_log) -> None:
         self.cfg, self.record, self.program, self._log = cfg, record, program, logger
         self.state_dir = Path(cfg.state_dir)
+        self.run_dir = Path(cfg.run_path) if getattr(cfg, "run_path", None) else None
         self.boot = records.CURRENT.read(self.state_dir).get("started")
-        rec = record.read(self.state_dir)
+        rec = records.kept(record, self.state_dir, self.run_dir)  # the run dir's copy, written while the volume was full
         if rec.get("boot") != self.boot:
             rec = {}  # a new boot: whatever failed before, the code may have changed
         elif rec.get("gave_up"):
@@ -53,16 +54,42 @@ class Loop:
             logger.info("started again by `podkit resume` (the repo synced): counting from zero")
             rec = self.kept(rec)
         self.rec = {"boot": self.boot, "failures": 0, **rec}
+        self.kept_said = False
+        # the write count goes on across a reset, so the newer copy is always told by it
+        self.seq = max((r.get("seq") for r in (record.read(self.state_dir), record.read(self.run_dir) if self.run_dir
+                        else {}) if isinstance(r.get("seq"), int) and not isinstance(r.get("seq"), bool)), default=0)
 
     def kept(self, rec: dict) -> dict:
         """What a start after the bound's stop keeps of the record (`podkit ctl start`)."""
         return {}
 
     def save(self) -> None:
+        """Onto the volume; while it cannot take it (full, failing), into the run dir (local disk), so the bound never
+        forgets a failure: the next start reads the newer copy (records.kept), and the next write that works puts
+        it back on the volume."""
+        self.seq = min(self.seq, 10**12) + 1
+        self.rec["seq"] = self.seq
         try:
             self.record.write(self.state_dir, self.rec)
         except OSError as e:
+            if self.run_dir is not None:
+                try:
+                    self.record.write(self.run_dir, self.rec, mode=0o600)
+                except OSError:
+                    pass
+                else:
+                    if not self.kept_said:
+                        self.kept_said = True
+                        self._log.warn(f"cannot record the {self.program}'s failures on the volume ({e.strerror}): "
+                                       f"kept in {self.run_dir} until it has room")
+                    return
             self._log.warn(f"cannot record the {self.program}'s failures ({e.strerror}): the loop bound forgets them")
+            return
+        if self.run_dir is not None:
+            try:
+                os.unlink(self.record.path(self.run_dir))
+            except OSError:
+                pass
 
     def count(self, key: str) -> int:
         n = self.rec.get(key)

@@ -10,6 +10,7 @@ last few kept) so it can be looked at. Depends on nothing else in podkit but its
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -152,7 +153,18 @@ def _prune(path: Path) -> None:
 
 
 def write_json(path: Path, data: object, mode: int = 0o644) -> None:
-    """temp file + fsync + rename: a reader sees the old record or the new one, never half of one."""
+    """temp file + fsync + rename: a reader sees the old record or the new one, never half of one. On a full
+    volume, the reserve podkit keeps there (keep_reserve) is given up and the write tried once more: the records
+    a stop depends on (the loop bound's count, the trainer's end) get the last room there is."""
+    try:
+        _write_json(path, data, mode)
+    except OSError as e:
+        if e.errno != errno.ENOSPC or not release_reserve(Path(path).parent):
+            raise
+        _write_json(path, data, mode)
+
+
+def _write_json(path: Path, data: object, mode: int = 0o644) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"  # two writing threads: two files
@@ -245,7 +257,7 @@ TRAINER_LOOP = Record("trainer-loop.json", {"boot": NUMBER, "failures": int, "be
                                             "starts": int, "backoff_until": TIME, "started": [NUMBER],
                                             "phase": str, "ended_at": TIME,
                                             "ends": [dict], "told_restarts": bool, "volume": int,
-                                            "resumed": TIME})
+                                            "resumed": TIME, "seq": int})
 # A cluster node's `ray` program (areal/ray_node.py): starts in a row that did not join the head, in this boot.
 RAY_LOOP = Record("ray-loop.json", {"boot": NUMBER, "failures": int, "last_failure": TIME, "gave_up": bool,
                                     "head": str, "why": str, "joined": TIME, "starts": int})
@@ -529,3 +541,73 @@ REMOTE = Record("remote.json", {"last": _UPLOAD, "uploaded": _UPLOAD, "final": _
                                 "lineage": {"id": str, "why": str, "since": TIME, "count": int},
                                 "ahead": {"step": int, "where": str, "time": TIME, "from": int},
                                 "run": str})  # the run (experiment/trial) the record is of
+
+
+# -- room for podkit's own records on a full volume ------------------------------------------------------------------
+# A file of zeros in the state dir, given up (removed) the moment one of podkit's records cannot be written for want
+# of space, and made again (keep_reserve, each minute by the log listener and at each boot) once the volume has room.
+RESERVE = ".podkit-reserve"
+RESERVE_BYTES = 4 << 20
+
+
+def release_reserve(directory: Path, levels: int = 3) -> bool:
+    """Give up the reserve of the state dir `directory` is in (itself or up to `levels` above it); True when there
+    was one to give up."""
+    here = Path(directory)
+    for _ in range(levels + 1):
+        try:
+            os.unlink(here / RESERVE)
+        except FileNotFoundError:
+            here = here.parent
+            continue
+        except OSError:
+            return False
+        _log.warn(f"the volume is full: podkit gave up its reserve ({here / RESERVE}) for its own records")
+        return True
+    return False
+
+
+def keep_reserve(state_dir: Path, size: int = RESERVE_BYTES) -> bool:
+    """Make the reserve when it is missing and the volume has room for it and as much again; True when there is one.
+    Never raises: a reserve is a help, not a need."""
+    path = Path(state_dir) / RESERVE
+    try:
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_size >= size:
+            return True
+        if not stat.S_ISREG(st.st_mode):
+            return False  # something else put there: not ours to replace
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    tmp = path.with_name(f".{RESERVE}.{os.getpid()}.tmp")
+    try:
+        fs = os.statvfs(state_dir)
+        if fs.f_bavail * fs.f_frsize < 2 * size:
+            return False
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, bytes(size))  # written, not sparse: the room is taken now
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return False
+
+
+def kept(record: Record, state_dir: Path, run_dir: Path | None):
+    """`record` as the newest of the volume's copy and the one kept in the run dir (local disk) while the volume could
+    not take it (a full volume): by their write count `seq`."""
+    vol = record.read(state_dir)
+    if run_dir is None:
+        return vol
+    local = record.read(run_dir)
+    n = lambda r: r.get("seq") if isinstance(r.get("seq"), int) and not isinstance(r.get("seq"), bool) else -1  # noqa
+    return local if local and n(local) > n(vol) else vol

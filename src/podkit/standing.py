@@ -47,6 +47,7 @@ class Evidence:
     exited: bool = False
     booted: float | None = None  # this boot's start (records.CURRENT)
     now: float = 0.0
+    asked: tuple = ()  # the stops asked for the trainer ({"by", "time"}, oldest first: ending.ASKED in the run dir)
 
 
 @dataclass(frozen=True)
@@ -58,11 +59,9 @@ class Standing:
     since: float | None      # when the trainer entered its state (the stop's wait counts from it)
     state: dict              # the trainer now: {"name", "since", "pid"}
     last: dict | None        # its last end: {"kind", "family", "words", "time", "step", "this_run", ...}
-
-    @property
-    def stuck(self) -> bool:
-        """The pod cannot train and nothing will start it by itself: what guard.stop_pod_after_s counts."""
-        return self.run == CANNOT
+    # The pod does not train and supervisord will not start its trainer (FATAL, EXITED, STOPPED not by you), whatever
+    # the records say: what guard.stop_pod_after_s counts (autostop: idle is observed, the records give the words)
+    stuck: bool = False
 
     def as_dict(self) -> dict:
         return {"run": self.run, "can_train": self.can_train, "why": self.why, "who": self.who,
@@ -100,8 +99,8 @@ def judge(ev: Evidence) -> Standing:
     state = {"name": trainer.state if trainer else None, "since": trainer.since if trainer else None,
              "pid": trainer.pid if trainer else None}
 
-    def out(run, can, why="", who="", since=None):
-        return Standing(run, can, why, who, since, state, last)
+    def out(run, can, why="", who="", since=None, stuck=False):
+        return Standing(run, can, why, who, since, state, last, stuck)
 
     if ev.safe_mode:
         sm = ev.safe_mode
@@ -114,25 +113,33 @@ def judge(ev: Evidence) -> Standing:
         p = ev.programs.get(name)
         if p is not None and p.state == FATAL:
             return out(CANNOT, False, f"{name} FATAL (supervisord gave up starting it)", "the trainer"
-                       if name == "trainer" else "sglang", p.since)
+                       if name == "trainer" else "sglang", p.since, stuck=True)
     ray = ev.programs.get("ray")
     loop = ev.ray_loop if isinstance(ev.ray_loop, dict) else {}
     if ray is not None and ray.state == EXITED and loop.get("gave_up") is True and \
             _num(loop.get("last_failure")) >= (_num(ray.started) or 0) - SLACK_S:
         return out(CANNOT, False, f"this node cannot join its cluster (the Ray head at {loop.get('head')})", "`ray`",
-                   ray.since)
+                   ray.since, stuck=True)
     if trainer is None:
         return out(NO_TRAINER, None, "no trainer program on this node")
-    if this_run and end.family == ending.FINAL and trainer.state == EXITED:
-        return out(CANNOT, False, f"the trainer stopped for good ({end.kind.name})", "the trainer", trainer.since)
+    # A final end stays final (STOPPED too: the watchdog stops one whose script did not exit)
+    if this_run and end.family == ending.FINAL and trainer.state in (EXITED, STOPPED):
+        return out(CANNOT, False, f"the trainer stopped for good ({end.kind.name})", "the trainer", trainer.since,
+                   stuck=True)
     if this_run and end.family == ending.FINISHED and trainer.state in (EXITED, STOPPED):
         return out(FINISHED, False, f"it finished its run {records.at_step(end.step)}", "", trainer.since)
     if trainer.state == STOPPED:
-        return out(STOPPED_, True, "the trainer is stopped (`podkit ctl start trainer` starts it)", "the trainer",
-                   trainer.since)
+        by = stopped_by(ev.asked, trainer)
+        if by.startswith("you"):  # on purpose: the pod stays up, whatever guard.stop_pod_after_s says
+            return out(STOPPED_, True, f"the trainer is stopped by {by}: the cost guard leaves the pod up "
+                       "(`podkit ctl start trainer` starts it)", "the trainer", trainer.since)
+        return out(STOPPED_, True, f"the trainer is stopped ({f'by {by}' if by else 'not by podkit ctl'}) and nothing "
+                   "will start it (`podkit ctl start trainer` does)", "the trainer", trainer.since, stuck=True)
     if trainer.state == EXITED:
         # Exited 0 (anything else is restarted) without a final or finished end of its own: nothing restarts it.
-        return out(ENDED, None, "the trainer exited without recording a final end", "the trainer", trainer.since)
+        return out(ENDED, None, "the trainer exited without recording a final end" + (
+            f" (its last record: {last['words']})" if last and last["this_run"] else ""), "the trainer",
+            trainer.since, stuck=True)
     if trainer.state in (BACKOFF, STOPPING):
         return out(RESTARTING, True, "the trainer is restarting", "the trainer", trainer.since)
     if trainer.state == STARTING:
@@ -140,6 +147,21 @@ def judge(ev: Evidence) -> Standing:
     if trainer.state == RUNNING:
         return out(TRAINING, True, "", "", trainer.since)
     return out(UNKNOWN, None, f"the trainer is {trainer.state}", "the trainer", trainer.since)
+
+
+def stopped_by(asked, trainer: Program) -> str:
+    """Who asked for the trainer's stop that left it STOPPED: the last ask for it ("all" included) made within
+    ending.ASKED_FRESH_S before the stop (since its start where the stop's time is not known); "" when nobody said."""
+    at, start = trainer.since, trainer.started
+    found = ""
+    for a in asked if isinstance(asked, (list, tuple)) else ():
+        t = _time(a.get("time")) if isinstance(a, dict) else None
+        if t is None or a.get("program") not in ("trainer", "all") or not isinstance(a.get("by"), str):
+            continue
+        if at is not None and at - ending.ASKED_FRESH_S <= t <= at + 5 or at is None and start is not None and \
+                t >= start - SLACK_S:
+            found = a["by"][:200]
+    return found
 
 
 def _num(v) -> float:
@@ -181,10 +203,13 @@ def _pid(v) -> int | None:
 
 
 def gather(state_dir: Path, programs: dict[str, Program], reachable: bool | None = True, exited: bool = False,
-           safe_mode: dict | None = None, now: float | None = None) -> Evidence:
-    return Evidence(programs, records.PROGRESS.read(state_dir).get("stopped"), records.RAY_LOOP.read(state_dir),
+           safe_mode: dict | None = None, now: float | None = None, run_dir: Path | None = None) -> Evidence:
+    """The evidence from the records: the trainer's end (ending.read_kept: the volume's, or the run dir's copy
+    while the volume is full), and the stops asked for (the run dir's, where it is known)."""
+    return Evidence(programs, ending.read_kept(state_dir, run_dir), records.RAY_LOOP.read(state_dir),
                     safe_mode, reachable, exited, _time(records.CURRENT.read(state_dir).get("started")),
-                    time.time() if now is None else now)
+                    time.time() if now is None else now,
+                    tuple(ending.ASKED.read_owned(run_dir)) if run_dir is not None else ())
 
 
 # -- durability: what is off the pod ---------------------------------------------------------------------------------

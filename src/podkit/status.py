@@ -60,7 +60,8 @@ def collect(workspace: Path, state_dir: Path | None = None, remote: bool | None 
                       "code": prog.get("code"), "run": prog.get("run"), "reattach": prog.get("reattach"),
                       "episodes": failed_episodes(prog),
                       "wandb": prog["wandb"] if isinstance(prog.get("wandb"), str) else None}
-    loop = records.TRAINER_LOOP.read(state_dir)
+    run_dir = Path(current["run_dir"]) if isinstance(current.get("run_dir"), str) and current["run_dir"] else None
+    loop = records.kept(records.TRAINER_LOOP, state_dir, run_dir)  # the run dir's copy while the volume is full
     if loop.get("boot") == current.get("started"):
         counts = {c.key: _count(loop.get(c.key)) for c in ending.COUNTS.values()}
         if any(counts.values()):
@@ -78,7 +79,7 @@ def collect(workspace: Path, state_dir: Path | None = None, remote: bool | None 
     exited = bool(out["supervisord"].get("exited"))
     out["standing"] = standing.judge(standing.gather(
         state_dir, standing.of_supervisord(infos, programs), reachable=out["supervisord"]["reachable"],
-        exited=exited, safe_mode=out["safe_mode"])).as_dict()
+        exited=exited, safe_mode=out["safe_mode"], run_dir=run_dir)).as_dict()
     out["durable"] = standing.durable(records.REMOTE.read(state_dir), prog.get("step"), out["cost"], time.time(),
                                       configured=remote, run=prog.get("run"))
     inf = current.get("inference") or {}

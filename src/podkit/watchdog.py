@@ -5,7 +5,8 @@ or log output from its ranks for that long, and no first step by `trainer_first_
 installed; else the kernel's view from /proc) go to <workspace>/logs/hang-<time>.txt, then the
 trainer is restarted and resumes from its checkpoint. A trainer whose run finished is never restarted:
 one still running `trainer_stall_s` after its finish record (a non-daemon thread keeps the script alive)
-is dumped once and stopped for good, and the run counts as finished. Inference: past its start-up but not
+is dumped once and stopped for good, and the run counts as finished (a run stopped for good, one whose script
+never trained, likewise: a final end is never restarted as a hang). Inference: past its start-up but not
 answering /health for `inference_unhealthy_s` -> restarted; so is one whose weight update has been in
 flight for `weight_update_deadline_s` (no generation check runs during one, and generation waits behind
 it). Start-up phases (loading weights, CUDA graph capture, warm-up; read from SGLang's own log lines) are
@@ -324,9 +325,9 @@ class Watchdog:
             return
         # This trainer's own finish (an earlier run's record on the volume says nothing of it): not a hang,
         # whatever inference does.
-        end = ending.read(self.state_dir, since=info["start"], program_pid=info["pid"])
-        if end is not None and end.family == ending.FINISHED:
-            return self.check_finished(now, info, end.rec)
+        end = ending.read(self.state_dir, since=info["start"], program_pid=info["pid"], run_dir=self.cfg.run_path)
+        if end is not None and end.family in (ending.FINISHED, ending.FINAL):
+            return self.check_finished(now, info, end)  # a final end stays final: never restarted as a hang
         if not inference_ready:
             return
         prog = records.PROGRESS.read(self.state_dir)
@@ -373,7 +374,7 @@ class Watchdog:
         program, loopbound.py) has passed; None while there is no run to stall: during the back-off, and in the
         moments after the run ended while the program waits to exit. The loop record is data: only this
         program's, only times that fit it; anything else gives the full window from the program's start."""
-        loop = records.TRAINER_LOOP.read(self.state_dir)
+        loop = records.kept(records.TRAINER_LOOP, self.state_dir, self.cfg.run_path)
         start = float(info["start"])
         if loop.get("boot") != records.CURRENT.read(self.state_dir).get("started") or loop.get("program") != info["pid"]:
             return start
@@ -416,31 +417,35 @@ class Watchdog:
             return [str(self.cfg.repo.dest)]
         return [str(Path(__file__).resolve().parent / "areal" / "example")]
 
-    def check_finished(self, now: float, info: dict, stopped: dict) -> None:
-        """A trainer still running after its finish record: what is left after PPOTrainer.train returned is
-        the script's own end (a last eval, an upload), given as long as a step may take (trainer_stall_s);
-        past that, something (a non-daemon thread) keeps it alive. Dumped once, then stopped for good."""
+    def check_finished(self, now: float, info: dict, end: ending.End) -> None:
+        """A trainer still running after its finish record, or its final one (stopped for good: a script that
+        never trained): what is left after PPOTrainer.train returned is the script's own end (a last eval, an
+        upload), given as long as a step may take (trainer_stall_s); past that, something (a non-daemon thread)
+        keeps it alive. Dumped once, then stopped for good: never restarted, so a final end stays final."""
+        stopped = end.rec
         since = now - stopped["time"]
         if since < self.w.trainer_stall_s or self.finished_stopped == stopped["time"]:
             return
         self.finished_stopped = stopped["time"]  # once per run, even if the stop below fails
         dump = self.cfg.log_dir / f"hang-{time.strftime('%Y%m%d-%H%M%S')}.txt"
         tool = dump_stacks(info["pid"], dump, self.cfg.log_dir)
-        self.record("stopped", "trainer", f"the run finished {records.at_step(stopped.get('step'))} but the trainer did not "
-                    f"exit for {since:.0f}s (a non-daemon thread?): stacks ({tool}) in {dump}", dump=str(dump))
-        self.stop_for_good(info["pid"])
+        what = f"the run finished {records.at_step(stopped.get('step'))}" if end.family == ending.FINISHED else \
+            f"the trainer stopped for good ({end.kind.name})"
+        self.record("stopped", "trainer", f"{what} but the trainer did not exit for {since:.0f}s (a non-daemon "
+                    f"thread?): stacks ({tool}) in {dump}", dump=str(dump))
+        self.stop_for_good(info["pid"], what)
 
-    def stop_for_good(self, pid: int) -> None:
+    def stop_for_good(self, pid: int, what: str = "the run finished") -> None:
         """supervisord's stop first, so it never restarts the trainer; then SIGKILL for all of its tree:
         a finished trainer's ranks ignore SIGTERM (the hooks' handler only asks the training loop to stop)
         and torchrun starts them in sessions of their own, out of reach of supervisord's group kill. What
         the trainer started elsewhere carries its mark (proc.OWNER_ENV), and no next start will clear it."""
         procs = proc.processes()
         mine = {pid, *proc.descendants(pid, procs)}  # taken first: once killed, their children are orphans
-        why = "the finished trainer's"
+        why = "the finished trainer's" if what.startswith("the run finished") else "the trainer stopped for good"
         targets = {p.pid: proc.Target.of(p, reason=why) for p in procs if p.pid in mine or p.pgid == pid}
         targets.update({t.pid: t for t in proc.marked(self.state_dir, {"trainer": why}) if t.pid not in targets})
-        ending.ask(self.cfg.run_path, ["trainer"], "the watchdog (the run finished, the trainer did not exit)")
+        ending.ask(self.cfg.run_path, ["trainer"], f"the watchdog ({what}, the trainer did not exit)")
         try:
             self.server.supervisor.stopProcess("trainer", False)
         except xmlrpc.client.Fault as e:

@@ -117,6 +117,7 @@ def run_trainer(cfg) -> int:
     ending.SIGNALS.install(cfg)
     try:
         os.environ[ending.PROGRAM_ENV] = str(os.getpid())  # an end the ranks record names this run
+        os.environ[ending.KEEP_ENV] = str(cfg.run_path)  # and is kept there while the volume cannot take it
         proc.become_subreaper()
         # The marker line lets phase detection read only this start's part of the log.
         print(f"[podkit:run] starting trainer (pid {os.getpid()})", flush=True)

@@ -62,6 +62,8 @@ class Pump:
         self.deadline = costguard.Deadline(self.guard, lambda key: self.guards.from_file(key), state_dir, self.say,
                                            self.stop_trainer)
         self._idle: costguard.WhenIdle | None = None
+        self._yours = None  # the stop you asked for, said once (its time)
+        self._full = False  # the trainer's end waits in the run dir for room on the volume
         self.durable_within_s, self._behind = 0.0, ""  # the durability guard (with checkpoint.remote): its limit, its word
         self.trainer_grace_s = trainer_grace_s
         self.state_dir = state_dir
@@ -134,7 +136,7 @@ class Pump:
         record names one, else since its start (a second's slack: this listener's clock stamps the start late)."""
         started = (self.states.get("trainer") or {}).get("started_at")
         return ending.read(self.state_dir, since=started - 1 if isinstance(started, (int, float)) else None,
-                           program_pid=pid)
+                           program_pid=pid, run_dir=self.run_dir)
 
     def finished(self, pid=None) -> None:
         """An expected exit after the trainer recorded its end (max_steps for the fake trainer, AReaL's
@@ -149,22 +151,42 @@ class Pump:
     def standing(self) -> standing.Standing:
         """The pod's standing from this listener's own events (standing.judge: the rule status renders too). A copy
         of them: the cost guard's stopper asks again from its own thread while events come in."""
-        return standing.judge(standing.gather(self.state_dir, standing.of_events(dict(self.states))))
+        return standing.judge(standing.gather(self.state_dir, standing.of_events(dict(self.states)),
+                                              run_dir=self.run_dir))
 
     def cannot_train(self) -> str:
-        """Why this pod can no longer train, "" while it can: a program FATAL, the trainer stopped for good
-        (a refusal, the loop bound, a script that never trained) by its own record since its start, or a
-        cluster node's `ray` stopped by its bound (it cannot join the head)."""
+        """Why this pod can no longer train, "" while it can: what supervisord does, whatever the records say (a
+        program FATAL, the trainer EXITED or STOPPED not by you, a cluster node's `ray` stopped by its bound); the
+        records (the trainer's end) give the words."""
         s = self.standing()
         return s.why if s.stuck else ""
 
     def idle_rule(self) -> None:
-        """Tells the cost guard whether the pod can train, and since when it cannot (costguard.cannot_train)."""
+        """Tells the cost guard whether the pod can train, and since when it cannot (costguard.cannot_train); a
+        trainer you stopped is said once, with the guard it is not counted by."""
         s, now = self.standing(), time.time()
+        yours = s.run == standing.STOPPED_ and not s.stuck
+        if yours and self._yours != s.since and self.guard("stop_pod_after_s"):
+            self.say(f"{s.why}; the pod is not stopped for it (guard.stop_pod_after_s, "
+                     f"{self.guard('stop_pod_after_s'):g} s, counts only a trainer nothing will start)")
+        self._yours = s.since if yours else None
         # Counted from the state change itself: a listener restarted since does not start the wait again.
         since = s.since if s.stuck and isinstance(s.since, (int, float)) and s.since <= now else now
         self._idle = costguard.cannot_train(self._idle, s.why if s.stuck else "", s.who or "the trainer", since,
                                             self.guard, self.state_dir, self.say, still=self.cannot_train)
+
+    def room(self) -> None:
+        """Once the volume has room again: the trainer's end kept in the run dir put back on it, and podkit's
+        reserve made again (records.keep_reserve)."""
+        if self.state_dir is None:
+            return
+        if self.run_dir is not None and not ending.flush_kept(self.state_dir, self.run_dir) and not self._full:
+            self._full = True
+            self.say("the volume is full: the trainer's end is kept in the run dir until it has room")
+        elif self._full and (self.run_dir is None or not ending.KEPT.path(self.run_dir).exists()):
+            self._full = False
+            self.say("the volume has room again: the trainer's end is on it")
+        records.keep_reserve(self.state_dir)
 
     def durability(self, now: float | None = None) -> str:
         """The durability guard (guard.durable_within_s): a notification once the run trains and its last checkpoint
@@ -222,6 +244,7 @@ class Pump:
                 lease.renew(self.state_dir)
             except OSError as e:
                 self.say(f"cannot renew the workspace lease ({e.strerror})")
+            self.room()
             self.idle_rule()  # a guard set on the pod since, or a listener restarted after the trainer stopped
             self.durability()
 
