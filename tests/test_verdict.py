@@ -283,8 +283,11 @@ def test_a_transient_or_volume_kind_needs_its_cause_in_the_first_exception(e):
     out = verdict.decide(e)
     if out is e["own"]:
         return  # the trainer's own record, as it stored it
-    first = min((x["time"] for x in e["errors"]), default=None)
-    causes = [x for x in e["errors"] if x["time"] == first]  # the earliest (a tie: any of them)
+    errs = e["errors"]
+    if e["own"] and ending.KINDS[e["own"]["by"]].family == ending.FINISHED:  # what the run went past is no cause
+        errs = [x for x in errs if x["time"] > e["own"]["time"]]
+    first = min((x["time"] for x in errs), default=None)
+    causes = [x for x in errs if x["time"] == first]  # the earliest (a tie: any of them)
     for kind, fact in ((ending.NETWORK, "transient"), (ending.VOLUME, "volume"), (ending.CHECKPOINT, "checkpoint")):
         if out["by"] == kind:
             assert any(x.get(fact) for x in causes), out

@@ -20,6 +20,7 @@ The evidence, one dict (every field may be missing or None):
   silent      the ranks that ended without going through Python's exit: [{rank, pid, signal, exit}]
   oom         the kernel's OOM kills in the run's cgroup since the start, in words ("": none); cgroup: where
               the count was read ("": nowhere)
+  oom_late    the same since the last step (or the finish) rank 0 noted; None: it noted none
   inference   supervisord's word on inference: {state, start, stop, ready, asked: [{by, at}]}; None on a cluster
   progress    {step, time}: the last step this run recorded and when
   hang        the watchdog's restart of this run: {time, reason, where, dump}
@@ -60,18 +61,8 @@ def decide(ev: dict) -> dict:
         return own
     if asked is None and ev.get("rc") is not None:  # a rank signalled directly, before any failure: a stop
         asked = kill_of(ev, errors, silent)
-    if own and okind.family == ending.FINISHED:  # finished, unless the script failed after train() returned
-        # Rank 0 wrote the finish and runs what follows it (a push); another rank's error then is teardown noise.
-        late = [e for e in errors if e["time"] > own["time"] and e.get("rank", 0) in (0, None)
-                and e.get("through") != "train"]
-        if not late:
-            return own
-        if asked is not None and late[0]["time"] >= asked["at"] - SLACK_S:
-            return stopped(ev, asked, own, step)  # what failed after the finish, the stop cut short (a push)
-        end = of_error({**ev, "oom": ""}, late[0], [], own.get("step", step))
-        end["message"] = f"after training finished ({records.at_step(own.get('step'))}, its checkpoint whole): " \
-                         f"{end.get('message') or summary(late[0])}"
-        return end
+    if own and okind.family == ending.FINISHED:
+        return after_finish(ev, own, asked, errors, silent, step)
     if ev.get("rc") is None:  # the program was killed before it judged: what it left, in the old judge's order
         return killed(ev, own, asked, errors, step)
     if asked is not None:
@@ -93,9 +84,59 @@ def decide(ev: dict) -> dict:
         # The ranks stopped on a SIGTERM this program never got: someone signalled them.
         return {"by": ending.STRAY, "message": own.get("message", ""), "step": own.get("step", step),
                 "asked": "a SIGTERM sent to the ranks, not to the trainer program (someone's kill)"}
+    if errors and died_first(ev, silent):
+        # A rank the kernel or a crash killed (torch's agent saw it die; no stop signal reached it) went first: the
+        # other ranks' exceptions ("Connection closed by peer") are its fallout.
+        end = of_silence(ev, silent, step, before=_t(errors[0]["time"]))
+        end["evidence"] = [*(end.get("evidence") or []), f"then rank {errors[0].get('rank', '?')}: {summary(errors[0])} "
+                           "(its fallout)"]
+        return end
     if errors:
         return of_error(ev, errors[0], silent, step)
     return of_silence(ev, silent, step)
+
+
+DEATHS = {"SIGKILL", "SIGBUS", "SIGSEGV", "SIGABRT", "SIGILL", "SIGFPE"}  # a rank's end that no rank's failure causes
+
+
+def died_first(ev: dict, silent: list) -> list:
+    """The ranks that ended without a word by a kill or a crash (the signal torch's agent reported) and got no stop
+    signal first (torchrun's teardown SIGTERMs the others, which notes it): they died before any rank failed."""
+    noted = {s.get("rank") for s in ev.get("signalled") or [] if isinstance(s, dict)}
+    return [s for s in silent if s.get("signal") in DEATHS and s.get("rank") not in noted]
+
+
+def after_finish(ev: dict, own: dict, asked: dict | None, errors: list, silent: list, step) -> dict:
+    """A run that recorded its finish: finished, unless something failed after it. After a finish, a failure is
+    a failure: rank 0's exception (what runs after train(): a push), any rank's exception out of a later train()
+    call, a rank that died without a word (a signal, os._exit(n)), an OOM kill since the finish, a non-zero exit
+    nothing else explains. Another rank's own exception after the finish is teardown noise (rank 0 still runs)."""
+    late = [e for e in errors if e["time"] > own["time"]
+            and (e.get("rank", 0) in (0, None) or e.get("through") == "train")]
+    noise = [e for e in errors if e["time"] > own["time"] and e not in late]
+    rc = ev.get("rc")
+    failed = rc not in (0, None)
+    dead = [s for s in silent if s.get("signal") or s.get("exit") or failed]
+    # An OOM kill counted from the finish's note (a kill the run stepped past is not after it) that ended the
+    # program or a rank: one of another process (inference) with the trainer's exit 0 is not the trainer's.
+    oom = (ev.get("oom_late") or "") if dead or rc != 0 else ""
+    done = f"after training finished ({records.at_step(own.get('step'))}, its checkpoint whole): "
+    if asked is not None and (late[0]["time"] >= asked["at"] - SLACK_S if late else dead or oom or failed):
+        return stopped(ev, asked, own, step)  # what failed after the finish, the stop cut short (a push)
+    if late:
+        end = of_error({**ev, "oom": "", "oom_late": None}, late[0], [], own.get("step", step))
+        end["message"] = done + (end.get("message") or summary(late[0]))
+        return end
+    if dead or oom:
+        end = of_silence({**ev, "hang": None, "inference": None, "rc": rc or 1, "oom": oom}, dead,
+                         own.get("step", step))
+        end["message"] = done + str(end.get("message") or "")
+        return end
+    if failed and not noise:
+        return {"by": ending.FAILED, "step": own.get("step", step),
+                "message": f"{done}the trainer then exited {rc} with no exception recorded (logs/"
+                           f"{ev.get('name') or 'trainer'}.log has what it printed)"}
+    return own
 
 
 def killed(ev: dict, own: dict | None, asked: dict | None, errors: list, step) -> dict:
@@ -203,6 +244,8 @@ def of_error(ev: dict, e: dict, silent: list, step) -> dict:
     said = f"; the run ended with {summary(e)}"
     base = {"step": step, "where": e.get("where"), "error": e}
     oom = ev.get("oom") or ""
+    if not silent and ev.get("oom_late") is not None:
+        oom = ev["oom_late"]  # no rank was killed: a kill the run stepped past was another process's, not this end
     if e.get("volume"):
         return {**base, "by": ending.VOLUME, "message": f"the volume is {VOLUME_WORDS.get(e['volume'], 'failing')} "
                 f"({e['volume']}) {records.at_step(step)}: {summary(e)}",
@@ -245,8 +288,9 @@ def of_error(ev: dict, e: dict, silent: list, step) -> dict:
     return {**base, "by": ending.FAILED, "message": message, "hint": e.get("hint", ""), "evidence": fallout}
 
 
-def of_silence(ev: dict, silent: list, step) -> dict:
-    """No rank said why: the ranks that ended without a word, the kernel, inference, the exit code."""
+def of_silence(ev: dict, silent: list, step, before: float | None = None) -> dict:
+    """No rank said why: the ranks that ended without a word, the kernel, inference, the exit code. `before`: they
+    ended before then (another rank's fallout was raised), so inference is asked about then."""
     rc = ev.get("rc")
     oom = ev.get("oom") or ""
     who = ", ".join(f"rank {s.get('rank')} (pid {s.get('pid')}{', ' + s['signal'] if s.get('signal') else ''})"
@@ -268,7 +312,7 @@ def of_silence(ev: dict, silent: list, step) -> dict:
         return {"by": ending.HANG, "step": step, "where": hang.get("where"), "hint": ending.hang_fix(hang),
                 "message": str(hang.get("reason") or "no step for watchdog.trainer_stall_s"),
                 "evidence": [f"the watchdog's restart ({hang.get('dump') or 'no dump'})"]}
-    inf = inference_at(ev, None)
+    inf = inference_at(ev, before)
     if inf and (rc != 0 or silent):
         return _inference_end(ev, inf, step, "", None, rc)
     if sigs & NATIVE_CRASH:
@@ -333,7 +377,7 @@ def gather(cfg, rc, started: float, err: dict | None = None, oom_before=None, si
     pid = os.getpid() if program_pid is None and not killed else program_pid
     ev: dict = {"rc": None if killed else rc, "started": started, "finished": time.time(), "program": pid,
                 "place": ending.place(cfg), "name": name}
-    own = ending.read(cfg.state_dir, since=started, program_pid=pid)
+    own = ending.read(cfg.state_dir, since=started, program_pid=pid, run_dir=cfg.run_path)
     ev["own"] = own.rec if own is not None else None
     prog = records.PROGRESS.read(cfg.state_dir)
     ev["progress"] = {"step": prog.get("step"),
@@ -361,6 +405,7 @@ def gather(cfg, rc, started: float, err: dict | None = None, oom_before=None, si
     if not killed:
         ev["silent"] = ending.silent_ranks(cfg.run_path, started, Path(cfg.log_dir) / f"{name}.log")
     ev["oom"] = ending.oom_since(oom_before)
+    ev["oom_late"] = ending.oom_since_step(cfg.run_path, started)
     kills = ending.oom_kills()
     ev["cgroup"] = kills[1] if kills else ""
     ev["inference"] = inference(cfg, started)

@@ -231,38 +231,63 @@ def entry_file(path: str, checkout: str | None) -> str:
     return real
 
 
-DATA_FILES, DATA_READ = 256, 64 << 10  # at most 32 MiB read, whatever the data's size
+DATA_FILES, DATA_READ = 256, 64 << 10  # contents read from at most 256 files: at most 32 MiB, whatever the size
+DATA_LISTED = 200_000  # names and sizes hashed: every file of a dataset up to this many
+
+
+def data_files(path: str) -> list[str]:
+    """Every file under the directory `path`, relative, sorted (at most DATA_LISTED): hidden ones left out, links
+    to directories followed once (a loop of links is walked once), links to nothing kept (data_fingerprint
+    names them)."""
+    out, seen = [], set()
+    for top, dirs, names in os.walk(path, followlinks=True):
+        real = os.path.realpath(top)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        out += [os.path.relpath(os.path.join(top, n), path) for n in names if not n.startswith(".")]
+        if len(out) >= DATA_LISTED:
+            break
+    return sorted(out)[:DATA_LISTED]
 
 
 def data_fingerprint(path: str) -> str:
-    """What a training data path names, told without reading it all: the first 16 hex of sha256 over each file's
-    name (relative), size and first and last 64 KiB, for a local file or directory (at most DATA_FILES files, in
-    name order); the path itself for what is not here (a hub dataset's id). "" for no path."""
+    """What a training data path names, told without reading it all: the first 16 hex of sha256 over every
+    file's name (relative) and size, and the first and last 64 KiB of a deterministic sample of DATA_FILES of
+    them spread evenly over the sorted names (every file when there are fewer), for a local file or directory;
+    a link to nothing, or a file that cannot be read, is hashed as what it is, never as "no fingerprint". The
+    path itself for what is not here (a hub dataset's id); "" for no path."""
     if not path:
         return ""
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return f"id:{path}"
     h = hashlib.sha256()
-    files = []
     if os.path.isdir(path):
-        for top, dirs, names in os.walk(path):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            files += [os.path.join(top, n) for n in sorted(names) if not n.startswith(".")]
-            if len(files) >= DATA_FILES:
-                break
+        files = data_files(path)
+        h.update(f"{len(files)} files\0".encode())
     else:
-        files = [path]
-    try:
-        for f_path in files[:DATA_FILES]:
+        files = [""]
+    step = max(1.0, len(files) / DATA_FILES)
+    sample = {int(i * step) for i in range(min(len(files), DATA_FILES))}
+    for i, rel in enumerate(files):
+        f_path = os.path.join(path, rel) if rel else path
+        h.update(f"{rel}\0".encode())
+        try:
+            if i not in sample:
+                h.update(f"{os.stat(f_path).st_size}\0".encode())
+                continue
             with open(f_path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                h.update(f"{os.path.relpath(f_path, path) if f_path != path else ''}\0{size}\0".encode())
+                h.update(f"{size}\0".encode())
                 h.update(f.read(DATA_READ))
                 if size > 2 * DATA_READ:
                     f.seek(-DATA_READ, os.SEEK_END)
                     h.update(f.read(DATA_READ))
-    except OSError:
-        return ""
+        except OSError as e:  # a link to nothing, a file it may not read: what it is, not nothing
+            link = os.readlink(f_path) if os.path.islink(f_path) else ""
+            h.update(f"unreadable {e.errno} {link}\0".encode())
     return h.hexdigest()[:16]
 
 
