@@ -137,9 +137,9 @@ def judge(ev: Evidence) -> Standing:
                    "will start it (`podkit ctl start trainer` does)", "the trainer", trainer.since, stuck=True)
     if trainer.state == EXITED:
         # Exited 0 (anything else is restarted) without a final or finished end of its own: nothing restarts it.
-        return out(ENDED, None, "the trainer exited without recording a final end" + (
-            f" (its last record: {last['words']})" if last and last["this_run"] else ""), "the trainer",
-            trainer.since, stuck=True)
+        return out(ENDED, None, f"the trainer exited ({last['words']}) and nothing will start it" if last and
+                   last["this_run"] else "the trainer exited without recording a final end", "the trainer",
+                   trainer.since, stuck=True)
     if trainer.state in (BACKOFF, STOPPING):
         return out(RESTARTING, True, "the trainer is restarting", "the trainer", trainer.since)
     if trainer.state == STARTING:

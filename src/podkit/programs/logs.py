@@ -144,9 +144,10 @@ class Pump:
         end = self.trainer_end(pid)
         if end is not None and end.family == ending.FINISHED:
             prog = records.PROGRESS.read(self.state_dir)
-            sent = notify.send("finished", f"training finished {records.at_step(prog.get('step'))} "
+            step = end.step if isinstance(end.step, int) and not isinstance(end.step, bool) else prog.get("step")
+            sent = notify.send("finished", f"training finished {records.at_step(step)} "
                                f"({records.checkpoint_at(prog.get('checkpoint_step'))})", self.state_dir)
-            costguard.when_finished(prog.get("step"), self.guard, self.state_dir, self.say, after=sent)
+            costguard.when_finished(step, self.guard, self.state_dir, self.say, after=sent)
 
     def standing(self) -> standing.Standing:
         """The pod's standing from this listener's own events (standing.judge: the rule status renders too). A copy
