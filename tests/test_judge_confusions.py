@@ -5,6 +5,9 @@ exceptions' facts over real exception classes (failure.classify)."""
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -182,3 +185,187 @@ def test_a_change_in_a_file_past_the_256th_changes_the_fingerprint_and_its_readi
     monkeypatch.setattr(builtins, "open", lambda f, *a, **k: opened.append(f) or real_open(f, *a, **k))
     identity.data_fingerprint(str(d))
     assert len(opened) == identity.DATA_FILES, len(opened)
+
+
+# -- the bootstrap and podkit's hooks under AReaL's Python (no pod, no trainer steps) --------------------------------
+CAUGHT = """import sys
+
+try:
+    open('data/missing.jsonl')
+except FileNotFoundError as e:
+    print('no data:', e)
+    sys.exit(0)
+"""
+CONFIG_ON_FULL_VOLUME = """import getpass, os
+from areal.api.cli_args import GRPOConfig, load_expr_config
+
+fr = os.environ['FR']
+logs = f"{fr}/logs/{getpass.getuser()}/e/t"
+os.makedirs(logs, exist_ok=True)
+os.symlink('/dev/full', logs + '/config.yaml')  # where AReaL saves the config: a full volume
+load_expr_config(['--config', os.environ['YAML'], 'experiment_name=e', 'trial_name=t', f'cluster.fileroot={fr}',
+                  f'recover.fileroot={fr}'], GRPOConfig)
+"""
+OOM_THEN_CLEANUP = """import torch
+from podkit.areal import hooks
+
+st = hooks.state()
+st.training = True  # as train() does on entry; its wrapper records what leaves it (record_through_train)
+try:
+    try:
+        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')
+    except BaseException as e:
+        hooks.record_through_train(st, e)
+        raise
+finally:
+    raise RuntimeError('cleanup: the pool was closed already')
+"""
+WORKER_THREAD = """import json, os, signal, threading, time
+from areal.trainer.rl_trainer import PPOTrainer
+from podkit.areal import hooks
+
+
+class Bare(PPOTrainer):
+    def __init__(self):  # no model, no server: what train() does before AReaL's own code is what is checked
+        pass
+
+    def _requires_proxy_workflow(self, workflow):
+        return False
+
+
+out = {}
+
+
+def run():
+    try:
+        Bare().train(workflow='areal.workflow.rlvr.RLVRWorkflow')
+    except BaseException as e:
+        out['raised'] = f'{type(e).__name__}: {e}'[:300]
+    out['training'] = hooks.state().training
+
+
+t = threading.Thread(target=run)
+t.start()
+t.join()
+# A stop while the worker trains: the script's own SIGTERM handler (podkit could not take it back off the main
+# thread) still flags the step in flight to end with its checkpoint.
+signal.signal(signal.SIGTERM, lambda *_: None)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.2)
+out['flagged'] = hooks.state().sigterm.is_set()
+json.dump(out, open(os.environ['OUT'], 'w'))
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not os.environ.get("AREAL_PYTHON") and not os.environ.get("CI"),
+                    reason="no AReaL environment: set AREAL_PYTHON=$(sh rehearse/env.sh)")
+def test_before_training_each_end_is_named_by_its_cause_not_the_config_nor_never_trained(tmp_path):
+    """Through the real bootstrap and AReaL's own loader, then the judge: a caught FileNotFoundError then
+    sys.exit(0) is named with its type, file and line; ENOSPC while AReaL saves its config is the volume, not a
+    config error; an OOM out of train() followed by a cleanup that raises stays the OOM; train() called from a
+    worker thread gets past podkit's hook (signal.signal is the main thread's) and is not never-trained."""
+    from areal_stack import areal_run
+    from conftest import ROOT
+    from test_your_code_in_process import JUDGED
+
+    repo = tmp_path / "ws" / "repo"
+    repo.mkdir(parents=True)
+    for name, text in (("caught.py", CAUGHT), ("cfgfull.py", CONFIG_ON_FULL_VOLUME), ("cleanup.py", OOM_THEN_CLEANUP),
+                       ("thread.py", WORKER_THREAD)):
+        (repo / name).write_text(text)
+    out = tmp_path / "thread.json"
+    env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
+           "PODKIT_REPO_URL": "https://example.invalid/r.git", "PODKIT_RUN_DIR": str(tmp_path / "run"),
+           "RANK": "0", "SRC": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "FR": str(tmp_path / "fr"),
+           "YAML": str(ROOT / "configs" / "areal" / "grpo-cpu.yaml"), "OUT": str(out)}
+    r = areal_run("-c", JUDGED, "caught.py", "cfgfull.py", "cleanup.py", "thread.py", env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    caught, cfgfull, cleanup, thread = json.loads(r.stdout.strip().splitlines()[-1])
+    assert caught["by"] == "config-error" and "FileNotFoundError" in caught["message"], caught
+    assert f"{repo / 'caught.py'}:4" in caught["message"] and "exited 0" in caught["message"], caught
+    assert cfgfull["by"] == "volume-error" and "ENOSPC" in cfgfull["message"], cfgfull
+    assert cleanup["by"] == "out-of-memory" and "cleanup" in cleanup["message"], cleanup
+    got = json.loads(out.read_text())
+    assert got["training"] is True and "main thread" not in got.get("raised", "") and got["flagged"], got
+    assert thread["by"] != "never-trained", thread
+
+
+CUT_DOWNLOADS = """import json
+import aiohttp
+from aiohttp import http_exceptions
+from podkit import failure
+
+
+def cut(cls, *args):
+    try:
+        try:
+            raise http_exceptions.ContentLengthError('Not enough data to satisfy content length header.')
+        except Exception as inner:
+            raise cls(*args) from inner
+    except Exception as e:
+        return e
+
+
+errors = [cut(aiohttp.ClientPayloadError, 'Response payload is not completed'), cut(aiohttp.ServerDisconnectedError),
+          cut(aiohttp.ClientConnectionResetError, 'Cannot write to closing transport'),
+          cut(ConnectionRefusedError, 111, 'Connection refused')]
+print(json.dumps([failure.transient(e) for e in errors]))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not os.environ.get("AREAL_PYTHON") and not os.environ.get("CI"),
+                    reason="no AReaL environment: set AREAL_PYTHON=$(sh rehearse/env.sh)")
+def test_a_data_download_cut_mid_body_is_the_network_retried_like_a_refused_connection():
+    """aiohttp's ClientPayloadError (a body cut short: the dataset's download) and its kin, the real classes in
+    AReaL's environment, are a network error that may pass, as a refused connection is: retried, never the
+    script's config."""
+    from areal_stack import areal_run
+
+    r = areal_run("-c", CUT_DOWNLOADS)
+    assert r.returncode == 0, r.stderr[-3000:]
+    payload, disconnected, reset, refused = json.loads(r.stdout.strip().splitlines()[-1])
+    assert payload and disconnected and reset and refused, (payload, disconnected, reset, refused)
+
+
+FIRST_TO_DIE = """import os, signal, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group('gloo')
+if dist.get_rank() == 1:
+    time.sleep(2)
+    os.kill(os.getpid(), signal.SIGKILL)  # the kernel's OOM killer, or someone's kill -9
+dist.all_reduce(torch.zeros(1))  # rank 0 waits for its peer, which is gone
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not os.environ.get("AREAL_PYTHON") and not os.environ.get("CI"),
+                    reason="no AReaL environment: set AREAL_PYTHON=$(sh rehearse/env.sh)")
+def test_rank_1_sigkilled_under_real_torchrun_is_the_cause_not_rank_0s_collective_error(tmp_path):
+    """Real torchrun, two ranks through podkit's bootstrap: rank 1 is SIGKILLed while rank 0 waits for it in a
+    collective. The end names rank 1's kill, not rank 0's "Connection closed by peer"."""
+    import time
+
+    from areal_stack import areal_run
+    from conftest import ROOT, free_port
+    from podkit import config
+
+    repo = tmp_path / "ws" / "repo"
+    repo.mkdir(parents=True)
+    (repo / "die.py").write_text(FIRST_TO_DIE)
+    (tmp_path / "ws" / "logs").mkdir(parents=True)
+    env = {"PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"), "PODKIT_WORKSPACE": str(tmp_path / "ws"),
+           "PODKIT_REPO_URL": "https://example.invalid/r.git", "PODKIT_RUN_DIR": str(tmp_path / "run"),
+           "HF_HUB_OFFLINE": "1", "PODKIT_TRAINER_ENTRY": "die.py"}
+    cfg = config.load(ROOT / "configs" / "cpu-rehearsal.yaml", environ=env)
+    started = time.time()
+    r = areal_run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--master-port",
+                  str(free_port()), str(ROOT / "src" / "podkit" / "areal" / "bootstrap.py"), "--config", "x.yaml",
+                  env=env, cwd=tmp_path, timeout=200)
+    (tmp_path / "ws" / "logs" / "trainer.log").write_text(r.stdout + r.stderr)
+    end = verdict.decide(verdict.gather(cfg, r.returncode, started))
+    assert r.returncode != 0 and end["by"] == ending.KILLED, (r.returncode, end, r.stderr[-3000:])
+    assert "rank 1" in end["message"] and "SIGKILL" in end["message"], end

@@ -132,7 +132,9 @@ def unreachable(at: dict) -> str:
 TRANSIENT_NAMES = {"ConnectionError", "ConnectTimeout", "ReadTimeout", "Timeout", "NewConnectionError",
                    "ProtocolError", "ReadTimeoutError", "ConnectTimeoutError", "ConnectError", "RemoteProtocolError",
                    "ClientConnectorError", "ServerDisconnectedError", "ClientOSError", "TimeoutException",
-                   "ChunkedEncodingError", "IncompleteRead", "RemoteDisconnected", "ServerTimeoutError"}
+                   "ChunkedEncodingError", "IncompleteRead", "RemoteDisconnected", "ServerTimeoutError",
+                   # aiohttp: a body cut mid-way (a data download, fsspec's http), the server gone mid-answer
+                   "ClientPayloadError", "ClientConnectionResetError", "ContentLengthError", "TransferEncodingError"}
 # What cannot heal by itself however often it is tried: the hub told offline with nothing cached, a repo or file
 # that is not there or is gated, a name that does not exist.
 PERMANENT = ("OfflineModeIsEnabled", "GatedRepoError", "RepositoryNotFoundError", "RevisionNotFoundError",
@@ -146,7 +148,10 @@ _REACH = re.compile(r"Couldn't reach '([^']+)'")
 
 def _status(e: BaseException) -> int | None:
     """An HTTP error's status: requests' and huggingface_hub's `response.status_code`, urllib's `code`,
-    aiohttp's `status`."""
+    aiohttp's `status`. Not aiohttp's HttpProcessingError's `code`: its own parser's (400 for a body cut short),
+    no server's answer."""
+    if "HttpProcessingError" in {c.__name__ for c in type(e).__mro__}:
+        return None
     for value in (getattr(getattr(e, "response", None), "status_code", None), getattr(e, "code", None),
                   getattr(e, "status", None)):
         if isinstance(value, int) and not isinstance(value, bool) and 100 <= value < 600:

@@ -170,13 +170,26 @@ def run(cfg, argv: list[str]) -> int:
                 ending.write(cfg.state_dir, ending.ENDED_EARLY, f"your script ended training with exit 0 inside "
                              f"PPOTrainer.train{' at ' + at if at else ''}, before its last step",
                              ending.kind(ending.ENDED_EARLY).fix)
+        elif not code and not st.training and isinstance(e.__context__, Exception):
+            # sys.exit(0) while an exception was handled, before training: that exception, caught and hidden (a
+            # missing file the script printed and left on), named with its type, file and line, judged as if raised.
+            caught = e.__context__
+            err = hooks.seen(caught) or record_error(cfg, st, caught, roots, target)
+            if runtime_error(caught, err["message"]) or any(err.get(k) for k in CAUSES):
+                return 1  # what may pass (the network, memory, the volume): the loop bound's, by its kind
+            at = _line_of(e.__traceback__, roots)
+            st.refuse(f"the training script failed before training started, at {err['where']} (it caught the "
+                      f"exception and exited 0{' at ' + at if at else ''})",
+                      f"{err['type']}: {err['message']}" + (f"\n{err['code']}" if err["code"] else ""),
+                      (err["hint"] + "; " if err["hint"] else "") + ending.fix_code(cfg))
+            return 2
         if code or st.training or isinstance(e, hooks.Refused):
             return code
         # sys.exit(0) (or sys.exit(main())) without training: as a script that ended, below.
     except BaseException as e:  # noqa: BLE001 - every way out of the script is recorded (CheckpointException,
         # KeyboardInterrupt: BaseExceptions), then judged by its kind (verdict.decide)
         st.handling = True  # a SIGTERM now (torchrun's, as this rank exits) must not cut its record short
-        err = hooks.seen(e) or record_error(cfg, st, e, roots, target)
+        err = hooks.seen(e) or left_train(cfg, st, e) or record_error(cfg, st, e, roots, target)
         if isinstance(e, KeyboardInterrupt) or not isinstance(e, Exception):
             raise
         if st.training or runtime_error(e, err["message"]) or any(err.get(k) for k in CAUSES):
@@ -195,6 +208,25 @@ def run(cfg, argv: list[str]) -> int:
                          "(as AReaL's examples do under `if __name__ == \"__main__\"`); " + ending.fix_code(cfg),
                          step=None)
     return 0
+
+
+def left_train(cfg, st, e: BaseException) -> dict | None:
+    """The record of the exception that left PPOTrainer.train when `e` was raised while handling it (a cleanup in
+    the script's `finally` or `except` that failed too): that one is the cause (an OOM stays an OOM), and `e` is
+    named beside it. None when `e` came from no such exception."""
+    from podkit import failure
+    from podkit.areal import hooks
+
+    for x in failure.chain(e)[1:]:
+        rec = hooks.seen(x)
+        if rec and rec.get("through") == "train":
+            first, _, rest = str(rec.get("message") or "").partition("\n")
+            then = f"{type(e).__name__}: {failure.safe_str(e, 300).splitlines()[0] if failure.safe_str(e) else ''}"
+            rec = {**rec, "message": f"{first} (then, in the cleanup after it: {then.rstrip(': ')})"
+                                     + (f"\n{rest}" if rest else "")}
+            failure.write(cfg.run_path, st.rank, rec)
+            return rec
+    return None
 
 
 def _line_of(tb, roots: list[str]) -> str:

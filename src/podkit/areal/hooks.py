@@ -170,6 +170,10 @@ def hook_config_loader(st: State) -> None:
             try:
                 loaded = original(argv, config_cls)
             except Exception as e:  # noqa: BLE001 - hydra, omegaconf and AReaL's own checks raise their own types
+                from podkit import failure
+
+                if failure.volume_of(e) or failure.oom_of(e) or failure.transient(e):
+                    raise  # not the config: a full volume while AReaL saves it, memory, the network (judged so)
                 # The same on every restart: a restart loop re-importing torch every 20 s fixes nothing.
                 raise st.refuse("AReaL rejected its config", f"{type(e).__name__}: {e}".strip(),
                                 unknown_key(e, argv) + "fix trainer.areal_config or trainer.overrides: "
@@ -436,6 +440,8 @@ def noting(real, getsignal):
             def handler(signum, frame):
                 if _state is not None:
                     _state.note_signal(signum)
+                    if signum == signal.SIGTERM and _state.training:  # train() in a worker thread could not take
+                        _state.sigterm.set()  # SIGTERM back: its step in flight still ends with a checkpoint
                 return user(signum, frame)
 
             handler.__wrapped__, handler._podkit_noting = user, True
@@ -490,13 +496,15 @@ def hook_trainer(st: State) -> None:
         signature = inspect.signature(original)
 
         def train(self, *args, **kwargs):
+            st = _state  # installed once per process: the current install's state, not the first's
             bound = signature.bind(self, *args, **kwargs)
             bound.apply_defaults()
             caller = inspect.currentframe().f_back  # the user's line that calls train(workflow=...)
             where = f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller else "the training script"
             del caller
             refuse_what_spmd_cannot_run(st, self, bound.arguments, where)
-            signal.signal(signal.SIGTERM, st.on_sigterm)  # taken back from the script's own handler
+            if threading.current_thread() is threading.main_thread():  # only it may (a worker's train(): its
+                signal.signal(signal.SIGTERM, st.on_sigterm)  # stop is the main thread's handler's, flagged)
             st.training = True
             ending.rank_alive(st.cfg.run_path, st.rank, training=True)
             if st.rank == 0 and st.run is not None:  # this run owns its checkpoints from here on
@@ -514,6 +522,7 @@ def hook_trainer(st: State) -> None:
                     st.attacher.done.set()
             st.returned = True
             if progress is not None and st.stopped_by != ending.LEASE_LOST:  # a lost lease: the record is theirs
+                ending.note_oom_kills(st.cfg.run_path, progress.data.get("step"))  # a kill after it: a failure
                 ending.write(st.cfg.state_dir, st.stopped_by or ending.DONE, progress=progress)
             return result
 
@@ -708,6 +717,7 @@ def supervise(st: State, trainer) -> Progress | None:
                            reward=stat(data, "task_reward/avg", "reward/avg"),
                            logp_gap=logp_gap(data), weight_update_s=stat(data, "timeperf/update_weights"))
             records.HISTORY.append(cfg.state_dir, step, progress.data.get("reward"), progress.data.get("loss"))
+            ending.note_oom_kills(cfg.run_path, step)  # an OOM kill counted by now, the run stepped past
             evaluated = stat(data, "eval-rollout/reward")  # only on the evaluator's steps
             if evaluated is not None:
                 progress.write(eval_reward=evaluated, eval_step=step)
