@@ -14,6 +14,7 @@ import time
 import pytest
 
 from conftest import PODKIT, alive, free_port, smoke_env, wait_for
+from podkit import ending
 from test_costguard import STOP, on_runpod, receiver, runpod_api  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -143,6 +144,30 @@ def test_a_run_that_trains_to_the_end_then_hangs_is_stopped_once_counted_finishe
     assert writes == [STOP] and len(actions(s.workspace)) == 1
     assert len(list((s.workspace / "logs").glob("hang-*.txt"))) == 1
     assert s.status()["programs"]["trainer"]["state"] == "STOPPED"
+    assert s.stop() == 0
+
+
+def test_a_script_stopped_for_good_that_does_not_exit_is_stopped_never_restarted_and_its_pod_stops(
+        stack_factory, runpod_api, receiver):  # noqa: F811 - fixtures
+    """A script that never trains (its end: never-trained, final) and whose non-daemon thread keeps it alive. Before:
+    "stopped for good ... the pod stops itself after 5 s unless the trainer is started again", then the watchdog
+    restarted it as a hang, 4 starts in 180 s, the pod billing. Now: stopped once, never started again, and the pod
+    stops after guard.stop_pod_after_s, as stopped for good."""
+    s = stack_factory(**{**FINISHED_THEN_HUNG, "FAKE_TRAINER_HANG_AFTER_DONE": ending.NEVER_TRAINED},
+                      PODKIT_GUARD_STOP_POD_AFTER_S="2", PODKIT_NOTIFY_WEBHOOK_URL=receiver.url,
+                      **on_runpod(runpod_api.url)).start()
+    trainer = wait_for(lambda: s.pid("trainer"), 30, what="the trainer")
+    wait_for(lambda: STOP in runpod_api.calls(), 60, what="the pod stop")
+    (act,) = actions(s.workspace)
+    assert act["action"] == "stopped" and "stopped for good (never-trained) but the trainer did not exit" in \
+        act["reason"], act
+    assert not alive(trainer)
+    st = s.status()
+    assert st["programs"]["trainer"]["state"] == "STOPPED" and st["programs"]["trainer"]["restarts"] == 0, st
+    assert st["standing"]["run"] == "cannot-train", st["standing"]
+    assert "the trainer stopped for good (never-trained)" in receiver.one("pod-stop")["text"]
+    time.sleep(4)  # past another stall limit: nothing more happens
+    assert len(actions(s.workspace)) == 1 and s.log("trainer").count("[podkit:run] starting trainer") == 1
     assert s.stop() == 0
 
 

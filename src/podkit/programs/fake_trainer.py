@@ -349,6 +349,13 @@ def main(cfg) -> int:
         signal.signal(signal.SIGTERM, trainer.on_sigterm)
         signal.signal(signal.SIGINT, trainer.on_sigterm)
     signal.signal(signal.SIGUSR1, _injected_hang)
+    if os.environ.get(HANG_AFTER_DONE) == ending.NEVER_TRAINED:
+        # Fault injection: a script that never trains (its end says so, final) and whose non-daemon thread keeps
+        # it alive: the watchdog stops it, never restarts it as a hang
+        ending.write(cfg.state_dir, ending.NEVER_TRAINED, "the script ended without training",
+                     ending.kind(ending.NEVER_TRAINED).fix)
+        threading.Thread(target=threading.Event().wait, name="left-running").start()
+        return 0
     code = trainer.run()
     if os.environ.get(HANG_AFTER_DONE) == "1" and \
             (trainer.progress.data.get("stopped") or {}).get("by") in ending.FINISHED_KINDS:
