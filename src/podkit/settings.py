@@ -70,9 +70,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "stop_pod_when_finished": Field(str, "auto", "cost guard: auto stops the RunPod pod (RUNPOD_POD_ID) when "
                                         "training finishes, after its checkpoint and notification", "",
                                         choices=("auto", "never")),
-        "stop_pod_after_s": Field(float, 3600.0, "cost guard: a RunPod pod that cannot train this long (safe mode, "
-                                  "the trainer stopped for good, a program FATAL) stops itself (the volume stays); "
-                                  "0: never", "s", minimum=0),
+        "stop_pod_after_s": Field(float, 3600.0, "cost guard: a RunPod pod that does not train this long (safe "
+                                  "mode, a program FATAL, a trainer that supervisord will not start again and you did "
+                                  "not stop) stops itself (the volume stays); 0: never", "s", minimum=0),
         "stop_pod_at": Field(float, 0.0, "cost guard: a RunPod pod stops itself at this Unix time, the trainer "
                              "first with its checkpoint (`podkit deploy --max-runtime` sets it); 0: never", "s",
                              minimum=0, maximum=4102444800),  # 2100-01-01
