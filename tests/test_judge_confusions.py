@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 from hypothesis import given
@@ -135,6 +136,17 @@ def test_another_processs_oom_kill_the_run_stepped_past_leaves_the_scripts_keyer
     last step already had it): no rank was killed, so the KeyError is the script's, not out of memory."""
     out = decide(rc=1, errors=[err(2400, "KeyError", "'answer'")], oom=OOM, oom_late="")
     assert out["by"] == ending.FAILED and "KeyError" in out["message"], out
+
+
+@PROPS
+@given(evidence)
+def test_an_exception_with_no_rank_killed_and_no_oom_kill_since_the_last_step_is_never_out_of_memory(e):
+    """Invariant: the program ended by itself, no rank died without a word, and the kernel's count did not rise
+    since the last step: only an exception's own memory fact (its type) makes it out of memory."""
+    errors = [{k: v for k, v in x.items() if k != "oom"} for x in e["errors"]]
+    e = {**e, "rc": e["rc"] if e["rc"] is not None else 1, "own": None, "silent": [], "oom_late": "",
+         "errors": errors}
+    assert verdict.decide(e)["by"] != ending.OOM or not errors, verdict.decide(e)
 
 
 def test_an_oom_kill_since_the_last_step_with_an_exception_is_still_out_of_memory():
@@ -347,8 +359,6 @@ dist.all_reduce(torch.zeros(1))  # rank 0 waits for its peer, which is gone
 def test_rank_1_sigkilled_under_real_torchrun_is_the_cause_not_rank_0s_collective_error(tmp_path):
     """Real torchrun, two ranks through podkit's bootstrap: rank 1 is SIGKILLed while rank 0 waits for it in a
     collective. The end names rank 1's kill, not rank 0's "Connection closed by peer"."""
-    import time
-
     from areal_stack import areal_run
     from conftest import ROOT, free_port
     from podkit import config
@@ -369,3 +379,31 @@ def test_rank_1_sigkilled_under_real_torchrun_is_the_cause_not_rank_0s_collectiv
     end = verdict.decide(verdict.gather(cfg, r.returncode, started))
     assert r.returncode != 0 and end["by"] == ending.KILLED, (r.returncode, end, r.stderr[-3000:])
     assert "rank 1" in end["message"] and "SIGKILL" in end["message"], end
+
+
+@pytest.mark.rehearsal
+@pytest.mark.xdist_group("areal")
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not os.environ.get("AREAL_PYTHON") and not os.environ.get("CI"),
+                    reason="no AReaL environment: set AREAL_PYTHON=$(sh rehearse/env.sh)")
+def test_a_second_stage_whose_train_raises_after_the_first_finished_is_a_failure_not_training_finished(
+        rehearsal, tmp_path):
+    """The real trainer: the script's stage 1 trains one step and finishes (its finish recorded), then its stage 2,
+    a second PPOTrainer under the same names, raises. The end is that failure, after training finished, never
+    "training finished" (which stops the pod as done)."""
+    from areal_stack import EXAMPLE, example_remote, repo_env
+    from conftest import wait_for
+
+    two = (EXAMPLE / "train.py").read_text().replace(
+        "\n\nif __name__", "\n    with PPOTrainer(config, train_dataset=train, valid_dataset=valid) as trainer:  # stage 2\n"
+        "        trainer.train(workflow=workflow(config.gconfig))\n\n\nif __name__", 1)
+    assert "# stage 2" in two
+    remote = example_remote(tmp_path, **{"train.py": two})
+    env = repo_env(remote, PODKIT_TRAINER_RESTART_DELAY_S="1")
+    env["PODKIT_TRAINER_OVERRIDES"] += " total_train_steps=1"
+    s = rehearsal(**env).start()
+    since = time.time()
+    end = wait_for(lambda: (st := (s.progress().get("stopped") or {})).get("time", 0) > since
+                   and st.get("by") != ending.DONE and st, 480, interval=1, what="the end after stage 2")
+    assert ending.KINDS[end["by"]].family != ending.FINISHED, end
+    assert "after training finished" in end.get("message", ""), (end, s.log("trainer")[-4000:])
