@@ -108,7 +108,7 @@ def unable_since(st: dict) -> tuple[float | None, str]:
     since = s.get("since") if isinstance(s.get("since"), (int, float)) else None
     if s.get("run") == standing.SAFE_MODE:
         return since, "in safe mode"
-    if s.get("run") == standing.CANNOT:
+    if s.get("stuck") is True or s.get("run") == standing.CANNOT:  # what the listener's cost guard counts
         return since, str(s.get("why") or "it cannot train")
     return None, ""
 
@@ -117,7 +117,7 @@ def _forecast_after(after, ctx: dict) -> dict:
     st, now, at = ctx["st"], ctx["now"], ctx["values"].get("stop_pod_at") or 0
     after = after or 0
     since, why = unable_since(st)
-    base = f"after {_span(after)} unable to train (safe mode, the trainer stopped for good, a program FATAL)"
+    base = f"after {_span(after)} not training (safe mode, a program FATAL, a trainer nothing will start)"
     f = {"at": None, "on": why or "the pod trains", "words": base if after else "never"}
     if after and why:
         if isinstance(since, (int, float)) and since == since and abs(since) != float("inf"):

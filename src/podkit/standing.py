@@ -65,7 +65,7 @@ class Standing:
 
     def as_dict(self) -> dict:
         return {"run": self.run, "can_train": self.can_train, "why": self.why, "who": self.who,
-                "since": self.since, "state": self.state, "last": self.last}
+                "since": self.since, "state": self.state, "last": self.last, "stuck": self.stuck}
 
 
 def _this_run(end: ending.End | None, trainer: Program | None, booted: float | None) -> bool:
