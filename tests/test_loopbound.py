@@ -140,6 +140,28 @@ def test_a_trainer_killed_on_every_run_by_nobody_podkit_knows_stops_too_only_lat
     assert loopbound.Bound(cfg).hold_off(), "`podkit ctl start trainer` after the stop counts from zero"
 
 
+def test_a_final_end_then_a_kill_before_the_exit_stays_final_and_only_your_start_trains_again(tmp_path):
+    """The script recorded its own final end (never-trained), then its program was killed before it exited 0 (an OOM
+    kill, supervisord's SIGKILL): supervisord starts it again (a non-zero exit), and the loop bound trained it again.
+    Now the next start judges the kill, finds the final end and stays stopped, the end named for this start; a
+    start after that one (`podkit ctl start trainer`: the program exited as it should) trains."""
+    import os
+
+    from podkit import ending, loopbound, records
+
+    cfg = bound_cfg(tmp_path)
+    first = loopbound.Bound(cfg)
+    assert first.hold_off()
+    killed = first.rec["program"]
+    ending.store(tmp_path, ending.record(ending.NEVER_TRAINED, "the script ended without training", program=killed))
+    # killed here: no finish(), its `running` stays on record
+    assert not loopbound.Bound(cfg).hold_off(), "a final end stays final"
+    stopped = records.PROGRESS.read(tmp_path)["stopped"]
+    assert stopped["by"] == ending.NEVER_TRAINED and stopped["program"] == os.getpid(), stopped
+    assert "running" not in records.TRAINER_LOOP.read(tmp_path)
+    assert loopbound.Bound(cfg).hold_off(), "your start after the stop trains"
+
+
 def test_a_resume_is_not_a_new_step_but_a_step_trained_after_it_is(tmp_path):
     from podkit import ending, loopbound, records
 

@@ -134,9 +134,16 @@ class Bound(Loop):
         ran, program = self.rec.pop("running", None), self.rec.pop("program", None)
         oom = self.rec.pop("oom_kills", None)
         if isinstance(ran, (int, float)):
-            self.count_end(ending.judge_killed(self.cfg, ran, program if isinstance(program, int) else None, oom),
-                           1, ran)
+            end = ending.judge_killed(self.cfg, ran, program if isinstance(program, int) else None, oom)
+            self.count_end(end, 1, ran)
             if self.rec.get("gave_up"):
+                return False
+            if end.family == ending.FINAL:
+                # Its own final end, then killed before it could exit 0 (an OOM kill, supervisord's SIGKILL): a final
+                # end stays final; only `podkit resume`, `podkit ctl start trainer` or a new boot start it again.
+                ending.store(self.state_dir, {**end.rec, "program": os.getpid()})  # this start's end now
+                self.rec.update(program=os.getpid(), phase="ended", ended_at=time.time())
+                self.save()
                 return False
         wait = self.wait_s(self.in_a_row())
         # The watchdog reads the phase: a back-off, or the program's end after its run, is not a hang.
