@@ -168,7 +168,8 @@ def store(state_dir: Path, rec: dict, progress=None) -> dict:
     rec = {k: v for k, v in rec.items() if k in records.STOPPED and v is not None}
     try:
         if progress is not None:
-            progress.update(stopped=rec)
+            if progress.update(stopped=rec) is False:  # not written (it said why): kept off the volume
+                keep(rec)
         else:
             prog = records.PROGRESS.read(state_dir)
             prog["stopped"] = rec

@@ -54,6 +54,21 @@ def test_a_script_failing_on_a_full_volume_is_bounded_and_the_pod_stops_with_its
     assert s.stop() == 0
 
 
+def test_a_run_that_reaches_max_steps_on_a_full_volume_is_finished_and_its_pod_stops_as_finished(
+        small_ws, stack_factory, runpod_api, receiver):  # noqa: F811
+    """Before: no "training finished", the pod billing on. Now the trainer's finish, kept in the run dir, is read by
+    the listener: notified, and the pod stopped as finished (guard.stop_pod_when_finished: auto)."""
+    s = stack_factory("ws", PODKIT_TRAINER_MAX_STEPS="8", PODKIT_TRAINER_CHECKPOINT_EVERY="1",
+                      PODKIT_NOTIFY_WEBHOOK_URL=receiver.url, **on_runpod(runpod_api.url)).start()
+    s.wait_step(3, timeout=90)
+    fill(small_ws / "filler")
+    wait_for(lambda: STOP in runpod_api.calls(), 90, what="the pod's stop")
+    assert "training finished at step 8" in receiver.one("finished")["text"]
+    assert "training finished at step 8 (guard.stop_pod_when_finished: auto)" in receiver.one("pod-stop")["text"]
+    assert s.progress()["step"] < 8, "the volume took none of the last steps"
+    assert s.stop() == 0
+
+
 def test_a_record_podkit_cannot_write_for_want_of_room_takes_the_reserve_which_comes_back_with_room(tmp_path):
     """records.write_json on a full volume gives up podkit's reserve and writes; keep_reserve makes it again only once
     the volume has room for it and as much again; a reserve that is not a file (planted) is never replaced."""
