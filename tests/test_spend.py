@@ -317,3 +317,48 @@ def test_a_replacement_carries_the_earlier_pods_pod_by_pod():
     legacy = spend.advance({**a, "carried": None, "run_before": 7.0}, look(T0 + 2 * H, 1.0, pod="pod-b",
                                                                          started=T0 + 1.5 * H))
     assert legacy["carried"][spend.EARLIER]["spent"] == 7.0 and legacy["carried"]["pod-a"]["spent"] == 1.0
+
+
+# -- a start read another way (issue 56) --------------------------------------------------------------------------
+def _hourly(n: int, **at) -> list[dict]:
+    """n + 1 looks an hour apart at $2/h on one start (this container booted half an hour after it), the look `k` in
+    `at` changed as given."""
+    return [look(T0 + k * H, 2.0, dt=H if k else None, boot=T0 + H / 2, **at.get(str(k), {})) for k in range(n + 1)]
+
+
+@pytest.mark.parametrize("what,odd", [
+    ("startedAt missing from one answer", {"started": None, "start_raw": None}),
+    ("startedAt that cannot be read, once", {"started": None, "start_raw": "T23:59:60Z"}),
+    ("the same start in Go's format with its nanoseconds", {"started": T0 + 0.123456789}),
+])
+def test_one_answer_with_its_start_missing_or_in_another_shape_never_re_adds_the_whole_run(what, odd):
+    """10 h at $2/h is $20: one answer without startedAt (or in RunPod's other time format) was taken as a new start
+    and re-added the whole run ($40, $60), and nothing was said."""
+    ls = walk(_hourly(10, **{"7": odd}))
+    assert [lg["spent"] for lg in ls][-1] == pytest.approx(20.0), (what, [lg["spent"] for lg in ls])
+    assert ls[-1]["started"] == T0
+
+
+def test_a_start_readable_after_reads_that_counted_from_the_boot_is_not_counted_twice():
+    """The first answers' start could not be read (counted from this container's boot, an hour after the pod's
+    start); then it can: the run is its start's, once (not the boot's hours plus the start's)."""
+    boot = T0 + H
+    ls = walk([look(T0 + 2 * H, 2.0, started=None, boot=boot), look(T0 + 3 * H, 2.0, dt=H, boot=boot)])
+    assert ls[0]["spent"] == pytest.approx(2.0) and ls[1]["spent"] == pytest.approx(6.0), [lg["spent"] for lg in ls]
+
+
+def test_a_host_clock_hours_ahead_times_the_run_by_runpods_clock():
+    """RunPod's answer dated T0 + 1 h, the pod started at T0 by RunPod's clock, the host's clock 3 h ahead: an hour
+    at $2/h is $2, not $8."""
+    ls = walk([look(T0 + 4 * H, 2.0, server_time=T0 + H)])
+    assert ls[0]["spent"] == pytest.approx(2.0), ls[0]
+
+
+@pytest.mark.parametrize("raw", ["2026-11-28T23:59:60Z", "2026-11-28T24:00:00Z", "2026-02-30T10:00:00Z",
+                                 "2026-13-01T00:00:00+00:00"])
+def test_a_start_shaped_like_a_time_but_not_one_is_no_start_and_no_failed_read(raw):
+    from podkit import runpod
+
+    assert runpod.started_at({"startedAt": raw}) is None
+    ls = walk([look(T0 + H, 2.0, started=None, start_raw=raw)])
+    assert ls[0]["source"] == "estimated" and ls[0]["spent"] == pytest.approx(2.0) and "cannot be read" in ls[0]["why"]

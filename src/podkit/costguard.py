@@ -586,6 +586,7 @@ class Meter:
                                if isinstance(pod.get(f), str)}
         look = {"ok": True, "price": price if price is not None else pod.get("cost"), "running": running,
                 "started": runpod.started_at(pod), "start_raw": pod.get("startedAt"), "bill": None,
+                "server_time": self._client.answered_at,
                 "catalogue": self._catalogue(pod) if running and not price else None}
         try:
             look["bill"] = self._client.pod_billing(self.pod, pod.get("createdAt"))

@@ -221,7 +221,10 @@ def started_at(pod: dict | None) -> float | None:
     if not isinstance(raw, str) or len(raw) > 64:
         return None
     if _RFC3339.match(raw):
-        return dt.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+        try:  # shaped like a time but not one (a leap second's :60, 24:00, February 30): no start
+            return dt.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
     m = _GO_TIME.match(raw.strip())
     if not m:
         return None
@@ -290,6 +293,7 @@ class Client:
         self.timeout_s, self.retries = timeout_s, retries
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self.sleep, self.agent = sleep, agent
+        self.answered_at: float | None = None  # the Date of the last answer (RunPod's clock), a Unix time
 
     def redact(self, text: str) -> str:
         """The key out of `text`, and whatever an Authorization header carries."""
@@ -327,6 +331,8 @@ class Client:
                 with self._request(method, path, body, query, None, timeout_s or self.timeout_s) as r:
                     raw = r.read(ANSWER_MAX_BYTES + 1)
                     status = r.status
+                    when = _answer_date(r.headers.get("Date"))  # RunPod's clock: a start is timed by it
+                    self.answered_at = when.timestamp() if when is not None and when.tzinfo is not None else None
             except urllib.error.HTTPError as e:
                 status, raw = e.code, _error_body(e)
                 if status == 404 and ok_missing:

@@ -44,6 +44,7 @@ import math
 import time
 
 SOURCES = ("billed", "read", "estimated", "unknown")  # surest first
+SAME_START_S = 5.0  # one start read twice (RFC 3339 and Go's format, their fractions) differs by less
 LAG_S = 300.0  # RunPod's bill lags the pod's running by minutes: a bill further behind is not yet the spend
 AMOUNT_MAX = 1e7  # USD: past it a number is not an amount of one pod's money
 RATE_MAX = 1000.0  # USD/h: a pod of 8 of RunPod's dearest GPUs costs a few tens; more is not a price
@@ -106,9 +107,20 @@ def advance(ledger: dict | None, look: dict) -> dict:
                 price, price_from = None, None
                 why = f"RunPod shows no price for the running pod ({look.get('price')!r:.40}), and the GPU " \
                       "catalogue has none for its GPUs"
+        # How long the pod has run is timed by RunPod's clock (its answer's Date) where it gave one: a host clock
+        # hours ahead never makes an hour's run four
+        clock = look.get("server_time")
+        clock = float(clock) if isinstance(clock, (int, float)) and not isinstance(clock, bool) and \
+            math.isfinite(clock) and clock > 0 else now
         started = look.get("started")
         started = float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) \
-            and math.isfinite(started) and 0 < started <= now + 300 else None
+            and math.isfinite(started) and 0 < started <= max(now, clock) + 300 else None
+        known = _time(prev.get("started"))
+        if known is not None and (started is None and running or started is not None and
+                                  abs(started - known) <= SAME_START_S):
+            # one read without its start (a field missing, a shape that cannot be read) or the same start in
+            # another format: the start known, never a new one that re-adds the whole run
+            started = known
         if started is None and running:  # a running pod whose start cannot be read: this container's boot
             boot = look.get("boot")
             started = float(boot) if isinstance(boot, (int, float)) and 0 < boot <= now else None
@@ -117,8 +129,11 @@ def advance(ledger: dict | None, look: dict) -> dict:
                           "RunPod gives no start time") + ": counted from this container's boot"
         if spent_prev is None or started is not None and prev.get("started") not in (None, started):
             # the first look at this start: the time before it is priced at what the pod costs now
-            before = spent_prev or 0.0
-            ran = max(0.0, now - started) if started is not None else 0.0
+            # (a start before the one known is no new start: the known one was this container's boot, counted
+            # from the spend before it)
+            earlier = known is not None and started is not None and started < known
+            before = (_money(prev.get("before")) or 0.0) if earlier else spent_prev or 0.0
+            ran = max(0.0, clock - started) if started is not None else 0.0
             spent = before + price * ran / 3600 if price else spent_prev
             if spent is None and not ran:
                 spent = 0.0  # not started yet: nothing spent, and that is known
