@@ -7,7 +7,7 @@ WORKSPACE ?= ./workspace
 # torch 2.13.0 is the CPU build this machine's package index carries; the fake trainer needs it.
 TORCH  ?= torch==2.13.0 numpy
 
-.PHONY: run test rehearse lint bench clean sysdeps areal-env
+.PHONY: run test rehearse lint bench clean sysdeps areal-env mutate
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -87,6 +87,16 @@ bench: $(VENV)/.ready sysdeps
 	PYTHON=$(PYTHON) $(BIN)/python bench/startup.py --runs 2
 	$(BIN)/python bench/page.py --steps 100000 --runs 21
 	$(BIN)/python bench/remote.py --size-mib 1024 --runs 3 --seconds 30
+
+# Mutation testing of the judge's pure modules (standing, spend, verdict; setup.cfg's [mutmut]), module by module;
+# not part of `make test`. Each mutant runs the fast tests that cover its function. MUTANTS narrows the run to
+# mutmut's names (the decide path: MUTANTS='podkit.verdict.x_decide*'). The last result: bench/MUTATION.md.
+MUTMUT  ?= mutmut==3.8.1
+MUTANTS ?= podkit.standing.* podkit.spend.* podkit.verdict.*
+mutate: $(VENV)/.ready
+	$(BIN)/pip install -q --disable-pip-version-check '$(MUTMUT)'
+	set -f; for m in $(MUTANTS); do $(BIN)/mutmut run --max-children 2 "$$m" || exit 1; done
+	$(BIN)/mutmut results
 
 clean:
 	rm -rf $(VENV) workspace
