@@ -11,6 +11,8 @@ from pathlib import Path
 from podkit import costguard, ending, failure, health, proc, programs, records, standing, startup, supervisord
 from podkit.supervisord import FATAL, RUNNING, UP
 
+RPC_TIMEOUT_S = 5.0  # status, the page and /metrics wait this long for supervisord, never for ever
+
 
 def collect(workspace: Path, state_dir: Path | None = None, remote: bool | None = None) -> dict:
     """`state_dir`: this node's records (a cluster's other ranks keep theirs in .podkit/node-<rank>, and
@@ -24,7 +26,7 @@ def collect(workspace: Path, state_dir: Path | None = None, remote: bool | None 
     sock = current.get("socket")
     if sock:
         try:
-            server = supervisord.rpc(sock)
+            server = supervisord.rpc(sock, timeout_s=RPC_TIMEOUT_S)  # alive but not answering: "does not answer"
             infos = server.supervisor.getAllProcessInfo()
             out["supervisord"] = {"reachable": True, "pid": server.supervisor.getPID(), "socket": sock}
         except (OSError, xmlrpc.client.Error) as e:

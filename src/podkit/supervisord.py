@@ -6,11 +6,12 @@ supervisor's own `states.py`). Depends on nothing else in podkit.
 
 from __future__ import annotations
 
+import socket
 import time
 import xmlrpc.client
 from pathlib import Path
 
-from supervisor.xmlrpc import SupervisorTransport
+from supervisor.xmlrpc import SupervisorTransport, UnixStreamHTTPConnection
 
 STOPPED = "STOPPED"
 STARTING = "STARTING"
@@ -26,9 +27,27 @@ STOPPED_STATES = (STOPPED, EXITED, FATAL)  # supervisord will not start it again
 GONE = (EXITED, STOPPED, BACKOFF, FATAL)  # the process is not running
 
 
-def rpc(socket_path: str | Path):
+def rpc(socket_path: str | Path, timeout_s: float | None = None):
+    """supervisord's XML-RPC interface on its socket. `timeout_s`: how long each read or write on the socket may
+    wait (a supervisord alive but not answering: SIGSTOP, a hung host) before it fails with OSError; None, for as
+    long as the call takes (a stop that waits for the trainer's checkpoint)."""
     transport = SupervisorTransport(None, None, f"unix://{socket_path}")
+    if timeout_s is not None:
+        def timed(path=str(socket_path)):
+            conn = _TimedUnixConnection("localhost")
+            conn.socketfile, conn.timeout_s = path, timeout_s
+            return conn
+        transport._get_connection = timed
     return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+
+
+class _TimedUnixConnection(UnixStreamHTTPConnection):
+    timeout_s: float | None = None
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout_s)
+        self.sock.connect(self.socketfile)
 
 
 def stop_requested(socket_path: str | Path, name: str) -> bool:

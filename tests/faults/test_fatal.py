@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -31,4 +32,39 @@ def test_inference_that_cannot_start_goes_fatal_and_is_explained(stack_factory):
         assert "FATAL" in s.stdout()
     finally:
         squatter.close()
+    assert s.stop() == 0
+
+
+def test_a_supervisord_alive_but_not_answering_is_said_by_status_and_metrics_within_seconds(stack_factory):
+    """supervisord stopped with SIGSTOP (alive, its socket accepting, never answering): `podkit status` and /metrics
+    hung for ever (no timeout on the XML-RPC call). Now each answers within status.RPC_TIMEOUT_S and a margin, with
+    supervisord said not to answer (the standing unknown, never a guess)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from conftest import PODKIT, free_port
+    from podkit import status
+    from test_metrics import scrape
+
+    port = free_port()
+    s = stack_factory(PODKIT_METRICS_PORT=str(port)).start()
+    s.wait_step(1)
+    pid = s.rpc().supervisor.getPID()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        out = subprocess.run([*PODKIT, "status", "--json", "--workspace", str(s.workspace)], capture_output=True,
+                             text=True, env=s.env, timeout=60)
+        took = time.monotonic() - t0
+        st = json.loads(out.stdout)
+        assert st["supervisord"]["reachable"] is False and st["standing"]["run"] == "unknown", st["supervisord"]
+        assert took < status.RPC_TIMEOUT_S + 20, took
+        t0 = time.monotonic()
+        m = scrape(port)  # the metrics server runs in the listener, which supervisord's stop does not stop
+        assert time.monotonic() - t0 < status.RPC_TIMEOUT_S + 5
+        assert ("podkit_can_train", ()) not in m, "unknown, not a guess"
+    finally:
+        os.kill(pid, signal.SIGCONT)
     assert s.stop() == 0
