@@ -214,12 +214,19 @@ def test_a_pasted_token_with_its_line_end_is_the_token_and_a_weak_one_is_refused
                         ("0123456789abcdef", "is a run"), ("page token 5f0c2a9e71d8", "has a space at character 5"),
                         ("5f0c2a9e71d8", "is 12 characters; 16 or more are needed"),
                         (TOKEN + "\t", "has a control character at character 28"),
-                        ("{{ RUNPOD_SECRET_PODKIT_PAGE_TOKEN }}", "RunPod's secret reference")):
+                        ("{{ RUNPOD_SECRET_PODKIT_PAGE_TOKEN }}", "RunPod's secret reference"),
+                        # issue 56: tokens a person picks, each passing the rules above
+                        ("passwordpassword", "repeats its first 8 characters"),
+                        ("podkitpodkitpodk", "repeats its first 6 characters"),
+                        ("changeme-changeme", "repeats its first 9 characters"),
+                        ("qwertyuiopasdfgh", "walks the keyboard"),
+                        ("Password123!Secret", "words anyone tries first")):
         why = checks.page_loopback_only(cfg, {checks.PAGE_TOKEN_ENV: token}) or ""
         assert said in why and "on 127.0.0.1 only" in why, (token, why)
         assert page.endpoint("0.0.0.0", token) == "127.0.0.1"
     assert all(checks.page_token_ok(secrets.token_urlsafe(12)) for _ in range(2000))
     assert all(checks.page_token_ok(secrets.token_hex(16)) for _ in range(2000))
+    assert sum(not checks.page_token_ok(secrets.token_hex(8)) for _ in range(2000)) <= 2  # `openssl rand -hex 8`
 
 
 def ipv6_loopback() -> bool:

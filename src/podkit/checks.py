@@ -473,7 +473,28 @@ def page_token_weakness(token: str) -> str | None:
     steps = Counter(ord(b) - ord(a) for a, b in zip(token, token[1:], strict=False))
     if steps.most_common(1)[0][1] > PAGE_TOKEN_RUN * (len(token) - 1):
         return "is a run or a repetition (like abcdef... or 13579...); a random one is not"
+    period = next(p for p in range(1, len(token) + 1) if all(token[i] == token[i + p] for i in range(len(token) - p)))
+    if period <= PAGE_TOKEN_RUN * len(token):
+        return f"repeats its first {period} characters (like passwordpassword); a random one does not"
+    low = token.lower()
+    pairs = list(zip(low, low[1:], strict=False))
+    if sum(_KEY_NEXT.get(a, "").find(b) >= 0 for a, b in pairs) > PAGE_TOKEN_RUN * len(pairs):
+        return "walks the keyboard (like qwertyuiop...); a random one does not"
+    left = low
+    for word in _COMMON:
+        left = left.replace(word, "")
+    left = "".join(c for c in left if c.isalnum())
+    if len(left) < PAGE_TOKEN_MIN // 2:
+        return "is made of words anyone tries first (like changeme, password, podkit); a random one is not"
     return None
+
+
+# Neighbours on a QWERTY keyboard (a walk along a row is a person's, not a random draw)
+_ROWS = ("`1234567890-=", "qwertyuiop[]\\", "asdfghjkl;'", "zxcvbnm,./")
+_KEY_NEXT = {c: row[max(0, i - 1):i] + row[i + 1:i + 2] for row in _ROWS for i, c in enumerate(row)}
+_COMMON = ("password", "passwd", "changeme", "change", "secret", "podkit", "runpod", "admin", "letmein", "welcome",
+           "qwerty", "token", "default", "login", "master", "monkey", "dragon", "iloveyou", "hello", "test", "pass",
+           "root", "user", "page", "1234", "abc")
 
 
 def page(cfg) -> list[Problem]:
