@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import PODKIT, wait_for
+from conftest import PODKIT, ROOT, wait_for
 from podkit import config, costguard, records, spend, status
 from podkit.errors import ConfigError
 from runpod_stub import RunPodV2Stub
@@ -540,6 +540,42 @@ def test_each_guards_forecast_says_when_it_would_stop_the_pod_and_on_what():
                                "standing": {"run": "safe-mode", "since": now - 600}}, _guards(), now)
     assert safe["stop_pod_after_s"]["at"] == now - 600 + 7200 and "in safe mode since 10m00s ago" in \
         safe["stop_pod_after_s"]["words"]
+
+
+def test_a_budget_in_safe_mode_or_before_any_spend_is_read_forecasts_nothing_and_says_why():
+    """Safe mode has no cost meter and no trainer: the page said the budget's stop was "in 11m09s" at minute 1 and
+    at minute 40 (an old cost.json's spend and price). With no spend read yet, the row said "once the run has cost
+    $20.00" and nothing of the spend being unknown."""
+    now = 1_800_000_000.0
+    old = {"per_hour": 2.0, "spent": 4.6, "source": "billed", "time": now - 7200, "run_before": 0.0}
+    safe = costguard.forecast({"trainer": {}, "programs": {}, "safe_mode": {"stage": "config", "since": now - 60},
+                               "cost": old}, _guards(max_spend=5.0), now)["max_spend"]
+    assert safe["at"] is None and safe["on"] == "safe mode" and "nothing reads the spend" in safe["words"], safe
+    none = costguard.forecast({"trainer": {}, "programs": {}, "cost": None}, _guards(max_spend=20.0), now)["max_spend"]
+    assert none["at"] is None and none["words"] == ("once the run has cost $20.00: no spend read yet (the log "
+                                                    "listener reads RunPod's price), so the budget cannot act yet")
+
+
+def test_guard_set_in_safe_mode_says_the_budget_waits_and_on_a_full_volume_fails_without_a_traceback(tmp_path):
+    """`podkit guard set max_spend=5` in safe mode said the trainer stops within the minute (there is none, and no
+    meter); on a volume that cannot take guards.json it died with a traceback."""
+    from podkit import guardfile, records
+
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    records.SAFE_MODE.write(state, {"stage": "sync", "message": "bad remote", "since": time.time()})
+    records.COST.write(state, {"per_hour": 2.0, "spent": 9.0, "source": "billed", "time": time.time(), "pod": "p"})
+    rep = {"guards": {"max_spend": {"value": 5.0}, "stop_pod_at": {"value": time.time() - 5}}}
+    said = guardfile.forecast(state, {"max_spend": 5.0, "stop_pod_at": time.time() - 5}, rep)
+    assert any("in safe mode (sync)" in line and "acts once the pod trains" in line for line in said), said
+    assert not any("the trainer stops" in line for line in said), said
+    env = {**os.environ, "PODKIT_WORKSPACE": str(tmp_path), "PYTHONPATH": str(ROOT / "src")}
+    guards = guardfile.path(tmp_path)
+    guards.mkdir(parents=True, exist_ok=True)  # a directory where the file goes: every write fails (EISDIR)
+    r = subprocess.run([*PODKIT, "guard", "set", "max_spend=5", "--workspace", str(tmp_path)], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout, r.stderr
+    assert "cannot write" in r.stderr + r.stdout and "unchanged" in r.stderr + r.stdout, r.stderr
 
 
 @settings(max_examples=300, deadline=None)

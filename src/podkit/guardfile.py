@@ -374,11 +374,16 @@ def main(cfg, action: str, items: list[str], as_json: bool) -> int:
         raise PodkitError(f"no podkit workspace at {cfg.workspace_path} (it has no .podkit/)",
                           "pass the pod's workspace: --workspace /workspace, or PODKIT_WORKSPACE")
     p = path(cfg.workspace_path)
-    if action == "set":
-        new = _set(cfg, p, items)
-    elif action == "clear":
-        _clear(p, items)
-    elif items:
+    try:
+        if action == "set":
+            new = _set(cfg, p, items)
+        elif action == "clear":
+            _clear(p, items)
+    except OSError as e:  # a full or read-only volume: said, the guards as they were
+        raise PodkitError(f"cannot write {p} ({e.strerror or e}): nothing was {action}, the guards in force are "
+                          "unchanged", "free space on the volume (`podkit doctor` names what fills it) or make it "
+                          "writable, then run this again") from None
+    if action not in ("set", "clear") and items:
         raise ConfigError("command line", "", f"show takes no settings ({' '.join(items)!r})",
                           hint="podkit guard set KEY=VALUE ...")
     rep = report(cfg)
@@ -400,7 +405,11 @@ def forecast(state: Path, new: dict, rep: dict) -> list[str]:
 
     out = []
     budget = new.get("max_spend")
-    if budget and rep["guards"]["max_spend"]["value"] == budget:
+    safe = records.SAFE_MODE.read(state)
+    if budget and rep["guards"]["max_spend"]["value"] == budget and safe:
+        out.append(f"the pod is in safe mode ({safe.get('stage')}): no trainer runs and nothing reads its spend, so the "
+                   "budget acts once the pod trains; in safe mode guard.stop_pod_after_s and guard.stop_pod_at stop it")
+    elif budget and rep["guards"]["max_spend"]["value"] == budget:
         c = costguard.cost(state)
         total = spend.total(c)
         if total is None:
@@ -414,7 +423,8 @@ def forecast(state: Path, new: dict, rep: dict) -> list[str]:
                        f"{spend.usd(budget)}")
     at = new.get("stop_pod_at")
     if at and rep["guards"]["stop_pod_at"]["value"] == at and at <= time.time():
-        out.append("that time has passed: the trainer stops with a checkpoint, then the pod, within the minute")
+        out.append("that time has passed: the pod stops within seconds (it waits in safe mode)" if safe else
+                   "that time has passed: the trainer stops with a checkpoint, then the pod, within the minute")
     return out
 
 

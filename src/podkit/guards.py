@@ -147,8 +147,12 @@ def _forecast_budget(budget, ctx: dict) -> dict:
     f = {"at": None, "on": sure, "words": "no budget"}
     if budget:
         f["words"] = f"once the run has cost {spend.usd(budget)}"
-        if total is None:
-            f["words"] += ": what it has spent is not known, so the budget cannot act" if c else ""
+        if ctx["st"].get("safe_mode"):  # no trainer to stop and no cost meter reading the spend
+            f.update(on="safe mode", words=f"{f['words']}: not in safe mode, where nothing reads the spend (safe "
+                     "mode stops the pod by guard.stop_pod_after_s and guard.stop_pod_at)")
+        elif total is None:
+            f["words"] += ": what it has spent is not known, so the budget cannot act" if c else \
+                ": no spend read yet (the log listener reads RunPod's price), so the budget cannot act yet"
         elif total >= budget:
             f.update(at=now, words=f"{f['words']}: it has spent {spend.cents(total)} ({sure}): now")
         else:
