@@ -215,3 +215,50 @@ def test_the_code_that_trains_is_an_info_metric_and_a_status_line(tmp_path):
     assert f"code: train.py at {commit[:12]} (with uncommitted changes)" in status.human(status.collect(tmp_path))
     records.PROGRESS.write(state, {"kind": "areal", "step": 4, "code": {"entry": ["x"], "commit": 5}})
     assert "podkit_trainer_code_info" not in generate_latest(metrics.registry(tmp_path, 600)).decode()
+
+
+def test_scrapes_are_answered_while_forty_clients_trickle_their_headers_and_a_label_utf8_cannot_carry_is_escaped(
+        tmp_path):
+    """Forty clients send their headers a byte a second: /metrics answered 0 of 8 scrapes (a connection was its
+    handler's from its request line on, never cut). One label value with a lone surrogate (a non-UTF-8 byte in the
+    entry's path) made every scrape a 500."""
+
+    httpd, port = _serving(tmp_path)
+    (tmp_path / "ws" / ".podkit" / "progress.json").write_text(
+        '{"step": 3, "time": 1700000000.0, "code": {"entry": "train_\\udcff.py", "commit": "abc", "dirty": false}}')
+    stop, threads = threading.Event(), []
+
+    def trickle():
+        while not stop.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                    s.sendall(b"GET /metrics HTTP/1.1\r\n")
+                    for b in b"Host: 127.0.0.1\r\nX-Slow: " + b"1" * 100:
+                        if stop.is_set():
+                            return
+                        s.sendall(bytes([b]))
+                        time.sleep(1.0)
+            except OSError:
+                pass  # cut at its deadline: comes again
+    try:
+        threads = [threading.Thread(target=trickle, daemon=True) for _ in range(40)]
+        for t in threads:
+            t.start()
+        time.sleep(2)  # every slot taken by a trickler first
+        answered = 0
+        for _ in range(8):
+            try:
+                m = scrape(port)
+                answered += 1
+            except OSError:
+                pass
+            time.sleep(0.5)
+        assert answered == 8, answered
+        info = [k for k in m if k[0] == "podkit_trainer_code_info"]
+        assert info and any("\\udcff" in v for _, v in info[0][1]), info
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(15)
+        httpd.shutdown()
+        httpd.server_close()

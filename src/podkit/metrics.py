@@ -39,6 +39,16 @@ class PodCollector:
         self.state = Path(state_dir) if state_dir is not None else self.ws / ".podkit"  # this node's records
 
     def collect(self):
+        """The families, each label value as UTF-8 can carry it: a lone surrogate (a non-UTF-8 byte in a path,
+        decoded by the filesystem's rules) made every scrape a 500."""
+        for fam in self._families():
+            for i, smp in enumerate(fam.samples):
+                if any(not _utf8(v) for v in smp.labels.values()):
+                    fam.samples[i] = smp._replace(labels={k: v if _utf8(v) else v.encode("utf-8", "backslashreplace")
+                                                          .decode("utf-8") for k, v in smp.labels.items()})
+            yield fam
+
+    def _families(self):
         st = status.collect(self.ws, self.state, self.remote)
         now = time.time()  # after the read: a step recorded while status read is not in the future
         safe = st.get("safe_mode") or {}
@@ -175,6 +185,14 @@ def registry(workspace: Path, window_s: float, state_dir: Path | None = None,
     return reg
 
 
+def _utf8(v: str) -> bool:
+    try:
+        v.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 # A scrape sends its request at once. A connection that has not within IDLE_S is closed, and at most
 # MAX_CONNECTIONS are served at a time: a new one past that closes the oldest that has not sent its request
 # yet, so idle connections pin neither threads nor fds, nor keep a real scrape waiting (web.Server).
@@ -209,8 +227,9 @@ def server(host: str, port: int, reg: CollectorRegistry, key: str = "") -> Threa
         timeout = IDLE_S
 
         def parse_request(self):
-            self.server.heard(self.connection)  # it spoke: no longer the first to close
-            return super().parse_request()
+            ok = super().parse_request()  # the headers too: a client trickling them a byte a second stays a reader
+            self.server.heard(self.connection)  # all in (a GET has no body): no longer the first to close
+            return ok
 
         def do_GET(self):
             if self.path.split("?", 1)[0] != "/metrics":
