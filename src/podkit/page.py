@@ -14,7 +14,7 @@ Nobody else reads it: with PODKIT_PAGE_TOKEN set (required beyond loopback: chec
 the session cookie gets a login form, nothing else. The form posts the token; the answer sets an HttpOnly
 SameSite=Strict cookie holding an expiry and an HMAC of it keyed by the token (never the token) and redirects.
 A wrong token is answered at once, never slept on in a connection's slot: past WRONG_PER_S wrong tokens a second
-(everyone's together) a login is refused with 429 before its token is compared. A query string is refused (a
+(everyone's together) it gets 429; the right one always gets in (a token the check lets stand is no guess). A query string is refused (a
 token in a URL lands in histories and proxies' logs), and no request is logged with its query or an unknown
 path. Everything shown is escaped and record text is redacted (redact.py), and every answer carries a
 Content-Security-Policy without any script source.
@@ -334,7 +334,10 @@ def server(host: str, port: int, source, token: str = "") -> web.Server:
             self._answer(405, b"", "text/plain")
 
         def do_POST(self):
-            if not self._plain() or not self._room():
+            # A stranger's room is taken once the form is in: forms trickled a byte a second never fill the rooms
+            # (their reading is the server's, bounded by its slots and deadline), so a login from a new browser
+            # gets one
+            if not self._plain():
                 return
             if self.path != "/login":
                 return self._answer(404, b"not here\n", "text/plain")
@@ -349,6 +352,8 @@ def server(host: str, port: int, source, token: str = "") -> web.Server:
             if len(raw) < length:  # cut at the deadline: not a try of any token
                 self.close_connection = True
                 return self._answer(400, b"the form came too slowly\n", "text/plain")
+            if not self._room():
+                return
             body = raw.decode("utf-8", "replace")
             try:
                 sent = (parse_qs(body, max_num_fields=4).get("token") or [""])[0] if "=" in body else ""
@@ -356,15 +361,16 @@ def server(host: str, port: int, source, token: str = "") -> web.Server:
                 return self._answer(400, b"not a login form\n", "text/plain")
             if not session.required:
                 return self._answer(303, b"", "text/plain", "/")
-            if not self.server.wrong.take():  # the budget is spent: not even compared, so no guess is learnt
-                self.server.say("flood", "refused logins at once: more wrong tokens than "
-                                f"{WRONG_PER_S:g} a second (one line per 10 s at most)")
-                return self._answer(429, login_page("too many wrong tokens just now: try again in a few seconds"),
-                                    "text/html", retry=True)
+            # Compared whatever the budget (in constant time): the owner's token gets in through any flood, and a
+            # token the check lets stand (16+ characters a person did not pick) is no guess at HTTP's pace
             if not session.token_ok(sent.rstrip("\r\n")):
+                if not self.server.wrong.take():  # past the budget: 429 at once, said once per 10 s
+                    self.server.say("flood", "refused logins at once: more wrong tokens than "
+                                    f"{WRONG_PER_S:g} a second (one line per 10 s at most)")
+                    return self._answer(429, login_page("too many wrong tokens just now: try again in a few "
+                                                        "seconds"), "text/html", retry=True)
                 self.server.say("refused", "refused a login: wrong token (one line per 10 s at most)")
                 return self._answer(401, login_page("wrong token"), "text/html")
-            self.server.wrong.refund()  # the owner's own login does not spend the strangers' budget
             self.server.say("login", "a login: a new session for a week", every_s=0)
             secure = "; Secure" if self.headers.get("X-Forwarded-Proto", "").lower() == "https" else ""
             self._answer(303, b"", "text/plain", "/", cookie=f"{COOKIE}={session.cookie()}; Path=/; "
