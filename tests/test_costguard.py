@@ -296,8 +296,10 @@ def test_the_budget_goes_by_what_runpod_says_on_a_full_volume_and_a_new_containe
     """cost.json that cannot be written (a volume full of checkpoints): the budget still sees RunPod's spend, and
     the log says the write failed. A new container of the same pod starts from the spend on record (an estimate
     covers one start only); another pod's record is not its spend."""
-    state = tmp_path / ".podkit"
+    state, run = tmp_path / ".podkit", tmp_path / "run"
     state.mkdir()
+    run.mkdir()
+    records.CURRENT.write(state, {"run_dir": str(run), "started": time.time()})
     said: list[str] = []
     env = on_runpod(runpod_api.url)
     m = costguard.Meter(state, 1, say=said.append, environ=env)
@@ -307,9 +309,13 @@ def test_the_budget_goes_by_what_runpod_says_on_a_full_volume_and_a_new_containe
     records.COST.path(state).mkdir()  # cannot be written over
     runpod_api.charge("pod-abc123", 5.0)
     assert m.read() is not None and 8.0 <= m.spent() < 8.01, m.spent()
-    assert any("cannot write" in line and "guard.max_spend goes by what RunPod says" in line for line in said), said
+    assert any("cannot write" in line and "guard.max_spend goes by what RunPod says" in line and
+               f"kept in {run}" in line for line in said), said
+    # every view reads the spend the budget acts on (issue 56: the page said $1.00 after the guard acted on $6)
+    assert 8.0 <= costguard.cost(state, env)["spent"] < 8.01
     records.COST.path(state).rmdir()
     m.read()
+    assert not records.COST.path(run).exists(), "back on the volume: the run dir's copy goes"
     again = costguard.Meter(state, 1, say=said.append, environ=env)
     assert again.spent() == m.spent(), "the pod's spend before this container"
     other = costguard.Meter(state, 1, say=said.append, environ={**env, "RUNPOD_POD_ID": "pod-xyz789"})

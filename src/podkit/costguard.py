@@ -400,8 +400,23 @@ def cost(state_dir: Path | None, environ=None) -> dict | None:
     """cost.json, checked (the spend ledger: spend.advance), or None when there is none, it cannot be trusted
     (records.COST's shape sets a corrupt file aside), or it is another run's (a reused volume's, before this pod's
     meter wrote its own: never shown as this run's spend). Fields that are not what they say are dropped to None."""
-    c = None if state_dir is None else _checked(records.COST.read(state_dir))
+    c = None if state_dir is None else _checked(_newest_cost(state_dir))
     return c if c is not None and ours(c, environ) else None
+
+
+def _run_dir(state_dir: Path) -> Path | None:
+    where = records.CURRENT.read(state_dir).get("run_dir")
+    return Path(where) if isinstance(where, str) and where.startswith("/") else None
+
+
+def _newest_cost(state_dir: Path) -> dict:
+    """cost.json, or its copy in the run dir (local disk) where that one is newer: written there while the volume
+    could not take it, so every view shows the spend the budget acts on."""
+    vol = records.COST.read(state_dir)
+    run_dir = _run_dir(state_dir)
+    local = records.COST.read_owned(run_dir) if run_dir is not None else {}
+    t = lambda r: r.get("time") if isinstance(r.get("time"), (int, float)) else -1  # noqa: E731
+    return local if local and t(local) > t(vol) else vol
 
 
 def ours(c: dict, environ=None) -> bool:
@@ -458,7 +473,7 @@ class Meter:
         self.catalogue: list[dict] | None = None
         self.pace: list[tuple[int, float, int | None]] = []  # (step, its time, the trainer's pid): first, latest
         self._client = None
-        kept = _checked(records.COST.read(self.state_dir), future_ok=True)  # a clock stepped back loses nothing
+        kept = _checked(_newest_cost(self.state_dir), future_ok=True)  # a clock stepped back loses nothing
         if kept is not None and kept["time"] > time.time() + 300 and kept.get("pod") == self.pod:
             self.say(f"cost.json was written {(kept['time'] - time.time()) / 60:.0f} min in this clock's future (the "
                      "clock stepped back): its spend is kept, and counted on from now")
@@ -516,14 +531,28 @@ class Meter:
                 self.runs.mine(self.last)
             except Exception as e:  # noqa: BLE001 - the record's write fails alone (a full volume): said once
                 self._once_said("mine", f"this pod's spend cannot be written to the run's record ({e})")
+        run_dir = _run_dir(self.state_dir)
         try:
             records.COST.write(self.state_dir, rec)
         except OSError as e:
+            kept = False
+            if run_dir is not None:  # status and the page read it there (cost()) until the volume has room
+                try:
+                    records.COST.write(run_dir, rec, mode=0o600)
+                    kept = True
+                except OSError:
+                    pass
             if not self.failing:
-                self.say(f"cannot write {records.COST.path(self.state_dir)} ({e.strerror}): status and the page show "
-                         "an older spend; guard.max_spend goes by what RunPod says")
+                self.say(f"cannot write {records.COST.path(self.state_dir)} ({e.strerror}): "
+                         + (f"kept in {run_dir} until it has room" if kept else "status and the page show an older "
+                            "spend") + "; guard.max_spend goes by what RunPod says")
             self.failing = e.strerror or "?"
             return rec if answered else None
+        if run_dir is not None:
+            try:
+                os.unlink(records.COST.path(run_dir))
+            except OSError:
+                pass
         if answered and self.failing:
             self.say(f"the pod's cost is read again: {words(self.last)}")
             self.failing = ""
