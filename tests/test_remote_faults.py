@@ -20,6 +20,7 @@ import test_costguard
 import test_remote
 from conftest import PODKIT, wait_for
 from podkit import costguard, mover, records, remote, restore, uploader
+from podkit import lease as lease_mod
 from podkit.programs.fake_trainer import FakeTrainer
 from s3server import Server
 
@@ -184,6 +185,9 @@ def test_two_pods_of_one_run_never_upload_into_one_generation(pod, server, bucke
     train_to(b, 5)
     assert up_b.once() is None and 5 not in gens(server, bucket)
     assert "another pod holds this run's lease on the remote (pod pod-a" in said[-1]
+    # the words say the lapse that applies: a renews every RENEW_S, so twice that and 5 s (issue 56: they said
+    # guard.lease_s while the lease was taken 128 s on)
+    assert f"unchanged for {2 * lease_mod.RENEW_S + 5:g} s" in said[-1], said[-1]
     lease = records.REMOTE.read(b.state_dir)["lease"]
     assert lease["outcome"] == "blocked" and "pod pod-a" in lease["why"]
     up_a.lease.renew_s = 0.0  # a renews at each look: b sees the lease change, so a is live

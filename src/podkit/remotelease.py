@@ -48,6 +48,7 @@ class RemoteLease:
     def __init__(self, remote, lapse_s: float, renew_s: float = lease.RENEW_S, pod: str | None = None,
                  identity: dict | None = None) -> None:
         self.remote, self.lapse_s, self.renew_s = remote, lapse_s, renew_s
+        self.holder_lapse_s = lapse_s  # the last live holder's lapse (its renewal period doubled, at least lapse_s)
         self.pod = pod or pod_name()
         self.identity = identity  # this run's identity record: a lease of another run's is that run's, not ours
         self.other_run: dict | None = None  # the identity of another run that holds this lease (hold() said so)
@@ -94,6 +95,7 @@ class RemoteLease:
         every = holder.get("renew_s")
         lapse = max(self.lapse_s, 2 * min(every, lease.MAX_RENEW_S) + 5) \
             if isinstance(every, (int, float)) and not isinstance(every, bool) and every > 0 else self.lapse_s
+        self.holder_lapse_s = lapse  # what the words say: the holder renews every renew_s, so it lapses after this
         return time.monotonic() - first < lapse
 
     def hold(self, fresh_s: float = 0.0) -> str:

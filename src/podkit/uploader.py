@@ -368,7 +368,7 @@ class Uploader:
         if who != self.blocked:
             self.say(f"[podkit:remote] nothing uploaded: {who}. Two pods of one run never upload into one "
                      "generation: this pod uploads once that lease is released or has lapsed (unchanged for "
-                     f"{self.lease.lapse_s:g} s, guard.lease_s)")
+                     f"{self.lease.holder_lapse_s:g} s: guard.lease_s, or twice the holder's renewal and 5 s)")
             _record_lease(self.cfg, "blocked", who)
         self.blocked = who
 
