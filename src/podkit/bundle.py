@@ -207,8 +207,8 @@ def gather(cfg, environ=None) -> Bundle:
     b.part("config.yaml", lambda: _config(b, cfg))
     # A variable whose name says secret shows that it is set, never its value, however short.
     b.part("environment.txt", lambda: b.add("environment.txt", "".join(
-        f"{k}={'<redacted>' if secret_name(k) and v else v}\n" for k, v in sorted(environ.items())
-        if ENV_NAMES.match(k) or secret_name(k))))
+        f"{k}={'<redacted>' if secret_name(k, environ) and v else v}\n" for k, v in sorted(environ.items())
+        if ENV_NAMES.match(k) or secret_name(k, environ))))
     b.part("status.json", lambda: _status(b, ws, cfg.state_dir))
     b.part("doctor.json", lambda: _doctor(b, cfg, ws))
     _copy_dir(b, cfg.log_dir, "logs", LOG_TAIL, dumps=STACKS_MAX)

@@ -7,6 +7,8 @@ import base64
 import json
 import re
 
+from podkit import rclonesecrets
+
 SECRET_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "hf_", "rpa_", "sk-", "sk_live_",
                    "xoxb-", "xoxp-", "glpat-", "AKIA", "ASIA")
 SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL|WEBHOOK)",
@@ -16,9 +18,11 @@ SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRI
 PODKIT_SECRET_ENV = ("SGLANG_API_KEY", "PODKIT_METRICS_KEY", "PODKIT_NOTIFY_WEBHOOK_URL", "RUNPOD_API_KEY")
 
 
-def secret_name(name: str) -> bool:
-    """The one rule for which variable holds a secret: podkit's own, or a name that says so."""
-    return name in PODKIT_SECRET_ENV or bool(SECRET_NAME.search(name))
+def secret_name(name: str, environ=None) -> bool:
+    """The one rule for which variable holds a secret: podkit's own, a name that says so, or one rclone reads a
+    secret option from (its backend marks it IsPassword or Sensitive: RCLONE_CONFIG_<REMOTE>_KEY of B2 and Azure,
+    _PASS, _SAS_URL, RCLONE_CONFIG_PASS; `environ` tells the remote's type, rclonesecrets.py)."""
+    return name in PODKIT_SECRET_ENV or bool(SECRET_NAME.search(name)) or rclonesecrets.secret_env(name, environ)
 
 
 _URL_CREDENTIALS = re.compile(r"(://)[^/\s:@'\"]+:(?:<redacted[^>]*>|[^/\s@'\"]+)@")
@@ -51,6 +55,8 @@ def literal_secret(value: str, name: str = "") -> str:
     v = _REFERENCE.sub(_REF, value).strip().strip("'\"").strip()
     if not v.replace(_REF, "").strip():
         return ""
+    if why := _literal_parameter(v):
+        return why
     if _REF not in v:
         return _literal(v, name)
     for userinfo in _URL_USERINFO.findall(v):
@@ -65,6 +71,21 @@ def literal_secret(value: str, name: str = "") -> str:
                 return f"starts with {prefix}" if piece == v else f"{prefix}... beside a RunPod secret reference"
         if name and secret_name(name) and _OPAQUE.fullmatch(piece):
             return f"a literal value under {name}"
+    return ""
+
+
+def _literal_parameter(v: str) -> str:
+    """A secret parameter of an rclone connection string (`:b2,key=...:bucket`) written literally."""
+    try:
+        parts = rclonesecrets.split(v)
+    except rclonesecrets.Invalid:
+        return ""
+    if parts is None:
+        return ""
+    name, params, _ = parts
+    for p in rclonesecrets.secret_params(name, params):
+        if params[p].replace(_REF, "").strip(" '\""):
+            return f"a literal {p} in an rclone connection string"
     return ""
 
 
@@ -128,7 +149,7 @@ class Redactor:
         secrets = getattr(cfg, "secrets", {})
         # A user with no password is the token itself (https://TOKEN@host/...).
         values = {f"config {k}": str(v) for k, v in secrets.items() if k != "repo.user" or "repo.token" not in secrets}
-        values.update({f"env {k}": v for k, v in environ.items() if secret_name(k)})
+        values.update({f"env {k}": v for k, v in environ.items() if secret_name(k, environ)})
         return cls(values)
 
     def __call__(self, text: str) -> str:
@@ -138,4 +159,5 @@ class Redactor:
         text = _URL_TOKEN_USER.sub(r"\1<redacted>@", text)
         text = _PREFIXED.sub("<redacted>", text)
         text = _AUTHORIZATION.sub(lambda m: m.group(1) + "<redacted>", text)
+        text = rclonesecrets.redact_text(text)  # an rclone connection string's secret parameters
         return _KEY_VALUE.sub(lambda m: m.group(1) + "<redacted>", text)
