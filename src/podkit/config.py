@@ -151,9 +151,35 @@ class Config:
         return out
 
     def as_dict(self) -> dict[str, object]:
+        """The resolved config as shown (`podkit config`, the bug report): checkpoint.remote without its secrets."""
         top = dict(self.values[""])
         top.update({s: dict(v) for s, v in self.values.items() if s})
+        if top["checkpoint"]["remote"]:
+            from podkit import rclonesecrets  # only with a remote: the boot path's imports are pinned
+
+            top["checkpoint"]["remote"] = rclonesecrets.shown(top["checkpoint"]["remote"])
         return top
+
+
+def remote_secrets(url: str, environ) -> dict[str, str]:
+    """The secrets written into checkpoint.remote itself: the parameters of an rclone connection string that its
+    backend marks secret, credentials in an s3:// URL (refused, remote.parse; still never shown)."""
+    if "," not in url and "@" not in url:
+        return {}
+    from podkit import rclonesecrets  # only for such a remote: the boot path's imports are pinned
+
+    url = url.strip()
+    if url.startswith("s3://"):
+        user, _, password = url[len("s3://"):].partition("/")[0].rpartition("@")[0].partition(":")
+        return {k: v for k, v in (("checkpoint.remote user", user), ("checkpoint.remote password", password)) if v}
+    try:
+        parts = rclonesecrets.split(url)
+    except rclonesecrets.Invalid:
+        return {}
+    if parts is None:
+        return {}
+    name, params, _ = parts
+    return {f"checkpoint.remote {p}": params[p] for p in rclonesecrets.secret_params(name, params, environ)}
 
 
 def _number(x: float) -> str:
@@ -525,6 +551,7 @@ def load(path: str | os.PathLike | None = None, environ: dict[str, str] | None =
                           hint=f"remove the password ({url}) and give the pod a deploy key, or use an https URL "
                           "with GIT_TOKEN")
     secrets = {k: v for k, v in (("repo.user", user), ("repo.token", token)) if v}
+    secrets.update(remote_secrets(values["checkpoint"]["remote"], environ))
     areal = values["trainer"]["areal_config"]
     if areal and not os.path.isabs(areal):
         # The user's YAML is in their repo; podkit's beside the pod config that names it, so

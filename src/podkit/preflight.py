@@ -190,7 +190,7 @@ def pod_facts(cfg, environ) -> None:
                       "step 0; set trainer.experiment and trainer.trial. Until then the remote does not count as "
                       "durable here")
     if cfg.checkpoint.remote and named and not environ.get("RUNPOD_VOLUME_ID"):  # the remote outlives this pod
-        _log.info(f"no network volume: the run's checkpoints go to checkpoint.remote {cfg.checkpoint.remote} "
+        _log.info(f"no network volume: the run's checkpoints go to checkpoint.remote {cfg.as_dict()['checkpoint']['remote']} "
                   "instead, each whole one as it is saved, and a pod of this run in any data center restores the "
                   f"newest at boot (a remote counts as durable: guard.network_volume {policy} does not apply)")
     elif policy != "off" and not environ.get("RUNPOD_VOLUME_ID"):

@@ -52,8 +52,9 @@ def run(cfg) -> int | None:
         remote.parse(cfg.checkpoint.remote)
     except ValueError as e:
         raise ConfigError(cfg.origin("checkpoint.remote"), "checkpoint.remote", str(e),
-                          hint="s3://bucket/prefix, or an rclone remote name:path configured by "
-                               "RCLONE_CONFIG_<NAME>_* env vars; empty: no remote") from None
+                          hint="s3://bucket/prefix (credentials in AWS_*), an rclone remote name:path configured by "
+                               "RCLONE_CONFIG_<NAME>_* env vars, or rclone's connection string "
+                               ":backend,option=value:path; empty: no remote") from None
     if cfg.multi_node and cfg.cluster.rank != 0:
         _log.info(f"node rank {cfg.cluster.rank}: rank 0's boot restores the run's checkpoint")
         return None

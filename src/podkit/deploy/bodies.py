@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import secrets
 
-from podkit import config, guardfile, remote
+from podkit import config, guardfile, rclonesecrets, remote
 from podkit.deploy.template import container, persistent_mount
 from podkit.errors import ConfigError
 
@@ -59,18 +59,24 @@ def checkpoint_remote(tpl: dict, source: str) -> str:
     """The run's checkpoint.remote from the template's env ("" without one): where a pod of the run in any data
     center restores from, so a pod needs no network volume. Its URL must be one (remote.parse), and the env must
     carry its credentials (RunPod secret references: load_template refuses literal ones), or a pod without a
-    network volume would train with nowhere durable to put its checkpoints."""
+    network volume would train with nowhere durable to put its checkpoints. Returned as shown: a connection
+    string's secret parameters taken out."""
     env = tpl["env"]
     url = env.get(REMOTE_ENV, "").strip()
     if not url:
         return ""
+    said = rclonesecrets.shown(url, env)  # in every word below: no secret parameter of a connection string
     try:
-        where, s3 = remote.parse(url)
+        where, options = remote.parse(url)
     except ValueError as e:
-        raise ConfigError(source, f"env.{REMOTE_ENV}", str(e), hint="s3://bucket/prefix, or an rclone remote "
-                          "name:path configured by RCLONE_CONFIG_<NAME>_* in the template's env") from None
+        raise ConfigError(source, f"env.{REMOTE_ENV}", str(e), hint="s3://bucket/prefix, an rclone remote "
+                          "name:path configured by RCLONE_CONFIG_<NAME>_* in the template's env, or rclone's "
+                          "connection string :backend,option=value:path") from None
+    s3 = url.startswith("s3://")
     if s3:
         need = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+    elif "TYPE" in options or where.startswith(":"):  # an on-the-fly remote: its backend is in its name
+        need = []
     else:  # rclone reads a remote from RCLONE_CONFIG_<NAME>_*, or from a config file that RCLONE_CONFIG names
         need = [] if env.get("RCLONE_CONFIG") else [f"RCLONE_CONFIG_{where.partition(':')[0].upper()}_TYPE"]
     missing = [k for k in need if not env.get(k, "").strip()]
@@ -80,9 +86,9 @@ def checkpoint_remote(tpl: dict, source: str) -> str:
                 "(and AWS_ENDPOINT_URL off AWS: R2, B2, RunPod's S3 API)" if s3 else
                 f"{k} (e.g. s3) and the remote's options as RCLONE_CONFIG_{k[14:-5]}_* in the template's env, each "
                 'secret one a RunPod secret reference ("{{ RUNPOD_SECRET_<NAME> }}")')
-        raise ConfigError(source, f"env.{k}", f"missing: {REMOTE_ENV} {url!r} needs it on the pod, whose uploads and "
-                          "restores authenticate with it", hint=hint)
-    return url
+        raise ConfigError(source, f"env.{k}", f"missing: {REMOTE_ENV} {said!r} needs it on the pod, whose uploads "
+                          "and restores authenticate with it", hint=hint)
+    return said
 
 
 def with_stop_at(env: dict, stop_at: float) -> dict:
