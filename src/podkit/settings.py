@@ -241,8 +241,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
     },
     "checkpoint": {
         "remote": Field(str, "", "a place off the pod for the run's checkpoints: s3://bucket/prefix (credentials from "
-                        "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL) or any rclone remote name:path "
-                        "(RCLONE_CONFIG_<NAME>_* env vars). Each whole checkpoint is uploaded in the background as "
+                        "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL), any rclone remote name:path "
+                        "(RCLONE_CONFIG_<NAME>_* env vars), or rclone's connection string :backend,option=value:path "
+                        "(its secret options shown as <redacted>). Each whole checkpoint is uploaded in the background as "
                         "<remote>/<experiment>/<trial>/gen-<step>/ (a lineage begun by start-over: under "
                         "lineages/<id>/), and the boot restores the newest of the run's current lineage onto a volume "
                         "without it; the run's record (its lineages, pods, spend, guards) lives beside them, in run/; "
