@@ -137,6 +137,17 @@ def test_deploy_refuses_an_rclone_secret_written_literally_in_the_template(runpo
     assert "K005litEralKey99" not in r.stdout + r.stderr
 
 
+def test_deploy_takes_a_literal_option_the_remotes_own_backend_does_not_mark_secret(runpod_api, tmp_path):
+    """A WebDAV remote's url is no secret of WebDAV's (Seafile's url is one of Seafile's): written literally beside
+    its referenced password, `podkit deploy --dry-run` takes it."""
+    r = deploy_dry_run(runpod_api, tmp_path, {
+        "PODKIT_CHECKPOINT_REMOTE": "dav:ckpts/runs", "RCLONE_CONFIG_DAV_TYPE": "webdav",
+        "RCLONE_CONFIG_DAV_URL": "https://dav.example.com/remote.php/dav", "RCLONE_CONFIG_DAV_VENDOR": "nextcloud",
+        "RCLONE_CONFIG_DAV_USER": "{{ RUNPOD_SECRET_DAV_USER }}", "RCLONE_CONFIG_DAV_PASS": "{{ RUNPOD_SECRET_DAV_PASS }}"})
+    assert r.returncode == 0, r.stderr
+    assert "checkpoint.remote dav:ckpts/runs" in r.stdout
+
+
 def test_deploy_takes_a_connection_string_of_references_and_shows_it_without_them(runpod_api, tmp_path):
     """A connection string whose secret parameters are RunPod secret references is a checkpoint.remote: no
     RCLONE_CONFIG_<NAME>_TYPE is asked for (the backend is in its name), and the dry run names it."""

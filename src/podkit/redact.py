@@ -47,18 +47,19 @@ _PATH = re.compile(r"^(?:/|~/|\./)[^\s]*$")  # HF_TOKEN_PATH: /workspace/hf/toke
 _OPAQUE = re.compile(r"(?=[^\d]*\d)(?=.*[A-Za-z])[A-Za-z0-9_\-]{6,}")  # letters and digits: a key, not a word
 
 
-def literal_secret(value: str, name: str = "") -> str:
+def literal_secret(value: str, name: str = "", environ=None) -> str:
     """Why `value` looks like a secret written literally ('' when it does not): credentials inside a
     URL, a known key prefix (also with spaces or quotes around it), or any value under a name that says
     it is secret (a setting such as true or 4096, or a file's path, aside). RunPod secret references are never one, but what is written beside
-    them is read as a value of its own (a literal token as a URL's user beside a referenced password)."""
+    them is read as a value of its own (a literal token as a URL's user beside a referenced password).
+    `environ` (the template's env) tells an rclone remote's type: an option is secret where its backend says so."""
     v = _REFERENCE.sub(_REF, value).strip().strip("'\"").strip()
     if not v.replace(_REF, "").strip():
         return ""
-    if why := _literal_parameter(v):
+    if why := _literal_parameter(v, environ):
         return why
     if _REF not in v:
-        return _literal(v, name)
+        return _literal(v, name, environ)
     for userinfo in _URL_USERINFO.findall(v):
         user, colon, password = userinfo.partition(":")
         if colon and password and password != _REF:
@@ -69,12 +70,12 @@ def literal_secret(value: str, name: str = "") -> str:
         for prefix in SECRET_PREFIXES:
             if piece.startswith(prefix) and len(piece) >= len(prefix) + 8:
                 return f"starts with {prefix}" if piece == v else f"{prefix}... beside a RunPod secret reference"
-        if name and secret_name(name) and _OPAQUE.fullmatch(piece):
+        if name and secret_name(name, environ) and _OPAQUE.fullmatch(piece):
             return f"a literal value under {name}"
     return ""
 
 
-def _literal_parameter(v: str) -> str:
+def _literal_parameter(v: str, environ=None) -> str:
     """A secret parameter of an rclone connection string (`:b2,key=...:bucket`) written literally."""
     try:
         parts = rclonesecrets.split(v)
@@ -83,20 +84,20 @@ def _literal_parameter(v: str) -> str:
     if parts is None:
         return ""
     name, params, _ = parts
-    for p in rclonesecrets.secret_params(name, params):
+    for p in rclonesecrets.secret_params(name, params, environ):
         if params[p].replace(_REF, "").strip(" '\""):
             return f"a literal {p} in an rclone connection string"
     return ""
 
 
-def _literal(v: str, name: str) -> str:
+def _literal(v: str, name: str, environ=None) -> str:
     """The rule for a value without references, read whole."""
     if _URL_CREDENTIALS.search(v):
         return "credentials inside a URL"
     for prefix in SECRET_PREFIXES:
         if v.startswith(prefix) and len(v) >= len(prefix) + 8:
             return f"starts with {prefix}"
-    if name and secret_name(name) and not _PLAIN.match(v) and not _PATH.match(v):
+    if name and secret_name(name, environ) and not _PLAIN.match(v) and not _PATH.match(v):
         return f"a literal value under {name}"  # whatever its length: a short password is still one
     return ""
 

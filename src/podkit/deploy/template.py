@@ -55,7 +55,7 @@ def load_template(path: Path) -> dict:
                           hint='e.g. "12.9": the CUDA of the image, which the host\'s driver must run')
     data["env"] = {str(k): "" if v is None else str(v) for k, v in (data.get("env") or {}).items()}
     for k, v in data["env"].items():
-        if why := literal_secret(v, k):
+        if why := literal_secret(v, k, data["env"]):  # the env tells an rclone remote's type: whose options
             raise ConfigError(str(path), f"env.{k}", f"looks like a literal secret ({why})",
                               hint=f'reference a RunPod secret: "{{{{ RUNPOD_SECRET_{k} }}}}"')
     return data
