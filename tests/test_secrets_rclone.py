@@ -167,8 +167,8 @@ def boot(procs, tmp_path, **env):
 
 
 def everything_said(ws: Path, out: Path, env: dict) -> dict[str, str]:
-    """What a person or a bug report reads: the boot's output, `podkit status` (both forms), `podkit config`, every
-    record and every log."""
+    """What a person or a bug report reads: the boot's output, `podkit status` (both forms), `podkit config`,
+    `podkit doctor`, every record and every log."""
     said = {"boot log": out.read_text(errors="replace")}
     for verb in (["status"], ["status", "--json"], ["config"], ["doctor"]):
         r = subprocess.run([*PODKIT, *verb, "--workspace", str(ws)] if verb[0] != "config" else [*PODKIT, "config"],
@@ -214,7 +214,7 @@ def server(tmp_path):
 def test_a_connection_string_remote_uploads_through_rclone_and_its_secret_shows_nowhere(procs, tmp_path, server):
     """checkpoint.remote in rclone's connection-string form, `:s3,...,secret_access_key=...:bucket/prefix`, against
     `rclone serve s3` on loopback: the boot takes it (no safe mode), the log listener uploads a whole generation,
-    and the secret is in no output, record or log, nor in the argv of the rclone podkit starts."""
+    and the secret is in no output, record or log (podkit.env too), nor in the argv of the rclone podkit starts."""
     remote = (f":s3,provider=Other,access_key_id={KEY},secret_access_key={SECRET},"
               f"endpoint='http://127.0.0.1:{server.port}',no_check_bucket:ckpts/runs")
     p, ws, out, env = boot(procs, tmp_path, PODKIT_CHECKPOINT_REMOTE=remote, PODKIT_CHECKPOINT_REMOTE_POLL_S="0.3")
@@ -232,6 +232,8 @@ def test_a_connection_string_remote_uploads_through_rclone_and_its_secret_shows_
     wait_for(uploaded, 90, what="a generation uploaded through the connection string")
     assert "SAFE MODE" not in out.read_text()
     said = everything_said(ws, out, env)
+    run_dir = Path(json.loads((ws / ".podkit" / "current.json").read_text())["run_dir"])
+    said["podkit.env"] = (run_dir / "podkit.env").read_text()  # the settings the boot rendered, as a record
     leaked = [where for where, text in said.items() if SECRET in text]
     assert not leaked, leaked
     assert argvs and not [a for a in argvs if SECRET in a or KEY in a], argvs

@@ -142,12 +142,15 @@ class Config:
     def socket_path(self) -> Path:
         return self.run_path / "supervisor.sock"
 
-    def as_env(self) -> dict[str, str]:
-        """Every resolved setting as its env twin: the rendered config that supervisord passes on."""
+    def as_env(self, shown: bool = False) -> dict[str, str]:
+        """Every resolved setting as its env twin: the rendered config that supervisord passes on. `shown`: as a
+        file or a person reads it (podkit.env, `podkit render`), checkpoint.remote without its secrets."""
         out = {}
         for section, keys in self.values.items():
             for key, value in keys.items():
                 out[env_name(section, key)] = _format(value)
+        if shown:
+            out[env_name("checkpoint", "remote")] = self.as_dict()["checkpoint"]["remote"]
         return out
 
     def as_dict(self) -> dict[str, object]:

@@ -129,7 +129,7 @@ def run(cfg, full_check: bool = False) -> dict[str, str]:
         _log.warn(f"trainer.stop_grace_s ({cfg.trainer.stop_grace_s} s) does not fit the container's stop timeout "
                   f"(stop_timeout_s: {cfg.stop_timeout_s:g} s): the trainer gets {grace} s to checkpoint; give the "
                   "container longer to stop (docker stop -t, compose stop_grace_period) and set stop_timeout_s to it")
-    lines = [f"{k}={v}" for k, v in sorted(cfg.as_env().items())]
+    lines = [f"{k}={v}" for k, v in sorted(cfg.as_env(shown=True).items())]  # a record: no remote's secret
     (cfg.run_path / "podkit.env").write_text("\n".join(lines) + "\n")
     _log.info(f"supervisord.conf {'parsed' if full_check else 'checked'}; {len(lines)} settings in {cfg.run_path / 'podkit.env'}")
     return env
