@@ -170,7 +170,15 @@ class Deployer:
         """The run's pods made since `before`, looked for every `look_every_s` for as long as one could
         still appear (look_s); [] when none came."""
         looks = max(1, math.ceil(self.look_s() / self.look_every_s))
-        for _ in range(looks):
+        _log.warn(f"RunPod did not answer the pod create: it may still make the pod, so podkit looks for it every "
+                  f"{self.look_every_s:g} s for up to {self.look_s():.0f} s before it sends the create again (Ctrl-C "
+                  "stops looking; a deploy again looks for it first)")
+        said = 0
+        for n in range(looks):
+            if (n * self.look_every_s) // 60 > said:  # a line a minute: a silent deploy looks hung
+                said = (n * self.look_every_s) // 60
+                _log.info(f"still looking for the pod the create may have made ({n * self.look_every_s:.0f} s of "
+                          f"{self.look_s():.0f} s)")
             self.sleep(self.look_every_s)  # a create that timed out may still be under way at RunPod
             try:
                 made = [p for p in self.api.pods() if mine(p) and p.get("id") not in before]
@@ -197,7 +205,7 @@ class Deployer:
             self.end_extra(extra, first)
         return first
 
-    def end_extra(self, extra: dict, first: dict) -> None:
+    def end_extra(self, extra: dict, first: dict, of: str = "") -> None:
         """A second pod of the run, named with its price, is ended: terminated while it is still starting
         (nothing is on it yet, and a stopped pod would go on billing its disk), stopped once it has run (its
         GPUs stop billing; what it may have written stays on its disk until a person terminates it)."""
@@ -206,7 +214,7 @@ class Deployer:
         what = (f"pod {extra['id']} ({extra.get('name')}, {extra.get('status')}, "
                 + (f"${cost:.2f}/h" if cost is not None else "its price unknown") + ")")
         action = "terminate" if api.pod_state(extra) == "starting" else "stop"
-        _log.warn(f"{what} is a second pod of {f'run {run}' if run else 'the run'} beside pod {first['id']} "
+        _log.warn(f"{what} is a second pod of {of or (f'run {run}' if run else 'the run')} beside pod {first['id']} "
                   f"(created first, the one followed): "
                   + ("terminating it while it is still starting" if action == "terminate" else
                      f"stopping it; `podkit deploy terminate {extra['id']}` once you have looked at its disk"))
@@ -216,7 +224,10 @@ class Deployer:
             _log.error(f"could not {action} {what} ({e.message}): it bills until you do "
                        f"(`podkit deploy {action} {extra['id']}`)")
 
-    def wait_running(self, pod_id: str, timeout_s: float, poll_s: float = 5.0) -> dict:
+    def wait_running(self, pod_id: str, timeout_s: float, poll_s: float = 5.0, volume_id: str = "") -> dict:
+        """The pod once it runs. With `volume_id`, at each look (and once more at the end): another live pod on the
+        network volume created before this one (a second deploy at once, past a lagging pod list) ends this one;
+        every deploy goes by the same rule, so exactly one pod is left on the volume, the one made first."""
         t0 = time.monotonic()
         last = None
         while True:
@@ -227,12 +238,16 @@ class Deployer:
             if (run := run_of(pod)) and (first := self.only_one(pod, lambda p: run_of(p) == run))["id"] != pod_id:
                 _log.info(f"following pod {first['id']}, the run's pod created first")
                 pod_id, pod = first["id"], first
+            if volume_id:
+                self.first_on(volume_id, pod)
             state = pod.get("status")
             ready = running(pod)
             if state != last or ready:
                 _log.info(f"pod {pod_id}: {state}{', runtime up' if ready else ''} ({time.monotonic() - t0:.0f}s)")
                 last = state
             if ready:
+                if volume_id:
+                    self.first_on(volume_id, pod)
                 return pod
             if api.pod_state(pod) == "error":
                 raise PodkitError(f"pod {pod_id} is in ERROR (RunPod could not start its container)",
@@ -242,6 +257,24 @@ class Deployer:
                 raise PodkitError(f"pod {pod_id} not running after {timeout_s:.0f}s (state {state})",
                                   f"`podkit deploy logs {pod_id} --system`; `podkit deploy status {pod_id}`")
             self.sleep(poll_s)
+
+    def first_on(self, volume_id: str, pod: dict) -> None:
+        """Raises once this deploy's `pod` has been ended because another live pod on the volume was made before
+        it; never touches that other pod (it may be anyone's)."""
+        try:
+            others = [p for p in self.pods_on(volume_id, but=pod["id"])]
+        except api.ApiError:
+            return  # asked again at the next look
+        earlier = [p for p in others if created_order(p) < created_order(pod)]
+        if not earlier:
+            return
+        first = min(earlier, key=created_order)
+        self.end_extra(pod, first, of=f"network volume {volume_id}")
+        raise PodkitError(f"network volume {volume_id} is in use by pod {first['id']} ({first.get('name')}, "
+                          f"{first.get('status')}), created before this deploy's pod {pod['id']} (two deploys at once, "
+                          f"and RunPod's pod list showed neither to the other): pod {pod['id']} was ended, so one pod "
+                          "trains on the volume", f"`podkit deploy status {first['id']}` follows that one; stop it "
+                          "first to deploy again on this volume")
 
     def act(self, pod_id: str, action: str) -> dict | None:
         """start | stop | terminate. A stop of a pod already stopped, or a terminate of one gone, is done."""

@@ -29,7 +29,7 @@ from podkit.deploy.bodies import (
     pod_body,
 )
 from podkit.deploy.deployer import CLOUDS, Deployer
-from podkit.deploy.pods import cluster_summary, how_to_reach, pod_line, run_of
+from podkit.deploy.pods import cluster_summary, how_to_reach, maybe_live, pod_line, run_of
 from podkit.deploy.watch import Watch, one_watch, relauncher
 from podkit.errors import ConfigError, PodkitError
 from podkit.redact import Redactor, secret_name
@@ -83,15 +83,29 @@ def create(args) -> int:
         raise PodkitError(f"network volume {vol['id']} is in use by pod {busy[0]['id']} ({busy[0].get('name')}, "
                           f"{busy[0].get('status')}): two pods on one volume would train over each other",
                           f"stop it first (`podkit deploy stop {busy[0]['id']}`), or use another volume")
+    interrupted_before(d, name)
     print(price_line(d, args), flush=True)  # what it will cost, before anything is made
     d.save_template(tpl)
-    pod = d.create_pod(pod_body(tpl, args.gpus, args.cloud, name, vol, stop_at, new_run()), args.capacity_timeout)
-    if (cost := api.pod_cost(pod)) is not None:
-        print(f"pod {pod['id']} created: RunPod bills it ${cost:.2f}/h (its cost)", flush=True)
-    if stop_at:
-        _log.info(f"pod {pod['id']} stops itself at {time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(stop_at))} "
-                  "(--max-runtime), the trainer first with its checkpoint")
-    pod = d.wait_running(pod["id"], args.wait_timeout)
+    body = pod_body(tpl, args.gpus, args.cloud, name, vol, stop_at, new_run())
+    run = body["env"].get(guardfile.RUN_ENV, "")
+    pending(name, run)  # before the create goes out: a deploy interrupted from here on is found by the next one
+    made = None
+    try:
+        pod = made = d.create_pod(body, args.capacity_timeout)
+        if (cost := api.pod_cost(pod)) is not None:
+            print(f"pod {pod['id']} created: RunPod bills it ${cost:.2f}/h (its cost)", flush=True)
+        pending(name, "")
+        if stop_at:
+            _log.info(f"pod {pod['id']} stops itself at {time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(stop_at))}"
+                      " (--max-runtime), the trainer first with its checkpoint")
+        pod = d.wait_running(pod["id"], args.wait_timeout, volume_id=vol["id"] if vol else "")
+    except KeyboardInterrupt:
+        print("podkit: interrupted after the pod create was sent: "
+              + (f"pod {made['id']} bills until you stop it (`podkit deploy stop {made['id']}`), or follow it with "
+                 f"`podkit deploy status {made['id']}`" if made else
+                 f"RunPod may still make a pod of run {run} ({name!r}): `podkit deploy status` lists it, and a deploy "
+                 "again looks for it first, so it never makes a second"), file=sys.stderr, flush=True)
+        return 130
     print(f"pod {pod['id']} is running. Reach it with:")
     for line in how_to_reach(pod):
         print("  " + line)
@@ -108,6 +122,62 @@ def create(args) -> int:
               f"--network-volume, or {REMOTE_ENV} in the template's env (checkpoint.remote), keeps them apart from "
               "any one pod")
     return 0
+
+
+# A create sent by a deploy that did not see its answer (Ctrl-C, a lost answer given up): the next deploy of that
+# name looks for its pod first, so two deploys never make two pods
+PENDING_S = 86400.0
+
+
+def _pending_path():
+    from pathlib import Path
+
+    return Path(os.environ.get("PODKIT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                / "podkit") / "deploys-pending.json"
+
+
+def pending(name: str, run: str) -> None:
+    """Note (run) or clear ("") the create of `name` under way. Never raises: a note is a help."""
+    from podkit import records
+
+    path = _pending_path()
+    try:
+        notes = records.Record(path.name, {}).read_owned(path.parent)
+        notes = {k: v for k, v in notes.items() if isinstance(v, dict) and time.time() - (v.get("time") or 0) < PENDING_S}
+        if run:
+            notes[name] = {"run": run, "time": time.time()}
+        else:
+            notes.pop(name, None)
+        records.write_json(path, notes, mode=0o600)
+    except OSError:
+        pass
+
+
+def interrupted_before(d: Deployer, name: str) -> None:
+    """A deploy of `name` interrupted after its create was sent: its pod, if RunPod made it, is followed by a
+    person, never doubled. Looks for as long as that create could still show (Deployer.look_s); refuses while one
+    is there."""
+    from podkit import records
+
+    path = _pending_path()
+    note = records.Record(path.name, {}).read_owned(path.parent).get(name)
+    if not isinstance(note, dict) or not isinstance(note.get("run"), str) or \
+            not isinstance(note.get("time"), (int, float)) or time.time() - note["time"] >= PENDING_S:
+        return
+    run, when = note["run"], time.strftime("%H:%M", time.localtime(note["time"]))
+    mine = lambda p: run_of(p) == run  # noqa: E731
+    found = [p for p in d.api.pods() if mine(p)]
+    if not found and time.time() - note["time"] < d.look_s():
+        _log.info(f"the deploy of {name!r} interrupted at {when} sent a create RunPod may still make: looking for it")
+        found = d.look_for(mine, set())
+    live = [p for p in found if maybe_live(p)]
+    if live:
+        p = live[0]
+        raise PodkitError(f"pod {p['id']} ({p.get('name')}, {p.get('status')}) was made by the deploy of {name!r} "
+                          f"interrupted at {when}: deploying again would make a second pod",
+                          f"follow it (`podkit deploy status {p['id']}`), or end it (`podkit deploy terminate "
+                          f"{p['id']}`) and deploy again")
+    pending(name, "")
 
 
 def template_source(args) -> str:

@@ -1,0 +1,66 @@
+"""Two deploys at once and a deploy interrupted (issue 56): against the RunPod stub (tests/runpod_stub.py) held to the
+published OpenAPI document, the real `podkit deploy` as a person runs it. Two deploys on one network volume while the
+pod list lags made two pods on it, both deploys exiting 0; a create whose answer was lost was looked for up to 420 s
+in silence, Ctrl-C then exited 130 without a word, and deploying again made a second pod."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import wait_for
+from test_deploy import IMAGE, KEY, VOLUME
+from test_deploy import runpod_api as runpod_api  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def deploy(stub, tmp_path, *args: str) -> subprocess.Popen:
+    env = {"RUNPOD_API_BASE_URL": stub.url, "RUNPOD_API_KEY": KEY, "PATH": "/usr/bin:/bin", "HOME": "/nonexistent",
+           "PODKIT_CACHE_DIR": str(tmp_path / "cache")}
+    return subprocess.Popen([sys.executable, "-m", "podkit", "deploy", *IMAGE, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_two_deploys_on_one_volume_past_a_lagging_pod_list_leave_one_pod_and_say_so(runpod_api, tmp_path):
+    runpod_api.add_volume(VOLUME, "checkpoints", 200, "EU-SE-1")
+    runpod_api.list_lag_s, runpod_api.polls_until_running = 15.0, 6
+    a = deploy(runpod_api, tmp_path, "--network-volume", VOLUME, "--wait-timeout", "90")
+    wait_for(lambda: "POST /v2/pods" in runpod_api.calls(), 30, what="the first deploy's create")
+    time.sleep(2)  # the second deploy's look at the volume cannot see the first pod yet (the list lags 15 s)
+    b = deploy(runpod_api, tmp_path, "--network-volume", VOLUME, "--wait-timeout", "90")
+    out_a, err_a = a.communicate(timeout=110)
+    out_b, err_b = b.communicate(timeout=110)
+    assert runpod_api.calls().count("POST /v2/pods") == 2, "the second deploy's look could not see the first pod"
+    live = [p for pid, p in runpod_api.pods.items() if pid not in runpod_api.terminated
+            and p["status"] not in ("EXITED", "TERMINATED")]
+    assert len(live) == 1, [(p["id"], p["status"]) for p in runpod_api.pods.values()]
+    said_a, said_b = out_a + err_a, out_b + err_b
+    assert a.returncode == 0, said_a
+    assert b.returncode == 1 and f"network volume {VOLUME} is in use by pod {live[0]['id']}" in said_b, said_b
+    assert "was ended, so one pod trains on the volume" in said_b and "second pod of network volume" in said_b
+
+
+def test_a_deploy_interrupted_while_it_looks_for_a_lost_create_says_so_and_the_next_makes_no_second_pod(
+        runpod_api, tmp_path):
+    runpod_api.garble("POST", "/v2/pods", "drop")  # RunPod makes the pod; its answer is lost
+    runpod_api.list_lag_s = 3.0
+    first = deploy(runpod_api, tmp_path, "--wait-timeout", "60")
+    wait_for(lambda: "POST /v2/pods" in runpod_api.calls(), 30, what="the create")
+    time.sleep(1.5)
+    first.send_signal(signal.SIGINT)
+    out, err = first.communicate(timeout=30)
+    err = out + err
+    assert first.returncode == 130, err
+    assert "RunPod did not answer the pod create: it may still make the pod" in err, err
+    assert "interrupted after the pod create was sent" in err and "a deploy again looks for it first" in err, err
+    (made,) = runpod_api.pods
+    second = deploy(runpod_api, tmp_path, "--wait-timeout", "60")
+    out, err = second.communicate(timeout=90)
+    err = out + err
+    assert second.returncode == 1 and f"pod {made} " in err and "deploying again would make a second pod" in err, err
+    assert runpod_api.calls().count("POST /v2/pods") == 1 and list(runpod_api.pods) == [made]
