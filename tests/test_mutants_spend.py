@@ -192,3 +192,61 @@ WANT = {
 @pytest.mark.parametrize("what", list(RT))
 def test_each_rule_of_the_run_total_gives_its_whole_answer(what):
     assert spend.run_total(*RT[what]) == WANT[what], what
+
+
+def test_a_carried_pod_runpod_says_is_running_counts_its_price_until_now():
+    mine = {**ledger(T0 + H), "carried": {"pod-a": {"spent": 4.0, "source": "read", "time": T0 - 600, "per_hour": 1.0}}}
+    got = spend.run_total(mine, [], {"pod-a": {"state": "running", "price": 1.0}}, T0 + H)
+    assert got["parts"][0]["spent"] == pytest.approx(4.0 + (H + 600) / H) and got["parts"][0]["per_hour"] == 1.0
+
+
+def test_a_ledger_with_no_start_counts_a_lost_pod_until_its_own_first_look():
+    """This pod's start not known: its first look stands for it (a lost pod is stopped before its replacement)."""
+    mine = {**ledger(T0 + 60), "started": None}
+    got = spend.run_total(mine, LAST, {"pod-a": {"state": None, "why": "HTTP 403"}}, T0 + H)
+    assert got["parts"][0]["spent"] == pytest.approx(5.0 + 3.0 * 1260 / H)
+    assert "until this pod started" in got["parts"][0]["why"]
+
+
+def test_a_part_never_goes_down_from_the_last_look_whatever_the_total_held():
+    prev = {"parts": [{"pod": "pod-a", "spent": 5.0, "source": "read"}]}
+    got = spend.run_total(ledger(T0 + 60), [fig("pod-a", 2.0, T0 - 60, stopped=True)], {}, T0 + 60, prev)
+    assert got["parts"][0]["spent"] == 5.0 and got["spent"] == 6.0
+
+
+def test_this_pods_source_not_podkits_is_not_known_and_its_why_is_said_only_when_not_sure():
+    got = spend.run_total({**ledger(T0 + 60), "source": "bogus"}, [], {}, T0 + 60)
+    assert (got["source"], got["spent"]) == ("estimated", 1.0)
+    assert spend.run_total({**ledger(T0 + 60), "why": "w"}, [], {}, T0 + 60)["why"] is None
+    assert spend.run_total({**ledger(T0 + 60), "why": "w", "source": "estimated"}, [], {}, T0 + 60)["why"] == \
+        "this pod: w"
+    assert spend.run_total({**ledger(T0 + 60), "source": "estimated"}, [], {}, T0 + 60)["why"] is None
+
+
+def test_a_pod_that_recorded_no_spend_is_said_not_known_never_counted_as_nothing():
+    got = spend.run_total(ledger(T0 + 60), [fig("pod-a", None, T0 - 60, stopped=True)], {}, T0 + 60)
+    assert got["parts"][0]["spent"] is None and got["spent"] == 1.0 and got["source"] == "estimated"
+    assert got["why"] == "pod pod-a (not known): its spend is not known (it recorded none)"
+
+
+def test_the_total_is_as_late_as_this_pods_estimate_goes_back_and_as_fast_as_its_running_pods():
+    mine = {**ledger(T0 + 60, per_hour=0.0), "source": "estimated", "why": "w", "since": T0 + 30}
+    got = spend.run_total(mine, [], {}, T0 + 60)
+    assert (got["since"], got["per_hour"]) == (T0 + 30, 0.0)
+    # a pod whose price RunPod reads but whose bill it refuses: read, its bill's why no reason for doubt
+    node = spend.run_total(ledger(T0 + 60), [fig("pod-a", 2.0, T0)],
+                           {"pod-a": {"state": "running", "price": 1.0, "bill": None, "bill_why": "HTTP 403"}}, T0 + 60)
+    assert node["parts"][0]["source"] == "read" and node["why"] is None and node["source"] == "read"
+
+
+def test_a_last_total_below_this_one_takes_nothing_away():
+    got = spend.run_total(ledger(T0 + 60, spent=1.0), [], {}, T0 + 60, {"spent": 0.5, "parts": []})
+    assert got["spent"] == 1.0
+    unknown = spend.run_total(ledger(T0 + 60, spent=None, source="unknown"), [], {}, T0 + 60, {"spent": 0.5})
+    assert unknown["spent"] == 0.5
+
+
+def test_the_total_is_rounded_to_the_nano_dollar_its_pace_to_the_micro_and_its_why_to_600_characters():
+    got = spend.run_total({**ledger(T0 + 60, spent=1.0000000004, per_hour=1.5000004), "source": "estimated",
+                           "why": "w" * 700}, [], {}, T0 + 60)
+    assert (got["spent"], got["per_hour"]) == (1.0, 1.5) and got["why"] == ("this pod: " + "w" * 700)[:600]

@@ -118,6 +118,9 @@ def test_an_end_counts_for_the_run_from_its_start_less_the_slack_and_by_its_own_
     assert standing.judge(ev(Program(EXITED, T0 + 90, None, 4242), end(ending.CRASH_LOOP, -11))).last["this_run"]
     assert not standing.judge(ev(Program(EXITED, T0 + 90, None, 4242), end(ending.CRASH_LOOP, -11.5))).last[
         "this_run"]
+    # an end stamped at the epoch (a clock never set) is before any start after it, however close
+    stamped_0 = {**end(ending.CRASH_LOOP, 0), "time": 0.0}
+    assert not standing.judge(ev(Program(EXITED, T0 + 90, 1.5, 4242), stamped_0)).last["this_run"]
     # a process named as True (not a pid) or a trainer whose pid is not known: the record is not another's
     for named, pid in ((True, 4343), (4242, None), ("4343", 4242)):
         s = standing.judge(ev(Program(EXITED, T0 + 90, T0 + 5, pid), end(ending.CRASH_LOOP, 85, pid=named)))
