@@ -250,7 +250,7 @@ def human(st: dict) -> str:
     s = st.get("standing") or {}
     if (s.get("state") or {}).get("name") in ("EXITED", "STOPPED", "FATAL", "BACKOFF") and s.get("last"):
         lines.append("  " + _last_stop(st))
-    if s.get("run") in (standing.CANNOT, standing.ENDED) and sv.get("reachable"):
+    if (s.get("stuck") or s.get("run") in (standing.CANNOT, standing.ENDED)) and sv.get("reachable"):
         lines.append(f"  it cannot train: {printable(s.get('why'), 600)}")
     code = t.get("code") or {}
     if code.get("entry"):
