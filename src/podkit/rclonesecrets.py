@@ -78,6 +78,8 @@ def split(remote: str) -> tuple[str, dict[str, str], str] | None:
     """rclone's reading of a remote with parameters: (name, {param: value}, path), the name ":backend" for an
     on-the-fly one; None when `remote` has no parameters (a plain name:path, or no remote). Invalid for what
     rclone refuses, in its words, with no value in them."""
+    if ":" not in remote:
+        return None  # rclone: a local path
     head = re.match(rf"^(:?{NAME}),", remote)
     if not head:
         if remote.startswith(":") and re.match(r"^:[^:/\\]*,", remote):

@@ -376,8 +376,10 @@ class Remote:
                                           f"{bound}") from None
                     raise RemoteError(cut[1]) from None
         if p.returncode != 0:
-            err = "\n".join(ln for ln in self._redact(err.decode(errors="replace")).splitlines()
-                            if "Config file" not in ln)  # rclone's notice of no config file: env config is ours
+            from podkit import rclonesecrets
+
+            err = "\n".join(ln for ln in rclonesecrets.redact_text(self._redact(err.decode(errors="replace")))
+                            .splitlines() if "Config file" not in ln)  # rclone's notice of no config file: ours is env
             words = mover.explain(err, self.url)
             raise RemoteError(words, lasting=mover.lasting(words, self.url))
         return out
