@@ -257,3 +257,28 @@ def test_a_connection_string_is_read_as_rclone_reads_it(remote, tmp_path):
     except rclonesecrets.Invalid:
         ours = False
     assert ours == rclone_takes, r.stderr
+
+
+def test_a_notification_of_a_failing_connection_string_remote_names_it_without_its_secret(procs, tmp_path, server):
+    """The durability guard's notification of a connection-string remote that refuses the credentials (a wrong
+    secret): it names the remote and rclone's refusal, with the secret parameters as <redacted>."""
+    from test_notify import Receiver
+
+    wrong = "wrongSecretNotTheServers0123"
+    remote = (f":s3,provider=Other,access_key_id={KEY},secret_access_key={wrong},"
+              f"endpoint='http://127.0.0.1:{server.port}',no_check_bucket:ckpts/runs")
+    hook = Receiver()
+    try:
+        p, ws, out, env = boot(procs, tmp_path, PODKIT_CHECKPOINT_REMOTE=remote, PODKIT_CHECKPOINT_REMOTE_POLL_S="0.3",
+                               PODKIT_CHECKPOINT_RESTORE_TIMEOUT_S="2", PODKIT_GUARD_DURABLE_WITHIN_S="1",
+                               PODKIT_NOTIFY_WEBHOOK_URL=hook.url)
+        wait_for(lambda: "durability" in hook.events(), 90, what="the durability guard's notification")
+        text = json.dumps(hook.posts)
+        assert wrong not in text and "refused the credentials" in text, text
+        assert "secret_access_key=<redacted>" in text, text
+        said = everything_said(ws, out, env)
+        assert not [where for where, t in said.items() if wrong in t]
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(60) == 0
+    finally:
+        hook.close()
