@@ -25,7 +25,6 @@ REDACTED = "<redacted>"
 ANY = frozenset(o for _, opts in BACKENDS.values() for o in opts)
 # rclone's config name (fspath's configNameRe): letters, digits, _ . + @, and - or space inside.
 NAME = r"[\w.+@]+(?:[ -]+[\w.+@-]+)*"
-_NAME = re.compile(rf"^{NAME}$")
 _PARAM_CHARS = re.compile(r"^[A-Za-z0-9_.]+$")
 
 
