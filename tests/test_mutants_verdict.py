@@ -256,6 +256,63 @@ WANT = {
         {'by': 'no-record', 'step': 5},}
 
 
+# the edges of decide's time rules, and the trainer's own word where no rule above it speaks
+MORE = {
+    "a signal to a rank after another ended without a word is torchrun's": ev(
+        rc=1, signalled=[{"rank": 1, "signal": "SIGTERM", "at": T0 + 30}], silent=[{"rank": 0, "pid": 7, "signal": None}]),
+    "finished with no step of its own, then failed": ev(rc=1, own={"by": ending.DONE, "time": T0 + 60, "program": 4242},
+                                                         errors=[err(70)]),
+    "asked, an error exactly the slack before": ev(rc=1, asked=asked(50), errors=[err(49)]),
+    "asked, refused exactly the slack before": ev(rc=1, asked=asked(50), own=own(ending.CONFIG_ERROR, 49)),
+    "asked, the trainer's own SIGTERM after": ev(rc=1, asked=asked(50), own=own(ending.SIGTERM, 51, step=4)),
+    "never trained, a rank failed at the same moment": ev(rc=0, own=own(ending.NEVER_TRAINED, 60), errors=[err(60)]),
+    "a stray SIGTERM the trainer recorded, with errors": ev(rc=1, own=own(ending.STRAY, 60), errors=[err(40)]),
+    "own SIGTERM with no message": ev(rc=1, own={"by": ending.SIGTERM, "time": T0 + 60, "program": 4242}),
+}
+CASES.update(MORE)
+WANT.update({
+    "a signal to a rank after another ended without a word is torchrun's":
+        {'by': 'killed-by-signal',
+         'evidence': ['no OOM kill on record (no memory cgroup to read here)'],
+         'hint': 'an OOM kill leaves no trace where the cgroup cannot be read: check `dmesg` on the host; else '
+                 'find who sends it',
+         'message': 'rank 0 (pid 7) ended without a word: killed by a signal that podkit did not send',
+         'step': 5},
+    'finished with no step of its own, then failed':
+        {'by': 'script-error',
+         'error': {'message': 'bad row',
+                   'rank': 0,
+                   'time': 1000070.0,
+                   'type': 'ValueError',
+                   'where': 'train.py:42'},
+         'evidence': None,
+         'hint': '',
+         'message': 'after training finished (before its first step, its checkpoint whole): ValueError: bad row at '
+                    'train.py:42',
+         'step': 5,
+         'where': 'train.py:42'},
+    'asked, an error exactly the slack before':
+        {'asked': 'you (podkit ctl restart trainer)', 'by': 'SIGTERM', 'cut': None, 'message': '', 'step': 5},
+    'asked, refused exactly the slack before':
+        {'asked': 'you (podkit ctl restart trainer)', 'by': 'SIGTERM', 'cut': None, 'message': '', 'step': 5},
+    "asked, the trainer's own SIGTERM after":
+        {'asked': 'you (podkit ctl restart trainer)',
+         'by': 'SIGTERM',
+         'cut': None,
+         'message': 'SIGTERM said',
+         'step': 4},
+    'never trained, a rank failed at the same moment':
+        {'by': 'never-trained', 'message': 'never-trained said', 'program': 4242, 'time': 1000060.0},
+    'a stray SIGTERM the trainer recorded, with errors':
+        {'by': 'stray SIGTERM', 'message': 'stray SIGTERM said', 'program': 4242, 'time': 1000060.0},
+    'own SIGTERM with no message':
+        {'asked': "a SIGTERM sent to the ranks, not to the trainer program (someone's kill)",
+         'by': 'stray SIGTERM',
+         'message': '',
+         'step': 5},
+})
+
+
 @pytest.mark.parametrize("what", list(CASES))
 def test_each_rule_of_decide_gives_its_whole_end(what):
     assert verdict.decide(CASES[what]) == WANT[what], what
@@ -282,3 +339,13 @@ def test_an_own_record_of_no_record_or_with_no_time_decides_nothing(what, by, t)
         return
     rec = {"by": by or ending.CRASH_LOOP, "time": T0 + t if by else None, "program": 4242}
     assert verdict.decide({**e, "own": rec}) == WANT[what]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(list(CASES)), st.sampled_from(["x", {}, {"by": "you"}, {"at": None, "by": "you"},
+                                                       {"at": float("nan")}, {"at": 0}]))
+def test_an_ask_with_no_time_is_no_ask(what, junk):
+    e = CASES[what]
+    if e["asked"] is not None:
+        return
+    assert verdict.decide({**e, "asked": junk}) == WANT[what]
