@@ -349,3 +349,10 @@ def test_an_ask_with_no_time_is_no_ask(what, junk):
     if e["asked"] is not None:
         return
     assert verdict.decide({**e, "asked": junk}) == WANT[what]
+
+
+def test_the_fallout_of_a_rank_killed_first_names_a_rank_it_cannot_know_as_a_question_mark():
+    e = ev(rc=1, silent=[KILL], errors=[{k: v for k, v in err(40, "RuntimeError", "Connection closed by peer").items()
+                                         if k != "rank"}])
+    assert verdict.decide(e)["evidence"][-1] == \
+        "then rank ?: RuntimeError: Connection closed by peer at train.py:42 (its fallout)"
