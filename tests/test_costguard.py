@@ -461,6 +461,25 @@ def test_a_go_style_start_time_is_read_and_one_that_cannot_be_counts_from_the_bo
     runpod_api.errors.clear()  # the planted start times are not the document's shape: the stub noted them
 
 
+def test_a_host_clock_hours_ahead_is_timed_by_runpods_answer_date(tmp_path, runpod_api, monkeypatch):
+    """The Meter against the stub with this host's clock 3 h ahead: the pod started an hour ago by RunPod's clock (its
+    answers' Date), at $1/h with no bill to read: $1, not $4 (issue 56)."""
+    import time as _time
+
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    runpod_api.fail("GET", "/v2/billing/pods", 403, times=None)
+    runpod_api.set_price("pod-abc123", 1.0)
+    runpod_api.pods["pod-abc123"]["startedAt"] = _ago(3600)
+    from types import SimpleNamespace
+
+    real = _time.time  # the stub's Date stays on the real clock: only the Meter's host clock is ahead
+    monkeypatch.setattr(costguard, "time", SimpleNamespace(time=lambda: real() + 3 * 3600, monotonic=_time.monotonic,
+                                                           sleep=_time.sleep))
+    rec = costguard.Meter(state, 1, say=lambda _: None, environ=on_runpod(runpod_api.url)).read()
+    assert 0.99 < rec["spent"] < 1.02, rec
+
+
 def test_a_clock_stepped_back_keeps_the_spend_and_a_replacement_pod_carries_its_runs(tmp_path, runpod_api):
     """cost.json stamped three hours in this clock's future (the clock stepped back): its $8 is kept and counted
     on, said once, where it was dropped for $0. A replacement pod of the same run (PODKIT_RUN_ID) starts from

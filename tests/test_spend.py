@@ -362,3 +362,47 @@ def test_a_start_shaped_like_a_time_but_not_one_is_no_start_and_no_failed_read(r
     assert runpod.started_at({"startedAt": raw}) is None
     ls = walk([look(T0 + H, 2.0, started=None, start_raw=raw)])
     assert ls[0]["source"] == "estimated" and ls[0]["spent"] == pytest.approx(2.0) and "cannot be read" in ls[0]["why"]
+
+
+# -- a start read another way, the adversarial pass's cases (issue 56) -----------------------------------------------
+def test_a_new_container_after_a_real_restart_counts_from_its_boot_not_across_the_hours_stopped():
+    """2 h at $2/h, the pod stopped 10 h, started again: the new container's first answer has no startedAt. The 10 h
+    stopped were billed ($34 for a $14 run: the known start kept across a restart); a new container counts from its
+    own boot, estimated."""
+    ls = walk([look(T0, 2.0), look(T0 + H, 2.0, dt=H), look(T0 + 2 * H, 2.0, dt=H)])
+    new = spend.advance(ls[-1], look(T0 + 13 * H, 2.0, started=None, boot=T0 + 12 * H))  # dt None: a new process
+    assert new["spent"] == pytest.approx(6.0) and new["source"] == "estimated", new
+
+
+@pytest.mark.parametrize("start", [T0 + 60 + 120, T0])  # RunPod's start 2 min after the boot, or 1 min before it
+def test_a_start_readable_hours_after_the_boots_estimate_corrects_it_once(start):
+    """The start could not be read for 5 h (counted from the boot, at T0 + 60 s), then it can: $10 and change, never
+    the overlap twice ($21.93 for about $12)."""
+    boot = T0 + 60
+    ls = walk([look(boot + k * H, 2.0, started=None, boot=boot, dt=H if k else None) for k in range(6)]
+              + [look(boot + 6 * H, 2.0, started=start, boot=boot, dt=H)])
+    assert ls[5]["spent"] == pytest.approx(10.0)
+    assert ls[6]["spent"] == pytest.approx(2.0 * (boot + 6 * H - start) / H, abs=0.01), ls[6]  # RunPod's start
+
+
+def test_an_old_answer_with_the_start_before_a_restart_never_counts_the_run_twice():
+    """Started at T0, restarted at T0 + 5 h, then one answer carries the old start, then the new one again: $16 for
+    8 h at $2, not $26."""
+    restart = T0 + 5 * H
+    ls = walk([look(T0 + k * H, 2.0, dt=H if k else None) for k in range(5)]
+              + [look(restart + H, 2.0, started=restart, dt=2 * H), look(restart + 2 * H, 2.0, dt=H),
+                 look(restart + 3 * H, 2.0, started=restart, dt=H)])
+    assert ls[-1]["spent"] == pytest.approx(8.0 + 2 * 3.0), [lg["spent"] for lg in ls]
+
+
+@pytest.mark.parametrize("what,server,host", [
+    ("a Date a day ahead (a proxy's, planted)", T0 + H + 86400, T0 + H),
+    ("a host clock 3 h behind RunPod's", T0 + H, T0 + H - 3 * H),
+])
+def test_the_run_is_timed_by_runpods_clock_only_where_its_date_is_plausible(what, server, host):
+    """An hour's run at $2/h is $2 whatever one Date says (a day-ahead Date made it $52, for good) and wherever this
+    host's clock is (3 h behind with the start missing at first: $11.97 for $4)."""
+    skew = server - host if abs(server - host) < 6 * H else 0
+    first = look(host, 2.0, server_time=server, started=None if "behind" in what else T0, boot=T0 - skew)
+    ls = walk([first, look(host + 1, 2.0, server_time=server + 1, dt=1.0)])
+    assert ls[-1]["spent"] == pytest.approx(2.0, abs=0.01), (what, ls[-1])

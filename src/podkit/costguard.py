@@ -393,6 +393,8 @@ def _checked(rec: dict, future_ok: bool = False) -> dict | None:
             "run_before": _money(rec.get("run_before"), SPENT_MAX) or 0.0,
             "bill": _money(rec.get("bill"), SPENT_MAX), "read_at": _time(rec.get("read_at")),
             "since": _time(rec.get("since")), **text, "carried": spend.carried(rec),
+            "looked": _time(rec.get("looked")),
+            "start_from": rec.get("start_from") if rec.get("start_from") in ("boot", "runpod") else None,
             "total": spend.checked_total(rec.get("total"))}
 
 

@@ -44,6 +44,7 @@ import math
 import time
 
 SOURCES = ("billed", "read", "estimated", "unknown")  # surest first
+CLOCK_SKEW_MAX_S = 6 * 3600.0  # RunPod's Date further from this host's clock than this is not taken as the time
 SAME_START_S = 5.0  # one start read twice (RFC 3339 and Go's format, their fractions) differs by less
 LAG_S = 300.0  # RunPod's bill lags the pod's running by minutes: a bill further behind is not yet the spend
 AMOUNT_MAX = 1e7  # USD: past it a number is not an amount of one pod's money
@@ -107,32 +108,46 @@ def advance(ledger: dict | None, look: dict) -> dict:
                 price, price_from = None, None
                 why = f"RunPod shows no price for the running pod ({look.get('price')!r:.40}), and the GPU " \
                       "catalogue has none for its GPUs"
-        # How long the pod has run is timed by RunPod's clock (its answer's Date) where it gave one: a host clock
-        # hours ahead never makes an hour's run four
-        clock = look.get("server_time")
-        clock = float(clock) if isinstance(clock, (int, float)) and not isinstance(clock, bool) and \
-            math.isfinite(clock) and clock > 0 else now
+        # How long the pod has run is timed by RunPod's clock (its answer's Date) where that is plausible (within
+        # CLOCK_SKEW_MAX_S of this host's, and not before the start): a host clock hours ahead or behind never makes
+        # an hour's run four; a Date a day off (a proxy's, a planted one) is not taken. The boot, a host time, is
+        # moved onto the same clock.
         started = look.get("started")
         started = float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) \
-            and math.isfinite(started) and 0 < started <= max(now, clock) + 300 else None
-        known = _time(prev.get("started"))
-        if known is not None and (started is None and running or started is not None and
-                                  abs(started - known) <= SAME_START_S):
-            # one read without its start (a field missing, a shape that cannot be read) or the same start in
-            # another format: the start known, never a new one that re-adds the whole run
-            started = known
+            and math.isfinite(started) and started > 0 else None
+        clock = look.get("server_time")
+        clock = float(clock) if isinstance(clock, (int, float)) and not isinstance(clock, bool) and \
+            math.isfinite(clock) and abs(clock - now) <= CLOCK_SKEW_MAX_S and \
+            (started is None or clock >= started - 300) else now
+        if started is not None and started > clock + 300:
+            started = None  # a start after the answer that gives it: not a start
+        skew = clock - now
+        known, known_boot = _time(prev.get("started")), prev.get("start_from") == "boot"
+        same = look.get("dt") is not None  # a look of the process that made `prev` (a new container: a new start may be)
+        from_boot = False
+        if known is not None:
+            if started is None and running and same or started is not None and abs(started - known) <= SAME_START_S:
+                # one answer without its start (a field missing, a shape that cannot be read) or the same start in
+                # another format: the start known, never a new one that re-adds the whole run
+                started, from_boot = known, known_boot
+            elif started is not None and started < known and not known_boot:
+                started = known  # older than a start RunPod gave (an old answer after a restart): not this start
         if started is None and running:  # a running pod whose start cannot be read: this container's boot
             boot = look.get("boot")
-            started = float(boot) if isinstance(boot, (int, float)) and 0 < boot <= now else None
+            started = float(boot) + skew if isinstance(boot, (int, float)) and 0 < boot <= now else None
+            from_boot = started is not None
             raw = look.get("start_raw")
             why = why or (f"RunPod's start time {str(raw)[:40]!r} cannot be read" if raw else
                           "RunPod gives no start time") + ": counted from this container's boot"
-        if spent_prev is None or started is not None and prev.get("started") not in (None, started):
+        last = _time(prev.get("looked"))
+        moved = started is not None and known is not None and started != known
+        # a start after the last look is the pod's restart; one before it, the same start read better (the boot's
+        # estimate, then RunPod's): counted once, from the spend before it
+        restart = moved and (last is None or started > last - SAME_START_S)
+        out["looked"], out["start_from"] = clock, "boot" if from_boot else "runpod"
+        if spent_prev is None or restart or moved:
             # the first look at this start: the time before it is priced at what the pod costs now
-            # (a start before the one known is no new start: the known one was this container's boot, counted
-            # from the spend before it)
-            earlier = known is not None and started is not None and started < known
-            before = (_money(prev.get("before")) or 0.0) if earlier else spent_prev or 0.0
+            before = (_money(prev.get("before")) or 0.0) if moved and not restart else spent_prev or 0.0
             ran = max(0.0, clock - started) if started is not None else 0.0
             spent = before + price * ran / 3600 if price else spent_prev
             if spent is None and not ran:
