@@ -567,6 +567,17 @@ def test_each_guards_forecast_says_when_it_would_stop_the_pod_and_on_what():
         safe["stop_pod_after_s"]["words"]
 
 
+def test_the_idle_guards_forecast_counts_what_the_listener_counts():
+    """A trainer that exited with no end it could write (standing `ended`, stuck): the forecast says when the pod
+    stops, as the listener's cost guard does, where it said "the pod trains"."""
+    now = 1_800_000_000.0
+    st = {"trainer": {}, "programs": {}, "cost": None,
+          "standing": {"run": "ended", "stuck": True, "since": now - 600,
+                       "why": "the trainer exited without recording a final end"}}
+    f = costguard.forecast(st, _guards(), now)["stop_pod_after_s"]
+    assert f["at"] == now - 600 + 7200 and "exited without recording a final end" in f["words"], f
+
+
 def test_a_budget_in_safe_mode_or_before_any_spend_is_read_forecasts_nothing_and_says_why():
     """Safe mode has no cost meter and no trainer: the page said the budget's stop was "in 11m09s" at minute 1 and
     at minute 40 (an old cost.json's spend and price). With no spend read yet, the row said "once the run has cost
@@ -590,9 +601,11 @@ def test_guard_set_in_safe_mode_says_the_budget_waits_and_on_a_full_volume_fails
     state.mkdir()
     records.SAFE_MODE.write(state, {"stage": "sync", "message": "bad remote", "since": time.time()})
     records.COST.write(state, {"per_hour": 2.0, "spent": 9.0, "source": "billed", "time": time.time(), "pod": "p"})
-    rep = {"guards": {"max_spend": {"value": 5.0}, "stop_pod_at": {"value": time.time() - 5}}}
-    said = guardfile.forecast(state, {"max_spend": 5.0, "stop_pod_at": time.time() - 5}, rep)
+    past = time.time() - 5
+    rep = {"guards": {"max_spend": {"value": 5.0}, "stop_pod_at": {"value": past}}}
+    said = guardfile.forecast(state, {"max_spend": 5.0, "stop_pod_at": past}, rep)
     assert any("in safe mode (sync)" in line and "acts once the pod trains" in line for line in said), said
+    assert "that time has passed: the pod stops within seconds (it waits in safe mode)" in said, said
     assert not any("the trainer stops" in line for line in said), said
     env = {**os.environ, "PODKIT_WORKSPACE": str(tmp_path), "PYTHONPATH": str(ROOT / "src")}
     guards = guardfile.path(tmp_path)

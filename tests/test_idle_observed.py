@@ -118,3 +118,39 @@ def test_a_trainer_started_again_within_the_wait_calls_the_stop_off(pod):
     time.sleep(AFTER_S / 3)
     events(pod.pump, "STARTING", "RUNNING", pid="11")
     assert not stopped_within(pod, AFTER_S * 2.5)
+
+
+def test_the_listeners_tick_puts_a_kept_end_on_the_volume_and_makes_the_reserve_again(pod, monkeypatch):
+    """Once the volume has room (the listener's TICK: room()), the end kept in the run dir goes onto it and podkit's
+    reserve is made again; an end kept over another than the volume holds now (a newer one reached it) is dropped."""
+    monkeypatch.setenv(ending.KEEP_ENV, str(pod.run))
+    ending.keep(ending.record(ending.CRASH_LOOP, "failed 2 times in a row"), pod.state)
+    assert not (pod.state / records.RESERVE).exists()
+    pod.pump.room()
+    assert records.PROGRESS.read(pod.state)["stopped"]["by"] == ending.CRASH_LOOP
+    assert not ending.KEPT.path(pod.run).exists() and (pod.state / records.RESERVE).is_file()
+    ending.keep(ending.record(ending.FAILED, "kept while full"), pod.state)
+    records.PROGRESS.write(pod.state, {"stopped": ending.record(ending.DONE, step=9)})  # a newer end, by another
+    assert ending.read(pod.state, run_dir=pod.run).kind.name == ending.DONE
+    pod.pump.room()
+    assert records.PROGRESS.read(pod.state)["stopped"]["by"] == ending.DONE and not ending.KEPT.path(pod.run).exists()
+
+
+def test_a_stop_you_asked_for_that_takes_its_whole_grace_keeps_the_pod_up(pod):
+    """`podkit ctl stop trainer` whose stop took 141 s (trainer.stop_grace_s 140): the pod was stopped as "not by
+    podkit ctl" (the ask had to be within 120 s of the stop)."""
+    events(pod.pump, "STARTING", "RUNNING")
+    pod.pump.states["trainer"]["started_at"] = time.time() - 600  # it had trained ten minutes
+    ending.ASKED.write(pod.run, [{"program": "trainer", "by": "you (podkit ctl stop trainer)",
+                                  "time": time.time() - 141}], mode=0o600)
+    events(pod.pump, "STOPPING", "STOPPED")
+    assert not stopped_within(pod, AFTER_S * 2.5)
+
+
+def test_a_programs_record_the_run_dir_cannot_take_never_ends_the_listener(pod, monkeypatch):
+    def full(*_a, **_k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(records.PROGRAMS, "write", full)
+    events(pod.pump, "STARTING", "RUNNING", "EXITED")
+    assert pod.out.getvalue().count("cannot record the programs' states") == 1
+    assert stopped_within(pod, AFTER_S + 5), "the idle rule holds from the listener's own events"

@@ -152,7 +152,9 @@ def test_a_final_end_then_a_kill_before_the_exit_stays_final_and_only_your_start
     cfg = bound_cfg(tmp_path)
     first = loopbound.Bound(cfg)
     assert first.hold_off()
-    killed = first.rec["program"]
+    killed = 4242  # another process than this test's: the end is carried to the next start's
+    first.rec["program"] = killed
+    first.save()
     ending.store(tmp_path, ending.record(ending.NEVER_TRAINED, "the script ended without training", program=killed))
     # killed here: no finish(), its `running` stays on record
     assert not loopbound.Bound(cfg).hold_off(), "a final end stays final"
@@ -160,6 +162,37 @@ def test_a_final_end_then_a_kill_before_the_exit_stays_final_and_only_your_start
     assert stopped["by"] == ending.NEVER_TRAINED and stopped["program"] == os.getpid(), stopped
     assert "running" not in records.TRAINER_LOOP.read(tmp_path)
     assert loopbound.Bound(cfg).hold_off(), "your start after the stop trains"
+
+
+def test_the_loop_bounds_count_kept_in_the_run_dir_while_the_volume_is_full_goes_back_onto_it(tmp_path, monkeypatch):
+    """Loop.save: a volume that refuses the record puts it in the run dir, and the next start reads that copy (its
+    write count is higher); the next save the volume takes removes the copy. The count goes on across a reset."""
+    import errno
+
+    from podkit import ending, loopbound, records
+
+    cfg = bound_cfg(tmp_path)
+    b = loopbound.Bound(cfg)
+    b.rec["failures"] = 1
+    b.save()
+    real = records.Record.write
+
+    def full(self, directory, data, mode=0o644):
+        if directory == tmp_path:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, directory, data, mode)
+    monkeypatch.setattr(records.Record, "write", full)
+    b.rec["failures"] = 2
+    b.save()
+    assert records.TRAINER_LOOP.read(tmp_path)["failures"] == 1
+    assert loopbound.Bound(cfg).rec["failures"] == 2, "the run dir's newer copy"
+    monkeypatch.setattr(records.Record, "write", real)
+    again = loopbound.Bound(cfg)
+    seq = again.seq
+    again.save()
+    assert again.seq == seq + 1 and records.TRAINER_LOOP.read(tmp_path)["seq"] == seq + 1
+    assert not records.TRAINER_LOOP.path(cfg.run_path).exists(), "back on the volume: the copy goes"
+    assert ending  # the module the bound judges with
 
 
 def test_a_resume_is_not_a_new_step_but_a_step_trained_after_it_is(tmp_path):

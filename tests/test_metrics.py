@@ -59,6 +59,11 @@ def test_a_smoke_run_serves_what_status_says(stack_factory):
              == 1.0, 30, what="the restart counted")
     step = scrape(port)[("podkit_trainer_step", ())]
     assert abs(s.status()["trainer"]["step"] - step) <= 10
+    from podkit import (
+        records,  # the boot made podkit's reserve for its own records on a full volume (issue 55)
+    )
+
+    assert (s.workspace / ".podkit" / records.RESERVE).stat().st_size == records.RESERVE_BYTES
     assert s.stop() == 0
 
 

@@ -58,6 +58,24 @@ CASES = [
      end(ending.SIGTERM, 899), YOU, standing.STOPPED_, True, True),
     ("a trainer supervisord gave up on", Program(FATAL, T0 + 90, T0 + 5, 4242), None, (), standing.CANNOT, False,
      True),
+    # the adversarial pass: a stop you asked for that took its whole stop grace (141 s) is still yours; an ask after
+    # the stop is not its cause; `podkit up`'s stop of all; a stop whose start is not known
+    ("a trainer you stopped whose stop took its grace", Program(STOPPED, T0 + 300, T0 + 5, 4242),
+     end(ending.SIGTERM, 299), ({"program": "trainer", "by": "you (podkit ctl stop trainer)", "time": T0 + 150},),
+     standing.STOPPED_, True, False),
+    ("an ask of yours after the stop", Program(STOPPED, T0 + 90, T0 + 5, 4242), end(ending.SIGTERM, 89),
+     ({"program": "trainer", "by": "you (podkit ctl stop trainer)", "time": T0 + 200},), standing.STOPPED_, True,
+     True),
+    ("every program stopped by you", Program(STOPPED, T0 + 90, T0 + 5, 4242), end(ending.SIGTERM, 89),
+     ({"program": "all", "by": "you (podkit up got SIGINT)", "time": T0 + 88},), standing.STOPPED_, True, False),
+    ("a stop of yours, its start not known", Program(STOPPED, T0 + 90, None, 4242), None, YOU, standing.STOPPED_,
+     True, False),
+    ("`podkit resume` syncing the fix of a trainer stopped for good", Program(EXITED, T0 + 90, T0 + 5, 4242),
+     end(ending.CRASH_LOOP, 85), ({"program": "trainer", "by": "you (podkit resume)", "time": T0 + 900,
+                                   "kind": "resume"},), standing.RESTARTING, True, False),
+    ("a `podkit resume` that gave up long ago", Program(EXITED, T0 - 5000, T0 - 6000, 4242),
+     end(ending.CRASH_LOOP, -5010), ({"program": "trainer", "by": "you (podkit resume)", "time": T0 - 4000,
+                                      "kind": "resume"},), standing.CANNOT, False, True),
     ("a trainer restarting after a failure", Program(BACKOFF, T0 + 90, T0 + 5, 4242), end(ending.FAILED, 89), (),
      standing.RESTARTING, True, False),
     ("an end stamped an hour ahead (planted, or another node's clock)", Program(EXITED, T0 + 90, T0 + 5, 4242),
@@ -71,6 +89,12 @@ def test_each_case_is_judged_as_its_user_would(what, trainer, rec, asked, run, c
     assert (s.run, s.can_train, s.stuck) == (run, can, stuck), (what, s)
     if run == standing.STOPPED_:
         assert ("by you" in s.why) == (not stuck), s.why
+
+
+def test_a_cluster_nodes_ray_fatal_is_stuck_and_names_ray():
+    s = standing.judge(Evidence({"ray": Program(FATAL, T0 + 60, T0 + 30), "trainer": Program(RUNNING, T0, T0)},
+                                now=T0 + 100))
+    assert s.stuck and s.who == "`ray`" and "ray FATAL" in s.why
 
 
 def test_inference_fatal_stops_the_run_and_names_sglang_as_what_must_start_again():
@@ -121,11 +145,12 @@ evidence = st.builds(
     st.one_of(st.just(()), st.lists(st.fixed_dictionaries({
         "program": st.sampled_from(["trainer", "all", "sglang"]),
         "by": st.sampled_from(["you (podkit ctl stop trainer)", "the watchdog (a hang)", "the maximum run time"]),
-        "time": times.map(lambda t: T0 + t)}), max_size=3).map(tuple)))
+        "time": times.map(lambda t: T0 + t)}, optional={"kind": st.sampled_from(["", "resume"])}),
+        max_size=3).map(tuple)))
 
 
 def _fatal(ev: Evidence) -> bool:
-    return any((ev.programs.get(n) or Program("")).state == FATAL for n in ("trainer", "sglang"))
+    return any((ev.programs.get(n) or Program("")).state == FATAL for n in ("trainer", "sglang", "ray"))
 
 
 @settings(max_examples=600, deadline=None)
@@ -146,7 +171,9 @@ def test_a_pod_is_stuck_exactly_when_supervisord_will_not_start_a_trainer_whatev
     yours = t is not None and standing.stopped_by(ev.asked, t).startswith("you")
     gave_up = ray is not None and ray.state == EXITED and ev.ray_loop.get("gave_up") is True and \
         ev.ray_loop.get("last_failure", 0) >= (ray.started or 0) - standing.SLACK_S
-    idle = t is not None and not finished and (t.state == EXITED or t.state == STOPPED and (final or not yours))
+    resumed = t is not None and standing.resuming(ev.asked, t, ev.now)  # `podkit resume` under way holds the pod
+    idle = t is not None and not finished and not resumed and (t.state == EXITED or t.state == STOPPED and
+                                                                (final or not yours))
     want = bool(ev.reachable) and not ev.safe_mode and (_fatal(ev) or gave_up or idle)
     assert s.stuck == want, (s, ev)
     if s.stuck:

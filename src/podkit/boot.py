@@ -393,8 +393,9 @@ def resume_trainer(cfg, say=print) -> int:
             return 0
         say(f"the trainer is {info.get('statename')} but failing ({failing}): it is stopped, the fix synced, and it "
             "starts on it")
+    # the cost guard holds the pod while the fix is synced and set up (standing.resuming)
+    ending.ask(cfg.run_path, ["trainer"], "you (podkit resume)", kind="resume")
     if failing:  # stopped before the sync: its ranks must not import the checkout while it changes under them
-        ending.ask(cfg.run_path, ["trainer"], "you (podkit resume)")
         try:
             rpc.stopProcess("trainer", True)
         except Exception as e:  # noqa: BLE001 - xmlrpc faults (NOT_RUNNING: it ended meanwhile) and socket errors

@@ -189,10 +189,13 @@ class WhenIdle:
     def watch(self, since: float, every_s: float = 1.0) -> WhenIdle:
         """Checks the rule in a daemon thread, counting from `since` (wall clock: the moment the pod could no
         longer train), until the pod's stop began or cancel()."""
+        base = time.monotonic() - max(0.0, time.time() - since)  # counted on the monotonic clock: a step of the wall
+        # clock during the wait neither delays nor hastens the stop
+
         def tick() -> None:
             while not self.cancelled and self.stopper is None:
                 try:
-                    self.check(time.time() - since)
+                    self.check(time.monotonic() - base)
                 except Exception:  # noqa: BLE001 - the cost guard must not be what ends its caller
                     pass
                 time.sleep(every_s)

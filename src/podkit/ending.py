@@ -169,13 +169,13 @@ def store(state_dir: Path, rec: dict, progress=None) -> dict:
     try:
         if progress is not None:
             if progress.update(stopped=rec) is False:  # not written (it said why): kept off the volume
-                keep(rec)
+                keep(rec, state_dir)
         else:
             prog = records.PROGRESS.read(state_dir)
             prog["stopped"] = rec
             records.PROGRESS.write(state_dir, prog)
     except OSError:
-        keep(rec)
+        keep(rec, state_dir)
     return rec
 
 
@@ -186,36 +186,48 @@ KEEP_ENV = "_PODKIT_END_KEPT_IN"
 KEPT = records.Record("trainer-end.json", records.STOPPED)
 
 
-def keep(rec: dict) -> None:
+def _mark(rec) -> str:
+    """An end as who wrote it when: what a kept end was written over (never compared as times: a clock steps)."""
+    return f"{rec.get('by')}|{rec.get('time')}|{rec.get('program')}" if isinstance(rec, dict) and rec else ""
+
+
+def keep(rec: dict, state_dir: Path | None = None) -> None:
+    """`rec` into the run dir, with the volume's end it was meant to replace (`over`): it is the newer one for as
+    long as the volume still holds that end, whatever the clocks say."""
     where = os.environ.get(KEEP_ENV, "")
     if not where:
         return
+    over = _mark(records.PROGRESS.read(state_dir).get("stopped")) if state_dir is not None else ""
     try:
-        KEPT.write(Path(where), rec, mode=0o600)
+        KEPT.write(Path(where), {**rec, "over": over}, mode=0o600)
     except OSError:
         pass
 
 
-def read_kept(state_dir: Path, run_dir: Path | None) -> dict | None:
-    """The trainer's last end, raw: the volume's, or the run dir's when that one is newer (kept while the volume
-    could not take it)."""
-    vol = records.PROGRESS.read(state_dir).get("stopped")
+def _kept(run_dir: Path | None, vol) -> dict | None:
+    """The run dir's end, only while the volume's end is still the one it was written over."""
     local = KEPT.read_owned(run_dir) if run_dir is not None else {}
-    newer = lambda r: r.get("time") if isinstance(r, dict) and isinstance(r.get("time"), (int, float)) else -1  # noqa
-    return local if local and newer(local) > newer(vol) else vol
+    if not local or not isinstance(local.get("over"), str) or local["over"] != _mark(vol):
+        return None
+    return {k: v for k, v in local.items() if k != "over"}
+
+
+def read_kept(state_dir: Path, run_dir: Path | None) -> dict | None:
+    """The trainer's last end, raw: the volume's, or the one kept in the run dir while the volume could not take it
+    (as long as nothing newer reached the volume since)."""
+    vol = records.PROGRESS.read(state_dir).get("stopped")
+    return _kept(run_dir, vol) or vol
 
 
 def flush_kept(state_dir: Path, run_dir: Path) -> bool:
-    """An end kept in the run dir, put on the volume where it is newer than the volume's (the volume has room
-    again); True when there is none left to put."""
-    local = KEPT.read_owned(run_dir)
-    if not local:
+    """An end kept in the run dir, put on the volume (it has room again) unless a newer one reached it since; True
+    when there is none left to put."""
+    if not KEPT.read_owned(run_dir):
         return True
-    vol = records.PROGRESS.read(state_dir).get("stopped")
+    prog = records.PROGRESS.read(state_dir)
+    local = _kept(run_dir, prog.get("stopped"))
     try:
-        if not (isinstance(vol, dict) and isinstance(vol.get("time"), (int, float))
-                and vol["time"] >= (local.get("time") or 0)):
-            prog = records.PROGRESS.read(state_dir)
+        if local is not None:
             prog["stopped"] = local
             records.PROGRESS.write(state_dir, prog)
         os.unlink(KEPT.path(run_dir))

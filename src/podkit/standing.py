@@ -109,11 +109,11 @@ def judge(ev: Evidence) -> Standing:
     if ev.reachable is False:
         return out(NOT_RUNNING, None, "the pod is not running (supervisord has exited)") if ev.exited else \
             out(UNKNOWN, None, "supervisord does not answer")
-    for name in ("trainer", "sglang"):
+    for name in ("trainer", "sglang", "ray"):
         p = ev.programs.get(name)
         if p is not None and p.state == FATAL:
-            return out(CANNOT, False, f"{name} FATAL (supervisord gave up starting it)", "the trainer"
-                       if name == "trainer" else "sglang", p.since, stuck=True)
+            return out(CANNOT, False, f"{name} FATAL (supervisord gave up starting it)", {"trainer": "the trainer",
+                       "ray": "`ray`"}.get(name, name), p.since, stuck=True)
     ray = ev.programs.get("ray")
     loop = ev.ray_loop if isinstance(ev.ray_loop, dict) else {}
     if ray is not None and ray.state == EXITED and loop.get("gave_up") is True and \
@@ -122,6 +122,9 @@ def judge(ev: Evidence) -> Standing:
                    ray.since, stuck=True)
     if trainer is None:
         return out(NO_TRAINER, None, "no trainer program on this node")
+    if trainer.state in (EXITED, STOPPED) and resuming(ev.asked, trainer, ev.now):
+        return out(RESTARTING, True, "`podkit resume` is syncing and setting up the fix: it starts the trainer once "
+                   "that is done", "the trainer", trainer.since)
     # A final end stays final (STOPPED too: the watchdog stops one whose script did not exit)
     if this_run and end.family == ending.FINAL and trainer.state in (EXITED, STOPPED):
         return out(CANNOT, False, f"the trainer stopped for good ({end.kind.name})", "the trainer", trainer.since,
@@ -158,10 +161,26 @@ def stopped_by(asked, trainer: Program) -> str:
         t = _time(a.get("time")) if isinstance(a, dict) else None
         if t is None or a.get("program") not in ("trainer", "all") or not isinstance(a.get("by"), str):
             continue
-        if at is not None and at - ending.ASKED_FRESH_S <= t <= at + 5 or at is None and start is not None and \
-                t >= start - SLACK_S:
+        # since the trainer's last start (a stop you asked for may take its whole stop grace), else ASKED_FRESH_S
+        lo = start - SLACK_S if start is not None else at - ending.ASKED_FRESH_S if at is not None else None
+        if lo is not None and lo <= t and (at is None or t <= at + 5):
             found = a["by"][:200]
     return found
+
+
+RESUME_HOLD_S = 1800.0  # `podkit resume` syncs and sets up the fix before it starts the trainer: no stop meanwhile
+
+
+def resuming(asked, trainer: Program, now: float) -> bool:
+    """`podkit resume` is under way for this stopped trainer: its ask came since the trainer stopped, within
+    RESUME_HOLD_S."""
+    since = trainer.since if trainer.since is not None else trainer.started
+    for a in asked if isinstance(asked, (list, tuple)) else ():
+        t = _time(a.get("time")) if isinstance(a, dict) else None
+        if t is not None and a.get("kind") == "resume" and a.get("program") in ("trainer", "all") and \
+                (since is None or t >= since - SLACK_S) and 0 <= now - t < RESUME_HOLD_S:
+            return True
+    return False
 
 
 def _num(v) -> float:
@@ -206,7 +225,7 @@ def gather(state_dir: Path, programs: dict[str, Program], reachable: bool | None
            safe_mode: dict | None = None, now: float | None = None, run_dir: Path | None = None) -> Evidence:
     """The evidence from the records: the trainer's end (ending.read_kept: the volume's, or the run dir's copy
     while the volume is full), and the stops asked for (the run dir's, where it is known)."""
-    return Evidence(programs, ending.read_kept(state_dir, run_dir), records.RAY_LOOP.read(state_dir),
+    return Evidence(programs, ending.read_kept(state_dir, run_dir), records.kept(records.RAY_LOOP, state_dir, run_dir),
                     safe_mode, reachable, exited, _time(records.CURRENT.read(state_dir).get("started")),
                     time.time() if now is None else now,
                     tuple(ending.ASKED.read_owned(run_dir)) if run_dir is not None else ())

@@ -94,6 +94,12 @@ def test_a_record_podkit_cannot_write_for_want_of_room_takes_the_reserve_which_c
         os.unlink(state / records.RESERVE)
         os.mkdir(state / records.RESERVE)
         assert not records.keep_reserve(state) and (state / records.RESERVE).is_dir()
+        os.rmdir(state / records.RESERVE)
+        mine = ws / "my-notes.txt"
+        mine.write_text("the user's")
+        os.symlink(mine, state / records.RESERVE)  # planted: never written through, never replaced
+        assert not records.keep_reserve(state) and mine.read_text() == "the user's"
+        assert (state / records.RESERVE).is_symlink()
     finally:
         import subprocess
 

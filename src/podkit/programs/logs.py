@@ -64,6 +64,7 @@ class Pump:
         self._idle: costguard.WhenIdle | None = None
         self._yours = None  # the stop you asked for, said once (its time)
         self._full = False  # the trainer's end waits in the run dir for room on the volume
+        self._unwritten = False  # programs.json could not be written (said once)
         self.durable_within_s, self._behind = 0.0, ""  # the durability guard (with checkpoint.remote): its limit, its word
         self.trainer_grace_s = trainer_grace_s
         self.state_dir = state_dir
@@ -128,7 +129,15 @@ class Pump:
         if to in supervisord.GONE:
             self.flush(name)
         if self.run_dir:
-            records.PROGRAMS.write(self.run_dir, self.states)
+            try:
+                records.PROGRAMS.write(self.run_dir, self.states)
+            except OSError as e:  # the run dir's disk full: the listener goes on from its own events
+                if not self._unwritten:
+                    self.say(f"cannot record the programs' states in {self.run_dir} ({e.strerror}): a restarted "
+                             "listener starts from supervisord's word")
+                self._unwritten = True
+            else:
+                self._unwritten = False
 
     def trainer_end(self, pid=None) -> ending.End | None:
         """The trainer's own end record, only if it is the end of the run that just ended (an earlier run's "done"
