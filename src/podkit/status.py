@@ -3,6 +3,7 @@ inference phase, from supervisord (over its unix socket) and the records on the 
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import xmlrpc.client
@@ -29,8 +30,8 @@ def collect(workspace: Path, state_dir: Path | None = None, remote: bool | None 
             server = supervisord.rpc(sock, timeout_s=RPC_TIMEOUT_S)  # alive but not answering: "does not answer"
             infos = server.supervisor.getAllProcessInfo()
             out["supervisord"] = {"reachable": True, "pid": server.supervisor.getPID(), "socket": sock}
-        except (OSError, xmlrpc.client.Error) as e:
-            out["supervisord"] = {"reachable": False, "socket": sock, "error": str(e),
+        except (OSError, xmlrpc.client.Error, http.client.HTTPException) as e:  # cut mid-answer: no answer
+            out["supervisord"] = {"reachable": False, "socket": sock, "error": str(e) or type(e).__name__,
                                   "exited": _gone(current.get("supervisord_pid")),
                                   "started": current.get("started")}
     programs = records.PROGRAMS.read(Path(current["run_dir"])) if current.get("run_dir") else {}

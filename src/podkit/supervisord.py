@@ -7,6 +7,7 @@ supervisor's own `states.py`). Depends on nothing else in podkit.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 import xmlrpc.client
 from pathlib import Path
@@ -42,12 +43,32 @@ def rpc(socket_path: str | Path, timeout_s: float | None = None):
 
 
 class _TimedUnixConnection(UnixStreamHTTPConnection):
+    """Each read bounded, and the whole connection too: one answering a byte every few seconds is cut once
+    `timeout_s` has passed since it opened (a timer shuts the socket; the call then fails with OSError)."""
     timeout_s: float | None = None
+    _cut: threading.Timer | None = None
 
     def connect(self):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(self.timeout_s)
+        if self.timeout_s:
+            sock = self.sock
+            self._cut = threading.Timer(self.timeout_s, _shut, (sock,))
+            self._cut.daemon = True
+            self._cut.start()
         self.sock.connect(self.socketfile)
+
+    def close(self):
+        if self._cut is not None:
+            self._cut.cancel()
+        super().close()
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def stop_requested(socket_path: str | Path, name: str) -> bool:

@@ -68,3 +68,51 @@ def test_a_supervisord_alive_but_not_answering_is_said_by_status_and_metrics_wit
     finally:
         os.kill(pid, signal.SIGCONT)
     assert s.stop() == 0
+
+
+def test_a_supervisord_that_answers_a_byte_every_few_seconds_is_cut_within_the_status_timeout(tmp_path):
+    """The socket answers a byte every 2 s: each read came within its 5 s, so `podkit status` waited for ever. The
+    whole call is bounded now."""
+    import os
+    import socket
+    import threading
+    import time
+
+    from podkit import records, status
+
+    path = str(tmp_path / "s.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(4)
+    stop = threading.Event()
+
+    def trickle():
+        while not stop.is_set():
+            try:
+                srv.settimeout(0.5)
+                c, _ = srv.accept()
+            except OSError:
+                continue
+            with c:
+                for b in b"HTTP/1.1 200 OK\r\nContent-Type: text/xml\r\nContent-Length: 999\r\n\r\n<?xml":
+                    if stop.is_set():
+                        return
+                    try:
+                        c.sendall(bytes([b]))
+                    except OSError:
+                        break
+                    time.sleep(2)
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    records.CURRENT.write(state, {"socket": path, "supervisord_pid": os.getpid(), "started": time.time()})
+    try:
+        t0 = time.monotonic()
+        st = status.collect(tmp_path)
+        assert time.monotonic() - t0 < status.RPC_TIMEOUT_S + 3
+        assert st["supervisord"]["reachable"] is False and st["standing"]["run"] == "unknown", st["supervisord"]
+    finally:
+        stop.set()
+        srv.close()
+        t.join(10)
