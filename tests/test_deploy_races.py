@@ -56,7 +56,7 @@ def test_a_deploy_interrupted_while_it_looks_for_a_lost_create_says_so_and_the_n
     out, err = first.communicate(timeout=30)
     err = out + err
     assert first.returncode == 130, err
-    assert "RunPod did not answer the pod create: it may still make the pod" in err, err
+    assert "RunPod did not answer the pod create (" in err and "it may still make the pod" in err, err
     assert "interrupted after the pod create was sent" in err and "a deploy again looks for it first" in err, err
     (made,) = runpod_api.pods
     second = deploy(runpod_api, tmp_path, "--wait-timeout", "60")
@@ -64,3 +64,43 @@ def test_a_deploy_interrupted_while_it_looks_for_a_lost_create_says_so_and_the_n
     err = out + err
     assert second.returncode == 1 and f"pod {made} " in err and "deploying again would make a second pod" in err, err
     assert runpod_api.calls().count("POST /v2/pods") == 1 and list(runpod_api.pods) == [made]
+
+
+def test_two_deploys_whose_pods_run_before_the_list_shows_either_still_leave_one_pod(runpod_api, tmp_path):
+    """The adversarial pass: pods running at the first look while the list lags 15 s; each deploy looked only while
+    its pod started. A deploy now keeps looking until the list shows its own pod."""
+    runpod_api.add_volume(VOLUME, "checkpoints", 200, "EU-SE-1")
+    runpod_api.list_lag_s, runpod_api.polls_until_running = 15.0, 1
+    a = deploy(runpod_api, tmp_path, "--network-volume", VOLUME, "--wait-timeout", "90")
+    wait_for(lambda: "POST /v2/pods" in runpod_api.calls(), 30, what="the first deploy's create")
+    time.sleep(2)
+    b = deploy(runpod_api, tmp_path, "--network-volume", VOLUME, "--wait-timeout", "90")
+    said_a, said_b = "".join(a.communicate(timeout=110)), "".join(b.communicate(timeout=110))
+    live = [p for pid, p in runpod_api.pods.items() if pid not in runpod_api.terminated
+            and p["status"] not in ("EXITED", "TERMINATED")]
+    assert len(live) == 1 and a.returncode == 0 and b.returncode == 1, (said_a, said_b)
+
+
+def test_a_create_runpod_refused_leaves_nothing_for_the_next_deploy_to_wait_for(runpod_api, tmp_path):
+    runpod_api.fail("POST", "/v2/pods", 400, times=1, body=b'{"error": "bad gpu"}')
+    first = deploy(runpod_api, tmp_path, "--wait-timeout", "60")
+    assert first.wait(60) == 1
+    t0 = time.monotonic()
+    second = deploy(runpod_api, tmp_path, "--wait-timeout", "60")
+    out = "".join(second.communicate(timeout=90))
+    assert second.returncode == 0 and "interrupted" not in out and time.monotonic() - t0 < 40, out
+    runpod_api.errors.clear()  # the refused body was the test's
+
+
+def test_pods_are_ordered_by_when_they_were_made_whatever_the_format_of_created_at():
+    from podkit.deploy.pods import created_order
+
+    pairs = [("2026-11-29T10:00:05Z", "2026-11-29 10:00:05.4 +0000 UTC"),  # as text, Go's sorts first
+             ("2026-11-29T11:00:04+01:00", "2026-11-29T10:00:05Z"),
+             ("2026-11-29T10:00:05Z", "2026-11-29T10:00:05.4Z")]
+    for first, later in pairs:
+        a, b = {"id": "z", "createdAt": first}, {"id": "a", "createdAt": later}
+        assert created_order(a) < created_order(b), (first, later)
+    go, rfc = {"id": "a", "createdAt": "2026-11-29 10:00:05 +0000 UTC"}, {"id": "b", "createdAt": "2026-11-29T09:00:00Z"}
+    assert created_order(rfc) < created_order(go)
+    assert created_order({"id": "a"}) > created_order(go), "a pod whose createdAt is missing comes after"

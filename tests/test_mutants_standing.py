@@ -127,11 +127,17 @@ def test_an_end_counts_for_the_run_from_its_start_less_the_slack_and_by_its_own_
         assert s.last["this_run"] and s.run == standing.CANNOT, (named, pid)
 
 
-@pytest.mark.parametrize("at,t,who", [
-    (T0 + 500, T0 + 500 - ending.ASKED_FRESH_S, "you"), (T0 + 500, T0 + 500 - ending.ASKED_FRESH_S - 0.1, ""),
-    (T0 + 500, T0 + 505, "you"), (T0 + 500, T0 + 505.1, ""), (None, T0 + 49, "you"), (None, T0 + 48.9, "")])
-def test_an_ask_counts_for_a_stop_within_its_freshness_and_its_grace(at, t, who):
-    trainer = Program(STOPPED, at, T0 + 50, 4242)
+@pytest.mark.parametrize("at,start,t,who", [
+    # since the trainer's start (a stop may take its whole grace), up to 5 s after the stop
+    (T0 + 500, T0 + 50, T0 + 49, "you"), (T0 + 500, T0 + 50, T0 + 48.9, ""),
+    (T0 + 500, T0 + 50, T0 + 500 - ending.ASKED_FRESH_S - 0.1, "you"),
+    (T0 + 500, T0 + 50, T0 + 505, "you"), (T0 + 500, T0 + 50, T0 + 505.1, ""),
+    (None, T0 + 50, T0 + 49, "you"), (None, T0 + 50, T0 + 48.9, ""),
+    # no start known: within ASKED_FRESH_S before the stop
+    (T0 + 500, None, T0 + 500 - ending.ASKED_FRESH_S, "you"), (T0 + 500, None, T0 + 500 - ending.ASKED_FRESH_S - 0.1, ""),
+    (None, None, T0 + 49, "")])
+def test_an_ask_counts_for_a_stop_within_its_freshness_and_its_grace(at, start, t, who):
+    trainer = Program(STOPPED, at, start, 4242)
     asked = ({"program": "trainer", "by": "you (podkit ctl stop trainer)", "time": t},)
     assert standing.stopped_by(asked, trainer) == ("you (podkit ctl stop trainer)" if who else "")
 

@@ -133,6 +133,8 @@ class Deployer:
                 return self.only_one(pod, mine, before)
             except api.ApiError as e:
                 if lost_answer(e):
+                    _log.warn(f"RunPod did not answer the pod create ({e.message}): it may still make the pod, so "
+                              "podkit looks for it before it sends the create again")
                     made = self.look_for(mine, before)
                     if made:
                         _log.warn(f"RunPod made pod {made[0]['id']} although its answer was lost ({e.message}); "
@@ -170,9 +172,8 @@ class Deployer:
         """The run's pods made since `before`, looked for every `look_every_s` for as long as one could
         still appear (look_s); [] when none came."""
         looks = max(1, math.ceil(self.look_s() / self.look_every_s))
-        _log.warn(f"RunPod did not answer the pod create: it may still make the pod, so podkit looks for it every "
-                  f"{self.look_every_s:g} s for up to {self.look_s():.0f} s before it sends the create again (Ctrl-C "
-                  "stops looking; a deploy again looks for it first)")
+        _log.info(f"looking for it every {self.look_every_s:g} s for up to {self.look_s():.0f} s (Ctrl-C stops "
+                  "looking; a deploy again looks for it first)")
         said = 0
         for n in range(looks):
             if (n * self.look_every_s) // 60 > said:  # a line a minute: a silent deploy looks hung
@@ -224,7 +225,8 @@ class Deployer:
             _log.error(f"could not {action} {what} ({e.message}): it bills until you do "
                        f"(`podkit deploy {action} {extra['id']}`)")
 
-    def wait_running(self, pod_id: str, timeout_s: float, poll_s: float = 5.0, volume_id: str = "") -> dict:
+    def wait_running(self, pod_id: str, timeout_s: float, poll_s: float = 5.0, volume_id: str = "",
+                     sent: float | None = None) -> dict:
         """The pod once it runs. With `volume_id`, at each look (and once more at the end): another live pod on the
         network volume created before this one (a second deploy at once, past a lagging pod list) ends this one;
         every deploy goes by the same rule, so exactly one pod is left on the volume, the one made first."""
@@ -247,7 +249,7 @@ class Deployer:
                 last = state
             if ready:
                 if volume_id:
-                    self.first_on(volume_id, pod)
+                    self.settle_on(volume_id, pod, poll_s, t0 if sent is None else sent)
                 return pod
             if api.pod_state(pod) == "error":
                 raise PodkitError(f"pod {pod_id} is in ERROR (RunPod could not start its container)",
@@ -258,16 +260,37 @@ class Deployer:
                                   f"`podkit deploy logs {pod_id} --system`; `podkit deploy status {pod_id}`")
             self.sleep(poll_s)
 
-    def first_on(self, volume_id: str, pod: dict) -> None:
+    # How long after its create a running pod's deploy may keep looking at the volume for another deploy's pod (the
+    # pod list's own lag, LIST_LAG_S, bounded): it stops as soon as the list shows its own pod, since a pod made
+    # before it would show by then too
+    VOLUME_SETTLE_S = 120.0
+
+    def settle_on(self, volume_id: str, pod: dict, poll_s: float, sent: float) -> None:
+        """first_on until RunPod's pod list shows this deploy's own pod (or the lag, bounded, has passed since it sent
+        its create: `sent`, this machine's monotonic clock), counted in looks by self.sleep's clock."""
+        left = sent + min(self.list_lag_s, self.VOLUME_SETTLE_S) - time.monotonic()
+        looks = max(0, math.ceil(left / poll_s)) if poll_s > 0 else 0
+        for n in range(looks + 1):
+            if self.first_on(volume_id, pod):
+                return
+            if n == 0 and looks:
+                _log.info(f"pod {pod['id']} runs; RunPod's pod list does not show it yet: looking at network volume "
+                          f"{volume_id} for another deploy's pod until it does ({left:.0f} s at most)")
+            if n < looks:
+                self.sleep(poll_s)
+
+    def first_on(self, volume_id: str, pod: dict) -> bool:
         """Raises once this deploy's `pod` has been ended because another live pod on the volume was made before
-        it; never touches that other pod (it may be anyone's)."""
+        it; never touches that other pod (it may be anyone's). True when the pod list shows this pod itself (what it
+        says of the volume then holds)."""
         try:
-            others = [p for p in self.pods_on(volume_id, but=pod["id"])]
+            listed = self.api.pods()
         except api.ApiError:
-            return  # asked again at the next look
+            return False  # asked again at the next look
+        others = [p for p in listed if p.get("id") != pod["id"] and maybe_live(p) and volume_id in mounted_volumes(p)]
         earlier = [p for p in others if created_order(p) < created_order(pod)]
         if not earlier:
-            return
+            return any(p.get("id") == pod["id"] for p in listed)
         first = min(earlier, key=created_order)
         self.end_extra(pod, first, of=f"network volume {volume_id}")
         raise PodkitError(f"network volume {volume_id} is in use by pod {first['id']} ({first.get('name')}, "

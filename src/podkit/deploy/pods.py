@@ -8,10 +8,11 @@ from podkit import runpod as api
 from podkit.deploy.bodies import CLUSTER_NODES_ENV, STOP_AT_ENV
 
 
-def created_order(pod: dict) -> tuple[bool, str, str]:
-    """Created first comes first; a pod whose answer has no createdAt comes after those that do."""
-    made = pod.get("createdAt")
-    return not (isinstance(made, str) and made), str(made or ""), str(pod.get("id"))
+def created_order(pod: dict) -> tuple[bool, float, str]:
+    """Created first comes first, by the time createdAt says (RFC 3339 or Go's format, any offset: never compared
+    as text); a pod whose createdAt is missing or cannot be read comes after those that have one."""
+    made = api.started_at({"startedAt": pod.get("createdAt")})
+    return made is None, made if made is not None else 0.0, str(pod.get("id"))
 
 
 def maybe_live(pod: dict) -> bool:

@@ -28,7 +28,7 @@ from podkit.deploy.bodies import (
     parse_duration,
     pod_body,
 )
-from podkit.deploy.deployer import CLOUDS, Deployer
+from podkit.deploy.deployer import CLOUDS, Deployer, lost_answer
 from podkit.deploy.pods import cluster_summary, how_to_reach, maybe_live, pod_line, run_of
 from podkit.deploy.watch import Watch, one_watch, relauncher
 from podkit.errors import ConfigError, PodkitError
@@ -89,16 +89,24 @@ def create(args) -> int:
     body = pod_body(tpl, args.gpus, args.cloud, name, vol, stop_at, new_run())
     run = body["env"].get(guardfile.RUN_ENV, "")
     pending(name, run)  # before the create goes out: a deploy interrupted from here on is found by the next one
-    made = None
+    made, sent = None, time.monotonic()
     try:
-        pod = made = d.create_pod(body, args.capacity_timeout)
+        try:
+            pod = made = d.create_pod(body, args.capacity_timeout)
+        except api.ApiError as e:
+            if not lost_answer(e):
+                pending(name, "")  # RunPod answered: refused, no pod of it to look for
+            raise
+        except PodkitError:
+            pending(name, "")  # refused (no capacity, a bad body): RunPod made nothing
+            raise
         if (cost := api.pod_cost(pod)) is not None:
             print(f"pod {pod['id']} created: RunPod bills it ${cost:.2f}/h (its cost)", flush=True)
         pending(name, "")
         if stop_at:
             _log.info(f"pod {pod['id']} stops itself at {time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(stop_at))}"
                       " (--max-runtime), the trainer first with its checkpoint")
-        pod = d.wait_running(pod["id"], args.wait_timeout, volume_id=vol["id"] if vol else "")
+        pod = d.wait_running(pod["id"], args.wait_timeout, volume_id=vol["id"] if vol else "", sent=sent)
     except KeyboardInterrupt:
         print("podkit: interrupted after the pod create was sent: "
               + (f"pod {made['id']} bills until you stop it (`podkit deploy stop {made['id']}`), or follow it with "
@@ -168,7 +176,8 @@ def interrupted_before(d: Deployer, name: str) -> None:
     mine = lambda p: run_of(p) == run  # noqa: E731
     found = [p for p in d.api.pods() if mine(p)]
     if not found and time.time() - note["time"] < d.look_s():
-        _log.info(f"the deploy of {name!r} interrupted at {when} sent a create RunPod may still make: looking for it")
+        _log.info(f"the deploy of {name!r} interrupted at {when} sent a create whose answer it did not see: RunPod may "
+                  "still make its pod")
         found = d.look_for(mine, set())
     live = [p for p in found if maybe_live(p)]
     if live:
