@@ -16,7 +16,7 @@ from test_remote_snapshot import gens
 
 pytestmark = pytest.mark.timeout(120)
 pod = test_remote.pod
-server, bucket = s3server.fixtures([f"links-{i:02d}" for i in range(2)])
+server, bucket = s3server.fixtures([f"links-{i:02d}" for i in range(3)])
 
 
 def test_a_newest_step_that_is_a_link_goes_up_as_its_file_and_a_new_pod_restores_it(pod, server, bucket, tmp_path):
@@ -41,3 +41,26 @@ def test_a_newest_step_whose_link_dangles_is_not_recorded_as_uploaded(pod, serve
     said: list[str] = []
     assert uploader.Uploader(a, say=said.append).once() is None
     assert gens(server, bucket) == {}, "no generation with a manifest and no file"
+
+
+def test_an_areal_shard_that_is_a_link_goes_up_and_comes_back_whole(pod, server, bucket, tmp_path):
+    """The adversarial pass: one shard of AReaL's recover checkpoint linked in from elsewhere on the volume was left out
+    of the file list without a word, and the restore brought back the others only."""
+    from podkit import remote
+    from test_remote import areal_checkpoint
+
+    a = pod("a", PODKIT_TRAINER_KIND="areal")
+    root = areal_checkpoint(a, 6, remote.mine(a))
+    shard = root / "default" / "recover_checkpoint" / "__0_0.distcp"
+    kept = tmp_path / "a" / "shards" / "__0_0.distcp"
+    kept.parent.mkdir(parents=True)
+    os.replace(shard, kept)
+    os.symlink(kept, shard)
+    assert "default/recover_checkpoint/__0_0.distcp" in remote.local(a).files
+    remote.Remote(a.checkpoint.remote, "podkit/run").upload(remote.local(a))
+    b = pod("b", PODKIT_TRAINER_KIND="areal")
+    assert restore.run(b) == 7
+    from podkit.areal import identity
+
+    back = identity.save_root(identity.fileroot(b), "podkit", "run") / "default" / "recover_checkpoint" / "__0_0.distcp"
+    assert back.read_bytes() == kept.read_bytes()

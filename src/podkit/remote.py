@@ -252,8 +252,9 @@ def local(cfg) -> Local:
         if not identity.has_checkpoint(root):
             return Local("areal", root, None)
         subs = [root / "recover_info", *sorted(root.glob("*/recover_checkpoint"))]  # <name>/: "default", AReaL's
-        files = [str(p.relative_to(root)) for sub in subs for p in sorted(sub.rglob("*"))
-                 if p.is_file() and not p.is_symlink()]
+        # a link to a file is the file (uploaded as what it points to: rclone --copy-links); a link to a directory
+        # or one that dangles is no file of the checkpoint
+        files = [str(p.relative_to(root)) for sub in subs for p in sorted(sub.rglob("*")) if p.is_file()]
         if (root / identity.RECORD).is_file():
             files.append(identity.RECORD)
         record = identity.read_record(root)
