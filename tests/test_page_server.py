@@ -218,7 +218,11 @@ def test_a_pasted_token_with_its_line_end_is_the_token_and_a_weak_one_is_refused
                         ("podkitpodkitpodk", "repeats its first 6 characters"),
                         ("changeme-changeme", "repeats its first 9 characters"),
                         ("qwertyuiopasdfgh", "walks the keyboard"),
-                        ("Password123!Secret", "words anyone tries first")):
+                        ("Password123!Secret", "words anyone tries first"),
+                        # the adversarial pass: column walks, leetspeak, the famous passphrase
+                        ("1qaz2wsx3edc4rfv", "walks the keyboard"), ("ZAQ!xsw2CDE#vfr4", "walks the keyboard"),
+                        ("1q2w3e4r5t6y7u8i", "walks the keyboard"), ("P@ssw0rdP@ssw0rd1", "words anyone tries first"),
+                        ("correcthorsebatterystaple", "words anyone tries first")):
         why = checks.page_loopback_only(cfg, {checks.PAGE_TOKEN_ENV: token}) or ""
         assert said in why and "on 127.0.0.1 only" in why, (token, why)
         assert page.endpoint("0.0.0.0", token) == "127.0.0.1"

@@ -478,9 +478,9 @@ def page_token_weakness(token: str) -> str | None:
         return f"repeats its first {period} characters (like passwordpassword); a random one does not"
     low = token.lower()
     pairs = list(zip(low, low[1:], strict=False))
-    if sum(_KEY_NEXT.get(a, "").find(b) >= 0 for a, b in pairs) > PAGE_TOKEN_RUN * len(pairs):
-        return "walks the keyboard (like qwertyuiop...); a random one does not"
-    left = low
+    if sum(_neighbours(a, b) for a, b in pairs) > PAGE_TOKEN_RUN * len(pairs):
+        return "walks the keyboard (like qwertyuiop... or 1qaz2wsx...); a random one does not"
+    left = low.translate(_LEET)  # P@ssw0rd is password
     for word in _COMMON:
         left = left.replace(word, "")
     left = "".join(c for c in left if c.isalnum())
@@ -489,12 +489,22 @@ def page_token_weakness(token: str) -> str | None:
     return None
 
 
-# Neighbours on a QWERTY keyboard (a walk along a row is a person's, not a random draw)
-_ROWS = ("`1234567890-=", "qwertyuiop[]\\", "asdfghjkl;'", "zxcvbnm,./")
-_KEY_NEXT = {c: row[max(0, i - 1):i] + row[i + 1:i + 2] for row in _ROWS for i, c in enumerate(row)}
-_COMMON = ("password", "passwd", "changeme", "change", "secret", "podkit", "runpod", "admin", "letmein", "welcome",
-           "qwerty", "token", "default", "login", "master", "monkey", "dragon", "iloveyou", "hello", "test", "pass",
-           "root", "user", "page", "1234", "abc")
+# Where each key sits on a QWERTY keyboard (row, column; the rows staggered as they are): a walk along a row, down a
+# column or a diagonal is a person's, not a random draw. Shifted digits sit where their digit does.
+_ROWS = (("`1234567890-=", 0.0), ("qwertyuiop[]\\", 1.5), ("asdfghjkl;'", 1.75), ("zxcvbnm,./", 2.25))
+_KEY_AT = {c: (r, i + off) for r, (row, off) in enumerate(_ROWS) for i, c in enumerate(row)}
+_KEY_AT.update({s: _KEY_AT[d] for s, d in zip("~!@#$%^&*()_+", "`1234567890-=", strict=True)})
+
+
+def _neighbours(a: str, b: str) -> bool:
+    pa, pb = _KEY_AT.get(a), _KEY_AT.get(b)
+    return pa is not None and pb is not None and a != b and abs(pa[0] - pb[0]) <= 1 and abs(pa[1] - pb[1]) <= 1
+
+
+_LEET = str.maketrans("@4310$5!7+", "aaeiossitt")
+_COMMON = ("correcthorsebatterystaple", "password", "passwd", "changeme", "change", "secret", "podkit", "runpod",
+           "admin", "letmein", "welcome", "qwerty", "token", "default", "login", "master", "monkey", "dragon",
+           "iloveyou", "hello", "test", "pass", "root", "user", "page", "1234", "abc")
 
 
 def page(cfg) -> list[Problem]:
