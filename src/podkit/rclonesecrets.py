@@ -137,19 +137,33 @@ def shown(remote: str, environ=None) -> str:
     out; a connection string rclone would refuse shows its name only."""
     remote = remote.strip()
     if remote.startswith("s3://"):
+        if s3_credentials(remote):  # a secret may hold '/': everything up to the last '@' goes
+            return f"s3://{REDACTED}@{remote[len('s3://'):].rpartition('@')[2]}"
         host, slash, rest = remote[len("s3://"):].partition("/")
         return f"s3://{REDACTED}@{host.rpartition('@')[2]}{slash}{rest}" if "@" in host else remote
     try:
         parts = split(remote)
     except Invalid:
         return remote.split(",")[0] + f",{REDACTED}"
-    if parts is None:
-        return remote
+    if parts is None:  # not a connection string rclone reads; with parameters, none is shown
+        return remote.split(",")[0] + f",{REDACTED}" if "," in remote else remote
     name, params, path = parts
     hide = set(secret_params(name, params, environ))
     said = ",".join(f"{p}={REDACTED}" if p in hide else p if v == "true" else f"{p}={_quoted(v)}"
                     for p, v in params.items())
-    return f"{name},{said}:{path}"
+    return f"{name},{said}:{redact_text(path)}"
+
+
+def s3_credentials(remote: str) -> bool:
+    """s3://KEY:SECRET@bucket/prefix (a bucket never holds ':' nor '@'; the secret may hold '/')."""
+    rest = remote.strip()[len("s3://"):]
+    return "@" in rest and ":" in rest.rpartition("@")[0]
+
+
+def unquoted_colon(path: str) -> bool:
+    """A connection string's path that is the rest of a value cut at its unquoted ':' (an endpoint URL): more
+    parameters, or a URL's '//' (rclone would take them, secrets included, as the path)."""
+    return path.startswith("//") or re.search(r",[A-Za-z0-9_.]+=", path) is not None
 
 
 def _quoted(v: str) -> str:
@@ -159,14 +173,17 @@ def _quoted(v: str) -> str:
 # A connection string inside any text (a log line, a record): the name, then each parameter (rclone's own message
 # may quote one it refused, cut short or ending in ",:"). An unquoted value in text ends at a space, a quote or a
 # backslash too (the JSON around it stays whole); a name with a space is not looked for (the scan stays linear).
-_IN_TEXT = re.compile(r"(?<![\w.+@-])(:?[\w.+@-]+)((?:,[A-Za-z0-9_.]+(?:=(?:\"(?:[^\"\n]|\"\")*\"|'(?:[^'\n]|'')*'"
+_IN_TEXT = re.compile(r"(?<![\w.+@-])(:?[\w.+@-]+)((?:,[A-Za-z0-9_.]+(?:=(?:\"(?:[^\"\n]|\"\")*\"?|'(?:[^'\n]|'')*'?"
                       r"|[^,:\s\"'\\]*))?)+)")
-_PARAM = re.compile(r",([A-Za-z0-9_.]+)(=(?:\"(?:[^\"\n]|\"\")*\"|'(?:[^'\n]|'')*'|[^,:\s\"'\\]*))?")
+_PARAM = re.compile(r",([A-Za-z0-9_.]+)(=(?:\"(?:[^\"\n]|\"\")*\"?|'(?:[^'\n]|'')*'?|[^,:\s\"'\\]*))?")
 
 
 # `RCLONE_..._KEY=value` (an env dump, `export`, a JSON of the environment): the variable's value.
 _ENV_IN_TEXT = re.compile(r"""(?<![A-Za-z0-9_])(RCLONE_[A-Za-z0-9_]{1,128})(['"]?\s*[:=]\s*['"]?)"""
                           r"""(?!<redacted)([^\s'",}]{1,4096})""")
+
+
+_S3_IN_TEXT = re.compile(r"(s3://)[A-Za-z0-9_.-]+:[^\s@'\"]+@")
 
 
 def redact_text(text: str) -> str:
@@ -176,6 +193,8 @@ def redact_text(text: str) -> str:
     if "RCLONE_" in text:
         text = _ENV_IN_TEXT.sub(lambda m: m.group(1) + m.group(2) + REDACTED if secret_env(m.group(1))
                                 else m.group(0), text)
+    if "s3://" in text:  # s3://KEY:SECRET@bucket, the secret holding '/' or not
+        text = _S3_IN_TEXT.sub(lambda m: m.group(1) + REDACTED + "@", text)
     if "," not in text:
         return text
 

@@ -66,7 +66,7 @@ def parse(url: str) -> tuple[str, dict[str, str]]:
         rest = url[len("s3://"):]
         if not rest or rest.startswith("/"):
             raise ValueError(f"{said!r} names no bucket")
-        if "@" in rest.partition("/")[0]:
+        if "@" in rest.partition("/")[0] or rclonesecrets.s3_credentials(url):
             raise ValueError(f"{said!r} has credentials in it: podkit takes an s3:// remote's from AWS_ACCESS_KEY_ID "
                              "and AWS_SECRET_ACCESS_KEY only (a URL is shown in logs and records)")
         # NO_CHECK_BUCKET: never create the bucket (a typo's bucket would be made and filled); a missing one is said
@@ -77,6 +77,10 @@ def parse(url: str) -> tuple[str, dict[str, str]]:
         raise ValueError(f"{said!r} is not a connection string rclone takes: {e}") from None
     if parts is not None:
         name, params, path = parts
+        if rclonesecrets.unquoted_colon(path):
+            raise ValueError(f"{said!r}: a parameter's value that holds ':' (a URL) must be quoted, e.g. "
+                             "endpoint='http://host:9000': unquoted, rclone ends the parameters at its first ':' and "
+                             "takes the rest, secrets and all, as the path")
         options = {k.upper(): v for k, v in params.items()}
         if name.startswith(":"):
             if rclonesecrets.backend(name[1:]) is None:
