@@ -285,7 +285,9 @@ def test_a_transient_or_volume_kind_needs_its_cause_in_the_first_exception(e):
         return  # the trainer's own record, as it stored it
     errs = e["errors"]
     if e["own"] and ending.KINDS[e["own"]["by"]].family == ending.FINISHED:  # what the run went past is no cause
-        errs = [x for x in errs if x["time"] > e["own"]["time"]]
+        # nor, after a finish, another rank's own exception (teardown noise: verdict.after_finish)
+        errs = [x for x in errs if x["time"] > e["own"]["time"]
+                and (x.get("rank", 0) in (0, None) or x.get("through") == "train")]
     first = min((x["time"] for x in errs), default=None)
     causes = [x for x in errs if x["time"] == first]  # the earliest (a tie: any of them)
     for kind, fact in ((ending.NETWORK, "transient"), (ending.VOLUME, "volume"), (ending.CHECKPOINT, "checkpoint")):

@@ -306,6 +306,8 @@ COST = Record("cost.json", {"per_hour": NUMBER, "spent": NUMBER, "source": str, 
                             "projected": NUMBER, "pod": str, "before": NUMBER, "run": str, "run_before": NUMBER,
                             "carried_from": str, "bill": NUMBER, "read_at": TIME, "price_from": str, "why": str,
                             "since": TIME, "carried": dict,
+                            # the last look's time on RunPod's clock, and whether the start is RunPod's or the boot's
+                            "looked": NUMBER, "start_from": str,
                             "total": {"spent": NUMBER, "source": str, "why": str, "since": TIME, "per_hour": NUMBER,
                                       "pods": int, "parts": [dict], "time": TIME}})
 # The log phases of this boot's first run of inference, kept once seen (startup.keep): the boot's timeline.

@@ -35,7 +35,7 @@ def test_a_script_failing_on_a_full_volume_is_bounded_and_the_pod_stops_with_its
                       **on_runpod(runpod_api.url)).start()
     s.wait_step(3, timeout=90)
     fill(small_ws / "filler")
-    wait_for(lambda: "The trainer stays stopped" in s.stdout() and
+    wait_for(lambda: "The trainer stays stopped" in s.stdout() and "stopped for good" in s.stdout() and
              s.rpc().supervisor.getProcessInfo("trainer")["statename"] == "EXITED", 150, interval=0.5,
              what="the trainer to be stopped for good")
     exited = time.time()

@@ -50,7 +50,8 @@ def test_a_code_only_change_rebuilds_only_the_last_small_layer(engine, image, tm
     size = sum(a[1] for _, a in changed)
     print(f"\n[layers] rebuilt after a code change: {len(changed)} layers, {size / 1e6:.2f} MB; "
           f"image total {sum(a[1] for a in after) / 1e9:.2f} GB; build {seconds:.0f}s")
-    assert size < 5e6, "a code change must not rebuild anything large"
+    # podkit's own code and its bytecode, twice (COPY src, then its install): some 5 MB; never a dependency's
+    assert size < 8e6, "a code change must not rebuild anything large"
     assert build.stdout.count("Using cache") >= 6
     engine.docker("rmi", "podkit:code-change", check=False)
 
