@@ -22,8 +22,10 @@ pytestmark = pytest.mark.timeout(120)
 def deploy(stub, tmp_path, *args: str) -> subprocess.Popen:
     env = {"RUNPOD_API_BASE_URL": stub.url, "RUNPOD_API_KEY": KEY, "PATH": "/usr/bin:/bin", "HOME": "/nonexistent",
            "PODKIT_CACHE_DIR": str(tmp_path / "cache")}
+    # SIGINT as a terminal gives it: a pytest-xdist worker ignores SIGINT, and an ignored signal is inherited
     return subprocess.Popen([sys.executable, "-m", "podkit", "deploy", *IMAGE, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def test_two_deploys_on_one_volume_past_a_lagging_pod_list_leave_one_pod_and_say_so(runpod_api, tmp_path):
