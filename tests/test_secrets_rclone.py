@@ -127,6 +127,13 @@ def deploy_dry_run(stub, tmp_path, env: dict[str, str]) -> subprocess.CompletedP
      "env.RCLONE_CONFIG_AZ_SAS_URL"),
     ({"PODKIT_CHECKPOINT_REMOTE": ":b2,account={{ RUNPOD_SECRET_B2_ACCOUNT }},key=K005litEralKey99:ckpts/runs"},
      "env.PODKIT_CHECKPOINT_REMOTE"),
+    # remote "A_B" (its type unsaid here: rclone.conf's, or the string's) reads RCLONE_CONFIG_A_B_KEY, whatever
+    # remote "A" is
+    ({"PODKIT_CHECKPOINT_REMOTE": "a_b:ckpts/runs", "RCLONE_CONFIG_A_TYPE": "local",
+      "RCLONE_CONFIG_A_B_KEY": "K005litEralKey99"}, "env.RCLONE_CONFIG_A_B_KEY"),
+    # the string's own type= is the backend rclone uses, over RCLONE_CONFIG_DAV_TYPE
+    ({"PODKIT_CHECKPOINT_REMOTE": "dav,type=b2,account={{ RUNPOD_SECRET_B2_ACCOUNT }},key=K005litEralKey99:ckpts",
+      "RCLONE_CONFIG_DAV_TYPE": "webdav"}, "env.PODKIT_CHECKPOINT_REMOTE"),
 ])
 def test_deploy_refuses_an_rclone_secret_written_literally_in_the_template(runpod_api, tmp_path, env, where):
     """A B2 key, an Azure SAS URL, or a key inside a connection string, written literally in template.yaml's env:

@@ -62,6 +62,7 @@ def send(event: str, text: str, state_dir: Path | None, environ=None) -> threadi
     if not url:
         return None
     pod = pod_name(environ)
+    text = _redacted(text, environ)
     try:
         spend = costguard.cost(state_dir) if event in SPEND_EVENTS else None
     except Exception:  # noqa: BLE001 - a notification goes out whatever the cost record holds
@@ -76,6 +77,17 @@ def send(event: str, text: str, state_dir: Path | None, environ=None) -> threadi
     t.start()
     _pending[:] = [p for p in _pending if p.is_alive()] + [t]
     return t
+
+
+def _redacted(text: str, environ) -> str:
+    """The line with every secret of the pod's environment, and whatever has a secret's shape, taken out: an
+    event's words quote errors (rclone's, git's), and a channel is read by more people than the pod."""
+    from podkit.redact import Redactor, secret_name
+
+    try:
+        return Redactor({f"env {k}": v for k, v in environ.items() if secret_name(k, environ)})(text)
+    except Exception:  # noqa: BLE001 - a notification goes out whatever an env value holds; its shape rules only
+        return Redactor({})(text)
 
 
 def drain(timeout_s: float) -> None:

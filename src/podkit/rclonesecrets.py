@@ -46,14 +46,11 @@ def secret_env(name: str, environ=None) -> bool:
     if up == "RCLONE_CONFIG_PASS":
         return True
     if up.startswith("RCLONE_CONFIG_"):
-        rest, typed, hit = up[len("RCLONE_CONFIG_"):], False, False
-        for i in (i for i, c in enumerate(rest) if c == "_"):
-            remote, option = rest[:i], rest[i + 1:].lower()
-            kind = _type_of(remote, environ)
-            if backend(kind):
-                typed = True
-                hit = hit or option in secrets_of(kind)
-        return hit if typed else any(rest[i + 1:].lower() in ANY for i, c in enumerate(rest) if c == "_")
+        # Every reading counts: remote A_B's option KEY, and remote A's option B_KEY, each held to its own
+        # remote's backend (one whose type is not in `environ`, rclone.conf's say: any backend's).
+        rest = up[len("RCLONE_CONFIG_"):]
+        return any(rest[i + 1:].lower() in secrets_of(_type_of(rest[:i], environ))
+                   for i, c in enumerate(rest) if c == "_")
     if up.startswith("RCLONE_"):
         rest = up[len("RCLONE_"):].lower()
         if rest in GLOBAL:
@@ -126,8 +123,11 @@ def _value(remote: str, i: int, name: str, param: str) -> tuple[str, int]:
 
 
 def secret_params(name: str, params: dict[str, str], environ=None) -> list[str]:
-    """The parameters of a connection string that the backend marks secret."""
-    kind = name[1:] if name.startswith(":") else _type_of(name.upper(), environ)
+    """The parameters of a connection string that the backend marks secret. Its backend: an on-the-fly remote's
+    name; a named remote's own `type=` parameter (rclone reads the string's parameters over the remote's
+    variables), else its RCLONE_CONFIG_<NAME>_TYPE."""
+    own = next((v for p, v in params.items() if p.lower() == "type"), None)
+    kind = name[1:] if name.startswith(":") else own if own is not None else _type_of(name.upper(), environ)
     secret = secrets_of(kind)
     return [p for p in params if p.lower() in secret]
 

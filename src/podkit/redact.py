@@ -122,27 +122,55 @@ def _url_pieces(value: str) -> list[str]:
     return pieces
 
 
+def go_quoted(v: str) -> str:
+    """`v` as Go's strconv.Quote writes it, without the quotes (rclone's errors quote a value with %q: a SAS
+    URL ending in a carriage return is `...sig=abc\\r` there, not the raw value)."""
+    named = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t",
+             "\v": "\\v", "\\": "\\\\", '"': '\\"'}
+    out = []
+    for c in v:
+        if c in named:
+            out.append(named[c])
+        elif c.isprintable() or c == " ":
+            out.append(c)
+        elif ord(c) < 0x80:
+            out.append(f"\\x{ord(c):02x}")
+        elif ord(c) < 0x10000:
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(f"\\U{ord(c):08x}")
+    return "".join(out)
+
+
+def forms(v: str) -> list[str]:
+    """The ways a text may carry the secret `v`: as is, in a JSON string, Go-quoted (rclone's %q), and
+    URL-encoded; longest first, so a form that holds another is replaced whole."""
+    from urllib.parse import quote, quote_plus
+
+    found = {v, json.dumps(v)[1:-1], json.dumps(v, ensure_ascii=False)[1:-1], go_quoted(v), quote(v, safe=""),
+             quote_plus(v)}
+    return sorted(found, key=lambda f: (-len(f), f))
+
+
 class Redactor:
     """Takes every known secret value out of a text, then whatever has a secret's shape: credentials
     inside URLs, known key prefixes, and the value of `key=value` or `"key": "value"` under a secret name."""
 
     def __init__(self, values: dict[str, str]) -> None:
-        from urllib.parse import quote, quote_plus
-
-        forms = {}
+        found: dict[str, str] = {}
         for name, v in values.items():
             if not v or len(v) < 6 or _PLAIN.match(v.strip()):
                 continue
-            # The value as a log, a JSON string, a URL or base64 may carry it; a secret URL's pieces travel
-            # alone too (an error quoting its password as a "port", its token path).
+            # The value as a log, a JSON string, a Go-quoted error, a URL or base64 may carry it; a secret URL's
+            # pieces travel alone too (an error quoting its password as a "port", its token path).
             b64 = base64.b64encode(v.encode()).decode().rstrip("=")
             for part in (v, *_url_pieces(v)):
-                for form in (part, json.dumps(part)[1:-1], quote(part, safe=""), quote_plus(part)):
-                    forms.setdefault(form, name)
-            forms.setdefault(b64, name)
-            forms.setdefault(b64.replace("+", "-").replace("/", "_"), name)
+                for form in forms(part):
+                    found.setdefault(form, name)
+            found.setdefault(b64, name)
+            found.setdefault(b64.replace("+", "-").replace("/", "_"), name)
         # Longest first, so a secret that contains another is replaced whole.
-        self.values = sorted(forms.items(), key=lambda x: -len(x[0]))  # (form, name)
+        self.values = sorted(found.items(), key=lambda x: -len(x[0]))  # (form, name)
         self.longest = max((len(v) for v, _ in self.values), default=0)
 
     @classmethod

@@ -351,8 +351,11 @@ class Remote:
         return other
 
     def _redact(self, text: str) -> str:
-        for s in self.secrets:
-            text = text.replace(s, "***")
+        """Each secret in any form rclone's error may quote it (Go's %q escapes a SAS URL's \\r, a '"')."""
+        from podkit.redact import forms
+
+        for form in sorted({f for s in self.secrets for f in forms(s)}, key=lambda f: (-len(f), f)):
+            text = text.replace(form, "***")
         return text
 
     def rclone(self, *args: str, timeout: float | None = None) -> bytes:
