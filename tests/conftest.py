@@ -17,6 +17,8 @@ import pytest
 
 from harness import Pod, alive, free_port, pids_of_workspaces, wait_for
 
+pytest_plugins = ["timing"]  # where the suite's time went (tests/timing.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 PODKIT = [sys.executable, "-m", "podkit"]
 
