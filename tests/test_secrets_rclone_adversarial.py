@@ -9,6 +9,8 @@ import json
 import subprocess
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import PODKIT, free_port, smoke_env
 from podkit import mover, notify, rclonesecrets, remote
@@ -102,8 +104,6 @@ def test_a_notification_quoting_a_secret_of_the_pods_environment_carries_none(tm
 
 # The invariant behind the cases above: a secret of 6 characters or more that is no setting word (true, 4096)
 # leaves no trace in any form a text carries it in, whatever surrounds it.
-from hypothesis import given, settings, strategies as st  # noqa: E402
-
 _SECRET = st.text(min_size=6, max_size=40).filter(lambda s: s.strip() and not s.strip().isdigit()
                                                     and s.strip().lower() not in ("true", "false", "none", "null"))
 
