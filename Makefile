@@ -91,14 +91,14 @@ bench: $(VENV)/.ready sysdeps
 # Mutation testing of the judge's pure modules (setup.cfg's [mutmut]), module by module, over the functions that
 # decide: the standing (judge, stopped_by and its helpers), the spend (the run's totals and their sureness), the
 # end's verdict (decide); each mutant runs only the fast tests that cover its function. Not part of `make test`
-# (about 15 min on 2 cores). A whole module: MUTANTS_SPEND='podkit.spend.*'. The last result: bench/MUTATION.md;
+# (about 15 min on 2 cores). A whole module: MUTANTS_SPEND='podkit.money.spend.*'. The last result: bench/MUTATION.md;
 # mutmut's copy of the project (./mutants/, large) can go after: rm -rf mutants. It mutates the working tree as it
 # is: run it on a clean one (a change in progress elsewhere fails its clean run).
 MUTMUT  ?= mutmut==3.8.1
-MUTANTS_STANDING ?= podkit.standing.x_judge* podkit.standing.x_stopped_by* podkit.standing.x__this_run* \
-                    podkit.standing.x__last* podkit.standing.x_durable*
-MUTANTS_SPEND    ?= podkit.spend.x_total* podkit.spend.x_sureness* podkit.spend.x_weakest* podkit.spend.x_run_total*
-MUTANTS_VERDICT  ?= podkit.verdict.x_decide*
+MUTANTS_STANDING ?= podkit.judge.standing.x_judge* podkit.judge.standing.x_stopped_by* podkit.judge.standing.x__this_run* \
+                    podkit.judge.standing.x__last* podkit.judge.standing.x_durable*
+MUTANTS_SPEND    ?= podkit.money.spend.x_total* podkit.money.spend.x_sureness* podkit.money.spend.x_weakest* podkit.money.spend.x_run_total*
+MUTANTS_VERDICT  ?= podkit.judge.verdict.x_decide*
 mutate: $(VENV)/.ready
 	$(BIN)/pip install -q --disable-pip-version-check '$(MUTMUT)'
 	set -f; $(BIN)/mutmut run --max-children 2 $(MUTANTS_STANDING)

@@ -26,8 +26,9 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.append(str(ROOT / "tests"))  # harness.py: free ports as the tests take them
 
 from harness import free_port  # noqa: E402
-from podkit import boot, config, records, render  # noqa: E402
-from podkit.supervisord import rpc  # noqa: E402
+from podkit import config, records  # noqa: E402
+from podkit.boot import boot, render  # noqa: E402
+from podkit.host.supervisord import rpc  # noqa: E402
 
 
 def wait_accepting(sock: Path, p: subprocess.Popen, timeout: float = 30) -> None:

@@ -46,7 +46,8 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.append(str(ROOT / "tests"))  # harness.py: free ports as the tests take them (never one twice)
 
 from harness import free_port, wait_for  # noqa: E402
-from podkit import config, page, records, status  # noqa: E402
+from podkit import config, records  # noqa: E402
+from podkit.views import page, status  # noqa: E402
 
 TOKEN = "bench-page-token-0123456789abcdef"
 FLOOD_TOKEN = "bench-flood-token-5f0c2a9e71d84b36"

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from podkit import gpu  # noqa: E402
+from podkit.host import gpu  # noqa: E402
 
 HOLDER = str(ROOT / "tests" / "holder.py")
 

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from podkit import mover, remote  # noqa: E402
+from podkit.remote import mover, remote  # noqa: E402
 from rehearse import ROOT, Pod, areal_python, free_port, wait_for  # noqa: E402  (src/ and tests/ on the path)
 from s3server import Server  # noqa: E402
 from startup import show, timeline  # noqa: E402

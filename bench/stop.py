@@ -33,7 +33,7 @@ sys.path.append(str(ROOT / "tests"))  # harness.py: free ports as the tests take
 
 from harness import alive, free_port  # noqa: E402
 from harness import read_json as read  # noqa: E402
-from podkit.supervisord import rpc  # noqa: E402
+from podkit.host.supervisord import rpc  # noqa: E402
 
 EVERY = 10
 

@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from podkit import log, sync  # noqa: E402
+from podkit import log  # noqa: E402
+from podkit.boot import sync  # noqa: E402
 
 ENV = dict(os.environ, GIT_AUTHOR_NAME="b", GIT_AUTHOR_EMAIL="b@b", GIT_COMMITTER_NAME="b",
            GIT_COMMITTER_EMAIL="b@b")

@@ -118,7 +118,7 @@ class Pod:
         return read_json(self.state / "progress.json")
 
     def rpc(self):
-        from podkit.supervisord import rpc
+        from podkit.host.supervisord import rpc
 
         return rpc(self.current()["socket"])
 

@@ -24,7 +24,7 @@ class Server:
         self.nice = 0  # bench/remote.py's step time: the server stands for another machine, its CPU not the pod's
 
     def start(self) -> Server:
-        from podkit import mover
+        from podkit.remote import mover
 
         for name in self.buckets:
             (self.root / name).mkdir(parents=True, exist_ok=True)

@@ -84,7 +84,8 @@ def test_up_with_steps_trains_to_the_step_and_exits_0_and_leaves_its_start_up_ti
     last = status["boots"]["last"]
     assert last["via"] == "up" and last["outcome"] == "supervisord", last
     # doctor names the slowest phase of a slow start from the same timeline (any start is slow past 0 s)
-    from podkit import config, doctor
+    from podkit import config
+    from podkit.views import doctor
 
     monkeypatch.setattr(doctor, "STARTUP_SLOW_S", 0.0)
     found = {f.id: f for f in doctor.examine(config.load(environ={"PODKIT_WORKSPACE": str(ws)}), ws)}

@@ -16,19 +16,21 @@ pytestmark = pytest.mark.timeout(60)
 
 # The modules the boot sequence is made of (docs/architecture.md: Layout). A new one here is a decision,
 # not an accident.
-BOOT_MODULES = {"podkit", "podkit.boot", "podkit.checks", "podkit.cli", "podkit.config", "podkit.discovery",
-                "podkit.ending",  # how the last run ended, in its kind's words (the boot history)
-                "podkit.errors", "podkit.gpu", "podkit.guard", "podkit.lease", "podkit.log", "podkit.pid1",
-                "podkit.preflight",
-                "podkit.proc", "podkit.programs", "podkit.reap", "podkit.records", "podkit.render",
-                "podkit.restore",  # the restore stage; its rclone half (podkit.remote) only with a remote
-                "podkit.safemode", "podkit.settings",  # the settings table config.py loads against
-                "podkit.areal", "podkit.areal.identity",  # the run's names: the reap stage clears its records
+BOOT_MODULES = {"podkit", "podkit.cli", "podkit.config", "podkit.errors", "podkit.log", "podkit.records",
+                "podkit.settings",  # the settings table config.py loads against
+                "podkit.boot", "podkit.boot.boot", "podkit.boot.guard", "podkit.boot.preflight", "podkit.boot.reap",
+                "podkit.boot.render", "podkit.boot.safemode",
+                "podkit.boot.restore",  # the restore stage; its rclone half (podkit.remote.remote) only with a remote
+                "podkit.host", "podkit.host.gpu", "podkit.host.lease", "podkit.host.pid1", "podkit.host.proc",
+                "podkit.judge", "podkit.judge.ending",  # how the last run ended, in its kind's words (boot history)
+                "podkit.programs",
+                "podkit.areal", "podkit.areal.checks", "podkit.areal.discovery",
+                "podkit.areal.identity",  # the run's names: the reap stage clears its records
                 "podkit.areal.userconf"}  # the user's AReaL YAML and overrides as data (stdlib; identity reads them)
 NEVER = {"torch", "areal", "sglang", "transformers", "runpod", "requests", "supervisor", "numpy", "argparse",
          "subprocess", "dataclasses", "shutil", "socket", "tempfile", "typing", "asyncio", "logging", "email",
-         "http", "xmlrpc", "urllib.request", "difflib", "podkit.sync", "podkit.status", "podkit.doctor",
-         "podkit.watchdog", "podkit.deploy"}
+         "http", "xmlrpc", "urllib.request", "difflib", "podkit.boot.sync", "podkit.views.status", "podkit.views.doctor",
+         "podkit.programs.watchdog", "podkit.deploy"}
 
 PROBE = """
 import json, os, sys
@@ -53,7 +55,7 @@ def boot_modules(tmp_path, **env) -> dict:
 def test_boot_reaches_supervisord_importing_only_the_boot_path(tmp_path):
     """The smoke config boots to the exec of supervisord with exactly the boot modules loaded."""
     out = boot_modules(tmp_path)
-    assert out["argv"][1:3] == ["-m", "podkit.pid1"] and out["argv"][3].endswith("supervisord")
+    assert out["argv"][1:3] == ["-m", "podkit.host.pid1"] and out["argv"][3].endswith("supervisord")
     mods = set(out["modules"])
     assert {m for m in mods if m.startswith("podkit")} == BOOT_MODULES
     assert not {m for m in mods if m.split(".")[0] in NEVER or m in NEVER}
@@ -70,5 +72,5 @@ def test_boot_with_a_repo_to_sync_adds_only_the_git_plumbing(tmp_path):
                  ["push", "-q", "origin", "HEAD:main"]):
         subprocess.run(["git", "-C", str(seed), *argv], check=True, timeout=30, capture_output=True)
     mods = set(boot_modules(tmp_path, PODKIT_REPO_URL=str(remote))["modules"])
-    assert {m for m in mods if m.startswith("podkit")} == BOOT_MODULES | {"podkit.sync", "podkit.pidlock"}
+    assert {m for m in mods if m.startswith("podkit")} == BOOT_MODULES | {"podkit.boot.sync", "podkit.host.pidlock"}
     assert not {m for m in mods if m.split(".")[0] in {"torch", "areal", "sglang", "runpod", "requests"}}

@@ -104,7 +104,8 @@ def test_no_secret_reaches_the_bundle_by_value_or_by_shape(tmp_path):
 
 
 def test_every_secret_podkit_reads_from_the_environment_is_one_the_redaction_knows():
-    from podkit import checks, notify, redact
+    from podkit import notify, redact
+    from podkit.areal import checks
 
     for name in (checks.API_KEY_ENV, checks.METRICS_KEY_ENV, notify.ENV, "RUNPOD_API_KEY"):
         assert name in redact.PODKIT_SECRET_ENV and redact.secret_name(name), name

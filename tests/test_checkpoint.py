@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from conftest import wait_for
-from podkit.checkpoint import CheckpointDir
+from podkit.remote.checkpoint import CheckpointDir
 
 pytestmark = pytest.mark.timeout(120)
 
 WRITER = """
 import sys, torch
-from podkit.checkpoint import CheckpointDir
+from podkit.remote.checkpoint import CheckpointDir
 d = CheckpointDir(sys.argv[1])
 print("writing", flush=True)
 d.save(torch, 2, {"step": 2, "model": {"w": torch.ones(64 << 20)}})  # 256 MB: slow enough to interrupt

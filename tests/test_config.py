@@ -100,7 +100,8 @@ def test_safe_mode_under_a_config_error_reads_no_env_twin_past_its_range(monkeyp
     one there is the default, not a timer that overflows."""
     import time
 
-    from podkit import boot, costguard
+    from podkit.boot import boot
+    from podkit.money import costguard
 
     def limit():
         g = boot._why(None, None, "config", "", "").guards

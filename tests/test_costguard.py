@@ -18,8 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import PODKIT, ROOT, wait_for
-from podkit import config, costguard, records, spend, status
+from podkit import config, records
 from podkit.errors import ConfigError
+from podkit.money import costguard, spend
+from podkit.views import status
 from runpod_stub import RunPodV2Stub
 from test_notify import Receiver, dead_url
 
@@ -179,7 +181,7 @@ def test_when_and_how_a_pod_stops_lives_in_the_cost_guard_alone():
     import inspect
     import re
 
-    from podkit import boot, safemode
+    from podkit.boot import boot, safemode
     from podkit.programs import logs
 
     owner = re.compile(r"Stopper\(|WhenIdle\(|stop_pod\(|stop_pod_notified|RETRY_MAX_S|RETRY_FOR_S|FIRST_RETRY_S|sooner|guardfile\.Live\(.*limits"
@@ -595,7 +597,8 @@ def test_a_budget_in_safe_mode_or_before_any_spend_is_read_forecasts_nothing_and
 def test_guard_set_in_safe_mode_says_the_budget_waits_and_on_a_full_volume_fails_without_a_traceback(tmp_path):
     """`podkit guard set max_spend=5` in safe mode said the trainer stops within the minute (there is none, and no
     meter); on a volume that cannot take guards.json it died with a traceback."""
-    from podkit import guardfile, records
+    from podkit import records
+    from podkit.money import guardfile
 
     state = tmp_path / ".podkit"
     state.mkdir()

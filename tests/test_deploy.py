@@ -479,7 +479,7 @@ def garbled_server(answer: bytes):
 
 @pytest.mark.parametrize("answer", [b"NOT HTTP AT ALL\r\n\r\n", b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70000 + b"\r\n\r\n"])
 def test_a_garbled_answer_is_a_clear_error_and_the_self_stop_never_raises(answer):
-    from podkit import costguard
+    from podkit.money import costguard
 
     srv, url = garbled_server(answer)
     try:
@@ -528,7 +528,7 @@ def test_an_answer_that_drips_ends_at_the_clients_timeout(runpod_api):
 def test_the_self_stop_on_a_dripping_api_is_bounded_and_retried(runpod_api, monkeypatch):
     """The cost guard's stop meets an API that drips its answers: each attempt ends at the client's
     timeout, the Stopper tries again, and the stop RunPod finally answers is taken."""
-    from podkit import costguard
+    from podkit.money import costguard
 
     pid = runpod_api.add_pod()["id"]
     monkeypatch.setenv("RUNPOD_POD_ID", pid)

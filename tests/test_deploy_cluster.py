@@ -193,8 +193,8 @@ def test_the_shipped_cluster_config_is_in_the_image():
 
 def test_a_cluster_nodes_self_stop_names_the_cluster_delete_that_ends_its_billing(runpod_api, capfd):
     """RunPod does not stop a cluster's pods one by one (409): the cost guard says which delete ends it."""
-    from podkit import costguard
     from podkit import runpod as api
+    from podkit.money import costguard
 
     assert podkit_deploy(runpod_api, *CREATE).returncode == 0
     [cid] = runpod_api.clusters

@@ -11,10 +11,11 @@ import threading
 
 import pytest
 
-from podkit import deploy, guardfile
+from podkit import deploy
 from podkit import runpod as api
 from podkit.deploy.watch import one_watch
 from podkit.errors import PodkitError
+from podkit.money import guardfile
 from runpod_stub import RunPodV2Stub
 from test_deploy_watch import Clock, actions, created, podkit_deploy
 

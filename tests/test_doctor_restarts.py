@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import PODKIT, wait_for
-from podkit import doctor, records
+from podkit import records
+from podkit.views import doctor
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""The trainer's end, decided on evidence (src/podkit/ending.py): the one table of kinds, the one reader's
+"""The trainer's end, decided on evidence (src/podkit/judge/ending.py): the one table of kinds, the one reader's
 freshness rule, the judge on each kind of evidence (staged as records, real processes, a stand-in cgroup
 file), and the loop bound counting each kind apart. The stacks that end these ways for real:
 tests/test_user_stops.py (the smoke stack, real supervisord), tests/test_programs.py (torchrun, a real OOM
@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import ROOT, alive
-from podkit import ending, failure, loopbound, records
+from podkit import records
+from podkit.judge import ending, failure, loopbound
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -162,7 +163,7 @@ def stand_in_cgroup(tmp_path, monkeypatch, kills: int) -> Path:
 
 def silent_rank(cfg, rank: int = 0) -> int:
     """A rank that noted it lives and then ended without going through Python's exit."""
-    p = subprocess.Popen([sys.executable, "-c", "import os, sys; from podkit import ending; "
+    p = subprocess.Popen([sys.executable, "-c", "import os, sys; from podkit.judge import ending; "
                           "ending.rank_alive(sys.argv[1], int(sys.argv[2]), training=True); "
                           "os.kill(os.getpid(), 9)", str(cfg.run_path), str(rank)])
     p.wait(20)
@@ -341,7 +342,7 @@ def test_a_sigterm_during_the_back_off_ends_it_at_once_and_counts_nothing(tmp_pa
     stop (ending.Stop from the program's signal handler)."""
     cfg_of(tmp_path, restart_delay_s=30.0)  # its run and log dirs
     records.TRAINER_LOOP.write(tmp_path, {"failures": 2, "last_failure": time.time()})
-    code = ("import json, sys, types\nfrom podkit import ending, loopbound\n"
+    code = ("import json, sys, types\nfrom podkit.judge import ending, loopbound\n"
             "cfg = types.SimpleNamespace(state_dir=sys.argv[1], run_path=sys.argv[1] + '/run', socket_path='/no/sock',"
             " workspace_path=sys.argv[1], log_dir=sys.argv[1] + '/logs', multi_node=False, origin=lambda k: '',"
             " trainer=types.SimpleNamespace(max_failures=3, restart_delay_s=30.0))\n"
@@ -387,7 +388,7 @@ class MyWorkflow:
 """
 HUNG = """import asyncio, os, sys, threading, time
 sys.path.insert(0, sys.argv[2])
-from podkit import stacks
+from podkit.host import stacks
 from my_workflow import MyWorkflow
 
 stacks.on_sigusr2(os.path.join(sys.argv[1], f"stacks-{os.getpid()}.txt"))  # as podkit run trainer registers it
@@ -409,7 +410,8 @@ while True:
 def test_a_workflow_that_awaits_for_ever_is_named_at_its_await_from_the_dump(tmp_path):
     """The await is on no thread's stack (the rollout thread shows its event loop's select): the process's own
     dump of its asyncio tasks (SIGUSR2, stacks.py) has it, and the watchdog's reading names it."""
-    from podkit import stacks, watchdog
+    from podkit.host import stacks
+    from podkit.programs import watchdog
 
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -441,7 +443,7 @@ def test_a_workflow_that_awaits_for_ever_is_named_at_its_await_from_the_dump(tmp
 def test_the_boot_history_tells_the_last_end_in_its_kinds_words_at_its_own_step(tmp_path):
     """After a start-over (the progress record's step cleared) the stop is still at step 9; a config error is
     not "stopped cleanly"."""
-    from podkit import guard
+    from podkit.boot import guard
 
     previous = {"time": time.time() - 60}
     records.PROGRESS.write(tmp_path, {"step": None, "stopped": ending.record(
@@ -456,7 +458,7 @@ def test_the_boot_history_tells_the_last_end_in_its_kinds_words_at_its_own_step(
 
 
 def doctor_pod(tmp_path, progress: dict, boots: list, loop: dict | None = None, programs: dict | None = None):
-    from podkit import doctor
+    from podkit.views import doctor
 
     state = tmp_path / ".podkit"
     state.mkdir(exist_ok=True)
@@ -505,7 +507,7 @@ def test_doctor_calls_a_trainer_that_recovered_from_a_failure_a_note_and_restart
 
 
 def test_the_start_up_timeline_ends_at_the_boots_first_step_and_shows_no_tenths_it_never_measured(tmp_path):
-    from podkit import startup
+    from podkit.judge import startup
 
     records.CURRENT.write(tmp_path, {"started": time.time() - 100})
     first = time.time() - 90
@@ -523,7 +525,8 @@ def test_the_start_up_timeline_ends_at_the_boots_first_step_and_shows_no_tenths_
 
 
 def test_status_says_who_stopped_the_trainer_and_shows_a_hostile_exception_as_text(tmp_path):
-    from podkit import standing, status
+    from podkit.judge import standing
+    from podkit.views import status
 
     def st(t):  # status.collect's answer, as far as _last_stop reads it: the trainer's record and the standing
         judged = standing.judge(standing.Evidence({}, t["stopped"], now=time.time()))
@@ -577,7 +580,7 @@ def test_a_rank_torchrun_killed_after_another_ranks_exception_is_fallout_and_an_
 
 
 def test_inference_you_stopped_or_restarted_is_yours_in_whatever_state_supervisord_has_it_now(tmp_path, monkeypatch):
-    from podkit import supervisord
+    from podkit.host import supervisord
 
     cfg = cfg_of(tmp_path)
     started = time.time() - 1
@@ -617,7 +620,7 @@ def test_doctor_reads_a_stop_for_good_as_history_once_a_newer_run_of_the_trainer
     final = ending.record(ending.CRASH_LOOP, "the trainer failed 3 times in a row")
     final["time"] = now - 100
     doctor, pod = doctor_pod(tmp_path, {"step": 4, "stopped": final}, [boot])
-    from podkit import standing
+    from podkit.judge import standing
 
     def st(state, started=None):  # status.collect's answer, as far as doctor reads it: the programs and the standing
         judged = standing.judge(standing.Evidence({"trainer": standing.Program(state, started=started)}, final, now=now))

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import ROOT
-from podkit import doctor, failure
+from podkit.judge import failure
+from podkit.views import doctor
 
 pytestmark = pytest.mark.timeout(60)
 PRECHECK = ROOT / "src" / "podkit" / "areal" / "precheck.py"
@@ -258,7 +259,7 @@ def test_failed_episodes_on_record_are_read_as_data_by_status_and_doctor(tmp_pat
     """progress.json's episodes record (areal/episodes.py) is data: a rare failure is a note, one episode in ten
     a problem, a tripped streak a problem, and a planted record (wrong types, an escape sequence) shows as
     text or not at all, never raises."""
-    from podkit import status
+    from podkit.views import status
 
     def pod(ep):
         return SimpleNamespace(progress={"episodes": ep}, state=ROOT / "no-such-state-dir")

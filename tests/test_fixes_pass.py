@@ -23,7 +23,8 @@ def test_a_busy_server_whose_log_has_no_weight_update_in_view_is_not_updating_no
     """A log whose last 64 KiB hold no update line (a server answering requests between two steps, or one
     that never updated) read as 'an update in flight': the generation check stayed off and, past
     weight_update_deadline_s, the healthy server was restarted. A missing log is no update either."""
-    from podkit import health, watchdog
+    from podkit.judge import health
+    from podkit.programs import watchdog
 
     cfg = _cfg(tmp_path, PODKIT_WATCHDOG_WEIGHT_UPDATE_DEADLINE_S="10", PODKIT_TRAINER_WEIGHT_UPDATE_TIMEOUT_S="10",
                PODKIT_WATCHDOG_GENERATION_PROBE_S="0")
@@ -47,7 +48,7 @@ def test_a_busy_server_whose_log_has_no_weight_update_in_view_is_not_updating_no
 SLOW_HOLDER = """
 import sys, time
 from pathlib import Path
-from podkit import lease
+from podkit.host import lease
 state = Path(sys.argv[1])
 assert lease.acquire(state, 1, renew_s=2) is None, lease.read(state)
 print("held", flush=True)
@@ -62,7 +63,7 @@ def test_a_lease_s_shorter_than_the_renewal_never_takes_the_workspace_from_a_liv
     """guard.lease_s may be 30 while the listener renews once a minute: a pod on another host (or another
     container here) lapsed between two renewals and a second pod took the workspace from a live one. Scaled
     down: renewals every 2 s, a lease of 1 s; the lease lapses only after two renewals are missed."""
-    from podkit import lease
+    from podkit.host import lease
     from test_lease_clocks import can_unshare, on_another_host, spawn
 
     if not can_unshare("--uts", "--mount", "--pid", "--mount-proc", "--fork"):
@@ -90,7 +91,7 @@ def test_a_setup_command_naming_a_link_that_loops_is_run_not_a_bug(tmp_path):
     """`pip install -r deps.txt` where deps.txt is a link to itself (a checkout's mistake): the key's
     Path.resolve raised RuntimeError ('Symlink loop'), shown as a bug in podkit; pip is what says what is
     wrong with the file, in the stage's error."""
-    from podkit import setup
+    from podkit.boot import setup
     from podkit.errors import StageError
 
     repo = tmp_path / "ws" / "repo"
@@ -109,7 +110,7 @@ def test_a_pipe_or_link_in_setup_logs_place_neither_blocks_the_boot_nor_is_writt
     import os
     import threading
 
-    from podkit import setup
+    from podkit.boot import setup
 
     cfg = _cfg(tmp_path / "ws", "smoke.yaml", PODKIT_REPO_SETUP="echo built")
     (tmp_path / "ws" / "repo").mkdir(parents=True)
@@ -141,7 +142,7 @@ def test_weights_from_a_directory_with_many_paths_to_one_weights_file_copies_it_
     hard links to that copy, and read the same."""
     import os
 
-    from podkit import weights
+    from podkit.boot import weights
 
     src = tmp_path / "model"
     src.mkdir()
@@ -161,7 +162,7 @@ def test_weights_from_a_directory_with_many_paths_to_one_weights_file_copies_it_
 def test_an_entry_module_whose_parent_packages_init_links_out_of_the_checkout_is_refused(tmp_path):
     """`trainer.entry: mypkg.train:main` with mypkg/train.py in the checkout and mypkg/__init__.py a link
     to a file outside it: importing mypkg.train runs that __init__.py first, and it was accepted."""
-    from podkit import checks
+    from podkit.areal import checks
 
     repo, outside = tmp_path / "repo", tmp_path / "elsewhere"
     (repo / "mypkg" / "sub").mkdir(parents=True)
@@ -188,7 +189,7 @@ def test_a_clock_skew_hook_that_is_not_a_number_neither_stops_the_lease_nor_date
 
     state = tmp_path / ".podkit"
     state.mkdir()
-    code = ("import sys; from pathlib import Path; from podkit import lease; s = Path(sys.argv[1]); "
+    code = ("import sys; from pathlib import Path; from podkit.host import lease; s = Path(sys.argv[1]); "
             "assert lease.acquire(s, 60) is None and lease.renew(s); print(lease.read(s)['since'])")
     r = subprocess.run([sys.executable, "-c", code, str(state)], capture_output=True, text=True, timeout=60,
                        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src"), "PODKIT_TEST_CLOCK_SKEW_S": skew})
@@ -224,7 +225,7 @@ def test_two_pods_that_see_one_dead_holder_lapse_at_once_do_not_both_take_the_wo
     it judged, puts it back, and waits behind A."""
     import json
 
-    from podkit import lease
+    from podkit.host import lease
 
     state = tmp_path / ".podkit"
     state.mkdir()

@@ -17,7 +17,8 @@ import time
 import pytest
 
 from conftest import PODKIT, wait_for
-from podkit import guardfile, records
+from podkit import records
+from podkit.money import guardfile
 from test_notify import Receiver, dead_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -360,7 +361,8 @@ def test_the_run_id_is_the_deploys_else_the_runpod_pods_else_none():
 def test_the_guards_are_one_table_read_by_the_guard_file_the_listener_the_cli_and_every_view():
     """guards.TABLE: one row per guard; a new guard is a row there and a Field in settings.py. The guard file's
     keys, the listener's enforced lines, the CLI's help and the forecast every view renders all come from it."""
-    from podkit import cli, config, costguard, guards
+    from podkit import cli, config
+    from podkit.money import costguard, guards
 
     assert guardfile.KEYS == tuple(guards.TABLE) and set(guards.TABLE) <= set(config.SCHEMA["guard"])
     assert set(costguard._THREAD) == set(costguard._ASKED) == {k for k, g in guards.TABLE.items() if g.enforced}

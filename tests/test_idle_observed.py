@@ -11,7 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from podkit import costguard, ending, notify, records
+from podkit import notify, records
+from podkit.judge import ending
+from podkit.money import costguard
 from podkit.programs.logs import Pump
 
 pytestmark = pytest.mark.timeout(60)

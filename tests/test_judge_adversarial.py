@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from podkit import ending, failure, records, verdict
+from podkit import records
+from podkit.judge import ending, failure, verdict
 from test_ending import cfg_of
 from test_verdict import T0, err, ev
 
@@ -91,7 +92,7 @@ SCRIPTS = {
     "exitmsg_in_train.py": TRAINING + "import sys\nsys.exit('giving up')\n",
     "caught_exit0.py": TRAINING + "import sys\n\ntry:\n    raise ValueError('a bad batch')\nexcept ValueError:\n"
                        "    sys.exit(0)  # the failure caught, and hidden behind an exit 0\n",
-    "exit0_after_train.py": TRAINING + "from podkit import ending\nhooks.state().returned = True\n"
+    "exit0_after_train.py": TRAINING + "from podkit.judge import ending\nhooks.state().returned = True\n"
                             "ending.write(hooks.state().cfg.state_dir, ending.DONE, step=10)\nimport sys\nsys.exit(0)\n",
     "ctrlc.py": "raise KeyboardInterrupt\n",
     "ctrlc_in_train.py": TRAINING + "raise KeyboardInterrupt('my own stop')\n",

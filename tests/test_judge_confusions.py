@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from podkit import ending, verdict
+from podkit.judge import ending, verdict
 from test_verdict import PROPS, T0, err, ev, evidence, own
 
 pytestmark = pytest.mark.timeout(120)
@@ -306,7 +306,7 @@ def test_before_training_each_end_is_named_by_its_cause_not_the_config_nor_never
 CUT_DOWNLOADS = """import json
 import aiohttp
 from aiohttp import http_exceptions
-from podkit import failure
+from podkit.judge import failure
 
 
 def cut(cls, *args):

@@ -39,7 +39,7 @@ sys.exit(programs.run("trainer", config.load()))
 """
 # A rank in its step: noted alive and training as the bootstrap and hooks note it; the step never ends.
 LONG_STEP = """import os, signal, sys, time
-from podkit import ending
+from podkit.judge import ending
 ending.rank_alive(sys.argv[1], int(os.environ["RANK"]), training=True)
 signal.signal(signal.SIGTERM, lambda *_: None)  # the step in flight does not end: a slow judge, a stuck reward
 open(os.path.join(sys.argv[1], "ready"), "w").close()
@@ -48,7 +48,7 @@ while True:
 """
 # A rank whose memory grows until the kernel kills it (first in line for the OOM killer, as the biggest rank is).
 GROWS = """import os, sys, time
-from podkit import ending
+from podkit.judge import ending
 ending.rank_alive(sys.argv[1], int(os.environ["RANK"]), training=True)
 open("/proc/self/oom_score_adj", "w").write("1000")
 hold = []

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PODKIT, free_port, smoke_env, wait_for
-from podkit import lease, proc, supervisord
+from podkit.host import lease, proc, supervisord
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(120)
 HOLDER = """
 import sys, time
 from pathlib import Path
-from podkit import lease
+from podkit.host import lease
 state = Path(sys.argv[1])
 assert lease.acquire(state, float(sys.argv[2])) is None, lease.read(state)
 print("held", flush=True)
@@ -37,7 +37,7 @@ while True:
 CONTENDER = """
 import sys, time
 from pathlib import Path
-from podkit import lease
+from podkit.host import lease
 state, ttl, until = Path(sys.argv[1]), float(sys.argv[2]), time.monotonic() + float(sys.argv[3])
 while time.monotonic() < until:
     if lease.acquire(state, ttl) is None:

@@ -14,8 +14,10 @@ import pytest
 
 import s3server
 import test_remote
-from podkit import mover, records, remote, restore, runrecord, uploader
+from podkit import records
 from podkit.areal import identity
+from podkit.boot import restore
+from podkit.remote import mover, remote, runrecord, uploader
 from test_restore_faults import FAST, uploaded
 from test_run_lineage import areal_ckpt, start_over, status, top, whole
 

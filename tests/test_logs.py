@@ -87,7 +87,7 @@ def test_a_trainer_that_exits_0_without_training_is_not_announced_finished(tmp_p
 def test_a_finished_pods_self_stop_is_called_off_when_the_guard_is_set_to_never_meanwhile(tmp_path, monkeypatch):
     """RunPod refuses the finished pod's stop, and while podkit tries again the person runs
     `podkit guard set stop_pod_when_finished=never`: the next try is not made, and it says so."""
-    from podkit import costguard
+    from podkit.money import costguard
 
     tries = []
     guards = {"stop_pod_at": 0.0, "stop_pod_when_finished": "auto", "stop_pod_after_s": 0.0}

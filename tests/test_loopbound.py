@@ -113,7 +113,8 @@ def bound_cfg(tmp_path, **trainer):
 
 def test_a_planted_loop_record_neither_crashes_the_start_nor_makes_it_wait(tmp_path, monkeypatch):
     """A count no run makes and a last failure a day ahead: the start goes on, without a day's sleep."""
-    from podkit import loopbound, records
+    from podkit import records
+    from podkit.judge import loopbound
 
     records.TRAINER_LOOP.write(tmp_path, {"failures": 10**7, "outside": 5000, "last_failure": time.time() + 80000})
     slept = []
@@ -126,7 +127,8 @@ def test_a_trainer_killed_on_every_run_by_nobody_podkit_knows_stops_too_only_lat
     """A program killed with no word from it, and no evidence of why (no watchdog restart, no stop asked for, no
     OOM kill): not the script's failure, so counted apart, against three times trainer.max_failures, and the
     stop names it as what it is, with where to look."""
-    from podkit import loopbound, records
+    from podkit import records
+    from podkit.judge import loopbound
 
     cfg = bound_cfg(tmp_path)
     for start in range(1, 11):  # the first start has no run before it; each next one finds the last killed
@@ -147,7 +149,8 @@ def test_a_final_end_then_a_kill_before_the_exit_stays_final_and_only_your_start
     start after that one (`podkit ctl start trainer`: the program exited as it should) trains."""
     import os
 
-    from podkit import ending, loopbound, records
+    from podkit import records
+    from podkit.judge import ending, loopbound
 
     cfg = bound_cfg(tmp_path)
     first = loopbound.Bound(cfg)
@@ -169,7 +172,8 @@ def test_the_loop_bounds_count_kept_in_the_run_dir_while_the_volume_is_full_goes
     write count is higher); the next save the volume takes removes the copy. The count goes on across a reset."""
     import errno
 
-    from podkit import ending, loopbound, records
+    from podkit import records
+    from podkit.judge import ending, loopbound
 
     cfg = bound_cfg(tmp_path)
     b = loopbound.Bound(cfg)
@@ -196,7 +200,8 @@ def test_the_loop_bounds_count_kept_in_the_run_dir_while_the_volume_is_full_goes
 
 
 def test_a_resume_is_not_a_new_step_but_a_step_trained_after_it_is(tmp_path):
-    from podkit import ending, loopbound, records
+    from podkit import records
+    from podkit.judge import ending, loopbound
 
     cfg = bound_cfg(tmp_path)
     b = loopbound.Bound(cfg)
@@ -212,7 +217,8 @@ def test_a_stray_sigterm_at_every_start_is_bounded_with_a_back_off_and_one_after
     """A script (or a neighbour) that sends its ranks SIGTERM at every start: a stop nobody asked podkit for,
     restarted to resume, was never counted, so it restarted for ever with no back-off. It counts now, as a cause
     outside the script (three times trainer.max_failures), when it comes again with no new step."""
-    from podkit import ending, loopbound, records
+    from podkit import records
+    from podkit.judge import ending, loopbound
 
     cfg = bound_cfg(tmp_path)
     b = loopbound.Bound(cfg)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PODKIT, alive, free_port, smoke_env, wait_for
-from podkit import proc
+from podkit.host import proc
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,7 +45,8 @@ time.sleep(600)
 # The trainer program (programs.run) with the fake trainer's module swapped for one that starts the
 # daemon; as supervisord starts it, in a process group of its own.
 TRAINER = """import os, signal, sys, threading
-from podkit import config, ending, programs
+from podkit import config, programs
+from podkit.judge import ending
 
 def main(cfg):
     stop = threading.Event()
@@ -88,7 +89,7 @@ def test_a_marked_process_in_its_own_session_is_stopped_and_another_workspaces_i
     deaf, polite = start(procs, DEAF, mark(ours)).pid, start(procs, POLITE, mark(ours)).pid
     other = start(procs, DEAF, mark(theirs))
     caller = subprocess.run(
-        [sys.executable, "-c", "import json, os, sys; from podkit import proc; "
+        [sys.executable, "-c", "import json, os, sys; from podkit.host import proc; "
          "ts = proc.stop_marked(sys.argv[1], {'trainer': 'left'}, grace_s=0.5, kill_wait_s=5); "
          "print(json.dumps({'me': os.getpid(), 'stopped': {t.pid: t.signal for t in ts}}))", str(ours / ".podkit")],
         env=mark(ours), capture_output=True, text=True, timeout=30)
@@ -167,7 +168,7 @@ def test_a_daemon_left_by_repo_setup_is_gone_once_setup_ends(procs, tmp_path):
 
 
 def test_a_daemon_repo_setup_starts_with_a_clean_environment_is_gone_once_setup_ends(procs, tmp_path):
-    """`env -i` strips the mark: the command runs below a child subreaper (podkit.subreap), which finds the
+    """`env -i` strips the mark: the command runs below a child subreaper (podkit.host.subreap), which finds the
     daemon by ancestry, stops it, and says so through the stage."""
     (tmp_path / "ws" / "repo").mkdir(parents=True)
     daemon_py, pidfile = tmp_path / "reward_server.py", tmp_path / "daemon.pid"

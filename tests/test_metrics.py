@@ -16,7 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import PODKIT, ROOT, free_port, wait_for
-from podkit import checks, config
+from podkit import config
+from podkit.areal import checks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -136,7 +137,7 @@ def test_safe_mode_does_not_serve_what_the_check_refused(procs, tmp_path):
 
 
 def _serving(tmp_path, key: str = ""):
-    from podkit import metrics
+    from podkit.views import metrics
 
     (tmp_path / "ws" / ".podkit").mkdir(parents=True)
     port = free_port()
@@ -146,7 +147,7 @@ def _serving(tmp_path, key: str = ""):
 
 
 def test_a_key_a_header_cannot_carry_is_refused_and_no_header_breaks_a_scrape(tmp_path):
-    from podkit import metrics
+    from podkit.views import metrics
 
     cfg = config.load(environ={})
     problem = checks.metrics(cfg, environ={"PODKIT_METRICS_KEY": "clé-secrète-0123456789"})[0]
@@ -167,7 +168,7 @@ def test_a_key_a_header_cannot_carry_is_refused_and_no_header_breaks_a_scrape(tm
 def test_idle_connections_are_closed_and_bounded_and_a_scrape_is_answered_at_once(tmp_path):
     """Hundreds of connections that send nothing pin neither threads nor file descriptors, and a real
     scrape among them is answered at once; a silent one is closed after IDLE_S."""
-    from podkit import metrics
+    from podkit.views import metrics
 
     before = threading.active_count()
     httpd, port = _serving(tmp_path)
@@ -206,7 +207,8 @@ def test_the_code_that_trains_is_an_info_metric_and_a_status_line(tmp_path):
     trainer's hooks record them in progress.json; a planted record of the wrong shape shows nothing."""
     from prometheus_client import generate_latest
 
-    from podkit import metrics, records, status
+    from podkit import records
+    from podkit.views import metrics, status
 
     state = tmp_path / ".podkit"
     state.mkdir()

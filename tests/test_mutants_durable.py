@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from podkit import standing
+from podkit.judge import standing
 
 pytestmark = pytest.mark.timeout(60)
 T0 = 1_000_000.0

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from podkit import spend
+from podkit.money import spend
 
 pytestmark = pytest.mark.timeout(60)
 H = 3600.0

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from podkit import ending, standing
-from podkit.standing import Evidence, Program
-from podkit.supervisord import BACKOFF, EXITED, FATAL, RUNNING, STARTING, STOPPED, STOPPING
+from podkit.host.supervisord import BACKOFF, EXITED, FATAL, RUNNING, STARTING, STOPPED, STOPPING
+from podkit.judge import ending, standing
+from podkit.judge.standing import Evidence, Program
 
 pytestmark = pytest.mark.timeout(60)
 T0 = 1_000_000.0

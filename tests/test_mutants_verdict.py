@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from podkit import ending, verdict
+from podkit.judge import ending, verdict
 
 pytestmark = pytest.mark.timeout(60)
 T0 = 1_000_000.0  # the run's start

@@ -21,7 +21,8 @@ import pytest
 
 from conftest import PODKIT, Procs, Stack, smoke_env, wait_for
 from harness import free_port
-from podkit import page, pageview, records
+from podkit import records
+from podkit.views import page, pageview
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240), pytest.mark.xdist_group("page")]
 
@@ -160,7 +161,7 @@ def test_the_pages_token_is_in_the_page_programs_hands_alone(run):
         environ = open(f"/proc/{run.pid(name)}/environ", "rb").read().split(b"\0")
         assert not any(e.startswith(b"PODKIT_PAGE_TOKEN=") for e in environ), name
         assert TOKEN.encode() not in b"\0".join(environ), name
-    from podkit import render
+    from podkit.boot import render
 
     held = run.env.get("PODKIT_RUN_DIR")
     files = [p for p in ([Path(held)] if held else []) if (p / render.PAGE_TOKEN_FILE).exists()]

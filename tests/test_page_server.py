@@ -15,7 +15,9 @@ import pytest
 
 from conftest import PODKIT, Procs, smoke_env, wait_for
 from harness import free_port
-from podkit import checks, config, page, records
+from podkit import config, records
+from podkit.areal import checks
+from podkit.views import page
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("page")]
 

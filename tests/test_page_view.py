@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from podkit import config, page, pageview, records, status
+from podkit import config, records
+from podkit.views import page, pageview, status
 
 pytestmark = [pytest.mark.timeout(120)]
 

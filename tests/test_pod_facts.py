@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import PODKIT, ROOT, wait_for
-from podkit import config, log, preflight
+from podkit import config, log
+from podkit.boot import preflight
 from podkit.errors import StageError
 
 pytestmark = pytest.mark.timeout(60)

@@ -128,7 +128,9 @@ def test_back_to_back_weight_updates_are_not_one_long_one_and_an_update_cut_shor
     An update whose server restarted (podkit's start line after its begin) is not in flight, and a prompt that
     quotes SGLang's line is not an update."""
     from conftest import ROOT
-    from podkit import config, health, watchdog
+    from podkit import config
+    from podkit.judge import health
+    from podkit.programs import watchdog
 
     cfg = config.load(ROOT / "configs" / "a40-1gpu.yaml", environ={
         "PODKIT_WORKSPACE": str(tmp_path), "PODKIT_WATCHDOG_WEIGHT_UPDATE_DEADLINE_S": "10",

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, free_port, hold, smoke_env
-from podkit import checks, config, discovery, preflight
-from podkit.areal import command, launch
+from podkit import config
+from podkit.areal import checks, command, discovery, launch
+from podkit.boot import preflight
 from podkit.errors import ConfigError
 from podkit.programs import sglang
 
@@ -295,7 +296,7 @@ def test_both_stand_ins_answer_sglangs_shared_routes_alike_from_one_handler(tmp_
 def test_trainer_stops_waiting_when_supervisord_reports_inference_dead_and_waits_for_it_stopped_on_request(tmp_path):
     """FATAL: nothing will start it again. STOPPED: a person stopped it (`podkit ctl stop sglang`), and will start it
     again: waited for without a limit (here until the trainer is asked to stop), never a failure."""
-    from podkit import health
+    from podkit.judge import health
 
     cfg = load("a40-4gpu.yaml", tmp_path, PODKIT_INFERENCE_PORT=str(free_port()), PODKIT_INFERENCE_READY_TIMEOUT_S="1")
     t0 = time.monotonic()
@@ -416,7 +417,7 @@ def test_a_step_that_never_ends_after_sigterm_is_cut_by_the_launcher_so_no_rank_
 
     stuck = RANK_SCRIPT.replace("time.sleep(1.0)  # the end of the step in flight and its recover checkpoint",
                                 "time.sleep(3600)  # a step that never ends").replace(
-        'open(os.path.join(out, "ready-"', "from podkit import ending  # in train(): as the hooks note it\n"
+        'open(os.path.join(out, "ready-"', "from podkit.judge import ending  # in train(): as the hooks note it\n"
         'ending.rank_alive(os.path.dirname(out), int(os.environ["RANK"]), training=True)\nopen(os.path.join(out, "ready-"')
     p, out = start_supervised_torchrun(procs, tmp_path, stuck, grace_s=3.0)
     record = tmp_path / "torchrun.json"
@@ -500,7 +501,7 @@ def test_a_ray_nodes_recorded_workers_are_cleared_by_the_same_helper_as_torchrun
     (ray-node.json) workers are killed and that record removed; torchrun's record is left alone."""
     from conftest import alive, wait_for
     from podkit import records
-    from podkit.proc import read_stat
+    from podkit.host.proc import read_stat
 
     worker = procs.spawn([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     records.RAY_NODE.write(tmp_path, {"groups": [[worker.pid, read_stat(worker.pid).starttime]]})
@@ -514,7 +515,7 @@ def test_a_pid_reused_by_a_younger_process_is_not_killed(procs, tmp_path):
     import json
 
     from conftest import alive
-    from podkit.proc import read_stat
+    from podkit.host.proc import read_stat
 
     other = procs.spawn([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     record = tmp_path / "torchrun.json"
@@ -534,7 +535,7 @@ def test_trainer_rank0_flags_stale_weights_when_a_restarted_server_serves_base_w
     from conftest import wait_for
     from podkit import config
     from podkit.areal.hooks import Progress, watch_served_weights
-    from podkit.health import probe
+    from podkit.judge.health import probe
 
     port = free_port()
     env = smoke_env(tmp_path / "ws", port, PODKIT_INFERENCE_STARTUP_DELAY_S="0")

@@ -11,7 +11,9 @@ import time
 import pytest
 
 from conftest import PODKIT, alive, free_port, hold, smoke_env, wait_for
-from podkit import discovery, gpu, proc, reap
+from podkit.areal import discovery
+from podkit.boot import reap
+from podkit.host import gpu, proc
 
 pytestmark = pytest.mark.timeout(60)
 def podkit_reap(devices_glob, *extra):
@@ -119,7 +121,8 @@ def test_unrelated_process_survives(procs, devices, tmp_path):
 def test_a_glob_that_matches_more_than_device_files_stops_no_holder_of_the_rest(procs, devices, tmp_path):
     """PODKIT_DEVICES=<dir>/* (or a link named nvidia9 to a checkpoint): only GPU device files steer the
     reap; the holder of anything else is left alone, and the check that boot runs refuses the glob."""
-    from podkit import checks, config
+    from podkit import config
+    from podkit.areal import checks
 
     ckpt = devices / "step-40.pt"
     ckpt.write_bytes(b"\0" * 4096)

@@ -19,7 +19,7 @@ from conftest import free_port, smoke_env, wait_for
 from podkit import config, records
 from podkit.areal import reattach
 from podkit.areal.hooks import Progress
-from podkit.health import probe
+from podkit.judge.health import probe
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -210,7 +210,8 @@ def test_generation_waits_for_the_trainers_weights_and_drops_answers_from_the_ba
 def test_status_metrics_the_timeline_and_doctor_count_re_attaches_apart_from_trainer_restarts(tmp_path):
     from prometheus_client import generate_latest
 
-    from podkit import doctor, metrics, startup, status
+    from podkit.judge import startup
+    from podkit.views import doctor, metrics, status
 
     cfg = config.load(environ={"PODKIT_WORKSPACE": str(tmp_path)})
     state = cfg.state_dir

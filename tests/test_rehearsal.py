@@ -21,7 +21,7 @@ import pytest
 
 from areal_stack import CPU_OVERRIDES, PYTHON, areal_run, example_remote, repo_env
 from conftest import PODKIT, ROOT, alive, free_port, wait_for
-from podkit import remote
+from podkit.remote import remote
 from s3server import Server
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"), pytest.mark.timeout(420),
@@ -164,7 +164,8 @@ def test_start_over_with_a_remote_trains_from_step_0_and_no_pod_restores_the_lin
 
     # A pod on an empty volume (the tiny model copied to it: the same weights at a new place) restores the new
     # lineage's newest, never the lineage the run left.
-    from podkit import config, records, restore
+    from podkit import config, records
+    from podkit.boot import restore
 
     empty = rehearsal("empty", **env)
     for k, v in empty.env.items():  # rclone's credentials reach it through the environment only
@@ -260,14 +261,14 @@ def test_a_killed_trainer_resumes_and_a_restarted_inference_costs_your_repo_no_t
 
 
 def _rank0(launcher: int) -> int:
-    from podkit import proc
+    from podkit.host import proc
 
     torchrun = wait_for(lambda: [c.pid for c in proc.children(launcher)], 30, what="torchrun")[0]
     return wait_for(lambda: sorted(c.pid for c in proc.children(torchrun)), 60, what="a rank")[0]
 
 
 def _descendants(pid: int) -> list[int]:
-    from podkit import proc
+    from podkit.host import proc
 
     return list(proc.descendants(pid))
 

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, wait_for
-from podkit import config, mover, records, remote, restore, uploader
+from podkit import config, records
+from podkit.boot import restore
 from podkit.programs.fake_trainer import FakeTrainer
+from podkit.remote import mover, remote, uploader
 from s3server import SECRET, Server
 
 pytestmark = pytest.mark.timeout(60)

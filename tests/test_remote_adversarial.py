@@ -16,7 +16,9 @@ import pytest
 
 import s3server
 import test_remote
-from podkit import mover, records, remote, standing, uploader
+from podkit import records
+from podkit.judge import standing
+from podkit.remote import mover, remote, uploader
 from s3server import Server
 
 pytestmark = pytest.mark.timeout(60)

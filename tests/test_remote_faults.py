@@ -19,9 +19,12 @@ import s3server
 import test_costguard
 import test_remote
 from conftest import PODKIT, wait_for
-from podkit import costguard, mover, records, remote, restore, uploader
-from podkit import lease as lease_mod
+from podkit import records
+from podkit.boot import restore
+from podkit.host import lease as lease_mod
+from podkit.money import costguard
 from podkit.programs.fake_trainer import FakeTrainer
+from podkit.remote import mover, remote, uploader
 from s3server import Server
 
 pytestmark = pytest.mark.timeout(60)

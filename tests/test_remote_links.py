@@ -11,7 +11,8 @@ import pytest
 
 import s3server
 import test_remote
-from podkit import restore, uploader
+from podkit.boot import restore
+from podkit.remote import uploader
 from test_remote_snapshot import gens
 
 pytestmark = pytest.mark.timeout(120)
@@ -46,7 +47,7 @@ def test_a_newest_step_whose_link_dangles_is_not_recorded_as_uploaded(pod, serve
 def test_an_areal_shard_that_is_a_link_goes_up_and_comes_back_whole(pod, server, bucket, tmp_path):
     """The adversarial pass: one shard of AReaL's recover checkpoint linked in from elsewhere on the volume was left out
     of the file list without a word, and the restore brought back the others only."""
-    from podkit import remote
+    from podkit.remote import remote
     from test_remote import areal_checkpoint
 
     a = pod("a", PODKIT_TRAINER_KIND="areal")

@@ -20,9 +20,12 @@ import pytest
 
 import s3server
 import test_remote
-from podkit import proc, records, remote, restore, snapshot, uploader
+from podkit import records
 from podkit.areal import identity
+from podkit.boot import restore
+from podkit.host import proc
 from podkit.programs.fake_trainer import FakeTrainer
+from podkit.remote import remote, snapshot, uploader
 from s3server import Server
 
 pytestmark = pytest.mark.timeout(120)  # a saver thread beside each upload: slow on a busy machine

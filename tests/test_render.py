@@ -9,7 +9,8 @@ import re
 import pytest
 
 from conftest import ROOT
-from podkit import config, render
+from podkit import config
+from podkit.boot import render
 from podkit.errors import StageError
 
 pytestmark = pytest.mark.timeout(60)

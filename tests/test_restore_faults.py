@@ -18,9 +18,11 @@ import s3server
 import test_remote
 import test_run_lineage
 from conftest import PODKIT, wait_for
-from podkit import mover, records, remote, restore, uploader
+from podkit import records
 from podkit.areal import identity
+from podkit.boot import restore
 from podkit.programs.fake_trainer import FakeTrainer
+from podkit.remote import mover, remote, uploader
 from test_run_lineage import status
 
 pytestmark = pytest.mark.timeout(90)

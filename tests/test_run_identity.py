@@ -14,8 +14,8 @@ import pytest
 
 from areal_stack import CPU_OVERRIDES, EXAMPLE, PYTHON, areal_run
 from conftest import PODKIT, ROOT
-from podkit import config, discovery
-from podkit.areal import identity
+from podkit import config
+from podkit.areal import discovery, identity
 from podkit.errors import ConfigError
 
 
@@ -53,7 +53,7 @@ def test_a_name_that_is_a_path_is_a_config_error_naming_the_key_and_nothing_outs
         cfg_for(tmp_path, PODKIT_TRAINER_EXPERIMENT=bad)
     assert e.value.key == "trainer.experiment" and "not a name" in e.value.problem
     # The YAML's own name: the check that boot and the launcher run names the file's key.
-    from podkit import checks
+    from podkit.areal import checks
 
     cfg = cfg_for(tmp_path, {"experiment_name": json.dumps(bad), "trial_name": "t0"})
     found = [p for p in checks.areal(cfg) if "experiment_name" in p[1]]
@@ -465,7 +465,8 @@ def test_what_areal_runs_is_checked_at_the_trainers_construction_whatever_loaded
 
 
 def test_status_names_the_wandb_run_the_trainer_recorded_and_ignores_a_planted_one(tmp_path):
-    from podkit import records, status
+    from podkit import records
+    from podkit.views import status
 
     state = tmp_path / ".podkit"
     state.mkdir()

@@ -18,8 +18,10 @@ import pytest
 import s3server
 import test_remote
 from conftest import PODKIT
-from podkit import mover, records, remote, restore, runrecord, uploader
+from podkit import records
 from podkit.areal import identity
+from podkit.boot import restore
+from podkit.remote import mover, remote, runrecord, uploader
 from s3server import Server
 
 pytestmark = pytest.mark.timeout(90)
@@ -348,7 +350,7 @@ def test_names_only_areal_can_tell_are_uploaded_under_once_the_trainer_says_them
 def test_names_only_areal_can_tell_are_not_counted_durable_without_a_volume(pod, server, bucket, tmp_path, capsys):
     """Preflight on RunPod without a network volume: with names only AReaL can tell, the remote is not counted as
     durable (a pod without this volume cannot find the run there); with the names set it is."""
-    from podkit import preflight
+    from podkit.boot import preflight
 
     a = areal_names_pod(pod, tmp_path, "a")
     preflight.pod_facts(a, {"RUNPOD_POD_ID": "pod-a"})

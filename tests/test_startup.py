@@ -38,7 +38,7 @@ def test_status_shows_each_phase_from_the_boot_to_the_first_step(stack_factory):
 
 
 def test_doctor_names_the_slowest_phase_of_a_slow_start_and_the_cache_that_was_cold(tmp_path):
-    from podkit import doctor
+    from podkit.views import doctor
 
     boot = time.time() - 2000
     (tmp_path / "cache" / "flashinfer").mkdir(parents=True)
@@ -61,7 +61,8 @@ def test_doctor_names_the_slowest_phase_of_a_slow_start_and_the_cache_that_was_c
 
 def planted_log(ws, *lines):
     """A boot on record a minute ago and inference's log since its start, with `lines` in it."""
-    from podkit import health, records
+    from podkit import records
+    from podkit.judge import health
 
     boot = time.time() - 60
     records.BOOTS.write(ws / ".podkit", [{"time": boot, "took_s": {"preflight": 1.0, "reap": 0.5}}])
@@ -79,7 +80,8 @@ def test_a_malformed_stamp_in_the_inference_log_is_skipped_and_named_and_status_
     phase) and the timeline says what it could not read; so is a stamp years ahead and one before year 1."""
     from prometheus_client import generate_latest
 
-    from podkit import metrics, startup, status
+    from podkit.judge import startup
+    from podkit.views import metrics, status
 
     boot = planted_log(tmp_path, "[2026-02-30 12:00:00] Load weight end", "[9999-12-31 23:59:59] Load weight end",
                        "[0000-01-01 00:00:00] Capture cuda graph end \x1b[2J")
@@ -103,7 +105,9 @@ def test_a_boot_record_with_absurd_stage_times_and_a_pipe_or_dev_zero_as_the_log
         tmp_path):
     """boots.json's stage durations are data too (NaN, infinity, negative, a list); a pipe in the log's place
     blocked every reader, and /dev/zero would have filled memory."""
-    from podkit import records, startup, status
+    from podkit import records
+    from podkit.judge import startup
+    from podkit.views import status
 
     planted_log(tmp_path)
     boots = records.BOOTS.read(tmp_path / ".podkit")
@@ -129,7 +133,8 @@ def test_a_boot_record_with_absurd_stage_times_and_a_pipe_or_dev_zero_as_the_log
 def test_an_inference_line_from_the_boots_first_second_comes_after_the_stages_that_ran_before_it(tmp_path):
     """SGLang's stamps are whole seconds: on a fast boot (the smoke stack: reap to render in under a second),
     `Load weight end` stamped with the boot's own second sorted before reap. CI run of 75d6e25 saw it."""
-    from podkit import health, records, startup
+    from podkit import records
+    from podkit.judge import health, startup
 
     boot = int(time.time()) - 60 + 0.9  # late in its second, so its truncated second is before it
     records.BOOTS.write(tmp_path / ".podkit", [{"time": boot, "took_s": {"preflight": 0.02, "reap": 0.01,
@@ -159,7 +164,8 @@ def restarted_boot(ws, boot: float, restart_at: float, asked: str | None):
     """A boot whose inference and trainer started at +10 s and +12 s, trained its first step at +30 s, and whose
     inference was restarted at `restart_at` (asked for by `asked`, or crashed): supervisord's log, inference's log
     with both runs, and the ask (ending.ASKED) in the run dir."""
-    from podkit import ending, health, records
+    from podkit import records
+    from podkit.judge import ending, health
 
     state, logs, run = ws / ".podkit", ws / "logs", ws / "run"
     for d in (state, logs, run):
@@ -195,7 +201,7 @@ def test_a_restart_hours_after_the_boot_is_an_event_on_its_timeline_and_moves_no
     the first step before it; a restarted trainer was "trainer started" 5 h in. The boot's phases stay where the
     boot put them (its first run of each program, by supervisord's log), and the restart is an event with who
     asked; a restart nobody asked for says how the run before it ended."""
-    from podkit import startup
+    from podkit.judge import startup
 
     boot = float(int(time.time()) - 5 * 3600 - 100)  # whole: SGLang's stamps are
     restarted_boot(tmp_path, boot, boot + 5 * 3600, "you (podkit ctl restart sglang)")
@@ -225,7 +231,7 @@ def test_a_restart_hours_after_the_boot_is_an_event_on_its_timeline_and_moves_no
 def test_without_supervisords_log_a_restarted_programs_start_is_left_out_not_moved_to_the_restart(tmp_path):
     """The same boot with supervisord's log lost (a person's rm, a rotation): what is known of the boot stays, and
     the restarted programs' starts and inference's phases, which only the restart's run shows now, are left out."""
-    from podkit import startup
+    from podkit.judge import startup
 
     boot = float(int(time.time()) - 5 * 3600 - 100)  # whole: SGLang's stamps are
     restarted_boot(tmp_path, boot, boot + 5 * 3600, "you (podkit ctl restart sglang)")
@@ -249,7 +255,7 @@ def test_a_restart_is_yours_exactly_when_your_ask_is_the_last_one_made_while_the
     """For any starts of inference and any asks: each start after the first is one event; it is yours only when
     the last ask for inference (or for all) made between the run before's start and it is yours, and an ask
     made before that run's start (it was for the run before) or for another program never makes it yours."""
-    from podkit import startup
+    from podkit.judge import startup
 
     boot = 1_000_000.0
     starts = sorted(starts)
@@ -301,7 +307,7 @@ def test_your_restarts_of_inference_and_the_trainer_on_a_running_stack_leave_the
 def test_inferences_start_up_phases_stay_once_its_first_runs_lines_have_scrolled_out_of_the_log(tmp_path):
     """Hours of serving push the first run's start-up lines out of the log's tail (and rotation drops them): the
     phases read once are kept for the boot (startup.json), and a planted record of another boot is not used."""
-    from podkit import health, startup
+    from podkit.judge import health, startup
 
     boot = float(int(time.time()) - 5 * 3600 - 100)
     restarted_boot(tmp_path, boot, boot + 5 * 3600, "you (podkit ctl restart sglang)")

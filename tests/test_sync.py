@@ -15,9 +15,9 @@ import pytest
 
 from conftest import PODKIT, wait_for
 from gitserver import HTTPRemote, Remote, git
-from podkit import sync
 from podkit.areal import identity
-from podkit.sync import SyncError
+from podkit.boot import sync
+from podkit.boot.sync import SyncError
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from podkit import checks, config, discovery
+from podkit import config
+from podkit.areal import checks, command, discovery, identity
 from podkit.areal import cluster as areal_cluster
-from podkit.areal import command, identity
 from podkit.programs import sglang
 
 PYTHON = os.environ.get("AREAL_PYTHON")

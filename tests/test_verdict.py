@@ -1,4 +1,4 @@
-"""The judge of a trainer run's end as a pure function of its evidence (src/podkit/verdict.py): a table of the
+"""The judge of a trainer run's end as a pure function of its evidence (src/podkit/judge/verdict.py): a table of the
 cases a user's scripts and mishaps make, each with its evidence and the kind it must be, and property tests
 (Hypothesis) over generated evidence for the invariants docs/failures.md writes down. A judge that decides by
 which source it reads first fails them: an own record written after the stop, a failure after the finish, an
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from podkit import ending, failure, verdict
+from podkit.judge import ending, failure, verdict
 
 pytestmark = pytest.mark.timeout(120)
 T0 = 1_000_000.0  # the run's start

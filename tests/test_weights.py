@@ -10,7 +10,8 @@ import subprocess
 import pytest
 
 from conftest import PODKIT, ROOT
-from podkit import config, weights
+from podkit import config
+from podkit.boot import weights
 
 pytestmark = pytest.mark.timeout(60)
 

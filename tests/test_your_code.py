@@ -127,7 +127,8 @@ def test_your_repo_trains_under_its_own_names_stops_with_a_checkpoint_despite_it
     checkout = s.workspace / "repo"
     (checkout / "hang.flag").touch()
     wait_for(lambda: (checkout / "hung.flag").exists(), 180, interval=1, what="an episode to hang")
-    from podkit import stacks, watchdog
+    from podkit.host import stacks
+    from podkit.programs import watchdog
 
     dump = s.workspace / "logs" / "hang-test.txt"
     watchdog.dump_stacks(s.pid("trainer"), dump, s.workspace / "logs")

@@ -154,8 +154,8 @@ def test_patches_still_match_the_areal_they_were_written_for():
 def test_areal_still_refuses_lora_under_torchrun_as_the_boots_lora_refusal_says():
     """checks._lora refuses actor.use_lora at boot because AReaL's trainer refuses it in SPMD mode (podkit's
     launch sets AREAL_SPMD_MODE=1). When an AReaL upgrade trains LoRA there, this fails: drop the refusal."""
-    from podkit import checks, config
-    from podkit.areal import command
+    from podkit import config
+    from podkit.areal import checks, command
 
     cfg = config.load(ROOT / "configs/cpu-rehearsal.yaml", environ={})
     assert command.environment(cfg, {})["AREAL_SPMD_MODE"] == "1"
@@ -271,7 +271,7 @@ def test_generation_after_a_push_is_held_until_the_trainers_weights_are_served_a
     import sys
 
     from conftest import smoke_env, wait_for
-    from podkit.health import probe
+    from podkit.judge.health import probe
 
     port = free_port()
     procs.spawn([sys.executable, "-m", "podkit", "run", "sglang"],
@@ -492,7 +492,7 @@ def test_an_episode_that_could_not_reach_inference_is_named_as_the_server_not_th
     script = f"""
 import asyncio, http.server, json, threading
 from areal.infra.utils.http import arequest_with_retry
-from podkit import failure
+from podkit.judge import failure
 
 async def ask(addr):
     try:
@@ -613,7 +613,7 @@ def test_what_may_pass_goes_to_the_loop_bound_a_missing_files_key_is_named_and_a
         try:
             assert next(ln for ln in p.stdout if ln.strip() == "loading")  # in the script's own code: before train()
             if forwarded:  # as the launcher notes it before it hands the stop to the ranks
-                from podkit import ending
+                from podkit.judge import ending
 
                 ending.FORWARDED.write(tmp_path / "run", {"time": time.time()}, mode=0o600)
             t0 = time.time()
@@ -639,7 +639,8 @@ def test_what_may_pass_goes_to_the_loop_bound_a_missing_files_key_is_named_and_a
 JUDGED = """
 import json, os, sys, time
 sys.path.insert(0, os.environ["SRC"])
-from podkit import config, verdict
+from podkit import config
+from podkit.judge import verdict
 from podkit.areal import bootstrap
 out = []
 for entry in sys.argv[1:]:
@@ -713,7 +714,8 @@ def test_a_rank_that_dies_by_sigbus_or_os_exit_under_torchrun_is_named_by_what_t
     """Real torchrun, real ranks through podkit's bootstrap: a rank killed by a real SIGBUS (a read past the end of
     a mapped file, as a full /dev/shm does) is shared memory; a rank's os._exit(3) is its exit, not a kill; its
     os._exit(0) mid-run is a failure, not "no record" (torchrun exits 0 for it)."""
-    from podkit import config, verdict
+    from podkit import config
+    from podkit.judge import verdict
 
     repo = tmp_path / "ws" / "repo"
     repo.mkdir(parents=True)

@@ -77,7 +77,7 @@ def _dest(option) -> str:
 # -- the boot sequence and local runs ----------------------------------------------------------------------
 @verb("boot", "the container entrypoint: preflight, reap, sync, setup, render, exec supervisord", load=False)
 def _boot(_cfg, args) -> int:
-    from podkit import boot
+    from podkit.boot import boot
 
     return boot.main(args.config)  # total: supervisord or safe mode, whatever happens
 
@@ -87,7 +87,7 @@ def _boot(_cfg, args) -> int:
       opt("--steps", type=int, help="stop everything cleanly once the trainer reaches this step"),
       workspace=True, load=False)
 def _up(_cfg, args) -> int:
-    from podkit import boot
+    from podkit.boot import boot
 
     if args.smoke:
         args.config = str(config.packaged("configs/smoke.yaml"))
@@ -97,7 +97,7 @@ def _up(_cfg, args) -> int:
 # -- the stages --------------------------------------------------------------------------------------------
 @verb("preflight", "check the workspace, the run dir and that the config can train", workspace=True)
 def _preflight(cfg, args) -> int:
-    from podkit import preflight
+    from podkit.boot import preflight
 
     preflight.run(cfg)
     return 0
@@ -109,7 +109,7 @@ def _preflight(cfg, args) -> int:
       opt("--dry-run", action="store_true", help="find and report holders, kill nothing"),
       opt("--json", action="store_true"), load=False)
 def _reap(_cfg, args) -> int:
-    from podkit import reap
+    from podkit.boot import reap
 
     # A person asking for the stage is an explicit request: `auto` would skip it off the entrypoint.
     cfg = load(args, **({} if os.environ.get("PODKIT_REAP_ENABLED") == "never" else {"reap.enabled": "always"}))
@@ -133,7 +133,7 @@ def _sync(cfg, args) -> int:
     if not cfg.repo.url:
         raise ConfigError("command line", "repo.url", "no repository given",
                           hint="pass --repo URL or set PODKIT_REPO_URL")
-    from podkit import sync
+    from podkit.boot import sync
 
     result = sync.run(cfg)
     if args.json:
@@ -144,7 +144,7 @@ def _sync(cfg, args) -> int:
 @verb("setup", "install the training repo's requirements (repo.setup) into its environment on the volume "
       "(what boot does)", opt("--json", action="store_true"), workspace=True)
 def _setup(cfg, args) -> int:
-    from podkit import setup
+    from podkit.boot import setup
 
     rec = setup.run(cfg)
     if args.json:
@@ -157,7 +157,7 @@ def _setup(cfg, args) -> int:
 @verb("render", "check supervisord.conf with the config (supervisor's own parser) and print its settings",
       workspace=True)
 def _render(cfg, args) -> int:
-    from podkit import preflight, render
+    from podkit.boot import preflight, render
 
     preflight.private_dir(cfg.run_path)
     cfg.log_dir.mkdir(parents=True, exist_ok=True)
@@ -172,7 +172,7 @@ def _render(cfg, args) -> int:
       opt("--health", action="store_true", help="exit 0 when healthy, 1 with the reason (healthchecks)"),
       workspace=True, tolerant=True)
 def _status(cfg, args) -> int:
-    from podkit import status
+    from podkit.views import status
 
     return status.main(cfg.workspace_path, args.json, args.health, cfg.health.progress_timeout_s, cfg.multi_node,
                        cfg=cfg)
@@ -185,10 +185,10 @@ def _status(cfg, args) -> int:
       workspace=True, tolerant=True)
 def _doctor(cfg, args) -> int:
     if args.bundle:
-        from podkit import bundle
+        from podkit.views import bundle
 
         return bundle.main(cfg, Path(args.bundle))
-    from podkit import doctor
+    from podkit.views import doctor
 
     return doctor.main(cfg, cfg.workspace_path, args.json)
 
@@ -197,7 +197,7 @@ def _doctor(cfg, args) -> int:
       "trainer stopped for good, sync the repo (the fix you pushed), set it up and start the trainer",
       workspace=True, tolerant=True)
 def _resume(cfg, args) -> int:
-    from podkit import boot, guard
+    from podkit.boot import boot, guard
 
     if not getattr(cfg, "load_error", None) and boot.live_supervisord(cfg):
         return boot.resume_trainer(cfg)
@@ -209,8 +209,8 @@ def _resume(cfg, args) -> int:
       "from step 0 (e.g. it found another run's checkpoint under its names); then start the trainer",
       opt("--dry-run", action="store_true"), workspace=True)
 def _start_over(cfg, args) -> int:
-    from podkit import remote
     from podkit.areal import identity
+    from podkit.remote import remote
 
     return identity.start_over(cfg, args.dry_run, then=lambda: remote.new_lineage(cfg, "start-over"))
 
@@ -219,8 +219,8 @@ def _start_over(cfg, args) -> int:
       "another run wrote it and you know it is this run (a script renamed, the repo or the model moved); then "
       "start the trainer", opt("--dry-run", action="store_true"), workspace=True)
 def _adopt(cfg, args) -> int:
-    from podkit import remote
     from podkit.areal import identity
+    from podkit.remote import remote
 
     return identity.adopt(cfg, args.dry_run, then=lambda: remote.new_lineage(cfg, "adopt"))
 
@@ -229,8 +229,8 @@ def _adopt(cfg, args) -> int:
       "run's lineage from checkpoint.remote onto the volume, when it is newer than the volume's (what boot does)",
       workspace=True)
 def _restore(cfg, args) -> int:
-    from podkit import restore
     from podkit.areal import identity
+    from podkit.boot import restore
 
     identity.own_run(cfg, "restore")  # refused while the trainer runs: its checkpoints are in use
     if not cfg.checkpoint.remote:
@@ -246,7 +246,7 @@ def _restore(cfg, args) -> int:
       "into the volume's HF cache, or --from DIR copied under <workspace>/models",
       opt("--from", dest="source", help="a local model directory to copy onto the volume"), workspace=True)
 def _weights(cfg, args) -> int:
-    from podkit import weights
+    from podkit.boot import weights
 
     return weights.main(cfg, args.source)
 
@@ -257,7 +257,7 @@ def _weights(cfg, args) -> int:
       opt("settings", nargs="*", metavar="KEY=VALUE", help="set: KEY=VALUE pairs; clear: keys (none: all)"),
       opt("--json", action="store_true"), workspace=True, tolerant=True)
 def _guard(cfg, args) -> int:
-    from podkit import guardfile
+    from podkit.money import guardfile
 
     return guardfile.main(cfg, args.action, args.settings, args.json)
 
@@ -265,7 +265,8 @@ def _guard(cfg, args) -> int:
 @verb("ctl", "supervisorctl for this pod: podkit ctl status | restart sglang | ...",
       opt("args", nargs="REMAINDER"), workspace=True, tolerant=True)
 def _ctl(cfg, args) -> int:
-    from podkit import preflight, records
+    from podkit import records
+    from podkit.boot import preflight
 
     current = records.CURRENT.read(cfg.state_dir)
     if not current.get("run_dir"):
@@ -274,7 +275,7 @@ def _ctl(cfg, args) -> int:
     argv = [exe, "-c", str(Path(current["run_dir"]) / "supervisorctl.conf"), *args.args]
     words = [a for a in args.args if not a.startswith("-")]
     if words and words[0] in ("stop", "restart") and words[1:]:
-        from podkit import ending
+        from podkit.judge import ending
 
         # Who asks: the program stopped says "stopped by you", and its stop is never counted as a failure.
         names = [w.split(":")[0] for w in words[1:]]  # "trainer", "trainer:*": each program is its own group
@@ -342,7 +343,7 @@ def _config(_cfg, args) -> int:
 
 
 def guards_help() -> str:
-    from podkit import guards
+    from podkit.money import guards
 
     return guards.HELP
 

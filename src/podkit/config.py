@@ -11,7 +11,8 @@ import math
 import os
 from pathlib import Path
 
-from podkit import discovery, records
+from podkit import records
+from podkit.areal import discovery
 from podkit.errors import ConfigError
 from podkit.settings import COUNT_MAX, DURATION_MAX_S, SCHEMA, Field  # noqa: F401 - config.SCHEMA, as ever
 
@@ -158,7 +159,7 @@ class Config:
         top = dict(self.values[""])
         top.update({s: dict(v) for s, v in self.values.items() if s})
         if top["checkpoint"]["remote"]:
-            from podkit import rclonesecrets  # only with a remote: the boot path's imports are pinned
+            from podkit.remote import rclonesecrets  # only with a remote: the boot path's imports are pinned
 
             top["checkpoint"]["remote"] = rclonesecrets.shown(top["checkpoint"]["remote"])
         return top
@@ -169,7 +170,7 @@ def remote_secrets(url: str, environ) -> dict[str, str]:
     backend marks secret, credentials in an s3:// URL (refused, remote.parse; still never shown)."""
     if "," not in url and "@" not in url:
         return {}
-    from podkit import rclonesecrets  # only for such a remote: the boot path's imports are pinned
+    from podkit.remote import rclonesecrets  # only for such a remote: the boot path's imports are pinned
 
     url = url.strip()
     if url.startswith("s3://"):

@@ -24,7 +24,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from podkit import costguard, log, records
+from podkit import log, records
+from podkit.money import costguard
 
 ENV = "PODKIT_NOTIFY_WEBHOOK_URL"
 ATTEMPTS = 3

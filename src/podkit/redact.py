@@ -7,7 +7,7 @@ import base64
 import json
 import re
 
-from podkit import rclonesecrets
+from podkit.remote import rclonesecrets
 
 SECRET_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "hf_", "rpa_", "sk-", "sk_live_",
                    "xoxb-", "xoxp-", "glpat-", "AKIA", "ASIA")

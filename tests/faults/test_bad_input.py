@@ -203,7 +203,7 @@ def test_a_record_with_absurd_numbers_is_set_aside_and_status_and_metrics_go_on(
     is not one: treated as missing, kept aside."""
     from prometheus_client.exposition import generate_latest
 
-    from podkit import metrics, status
+    from podkit.views import metrics, status
 
     state = tmp_path / "ws" / ".podkit"
     state.mkdir(parents=True)
@@ -315,7 +315,7 @@ def test_a_context_shorter_than_sglangs_piecewise_graphs_is_refused_at_boot(proc
                                                                            refused):
     """SGLang 0.5.10 captures piecewise CUDA graphs up to chunked_prefill_size tokens (4096 on an A40) and its
     warm-up crashes when --context-length is below that: found at boot, with the two fixes named."""
-    from podkit import checks
+    from podkit.areal import checks
 
     cfg = config.load(ROOT / "configs" / "a40-1gpu.yaml", environ={
         "PODKIT_INFERENCE_CONTEXT_LENGTH": context, "PODKIT_INFERENCE_EXTRA_ARGS": extra})
@@ -333,7 +333,7 @@ def test_a_context_shorter_than_sglangs_piecewise_graphs_is_refused_at_boot(proc
                                               ("0.5.12", False)])
 def test_an_sglang_newer_than_podkits_command_line_is_refused_naming_the_flag(version, refused):
     """SGLang 0.5.23 removed --cuda-graph-max-bs: an image with it is refused by name, not by argparse."""
-    from podkit import checks
+    from podkit.areal import checks
 
     cfg = config.load(ROOT / "configs" / "a40-4gpu.yaml", environ={})
     problems = checks.sglang_version(cfg, version)

@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from conftest import alive, wait_for
-from podkit import gpu
+from podkit.host import gpu
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

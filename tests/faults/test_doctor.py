@@ -14,7 +14,9 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import PODKIT, wait_for
-from podkit import config, doctor, guard
+from podkit import config
+from podkit.boot import guard
+from podkit.views import doctor
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 HOLDER = str(Path(__file__).parent.parent / "holder.py")

@@ -8,7 +8,8 @@ import socket
 import pytest
 
 from conftest import wait_for
-from podkit import config, doctor
+from podkit import config
+from podkit.views import doctor
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -45,7 +46,7 @@ def test_a_supervisord_alive_but_not_answering_is_said_by_status_and_metrics_wit
     import time
 
     from conftest import PODKIT, free_port
-    from podkit import status
+    from podkit.views import status
     from test_metrics import scrape
 
     port = free_port()
@@ -78,7 +79,8 @@ def test_a_supervisord_that_answers_a_byte_every_few_seconds_is_cut_within_the_s
     import threading
     import time
 
-    from podkit import records, status
+    from podkit import records
+    from podkit.views import status
 
     path = str(tmp_path / "s.sock")
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

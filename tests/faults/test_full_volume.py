@@ -13,7 +13,8 @@ import pytest
 from test_workspace import fill, small_ws  # noqa: F401 - fixture
 
 from conftest import wait_for
-from podkit import ending, records
+from podkit import records
+from podkit.judge import ending
 from test_costguard import KEY, STOP, on_runpod, receiver, runpod_api  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -110,7 +111,7 @@ def test_an_end_the_volume_cannot_take_is_kept_in_the_run_dir_read_by_every_read
         tmp_path, monkeypatch):
     """The trainer's end written while the volume refuses it (no room, no reserve): kept in the run dir, read there
     by the judge's readers (ending.read, standing.gather), then put on the volume by the listener once it has room."""
-    from podkit import standing
+    from podkit.judge import standing
 
     state, run = tmp_path / "state", tmp_path / "run"
     state.mkdir()

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import PODKIT, alive, free_port, smoke_env, wait_for
-from podkit import ending
+from podkit.judge import ending
 from test_costguard import STOP, on_runpod, receiver, runpod_api  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -195,7 +195,7 @@ def test_a_long_busy_preparation_before_the_first_step_is_not_a_hang(stack_facto
 def test_before_the_first_step_a_trainer_that_waits_is_hung_and_one_that_works_is_busy(tmp_path):
     """watchdog.Busy on real processes: a rank that spins (a tokeniser) moves; one that sleeps (a dead collective,
     an await for ever) does not, from the moment the run started."""
-    from podkit import watchdog
+    from podkit.programs import watchdog
 
     log = tmp_path / "trainer.log"
     log.write_text("")

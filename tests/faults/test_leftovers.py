@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import PODKIT, alive, free_port, smoke_env, wait_for
-from podkit import lease, proc, records, supervisord
+from podkit import records
+from podkit.host import lease, proc, supervisord
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -91,7 +91,8 @@ def test_health_of_a_restarted_trainer_that_does_not_step_fails_before_the_progr
     """A trainer that keeps restarting is STARTING or RUNNING most of the time: it was reported healthy
     until health.progress_timeout_s (30 min), or for ever if it never stepped. Once restarted, ten
     minutes without a step is a failure; a restart that recovers in time is not."""
-    from podkit import programs, status
+    from podkit import programs
+    from podkit.views import status
 
     now = time.time()
 
@@ -110,7 +111,7 @@ def test_health_of_a_restarted_trainer_that_does_not_step_fails_before_the_progr
 def test_a_person_running_podkit_up_again_and_again_is_not_a_boot_storm(tmp_path):
     """`podkit up` records its boots too (the start-up timeline), but a person starts those and they exit:
     six of them in a minute are not the container's restart loop, and the next `podkit boot` trains."""
-    from podkit import guard
+    from podkit.boot import guard
 
     state = tmp_path / ".podkit"
     state.mkdir()

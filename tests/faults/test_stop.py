@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from conftest import wait_for
-from podkit import config, doctor
-from podkit.checkpoint import CheckpointDir
+from podkit import config
+from podkit.remote.checkpoint import CheckpointDir
+from podkit.views import doctor
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

@@ -9,7 +9,7 @@ import pytest
 from test_stop_budget import STUBBORN, pid1_supervisord, sigterm_took
 
 from conftest import wait_for
-from podkit import pid1
+from podkit.host import pid1
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,7 +15,9 @@ import time
 import pytest
 
 from conftest import ROOT, raw_server, wait_for
-from podkit import config, notify, pid1, render
+from podkit import config, notify
+from podkit.boot import render
+from podkit.host import pid1
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -60,7 +62,7 @@ def test_a_trainer_using_its_grace_and_a_webhook_that_never_answers_stop_inside_
 
 
 def pid1_supervisord(procs, tmp_path, programs: str, **env: str):
-    """supervisord as boot execs it (python -m podkit.pid1), on a config of its own with these programs."""
+    """supervisord as boot execs it (python -m podkit.host.pid1), on a config of its own with these programs."""
     conf = tmp_path / "supervisord.conf"
     conf.write_text(f"""[supervisord]
 nodaemon=true
@@ -72,7 +74,7 @@ file={tmp_path}/s.sock
 supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
 {programs}""")
     sup = str(ROOT / ".venv" / "bin" / "supervisord")
-    p = procs.spawn([sys.executable, "-m", "podkit.pid1", sup, "-n", "-c", str(conf)],
+    p = procs.spawn([sys.executable, "-m", "podkit.host.pid1", sup, "-n", "-c", str(conf)],
                     env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src"), **env},
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = tmp_path / "supervisord.log"

@@ -10,7 +10,8 @@ import subprocess
 import pytest
 
 from conftest import PODKIT, wait_for
-from podkit import config, doctor
+from podkit import config
+from podkit.views import doctor
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -55,7 +56,7 @@ def fill(path) -> None:
 
 def test_a_lease_taken_or_renewed_on_a_full_workspace_leaves_no_temp_file(small_ws):
     """A write that fails mid-way (ENOSPC) left its temp file on the volume, for good."""
-    from podkit import lease
+    from podkit.host import lease
 
     state = small_ws / ".podkit"
     state.mkdir()

@@ -96,7 +96,8 @@ def shadowed_areal(paths: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    from podkit import config, ending
+    from podkit import config
+    from podkit.judge import ending
 
     cfg = config.load()
     rank = int(os.environ.get("RANK", "0"))
@@ -108,8 +109,9 @@ def main(argv: list[str]) -> int:
 
 
 def run(cfg, argv: list[str]) -> int:
-    from podkit import ending, log
+    from podkit import log
     from podkit.areal import episodes, hooks
+    from podkit.judge import ending
 
     _log = log.get("trainer")
     script, function, checkout = entry_of(cfg)
@@ -214,8 +216,8 @@ def left_train(cfg, st, e: BaseException) -> dict | None:
     """The record of the exception that left PPOTrainer.train when `e` was raised while handling it (a cleanup in
     the script's `finally` or `except` that failed too): that one is the cause (an OOM stays an OOM), and `e` is
     named beside it. None when `e` came from no such exception."""
-    from podkit import failure
     from podkit.areal import hooks
+    from podkit.judge import failure
 
     for x in failure.chain(e)[1:]:
         rec = hooks.seen(x)
@@ -246,7 +248,7 @@ CAUSES = ("transient", "oom", "volume", "checkpoint", "unreachable")
 def record_error(cfg, st, e: BaseException, roots: list[str], target=None) -> dict:
     """The rank's record of `e`, in the user's words, with the facts the judge reads (failure.classify). Never
     raises: the user's exception matters more than podkit's record of it."""
-    from podkit import failure
+    from podkit.judge import failure
 
     try:
         return _record_error(cfg, st, e, roots, target)
@@ -258,8 +260,8 @@ def record_error(cfg, st, e: BaseException, roots: list[str], target=None) -> di
 
 
 def _record_error(cfg, st, e: BaseException, roots: list[str], target=None) -> dict:
-    from podkit import ending, failure
     from podkit.areal import episodes
+    from podkit.judge import ending, failure
 
     err = failure.clean(failure.describe(e, roots, str(cfg.workspace_path), call=target, place=ending.place(cfg)), cfg)
     failure.classify(e, err, place=ending.place(cfg))
@@ -282,7 +284,7 @@ def missing_file_key(exc: BaseException, loaded) -> str:
     the config AReaL loaded; "" when no key does."""
     import dataclasses
 
-    from podkit import failure
+    from podkit.judge import failure
 
     wanted = set()
     for e in failure.chain(exc):

@@ -31,9 +31,11 @@ import time
 import uuid
 from pathlib import Path
 
-from podkit import checks, ending, log, notify, proc, records
-from podkit.areal import command, ray_node
+from podkit import log, notify, records
+from podkit.areal import checks, command, ray_node
 from podkit.areal.heartbeat import RUN_ENV, heartbeat_dir, heartbeats
+from podkit.host import proc
+from podkit.judge import ending
 from podkit.programs import refused
 
 _log = log.get("trainer")

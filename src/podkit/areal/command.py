@@ -10,8 +10,9 @@ import signal
 import sys
 from pathlib import Path
 
-from podkit import proc, records
+from podkit import records
 from podkit.areal import identity
+from podkit.host import proc
 from podkit.programs import compile_caches
 
 HERE = Path(__file__).resolve().parent
@@ -40,7 +41,7 @@ def overrides(cfg) -> list[str]:
            f"stats_logger.fileroot={root}", f"evaluator.fileroot={root}",
            "cluster.name_resolve.type=nfs", f"cluster.name_resolve.nfs_record_root={t.name_resolve_root}",
            f"actor.path={model}", f"tokenizer_path={model}", f"sglang.model_path={model}"]
-    from podkit import checks
+    from podkit.areal import checks
 
     own += [f"{s.key}={s.value}" for s in checks.settings(cfg)[0]]  # what podkit depends on, over the YAML
     return [*(f"++{o}" for o in own), *shlex.split(t.overrides)]

@@ -26,7 +26,8 @@ import dataclasses
 import threading
 import time
 
-from podkit import failure, log
+from podkit import log
+from podkit.judge import failure
 
 _log = log.get("trainer")
 WRITE_EVERY_S = 5.0  # the progress record of failures, at most this often (and at once on the first and the trip)

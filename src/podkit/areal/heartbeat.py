@@ -10,7 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from podkit import log, proc, records
+from podkit import log, records
+from podkit.host import proc
 
 _log = log.get("trainer")
 RUN_ENV = "PODKIT_CLUSTER_RUN"  # the driver's run id, in every rank's env: heartbeats of older runs are ignored

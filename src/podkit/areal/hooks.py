@@ -35,10 +35,12 @@ import threading
 import time
 from pathlib import Path
 
-from podkit import config, ending, lease, log, records
+from podkit import config, log, records
 from podkit.areal import episodes, reattach
+from podkit.areal.checks import API_KEY_ENV
 from podkit.areal.reattach import served_version
-from podkit.checks import API_KEY_ENV
+from podkit.host import lease
+from podkit.judge import ending
 
 _log = log.get("trainer")
 
@@ -170,7 +172,7 @@ def hook_config_loader(st: State) -> None:
             try:
                 loaded = original(argv, config_cls)
             except Exception as e:  # noqa: BLE001 - hydra, omegaconf and AReaL's own checks raise their own types
-                from podkit import failure
+                from podkit.judge import failure
 
                 if failure.volume_of(e) or failure.oom_of(e) or failure.transient(e):
                     raise  # not the config: a full volume while AReaL saves it, memory, the network (judged so)
@@ -345,8 +347,7 @@ def check_required(st: State, config_) -> None:
     """What podkit depends on (checks.required: recovery on, weight updates from disk, the pod's backends), read
     on the config AReaL will run. podkit set each on AReaL's command line; a value that differs now was set after
     it, on purpose: the trainer stops once, saying which and where it can come from."""
-    from podkit import checks
-    from podkit.areal import identity
+    from podkit.areal import checks, identity
 
     root = identity.fileroot(st.cfg)
     on_volume = ("recover.fileroot", root, lambda v: os.path.normpath(str(v)) == os.path.normpath(root),
@@ -468,7 +469,7 @@ _interrupted.__wrapped__, _interrupted._podkit_noting = signal.default_int_handl
 
 def record_through_train(st: State, e: BaseException) -> None:
     """An exception that leaves PPOTrainer.train, recorded as it passes: the script may catch it and exit 0."""
-    from podkit import failure
+    from podkit.judge import failure
 
     if isinstance(e, (SystemExit, ending.Stop)) or seen(e):
         return
@@ -610,7 +611,7 @@ def server_identity(cfg) -> tuple | None:
     """Which SGLang process serves, by supervisord's word (pid and start time); None outside supervisord.
     A different one at the end of a step than at its start means a restart in between: part of the
     step's rollouts came from the base weights, whatever the label says once this step's push landed."""
-    from podkit import supervisord
+    from podkit.host import supervisord
 
     if cfg.multi_node:  # AReaL's Ray launcher runs SGLang, not supervisord; the served version still tells
         return None

@@ -481,8 +481,9 @@ def wandb_id(root: Path, base: str, resuming: bool, logged: set[str] = frozenset
 def own_run(cfg, verb: str):
     """The run whose checkpoints `verb` changes, refused where they may be in use: (names, save root, the
     trainer's supervisord info or None)."""
-    from podkit import lease, records, supervisord
+    from podkit import records
     from podkit.errors import ConfigError, PodkitError
+    from podkit.host import lease, supervisord
 
     if cfg.multi_node and cfg.cluster.rank != 0:
         raise PodkitError("this is not the cluster's rank 0, whose trainer owns the run", "run it on rank 0's pod")
@@ -508,7 +509,7 @@ def own_run(cfg, verb: str):
 
 
 def _start_trainer(cfg, info, run, say) -> None:
-    from podkit import supervisord
+    from podkit.host import supervisord
 
     if info is None:
         return
@@ -529,8 +530,8 @@ def adopt(cfg, dry_run: bool = False, say=print, then=lambda: None) -> int:
 
     run, root, info = own_run(cfg, "adopt")
     if cfg.trainer.kind != "areal":  # the fake trainer's checkpoints say no run: adopting is the new lineage alone
-        from podkit.checkpoint import CheckpointDir
         from podkit.errors import PodkitError
+        from podkit.remote.checkpoint import CheckpointDir
 
         latest = CheckpointDir(cfg.checkpoint_dir).latest_path()
         if latest is None:
@@ -606,7 +607,7 @@ def start_over(cfg, dry_run: bool = False, say=print, then=lambda: None) -> int:
 def clear_discovery(cfg, run: Names) -> list[str]:
     """AReaL's discovery records of the run (a dead server's address, a used weight-update key). Names
     only AReaL can tell: every record under the root when it is podkit's private one, else none."""
-    from podkit import discovery
+    from podkit.areal import discovery
 
     root = cfg.trainer.name_resolve_root
     if run.known and not run.problems():

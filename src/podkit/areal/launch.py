@@ -22,9 +22,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-from podkit import checks, ending, failure, health, log, proc, records, setup, supervisord
-from podkit.areal import cluster, identity
+from podkit import log, records
+from podkit.areal import checks, cluster, identity
 from podkit.areal.command import clear_leftovers, command, environment, set_pdeathsig
+from podkit.boot import setup
+from podkit.host import proc, supervisord
+from podkit.judge import ending, failure, health
 from podkit.programs import refused
 
 _log = log.get("trainer")

@@ -28,7 +28,7 @@ import hashlib
 import inspect
 import time
 
-from podkit.failure import CONNECTION_ERRORS
+from podkit.judge.failure import CONNECTION_ERRORS
 
 AREAL_VERSION = "1.0.4"
 PACKED_MASK_IMPLS = ("sdpa", "eager")

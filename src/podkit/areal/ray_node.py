@@ -34,9 +34,11 @@ import threading
 import time
 from pathlib import Path
 
-from podkit import log, loopbound, proc, records, supervisord
+from podkit import log, records
 from podkit.areal.command import clear_leftovers, set_pdeathsig
 from podkit.areal.heartbeat import heartbeats
+from podkit.host import proc, supervisord
+from podkit.judge import loopbound
 
 _log = log.get("ray")
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 import re
 import secrets
 
-from podkit import config, guardfile, rclonesecrets, remote
+from podkit import config
 from podkit.deploy.template import container, persistent_mount
 from podkit.errors import ConfigError
+from podkit.money import guardfile
+from podkit.remote import rclonesecrets, remote
 
 GPU_TYPE = "NVIDIA A40"
 

@@ -10,13 +10,14 @@ import random
 import re
 import time
 
-from podkit import guardfile, log
+from podkit import log
 from podkit import runpod as api
-from podkit.costguard import POD_ID
 from podkit.deploy.bodies import GPU_TYPE
 from podkit.deploy.pods import created_order, maybe_live, mounted_volumes, run_of, running
 from podkit.deploy.template import template_body
 from podkit.errors import PodkitError
+from podkit.money import guardfile
+from podkit.money.costguard import POD_ID
 
 _log = log.get("deploy")
 CLOUDS = ("SECURE", "COMMUNITY")  # v2's Cloud; there is no "ALL"

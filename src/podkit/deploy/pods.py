@@ -3,9 +3,10 @@ its volumes, GPUs, run and maximum run time, and the lines that show it to a per
 
 from __future__ import annotations
 
-from podkit import config, guardfile
+from podkit import config
 from podkit import runpod as api
 from podkit.deploy.bodies import CLUSTER_NODES_ENV, STOP_AT_ENV
+from podkit.money import guardfile
 
 
 def created_order(pod: dict) -> tuple[bool, float, str]:

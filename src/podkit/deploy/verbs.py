@@ -11,9 +11,8 @@ import shlex
 import sys
 import time
 
-from podkit import guardfile, log
+from podkit import log
 from podkit import runpod as api
-from podkit.costguard import POD_ID
 from podkit.deploy import template
 from podkit.deploy.bodies import (
     GPU_TYPE,
@@ -32,6 +31,8 @@ from podkit.deploy.deployer import CLOUDS, Deployer, lost_answer
 from podkit.deploy.pods import cluster_summary, how_to_reach, maybe_live, pod_line, run_of
 from podkit.deploy.watch import Watch, one_watch, relauncher
 from podkit.errors import ConfigError, PodkitError
+from podkit.money import guardfile
+from podkit.money.costguard import POD_ID
 from podkit.redact import Redactor, secret_name
 
 _log = log.get("deploy")

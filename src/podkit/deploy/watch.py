@@ -17,7 +17,7 @@ from podkit.deploy.bodies import new_run, pod_body
 from podkit.deploy.deployer import Deployer
 from podkit.deploy.pods import carried_stop_at, gpu_count, mounted_volumes, run_of, running
 from podkit.errors import PodkitError
-from podkit.pidlock import Busy, PidLock
+from podkit.host.pidlock import Busy, PidLock
 
 _log = log.get("deploy")
 BACKOFF_MAX_S = 900.0

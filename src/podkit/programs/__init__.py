@@ -14,7 +14,8 @@ import os
 import signal
 import sys
 
-from podkit import log, pid1, proc, records
+from podkit import log, records
+from podkit.host import pid1, proc
 
 TABLE: dict[tuple[str, str], str] = {
     ("sglang", "sglang"): "podkit.programs.sglang",          # SGLang itself (exec)
@@ -23,10 +24,10 @@ TABLE: dict[tuple[str, str], str] = {
     ("trainer", "areal"): "podkit.areal.launch",             # AReaL under torchrun (or its Ray launcher)
     ("trainer", "fake"): "podkit.programs.fake_trainer",     # a real torch loop on random data (smoke stack)
     ("ray", ""): "podkit.areal.ray_node",                     # a node of a multi-node run's Ray cluster
-    ("watchdog", ""): "podkit.watchdog",                     # the hang watchdog
+    ("watchdog", ""): "podkit.programs.watchdog",                     # the hang watchdog
     ("logs", ""): "podkit.programs.logs",                    # supervisord's event listener
-    ("metrics", ""): "podkit.metrics",                       # the pod's Prometheus endpoint
-    ("page", ""): "podkit.page",                             # the run at a glance: a web page of the records
+    ("metrics", ""): "podkit.views.metrics",                       # the pod's Prometheus endpoint
+    ("page", ""): "podkit.views.page",                             # the run at a glance: a web page of the records
 }
 KIND = {"sglang": ("inference", "kind"), "trainer": ("trainer", "kind")}
 NAMES = tuple(dict.fromkeys(name for name, _ in TABLE))
@@ -51,7 +52,7 @@ def stacks_on_sigusr2(cfg) -> None:
     """SIGUSR2 writes every thread's Python stack and every pending asyncio task's (stacks.py; the watchdog's
     dump, beside py-spy's). faulthandler writes from the C signal handler: it works while Python code is
     blocked in C."""
-    from podkit import stacks
+    from podkit.host import stacks
 
     cfg.log_dir.mkdir(parents=True, exist_ok=True)
     stacks.on_sigusr2(str(stacks_file(cfg, os.getpid())))
@@ -112,7 +113,8 @@ def run_trainer(cfg) -> int:
     stop, not a kill: ending.SIGNALS), a child subreaper (what it starts and leaves, a double-forked daemon, is
     re-parented here), its run under the loop bound (a cluster's launcher bounds its own restarts), and
     nothing it started outliving it."""
-    from podkit import ending, supervisord  # here: render imports this module on the boot path
+    from podkit.host import supervisord  # here: render imports this module on the boot path
+    from podkit.judge import ending
 
     ending.SIGNALS.install(cfg)
     try:
@@ -134,7 +136,7 @@ def run_trainer(cfg) -> int:
         if cfg.multi_node:
             code = main()
         else:
-            from podkit import loopbound
+            from podkit.judge import loopbound
 
             code = loopbound.run(cfg, main)
     except ending.Stop:  # asked to stop before its run began: nothing in flight

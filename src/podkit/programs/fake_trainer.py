@@ -22,9 +22,11 @@ from pathlib import Path
 
 import torch
 
-from podkit import ending, health, lease, log, records
-from podkit.checkpoint import CheckpointDir
+from podkit import log, records
+from podkit.host import lease
+from podkit.judge import ending, health
 from podkit.programs import hold_devices, stacks_on_sigusr2
+from podkit.remote.checkpoint import CheckpointDir
 
 _log = log.get("trainer")
 

@@ -24,7 +24,10 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
-from podkit import costguard, ending, lease, log, notify, pid1, records, standing, supervisord
+from podkit import log, notify, records
+from podkit.host import lease, pid1, supervisord
+from podkit.judge import ending, standing
+from podkit.money import costguard
 
 READY = b"READY\n"
 OK = b"RESULT 2\nOK"
@@ -270,7 +273,7 @@ FINAL_RESERVE_S = 1.0
 def main(cfg) -> int:
     log.to_stderr()  # stdout is the event protocol
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    from podkit import guardfile
+    from podkit.money import guardfile
 
     pump = Pump(sys.stderr, Path(cfg.run_path), state_dir=cfg.state_dir, trainer_grace_s=cfg.trainer.stop_grace_s,
                 on_runpod=costguard.on_runpod(), socket_path=cfg.socket_path)
@@ -278,7 +281,7 @@ def main(cfg) -> int:
     pump.idle_rule()  # a listener restarted after the trainer stopped for good: the rule holds still
     uploader = None
     if cfg.checkpoint.remote and not (cfg.multi_node and cfg.cluster.rank != 0):
-        from podkit import uploader as uploading  # rclone and hashing only with a remote
+        from podkit.remote import uploader as uploading  # rclone and hashing only with a remote
 
         pump.durable_within_s = cfg.guard.durable_within_s
 
@@ -288,7 +291,7 @@ def main(cfg) -> int:
         costguard.BEFORE_STOP.append(lambda why: uploader.final(cfg.checkpoint.remote_final_s, "the pod stops itself"))
     meter = None
     if pump.on_runpod:  # what the pod costs (cost.json), and what guard.max_spend goes by: the run's, across its pods
-        from podkit import runmeter
+        from podkit.money import runmeter
 
         meter = costguard.Meter(cfg.state_dir, cfg.guard.cost_every_s, cfg.trainer.max_steps, pump.say,
                                 runs=runmeter.for_pod(cfg, pump.say)).start()

@@ -16,8 +16,10 @@ import subprocess
 import sys
 import time
 
-from podkit import checks, gpu, log, supervisord
-from podkit.checks import API_KEY_ENV
+from podkit import log
+from podkit.areal import checks
+from podkit.areal.checks import API_KEY_ENV
+from podkit.host import gpu, supervisord
 from podkit.programs import compile_caches, refused
 
 _log = log.get("sglang")

@@ -18,8 +18,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from podkit.boot.weights import WEIGHT_FILES
 from podkit.programs import hold_devices
-from podkit.weights import WEIGHT_FILES
 
 BANNER = "[stand-in] podkit's SGLang stand-in (not SGLang): no GPU, no model, same HTTP API subset"
 

@@ -47,7 +47,7 @@ from http.server import ThreadingHTTPServer
 
 import torch
 
-from podkit.checks import API_KEY_ENV
+from podkit.areal.checks import API_KEY_ENV
 from podkit.programs import hold_devices
 from podkit.programs.standin import Handler, listen, say, start
 
