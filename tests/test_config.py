@@ -8,8 +8,9 @@ import sys
 import pytest
 
 from conftest import ROOT
-from podkit import config
+from podkit import config, settings
 from podkit.errors import ConfigError
+from podkit.money import guards
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -75,7 +76,7 @@ def test_a_huge_finite_number_is_refused_for_every_numeric_setting_before_anythi
     """1e12 s passed validation and then overflowed a sleep (a program crash-looped to FATAL). Every
     duration and count has a maximum, in the schema and the settings table; past it: a config error
     naming the key, from the file and from the env twin alike."""
-    numeric = [(s, k, spec) for s, keys in config.SCHEMA.items() for k, spec in keys.items()
+    numeric = [(s, k, spec) for s, keys in settings.SCHEMA.items() for k, spec in keys.items()
                if spec.type in (int, float)]
     assert numeric and all(spec.maximum is not None for *_, spec in numeric)
     for section, key, spec in numeric:
@@ -101,11 +102,10 @@ def test_safe_mode_under_a_config_error_reads_no_env_twin_past_its_range(monkeyp
     import time
 
     from podkit.boot import boot
-    from podkit.money import costguard
 
     def limit():
         g = boot._why(None, None, "config", "", "").guards
-        return costguard.sooner(g["stop_pod_after_s"], g["stop_pod_at"], time.time())
+        return guards.sooner(g["stop_pod_after_s"], g["stop_pod_at"], time.time())
 
     monkeypatch.setenv("PODKIT_GUARD_STOP_POD_AFTER_S", "1e12")
     monkeypatch.setenv("PODKIT_GUARD_STOP_POD_AT", "1e15")
@@ -156,7 +156,7 @@ def test_missing_config_file_is_a_config_error(tmp_path):
 
 def test_every_key_has_an_env_twin_that_overrides_the_file(tmp_path):
     """PODKIT_<SECTION>_<KEY> overrides the YAML; the env names are unique."""
-    assert len(config.ENV_KEYS) == sum(len(k) for k in config.SCHEMA.values())
+    assert len(config.ENV_KEYS) == sum(len(k) for k in settings.SCHEMA.values())
     p = write(tmp_path, "reap:\n  grace_s: 2\ntrainer:\n  checkpoint_every: 7\n")
     cfg = config.load(p, environ={"PODKIT_REAP_GRACE_S": "9.5", "PODKIT_WORKSPACE": str(tmp_path)})
     assert cfg.reap.grace_s == 9.5 and cfg.trainer.checkpoint_every == 7

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from conftest import PODKIT, ROOT, wait_for
 from podkit import config, records
 from podkit.errors import ConfigError
-from podkit.money import costguard, spend
+from podkit.money import costguard, guards, ledger, spend
 from podkit.views import status
 from runpod_stub import RunPodV2Stub
 from test_notify import Receiver, dead_url
@@ -211,7 +211,7 @@ def test_the_pods_spend_is_recorded_shown_and_its_budget_stops_the_trainer_with_
                       PODKIT_NOTIFY_WEBHOOK_URL=receiver.url, **on_runpod(runpod_api.url)).start()
     s.wait_step(3)
     state = s.workspace / ".podkit"
-    c = wait_for(lambda: (c := costguard.cost(state)) and c["projected"] is not None and c, 60,
+    c = wait_for(lambda: (c := ledger.cost(state)) and c["projected"] is not None and c, 60,
                  what="a cost record with the cost of the steps left")
     assert set(json.loads(records.COST.path(state).read_text())) <= set(records.COST.shape)
     assert (c["per_hour"], c["source"]) == (2.69, "billed") and c["started"] <= c["time"] <= time.time()
@@ -225,9 +225,9 @@ def test_the_pods_spend_is_recorded_shown_and_its_budget_stops_the_trainer_with_
 
     runpod_api.fail("GET", "/v2/pods/pod-abc123", 503, times=None)
     wait_for(lambda: "cannot read what pod pod-abc123 costs" in s.stdout(), 30, what="the failed read said")
-    held = costguard.cost(state)
+    held = ledger.cost(state)
     time.sleep(4)
-    now = costguard.cost(state)  # the ledger runs on at the last price, and says since when
+    now = ledger.cost(state)  # the ledger runs on at the last price, and says since when
     assert now["source"] == "estimated" and now["spent"] >= held["spent"] and now["per_hour"] == 2.69, now
     assert "RunPod did not answer" in now["why"] and now["since"] <= now["time"], now
     assert s.stdout().count("cannot read what pod pod-abc123 costs") == 1, "said once, not at every read"
@@ -267,7 +267,7 @@ def test_the_pods_cost_is_its_bill_or_while_that_does_not_answer_its_price_times
     t0 = time.time()
     records.PROGRESS.write(state, {"step": 10, "time": t0 - 5, "pid": 7})
     first = m.read()
-    assert costguard.cost(state)["spent"] == first["spent"] and (first["source"], first["projected"]) == ("billed",
+    assert ledger.cost(state)["spent"] == first["spent"] and (first["source"], first["projected"]) == ("billed",
                                                                                                        None)
     assert 3.0 < first["spent"] < 3.01 and first["per_hour"] == 2.69
     records.PROGRESS.write(state, {"step": 20, "time": t0, "pid": 7})
@@ -283,7 +283,7 @@ def test_the_pods_cost_is_its_bill_or_while_that_does_not_answer_its_price_times
 
     runpod_api.fail("GET", "/v2/pods/pod-abc123", 404, times=None)
     assert m.read() is None and m.read() is None
-    held = costguard.cost(state)  # estimated at the last price since the last good read
+    held = ledger.cost(state)  # estimated at the last price since the last good read
     assert held["source"] == "estimated" and held["spent"] >= est["spent"] and m.spent() == held["spent"], held
     assert held["since"] == est["read_at"] and held["why"] == "RunPod did not answer (RunPod has no pod pod-abc123)"
     assert [line for line in said if "cannot read" in line] == [
@@ -314,7 +314,7 @@ def test_the_budget_goes_by_what_runpod_says_on_a_full_volume_and_a_new_containe
     assert any("cannot write" in line and "guard.max_spend goes by what RunPod says" in line and
                f"kept in {run}" in line for line in said), said
     # every view reads the spend the budget acts on (issue 56: the page said $1.00 after the guard acted on $6)
-    assert 8.0 <= costguard.cost(state, env)["spent"] < 8.01
+    assert 8.0 <= ledger.cost(state, env)["spent"] < 8.01
     records.COST.path(state).rmdir()
     m.read()
     assert not records.COST.path(run).exists(), "back on the volume: the run dir's copy goes"
@@ -355,7 +355,7 @@ def test_a_planted_cost_record_is_not_believed(tmp_path, planted, why):
     else:
         raw = planted % {"now": now} if "%(now)s" in planted else planted
     records.COST.path(state).write_text(raw, errors="surrogateescape")
-    assert costguard.cost(state) is None, why
+    assert ledger.cost(state) is None, why
     st = status.collect(tmp_path / "ws")
     assert st["cost"] is None and "cost:" not in status.human(st)
 
@@ -369,10 +369,10 @@ def test_a_good_cost_record_is_one_status_line_and_a_bad_value_in_it_is_dropped(
     assert {k: st["cost"][k] for k in GOOD} == dict(GOOD, source="billed", time=st["cost"]["time"])
     assert "\ncost: $0.35/h, $1.20 spent (billed), ~$3.10 to the end at this pace\n" in status.human(st) + "\n"
     records.COST.write(state, dict(GOOD, time=time.time(), projected=-3.0, started=time.time() + 3600))
-    c = costguard.cost(state)
+    c = ledger.cost(state)
     assert (c["projected"], c["started"], c["spent"]) == (None, None, 1.2)
-    assert costguard.words(c) == "$0.35/h, $1.20 spent (billed)"
-    assert costguard.words(dict(c, time=time.time() - 1800)).endswith("(read 30 min ago)")
+    assert ledger.words(c) == "$0.35/h, $1.20 spent (billed)"
+    assert ledger.words(dict(c, time=time.time() - 1800)).endswith("(read 30 min ago)")
 
 
 @pytest.mark.parametrize("value, says", [("-5", "-5.0 is below the minimum 0"), (".inf", "is not a finite number"),
@@ -413,7 +413,7 @@ def test_a_running_pod_priced_zero_whose_bill_cannot_be_read_is_never_at_zero_an
     assert rec["source"] == "estimated" and 8.0 <= rec["spent"] < 8.2 and rec["per_hour"] == 2.69, rec
     assert "the GPU catalogue's" in rec["why"] and m.read()["spent"] >= rec["spent"]
     assert sum("the pod's spend is estimated: RunPod shows no price for the running pod" in s for s in said) == 1
-    line = costguard.words(costguard.cost(state))
+    line = ledger.words(ledger.cost(state))
     assert line.startswith("$2.69/h, $8.") and "(estimated since " in line and "catalogue" in line, line
     deadline = costguard.Deadline(lambda k: {"max_spend": 5.0, "stop_pod_at": 0}[k], lambda k: False, state,
                                   said.append, lambda why: "", spent=m.spent)
@@ -502,7 +502,7 @@ def test_a_clock_stepped_back_keeps_the_spend_and_a_replacement_pod_carries_its_
     env2 = {**env, "RUNPOD_POD_ID": "pod-new456"}
     r = costguard.Meter(state, 1, say=said.append, environ=env2).read()
     assert r["pod"] == "pod-new456" and r["run_before"] >= 8.0 and r["spent"] < 0.1 and r["carried_from"] == "pod-abc123"
-    assert "this run, with its earlier pods" in costguard.words(costguard.cost(state))
+    assert "this run, with its earlier pods" in ledger.words(ledger.cost(state))
     other = costguard.Meter(state, 1, say=said.append, environ={**env, "RUNPOD_POD_ID": "pod-xyz789",
                                                                 "PODKIT_RUN_ID": "run-8"})
     assert other.spent() is None, "another run's pod on the volume"
@@ -546,24 +546,24 @@ def _guards(**values) -> dict:
 
 
 def test_each_guards_forecast_says_when_it_would_stop_the_pod_and_on_what():
-    """costguard.forecast, worked out once for status and the page: the budget by the run's spend and its price
+    """guards.forecast, worked out once for status and the page: the budget by the run's spend and its price
     (now, when it is past; never, when the spend is unknown), the unable-to-train stop from safe mode's start,
     the maximum run time, the finish at the trainer's pace."""
     now = 1_800_000_000.0
     st = {"trainer": {"step": 40}, "programs": {}, "safe_mode": None,
           "cost": {"per_hour": 2.0, "spent": 3.0, "source": "billed", "time": now, "run_before": 0.0}}
-    f = costguard.forecast(st, _guards(max_spend=5.0, stop_pod_at=now + 3600), now, rate=10.0, total_steps=100)
+    f = guards.forecast(st, _guards(max_spend=5.0, stop_pod_at=now + 3600), now, rate=10.0, total_steps=100)
     assert f["max_spend"]["at"] == now + 3600 and f["max_spend"]["words"] == \
         "once the run has cost $5.00: $3.00 so far (billed), at $2.00/h in 1h00m"
     assert f["stop_pod_at"]["at"] == now + 3600 and f["stop_pod_at"]["words"].endswith("in 1h00m")
     assert f["stop_pod_when_finished"]["at"] == now + 360 and "at this pace in 6m00s" in f["stop_pod_when_finished"]["words"]
     assert f["stop_pod_after_s"]["at"] is None and f["stop_pod_after_s"]["on"] == "the pod trains"
-    past = costguard.forecast({**st, "cost": {**st["cost"], "spent": 8.0}}, _guards(max_spend=5.0), now)
+    past = guards.forecast({**st, "cost": {**st["cost"], "spent": 8.0}}, _guards(max_spend=5.0), now)
     assert past["max_spend"]["at"] == now and past["max_spend"]["words"].endswith("it has spent $8.00 (billed): now")
-    unknown = costguard.forecast({**st, "cost": {"per_hour": None, "spent": None, "source": "unknown", "time": now,
+    unknown = guards.forecast({**st, "cost": {"per_hour": None, "spent": None, "source": "unknown", "time": now,
                                                  "why": "no price"}}, _guards(max_spend=5.0), now)
     assert unknown["max_spend"]["at"] is None and "the budget cannot act" in unknown["max_spend"]["words"]
-    safe = costguard.forecast({**st, "safe_mode": {"since": now - 600},
+    safe = guards.forecast({**st, "safe_mode": {"since": now - 600},
                                "standing": {"run": "safe-mode", "since": now - 600}}, _guards(), now)
     assert safe["stop_pod_after_s"]["at"] == now - 600 + 7200 and "in safe mode since 10m00s ago" in \
         safe["stop_pod_after_s"]["words"]
@@ -576,7 +576,7 @@ def test_the_idle_guards_forecast_counts_what_the_listener_counts():
     st = {"trainer": {}, "programs": {}, "cost": None,
           "standing": {"run": "ended", "stuck": True, "since": now - 600,
                        "why": "the trainer exited without recording a final end"}}
-    f = costguard.forecast(st, _guards(), now)["stop_pod_after_s"]
+    f = guards.forecast(st, _guards(), now)["stop_pod_after_s"]
     assert f["at"] == now - 600 + 7200 and "exited without recording a final end" in f["words"], f
 
 
@@ -586,10 +586,10 @@ def test_a_budget_in_safe_mode_or_before_any_spend_is_read_forecasts_nothing_and
     $20.00" and nothing of the spend being unknown."""
     now = 1_800_000_000.0
     old = {"per_hour": 2.0, "spent": 4.6, "source": "billed", "time": now - 7200, "run_before": 0.0}
-    safe = costguard.forecast({"trainer": {}, "programs": {}, "safe_mode": {"stage": "config", "since": now - 60},
+    safe = guards.forecast({"trainer": {}, "programs": {}, "safe_mode": {"stage": "config", "since": now - 60},
                                "cost": old}, _guards(max_spend=5.0), now)["max_spend"]
     assert safe["at"] is None and safe["on"] == "safe mode" and "nothing reads the spend" in safe["words"], safe
-    none = costguard.forecast({"trainer": {}, "programs": {}, "cost": None}, _guards(max_spend=20.0), now)["max_spend"]
+    none = guards.forecast({"trainer": {}, "programs": {}, "cost": None}, _guards(max_spend=20.0), now)["max_spend"]
     assert none["at"] is None and none["words"] == ("once the run has cost $20.00: no spend read yet (the log "
                                                     "listener reads RunPod's price), so the budget cannot act yet")
 
@@ -626,7 +626,7 @@ def test_a_budgets_forecast_is_never_in_the_past_and_never_made_of_an_unknown_sp
     now = 1_800_000_000.0
     cost = {"per_hour": price, "spent": spent, "source": "unknown" if spent is None else "read", "time": now,
             "run_before": before}
-    f = costguard.forecast({"trainer": {}, "programs": {}, "cost": cost}, _guards(max_spend=budget), now)["max_spend"]
+    f = guards.forecast({"trainer": {}, "programs": {}, "cost": cost}, _guards(max_spend=budget), now)["max_spend"]
     total = spend.total(cost)
     if not budget or total is None:
         assert f["at"] is None

@@ -15,7 +15,7 @@ from podkit import deploy
 from podkit import runpod as api
 from podkit.deploy.watch import one_watch
 from podkit.errors import PodkitError
-from podkit.money import guardfile
+from podkit.money import ledger
 from runpod_stub import RunPodV2Stub
 from test_deploy_watch import Clock, actions, created, podkit_deploy
 
@@ -54,7 +54,7 @@ def template(tmp_path, remote: str | None = REMOTE, **env: str) -> str:
 def lost_pod(stub: RunPodV2Stub, **kw) -> None:
     """The watched pod: RUNNING in EU-SE-1 on its own pod volume (no network volume), of run RUN."""
     stub.add_pod(id="pod-old", name="podkit-run", image="registry.example/podkit:v2",
-                 gpu={"id": "NVIDIA A40", "count": 2}, env={guardfile.RUN_ENV: RUN}, **kw)
+                 gpu={"id": "NVIDIA A40", "count": 2}, env={ledger.RUN_ENV: RUN}, **kw)
     stub.new_pod_ids = ["pod-new", "pod-r2", "pod-r3"]
 
 
@@ -146,7 +146,7 @@ def test_watch_with_a_remote_replaces_a_lost_pod_in_another_data_center(runpod_a
     assert "GET /v2/network-volumes" not in runpod_api.calls()
     [new] = created(runpod_api)
     assert "dataCenterIds" not in new and "network" not in new["mounts"] and new["cloud"] == "COMMUNITY"
-    assert new["env"][guardfile.RUN_ENV] == RUN and new["env"][deploy.bodies.REMOTE_ENV] == REMOTE
+    assert new["env"][ledger.RUN_ENV] == RUN and new["env"][deploy.bodies.REMOTE_ENV] == REMOTE
     assert new["gpu"]["count"] == 2 and new["image"] == "registry.example/podkit:v2"
     assert runpod_api.pod("pod-new")["dataCenterId"] == "US-TX-3" and KEY not in out
 
@@ -155,10 +155,10 @@ def test_without_a_volume_a_live_pod_of_the_run_elsewhere_is_followed_not_double
     """Another watch already replaced the lost pod in CA-MTL-1: the run is told by its run id, so that pod is
     followed and nothing is created; a pod of the same name but another run is neither followed nor touched."""
     lost_pod(runpod_api)
-    runpod_api.add_pod(id="pod-alien", name="podkit-run", env={guardfile.RUN_ENV: "fedcba9876543210"})
+    runpod_api.add_pod(id="pod-alien", name="podkit-run", env={ledger.RUN_ENV: "fedcba9876543210"})
     w, clock = watch(runpod_api, tmp_path)
     clock.events = {1: lambda: (runpod_api.vanish("pod-old"),
-                                runpod_api.add_pod(id="pod-other", name="podkit-run", env={guardfile.RUN_ENV: RUN},
+                                runpod_api.add_pod(id="pod-other", name="podkit-run", env={ledger.RUN_ENV: RUN},
                                                    dataCenterId="CA-MTL-1")),
                     6: lambda: runpod_api.set_status("pod-other", "EXITED")}
     assert w.run() == 0
@@ -175,7 +175,7 @@ def test_without_a_volume_a_second_replacement_of_the_run_is_ended(runpod_api, t
 
     def launch(carry):
         runpod_api.add_pod(id="pod-rival", name="podkit-run", status="PROVISIONING", dataCenterId="CA-MTL-1",
-                           env={guardfile.RUN_ENV: RUN}, createdAt="2020-01-01T00:00:00Z")
+                           env={ledger.RUN_ENV: RUN}, createdAt="2020-01-01T00:00:00Z")
         return real(carry)
 
     w.launch = launch

@@ -17,8 +17,8 @@ import time
 import pytest
 
 from conftest import PODKIT, wait_for
-from podkit import records
-from podkit.money import guardfile
+from podkit import records, settings
+from podkit.money import guardfile, ledger
 from test_notify import Receiver, dead_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -351,11 +351,11 @@ def test_a_console_started_pod_obeys_no_earlier_runs_guards_and_keeps_its_own_ac
 def test_the_run_id_is_the_deploys_else_the_runpod_pods_else_none():
     """One place decides it: a valid PODKIT_RUN_ID; else pod-<RUNPOD_POD_ID>, cut to a run id's characters and
     length; else none (compose, a local box)."""
-    assert guardfile.run_id({"PODKIT_RUN_ID": "a1b2", "RUNPOD_POD_ID": "xyz"}) == "a1b2"
-    assert guardfile.run_id({"PODKIT_RUN_ID": "no/good", "RUNPOD_POD_ID": "xyz"}) == "pod-xyz"
-    assert guardfile.run_id({"RUNPOD_POD_ID": "ab c.d/" + "e" * 80}) == ("pod-ab_c_d_" + "e" * 80)[:64]
-    assert guardfile.RUN_ID.match(guardfile.run_id({"RUNPOD_POD_ID": "é" * 70}))
-    assert guardfile.run_id({"RUNPOD_POD_ID": " "}) == "" and guardfile.run_id({}) == ""
+    assert ledger.run_id({"PODKIT_RUN_ID": "a1b2", "RUNPOD_POD_ID": "xyz"}) == "a1b2"
+    assert ledger.run_id({"PODKIT_RUN_ID": "no/good", "RUNPOD_POD_ID": "xyz"}) == "pod-xyz"
+    assert ledger.run_id({"RUNPOD_POD_ID": "ab c.d/" + "e" * 80}) == ("pod-ab_c_d_" + "e" * 80)[:64]
+    assert ledger.RUN_ID.match(ledger.run_id({"RUNPOD_POD_ID": "é" * 70}))
+    assert ledger.run_id({"RUNPOD_POD_ID": " "}) == "" and ledger.run_id({}) == ""
 
 
 def test_the_guards_are_one_table_read_by_the_guard_file_the_listener_the_cli_and_every_view():
@@ -364,7 +364,7 @@ def test_the_guards_are_one_table_read_by_the_guard_file_the_listener_the_cli_an
     from podkit import cli, config
     from podkit.money import costguard, guards
 
-    assert guardfile.KEYS == tuple(guards.TABLE) and set(guards.TABLE) <= set(config.SCHEMA["guard"])
+    assert guards.KEYS == tuple(guards.TABLE) and set(guards.TABLE) <= set(settings.SCHEMA["guard"])
     assert set(costguard._THREAD) == set(costguard._ASKED) == {k for k, g in guards.TABLE.items() if g.enforced}
     shown = cli.parser().format_help()
     assert all(k in " ".join(shown.split()) for k in guards.TABLE), shown
@@ -373,5 +373,5 @@ def test_the_guards_are_one_table_read_by_the_guard_file_the_listener_the_cli_an
     f = guards.forecast(st, values, time.time())
     assert set(f) == set(guards.TABLE) and all(v["words"] and "at" in v and v["on"] for v in f.values()), f
     for k, g in guards.TABLE.items():
-        assert g.example.startswith(f"{k}=") and guardfile.parse(k, g.example.split("=", 1)[1], time.time()) \
+        assert g.example.startswith(f"{k}=") and guards.parse(k, g.example.split("=", 1)[1], time.time()) \
             is not None, k

@@ -184,7 +184,7 @@ def test_planted_records_cost_a_page_what_honest_ones_do(tmp_path):
 
 
 def test_the_page_shows_the_spend_and_the_guards_forecast_from_the_one_model():
-    """The spend with how sure it is and each guard's forecast are what status says (costguard.words,
+    """The spend with how sure it is and each guard's forecast are what status says (ledger.words,
     guards.forecast), not the page's own arithmetic: an estimated spend says since when and why, a budget says
     when it would stop the pod, and an unknown spend never reads as $0.00."""
     est = {"per_hour": 2.0, "spent": 3.0, "source": "estimated", "since": NOW - 1800, "time": NOW,

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from conftest import ROOT
-from podkit import config
+from podkit import config, settings
 from podkit.boot import render
 from podkit.errors import StageError
 
@@ -83,7 +83,7 @@ def test_settings_table_generated_from_the_schema_lists_every_setting_with_its_d
     rows = config.settings_table().splitlines()
     assert rows[:2] == ["| setting | env var | default | unit | range | meaning |", "|---|---|---|---|---|---|"]
     expected = [(config.env_name(s, k), config._format(spec.default) or '""')
-                for s, keys in config.SCHEMA.items() for k, spec in keys.items()]
+                for s, keys in settings.SCHEMA.items() for k, spec in keys.items()]
     assert len(rows) == 2 + len(expected)
     for row, (env, default) in zip(rows[2:], expected, strict=True):
         assert f"| `{env}` | `{default}` |" in row, f"{env}: row {row!r}"

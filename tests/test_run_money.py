@@ -19,7 +19,7 @@ import pytest
 import s3server
 from conftest import PODKIT, wait_for
 from podkit import records
-from podkit.money import costguard, guardfile, guardrecord, runmeter, spend
+from podkit.money import costguard, guardfile, guardrecord, ledger, runmeter, spend
 from podkit.remote import remote, runrecord
 from runpod_stub import RunPodV2Stub
 from test_metrics import try_scrape
@@ -121,8 +121,8 @@ def test_a_replacement_without_the_volume_starts_with_the_runs_spend_and_its_gua
     run = first["total"]
     assert [p["pod"] for p in run["parts"]] == ["pod-a"] and run["parts"][0]["source"] == "billed"
     assert 15.0 <= b.meter.spent() < 15.1 and run["pods"] == 2
-    assert "; $15.0" in costguard.words(costguard.cost(b.state, b.env)) and "this run, over 2 pods" in \
-        costguard.words(costguard.cost(b.state, b.env))
+    assert "; $15.0" in ledger.words(ledger.cost(b.state, b.env)) and "this run, over 2 pods" in \
+        ledger.words(ledger.cost(b.state, b.env))
     assert b.deadline().due(time.time()) == ""
     runpod_api.charge("pod-b", 6.0)
     b.meter.read()
@@ -210,7 +210,7 @@ def test_a_lost_pods_minutes_until_runpod_stopped_it_are_in_the_run_total(runpod
         assert part["spent"] <= last["spent"] + 900 * 7 / 3600, "no later than b's start"
         assert rec["total"]["source"] == "estimated" and "pod pod-a" in spend.total_sureness(rec)
         assert "its bill cannot be read" in part["why"]
-        line = costguard.words(costguard.cost(b.state, b.env))
+        line = ledger.words(ledger.cost(b.state, b.env))
         assert "this run, over 2 pods (estimated since" in line and "pod pod-a" in line, line
 
 
@@ -249,7 +249,7 @@ def test_another_runs_cost_and_guard_set_on_the_same_volume_change_nothing_of_th
                                      "pod": "pod-8", "run": "run-8"})
     runrecord.RunRecord(seven.state, NAMES, None, "pod-8", "run-8").own("pods", {
         "spent": 50.0, "source": "read", "per_hour": 2.0, "read_at": time.time(), "stopped": False})
-    assert costguard.cost(seven.state, seven.env) is None, "another run's cost.json is not this run's spend"
+    assert ledger.cost(seven.state, seven.env) is None, "another run's cost.json is not this run's spend"
     st = subprocess.run([*PODKIT, "status", "--json", "--workspace", str(ws)], capture_output=True, text=True,
                         env={**{k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}, **seven.env},
                         timeout=30)
@@ -330,7 +330,7 @@ def test_a_replacement_pods_listener_takes_the_runs_budget_and_spend_from_the_re
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     wait_for(lambda: remote_objects(server, bucket, "guards"), 60, what="the run's guard on the remote")
-    wait_for(lambda: (c := costguard.cost(a.workspace / ".podkit", a.env)) and c["spent"] >= 15, 30,
+    wait_for(lambda: (c := ledger.cost(a.workspace / ".podkit", a.env)) and c["spent"] >= 15, 30,
              what="pod a's spend")
     assert a.stop() == 0
     pods = Path(server.root) / bucket / "runs" / "podkit" / "run" / "run" / "pods" / "pod-a.json"
@@ -342,7 +342,7 @@ def test_a_replacement_pods_listener_takes_the_runs_budget_and_spend_from_the_re
     b = stack_factory("fresh-b", **env, **pod_env(runpod_api, "pod-b")).start()
     wait_for(lambda: "guard.max_spend is now $20.00, from the run's record" in b.stdout(), 60,
              what="the run's budget taken from the record")
-    c = wait_for(lambda: (c := costguard.cost(b.workspace / ".podkit", b.env)) and c.get("total") and c, 60,
+    c = wait_for(lambda: (c := ledger.cost(b.workspace / ".podkit", b.env)) and c.get("total") and c, 60,
                  what="pod b's run total")
     assert spend.total(c) >= 15 and [p["pod"] for p in c["total"]["parts"]] == ["pod-a"], c
     st = b.status()  # what status, the page and /metrics show as this run's: its total, with how sure it is

@@ -14,7 +14,7 @@ from pathlib import Path
 from podkit import records
 from podkit.areal import discovery
 from podkit.errors import ConfigError
-from podkit.settings import COUNT_MAX, DURATION_MAX_S, SCHEMA, Field  # noqa: F401 - config.SCHEMA, as ever
+from podkit.settings import DURATION_MAX_S, SCHEMA, Field
 
 # Boot-path module: stdlib only at import time (yaml, difflib, hashlib load when needed), and no
 # dataclasses, whose import and code generation cost more than supervisord's own start-up budget.
@@ -23,7 +23,7 @@ ENV_PREFIX = "PODKIT_"
 # Env vars with the prefix that are not settings (they select or locate a config).
 NON_SETTING_ENV = {"PODKIT_CONFIG", "PODKIT_DEBUG", "PODKIT_PYTHON", "PODKIT_UID", "PODKIT_NOTIFY_WEBHOOK_URL",
                    "PODKIT_METRICS_KEY", "PODKIT_PAGE_TOKEN",  # secrets (checks.py)
-                   "PODKIT_RUN_ID",  # `podkit deploy` names each run (guardfile.RUN_ENV)
+                   "PODKIT_RUN_ID",  # `podkit deploy` names each run (ledger.RUN_ENV)
                    # rendered beside the settings (render.environment) and set for a cluster's driver and ranks
                    "PODKIT_LOG_DIR", "PODKIT_RAY_STOP_WAIT_S", "PODKIT_CLUSTER_RUN", "PODKIT_RAY_ADDRESS",
                    "PODKIT_RAY_STANDIN_LM"}

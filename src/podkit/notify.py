@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 from podkit import log, records
-from podkit.money import costguard
+from podkit.money import ledger
 
 ENV = "PODKIT_NOTIFY_WEBHOOK_URL"
 ATTEMPTS = 3
@@ -65,11 +65,11 @@ def send(event: str, text: str, state_dir: Path | None, environ=None) -> threadi
     pod = pod_name(environ)
     text = _redacted(text, environ)
     try:
-        spend = costguard.cost(state_dir) if event in SPEND_EVENTS else None
+        spend = ledger.cost(state_dir) if event in SPEND_EVENTS else None
     except Exception:  # noqa: BLE001 - a notification goes out whatever the cost record holds
         spend = None
     if spend:
-        text += f" (this pod's cost: {costguard.words(spend)})"
+        text += f" (this pod's cost: {ledger.words(spend)})"
     body = {"text": f"[podkit {pod}] {text}", "content": f"[podkit {pod}] {text}", "event": event, "pod": pod,
             "time": round(time.time(), 3)}
     if spend:

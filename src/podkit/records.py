@@ -297,7 +297,7 @@ CLUSTER = Record("cluster.json", {"state": str, "since": TIME, "time": TIME, "wh
 CLUSTER_STOP = Record("cluster-stop.json", {"run": str, "time": TIME})  # every rank stops after its step
 RANK_SHAPE = {"rank": int, "pid": int, "start": int, "host": str, "node": str, "run": str, "time": TIME}
 # What this RunPod pod costs: the spend ledger (spend.advance; costguard.Meter writes it every guard.cost_every_s,
-# costguard.cost() reads it checked): USD per hour and where that price came from, USD spent (None: unknown) and how
+# ledger.cost() reads it checked): USD per hour and where that price came from, USD spent (None: unknown) and how
 # sure ("billed" | "read" | "estimated" | "unknown", with why and since when), when the pod started, when this was
 # looked, USD to the run's end at the trainer's pace, the pod and its run, USD its earlier starts spent, USD the
 # run's earlier pods spent (a replacement carries them), the last bill, the last good read.

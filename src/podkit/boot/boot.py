@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from podkit import config, log, records
+from podkit import config, log, records, settings
 from podkit.areal import checks
 from podkit.boot import guard, preflight, reap, render, restore, safemode
 from podkit.errors import ConfigError, PodkitError, StageError
@@ -179,7 +179,7 @@ def _metrics(cfg, state_dir: Path | None) -> dict | None:
     if cfg is not None:
         host, port, window = cfg.metrics.host, cfg.metrics.port, cfg.guard.window_s
     else:
-        host, window = "127.0.0.1", config.SCHEMA["guard"]["window_s"].default
+        host, window = "127.0.0.1", settings.SCHEMA["guard"]["window_s"].default
         port = int(_lenient_env("metrics", "port", lambda v: 0 <= int(v) <= 65535))
     return {"host": host, "port": port, "workspace": cfg.workspace_path if cfg is not None else state_dir.parent,
             "window_s": window, "key": os.environ.get(METRICS_KEY_ENV, ""), "state_dir": state_dir}
@@ -194,19 +194,19 @@ def _guard_settings(cfg) -> dict:
     return {"stop_pod_after_s": float(_lenient_env("guard", "stop_pod_after_s", finite)),
             "stop_pod_at": float(_lenient_env("guard", "stop_pod_at",
                                               lambda v: float(v) == 0 or config.is_stop_time(float(v)))),
-            "stop_pod_when_finished": config.SCHEMA["guard"]["stop_pod_when_finished"].default}
+            "stop_pod_when_finished": settings.SCHEMA["guard"]["stop_pod_when_finished"].default}
 
 
 def _lenient_env(section: str, key: str, ok):
     """Under a config error: one setting's env twin if it passes `ok` and its range on its own, else its
     default."""
-    raw, spec = os.environ.get(config.env_name(section, key)), config.SCHEMA[section][key]
+    raw, spec = os.environ.get(config.env_name(section, key)), settings.SCHEMA[section][key]
     try:
         if raw is not None and ok(raw) and (spec.minimum or 0) <= float(raw) <= spec.maximum:
             return raw
     except ValueError:
         pass
-    return config.SCHEMA[section][key].default
+    return settings.SCHEMA[section][key].default
 
 
 def _why(cfg, state_dir: Path | None, stage: str, message: str, hint: str, traceback: str = "",

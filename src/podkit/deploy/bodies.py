@@ -10,7 +10,7 @@ import secrets
 from podkit import config
 from podkit.deploy.template import container, persistent_mount
 from podkit.errors import ConfigError
-from podkit.money import guardfile
+from podkit.money import ledger
 from podkit.remote import rclonesecrets, remote
 
 GPU_TYPE = "NVIDIA A40"
@@ -109,7 +109,7 @@ def pod_body(tpl: dict, gpus: int, cloud: str, name: str, volume: dict | None = 
     be applied to the pod."""
     env = with_stop_at(config_for(tpl, gpus), stop_at)
     if run:
-        env[guardfile.RUN_ENV] = run
+        env[ledger.RUN_ENV] = run
     gpu = {"id": GPU_TYPE, "count": gpus}
     if tpl.get("minCudaVersion"):
         gpu["minCudaVersion"] = tpl["minCudaVersion"]  # the host's driver must run the image's CUDA
@@ -176,7 +176,7 @@ def cluster_env(tpl: dict, nodes: int, gpus_per_node: int, stop_at: float = 0, r
     env[CLUSTER_NODES_ENV] = str(nodes)
     env[NETWORK_VOLUME_ENV] = "refuse"  # every node shares the run's network volume
     if run:
-        env[guardfile.RUN_ENV] = run
+        env[ledger.RUN_ENV] = run
     return with_stop_at(env, stop_at)
 
 

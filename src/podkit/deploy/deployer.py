@@ -16,7 +16,7 @@ from podkit.deploy.bodies import GPU_TYPE
 from podkit.deploy.pods import created_order, maybe_live, mounted_volumes, run_of, running
 from podkit.deploy.template import template_body
 from podkit.errors import PodkitError
-from podkit.money import guardfile
+from podkit.money import ledger
 from podkit.money.costguard import POD_ID
 
 _log = log.get("deploy")
@@ -122,7 +122,7 @@ class Deployer:
         pod could still appear (look_for), and sent again only after that; after any create exactly one pod
         of the run is left (only_one): a second pod would bill too. `mine` tells the run's pods (its run id
         in their env, else its name); `before`, pods of it that were there already."""
-        name, run = body["name"], body["env"].get(guardfile.RUN_ENV, "")
+        name, run = body["name"], body["env"].get(ledger.RUN_ENV, "")
         mine = mine or (lambda p: run_of(p) == run if run else p.get("name") == name)
         before = set(before) | {p.get("id") for p in self.api.pods() if mine(p)}
         t0, delay, attempt, unsure = time.monotonic(), 5.0, 0, 0

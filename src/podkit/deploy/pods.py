@@ -6,7 +6,7 @@ from __future__ import annotations
 from podkit import config
 from podkit import runpod as api
 from podkit.deploy.bodies import CLUSTER_NODES_ENV, STOP_AT_ENV
-from podkit.money import guardfile
+from podkit.money import ledger
 
 
 def created_order(pod: dict) -> tuple[bool, float, str]:
@@ -73,8 +73,8 @@ def pod_line(pod: dict) -> str:
 
 def run_of(pod: dict) -> str:
     env = pod.get("env") if isinstance(pod.get("env"), dict) else {}
-    raw = env.get(guardfile.RUN_ENV)
-    return raw if isinstance(raw, str) and guardfile.RUN_ID.match(raw) else ""
+    raw = env.get(ledger.RUN_ENV)
+    return raw if isinstance(raw, str) and ledger.RUN_ID.match(raw) else ""
 
 
 def carried_stop_at(pod: dict) -> float:

@@ -31,7 +31,7 @@ from podkit.deploy.deployer import CLOUDS, Deployer, lost_answer
 from podkit.deploy.pods import cluster_summary, how_to_reach, maybe_live, pod_line, run_of
 from podkit.deploy.watch import Watch, one_watch, relauncher
 from podkit.errors import ConfigError, PodkitError
-from podkit.money import guardfile
+from podkit.money import ledger
 from podkit.money.costguard import POD_ID
 from podkit.redact import Redactor, secret_name
 
@@ -88,7 +88,7 @@ def create(args) -> int:
     print(price_line(d, args), flush=True)  # what it will cost, before anything is made
     d.save_template(tpl)
     body = pod_body(tpl, args.gpus, args.cloud, name, vol, stop_at, new_run())
-    run = body["env"].get(guardfile.RUN_ENV, "")
+    run = body["env"].get(ledger.RUN_ENV, "")
     pending(name, run)  # before the create goes out: a deploy interrupted from here on is found by the next one
     made, sent = None, time.monotonic()
     try:
@@ -384,7 +384,7 @@ def watch(args) -> int:
         raise PodkitError(f"RunPod knows no pod {args.pod!r}", "check the id: `podkit deploy status` lists your "
                           "pods; the watch replaces pods it has seen, never one it could not find")
     if not vol and not run_of(pod):  # its replacements and a second pod of it are told by nothing else
-        raise PodkitError(f"pod {args.pod} has no run id ({guardfile.RUN_ENV} in its env): without a network volume "
+        raise PodkitError(f"pod {args.pod} has no run id ({ledger.RUN_ENV} in its env): without a network volume "
                           "the watch tells the run's pods in every data center by it, so it could neither follow a "
                           "migration nor end a second replacement", "deploy the run with `podkit deploy`, which "
                           "gives it one, or watch it with --network-volume")

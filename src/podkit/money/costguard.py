@@ -8,7 +8,7 @@ trainer first with its checkpoint. Off outside RunPod (no RUNPOD_POD_ID) and wit
 What the pod costs is one record, `<state_dir>/cost.json` (records.COST): the Meter reads the pod's price
 (`GET /v2/pods/{id}`: cost, startedAt) and its bill (`GET /v2/billing/pods?podId=`) every
 `guard.cost_every_s` and writes it, with the run's spend across its pods (`total`: runmeter.py gathers the
-others, spend.run_total sums them), which the budget acts on; `cost()` reads it back checked (never another
+others, spend.run_total sums them), which the budget acts on; `ledger.cost()` reads it back checked (never another
 run's), for status, notifications and the page.
 
 A stopped pod keeps its volume (checkpoints, logs, the repo) and bills only for disk; it restarts from
@@ -30,9 +30,7 @@ import time
 from pathlib import Path
 
 from podkit import log, records
-from podkit.money import guards, spend
-from podkit.money.guards import forecast, sooner, unable_since  # noqa: F401 - costguard's rules, as ever
-from podkit.money.spend import cents, sureness  # noqa: F401 - costguard's words, as ever
+from podkit.money import guards, ledger, spend
 
 _log = log.get("costguard")
 POD_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -237,11 +235,11 @@ def in_safe_mode(stage: str, settings: dict, workspace: Path | None, state_dir: 
             def limits() -> tuple[float, str]:
                 v = live.values()
                 changed = live.from_file("stop_pod_after_s") or live.from_file("stop_pod_at")
-                return sooner(v["stop_pod_after_s"], v["stop_pod_at"], since,
+                return guards.sooner(v["stop_pod_after_s"], v["stop_pod_at"], since,
                               ", set by `podkit guard set`" if changed else "")
         except Exception:  # noqa: BLE001 - safe mode goes on with the settings alone
             limits = None
-    rule = WhenIdle(state_dir, f"in safe mode ({stage})", *sooner(settings["stop_pod_after_s"],
+    rule = WhenIdle(state_dir, f"in safe mode ({stage})", *guards.sooner(settings["stop_pod_after_s"],
                                                                    settings["stop_pod_at"], since),
                     limits=limits, say=lambda m: say(f"[podkit:costguard] {m}"))
     return rule.watch(since, every_s=0.2)
@@ -338,7 +336,7 @@ class Deadline:
         if key == "stop_pod_at":
             return ("the maximum run time was reached (guard.stop_pod_at, "
                     f"{here or 'set by podkit deploy --max-runtime'})")
-        return (f"the run's spend reached its budget ({cents(self.spent())} of guard.max_spend "
+        return (f"the run's spend reached its budget ({spend.cents(self.spent())} of guard.max_spend "
                 f"{spend.usd(self.guard('max_spend'))}{', ' + here if here else ''})")
 
     def _stop(self, first: bool) -> None:
@@ -358,100 +356,7 @@ _ASKED = {k: g.enforced[1] for k, g in guards.TABLE.items() if g.enforced}
 _MOVED = {k: g.enforced[2] for k, g in guards.TABLE.items() if g.enforced}
 
 
-# -- what the pod costs: cost.json -------------------------------------------------------------------------------
-PER_HOUR_MAX = 1000.0  # USD/h: a pod of 8 of RunPod's dearest GPUs costs a few tens; more is not a price
-SPENT_MAX = 1e7  # USD
-OLD_SOURCES = {"billing": "billed", "estimate": "estimated"}  # cost.json written by podkit before the ledger
 STOPPED_STATUSES = ("EXITED", "TERMINATED")  # RunPod's statuses of a pod that does not bill its GPUs
-
-
-def _money(value, limit: float) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= limit
-    return float(value) if ok else None  # NaN fails the comparison
-
-
-def _time(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e11 else None
-
-
-def _checked(rec: dict, future_ok: bool = False) -> dict | None:
-    """A cost.json record as spend.advance and the readers take it, or None when it cannot be trusted: a price
-    or spend that is not a finite amount from 0 to a bound (an unknown one is None, said by source "unknown"),
-    a source not podkit's, a time not a time, or (for readers) read in the future: not a read of this clock's."""
-    if not isinstance(rec, dict) or not rec:
-        return None
-    source = OLD_SOURCES.get(rec.get("source"), rec.get("source"))
-    per_hour, spent = _money(rec.get("per_hour"), PER_HOUR_MAX), _money(rec.get("spent"), SPENT_MAX)
-    t = _time(rec.get("time"))
-    if source not in spend.SOURCES or t is None or (not future_ok and t > time.time() + 300) \
-            or (rec.get("per_hour") is not None and per_hour is None) or (spent is None) != (source == "unknown"):
-        return None
-    started = _time(rec.get("started"))
-    text = {k: rec[k][:300] if isinstance(rec.get(k), str) else None for k in ("why", "price_from")}
-    ids = {k: rec[k] if isinstance(rec.get(k), str) and len(rec[k]) <= 64 else None
-           for k in ("pod", "run", "carried_from")}
-    return {"per_hour": per_hour, "spent": spent, "source": source,
-            "started": started if started is not None and started <= t + 300 else None, "time": t,
-            "projected": _money(rec.get("projected"), SPENT_MAX), **ids,
-            "before": _money(rec.get("before"), SPENT_MAX) or 0.0,
-            "run_before": _money(rec.get("run_before"), SPENT_MAX) or 0.0,
-            "bill": _money(rec.get("bill"), SPENT_MAX), "read_at": _time(rec.get("read_at")),
-            "since": _time(rec.get("since")), **text, "carried": spend.carried(rec),
-            "looked": _time(rec.get("looked")),
-            "start_from": rec.get("start_from") if rec.get("start_from") in ("boot", "runpod") else None,
-            "total": spend.checked_total(rec.get("total"))}
-
-
-def cost(state_dir: Path | None, environ=None) -> dict | None:
-    """cost.json, checked (the spend ledger: spend.advance), or None when there is none, it cannot be trusted
-    (records.COST's shape sets a corrupt file aside), or it is another run's (a reused volume's, before this pod's
-    meter wrote its own: never shown as this run's spend). Fields that are not what they say are dropped to None."""
-    c = None if state_dir is None else _checked(_newest_cost(state_dir))
-    return c if c is not None and ours(c, environ) else None
-
-
-def _run_dir(state_dir: Path) -> Path | None:
-    where = records.CURRENT.read(state_dir).get("run_dir")
-    return Path(where) if isinstance(where, str) and where.startswith("/") else None
-
-
-def _newest_cost(state_dir: Path) -> dict:
-    """cost.json, or its copy in the run dir (local disk) where that one is newer: written there while the volume
-    could not take it, so every view shows the spend the budget acts on."""
-    vol = records.COST.read(state_dir)
-    run_dir = _run_dir(state_dir)
-    local = records.COST.read_owned(run_dir) if run_dir is not None else {}
-    t = lambda r: r.get("time") if isinstance(r.get("time"), (int, float)) else -1  # noqa: E731
-    return local if local and t(local) > t(vol) else vol
-
-
-def ours(c: dict, environ=None) -> bool:
-    """Whether ledger `c` is this run's (guardfile.run_id) or this pod's; off RunPod (no run id), any is."""
-    from podkit.money import guardfile
-
-    environ = os.environ if environ is None else environ
-    run = guardfile.run_id(environ)
-    return not run or c.get("run") == run or not c.get("run") and c.get("pod") == environ.get("RUNPOD_POD_ID")
-
-
-def words(c: dict, now: float | None = None) -> str:
-    """cost() in a line: "$0.35/h, $1.20 spent (billed), ~$3.10 to the end at this pace", and the run's spend
-    across its pods when it has others: "; $5.30 this run, over 3 pods (estimated since ...: pod x ...)"."""
-    now = time.time() if now is None else now
-    price = f"${c['per_hour']:.2f}/h" if c.get("per_hour") else "price unknown"
-    out = (f"{price}, {cents(c['spent'])} spent ({sureness(c)})" if c["spent"] is not None
-           else f"{price}, spend {sureness(c)}")
-    run = c.get("total")
-    if run and run.get("parts"):
-        out += (f"; {cents(run['spent'])} this run, over {run['pods']} pods ({sureness(run)})" if run["spent"]
-                is not None else f"; this run's spend over {run['pods']} pods {sureness(run)}")
-    elif c.get("run_before") and c["spent"] is not None:
-        out += f"; {cents(c['run_before'] + c['spent'])} this run, with its earlier pods"
-    if c.get("projected") is not None:
-        out += f", ~{cents(c['projected'])} to the end at this pace"
-    if now - c["time"] > 600:  # the reader (the log listener) is not running, or RunPod has not answered
-        out += f" (read {(now - c['time']) / 60:.0f} min ago)"
-    return out
 
 
 class Meter:
@@ -463,14 +368,13 @@ class Meter:
 
     def __init__(self, state_dir: Path, every_s: float, total_steps: int = 0, say=None, environ=None,
                  runs=None) -> None:
-        from podkit.money import guardfile
 
         self.state_dir, self.every_s, self.total_steps = Path(state_dir), every_s, total_steps
         self.runs = runs  # runmeter.RunMeter: the run's other pods (the run's record, a cluster's nodes), or None
         self.say = say or _log.info
         self.environ = os.environ if environ is None else environ
         self.pod = self.environ.get("RUNPOD_POD_ID", "")
-        self.run = guardfile.run_id(self.environ)
+        self.run = ledger.run_id(self.environ)
         self.boot = time.time()  # the listener starts with the container: a start RunPod does not give is this
         self.mono: float | None = None
         self.failing = ""  # what the last failed read said ("" once one works)
@@ -479,7 +383,7 @@ class Meter:
         self.catalogue: list[dict] | None = None
         self.pace: list[tuple[int, float, int | None]] = []  # (step, its time, the trainer's pid): first, latest
         self._client = None
-        kept = _checked(_newest_cost(self.state_dir), future_ok=True)  # a clock stepped back loses nothing
+        kept = ledger.checked(ledger.newest(self.state_dir), future_ok=True)  # a clock stepped back loses nothing
         if kept is not None and kept["time"] > time.time() + 300 and kept.get("pod") == self.pod:
             self.say(f"cost.json was written {(kept['time'] - time.time()) / 60:.0f} min in this clock's future (the "
                      "clock stepped back): its spend is kept, and counted on from now")
@@ -530,14 +434,14 @@ class Meter:
         rec["projected"] = self.projected(rec["per_hour"]) if rec.get("per_hour") else None
         if self.runs is not None:
             rec["total"] = self._run_total(rec, now)
-        self.last = _checked(rec, future_ok=True) or rec  # the budget goes by the ledger, written or not (a full volume)
+        self.last = ledger.checked(rec, future_ok=True) or rec  # the budget goes by the ledger, written or not (a full volume)
         self._tell(rec)
         if self.runs is not None:
             try:
                 self.runs.mine(self.last)
             except Exception as e:  # noqa: BLE001 - the record's write fails alone (a full volume): said once
                 self._once_said("mine", f"this pod's spend cannot be written to the run's record ({e})")
-        run_dir = _run_dir(self.state_dir)
+        run_dir = ledger.run_dir_of(self.state_dir)
         try:
             records.COST.write(self.state_dir, rec)
         except OSError as e:
@@ -560,7 +464,7 @@ class Meter:
             except OSError:
                 pass
         if answered and self.failing:
-            self.say(f"the pod's cost is read again: {words(self.last)}")
+            self.say(f"the pod's cost is read again: {ledger.words(self.last)}")
             self.failing = ""
         return rec if answered else None
 
@@ -613,7 +517,7 @@ class Meter:
         if pod is None:
             raise runpod.ApiError(f"RunPod has no pod {self.pod}")
         price = runpod.pod_cost(pod)
-        if price is not None and price > PER_HOUR_MAX:
+        if price is not None and price > ledger.PER_HOUR_MAX:
             raise runpod.ApiError(f"RunPod's answer for pod {self.pod} has no price (cost {pod.get('cost')!r:.40})")
         running = pod.get("status") not in STOPPED_STATUSES  # this runs inside the pod: it runs
         if self.runs is not None:  # where this pod runs, for the run's record (a migration moves it)

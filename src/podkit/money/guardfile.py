@@ -28,21 +28,19 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import stat
 import time
 from pathlib import Path
 
 from podkit import config, records
 from podkit.errors import ConfigError, PodkitError
-from podkit.money import guards, spend
-from podkit.money.guards import KEYS, parse, show  # noqa: F401 - the table's, read here as ever
+from podkit.money import guards, ledger, spend
+from podkit.money.guards import KEYS, parse, show
+from podkit.money.ledger import RUN_ENV, RUN_ID, run_id
 
 NAME = "guards.json"
 ENTRY_FIELDS = ("value", "over", "time", "run", "from", "cleared", "seq")
 SEQ_MAX = 10**9  # a guard's count of changes (`seq`): more is not a count podkit made
-RUN_ENV = "PODKIT_RUN_ID"  # `podkit deploy` gives each run one; its watch's replacements keep it (run_id())
-RUN_ID = re.compile(r"^[A-Za-z0-9_-]{0,64}$")
 MAX_BYTES = 16384  # four entries of a run take a few hundred bytes
 MAX_RUNS = 16  # runs kept in one file: past it the run whose entries are oldest goes (never the writer's own)
 LOOK_EVERY_S = 1.0  # the enforcers look often (every event, every 0.2 s): one stat a second at most
@@ -189,17 +187,6 @@ def update(p: Path, change, run: str | None = None, keep_bad: bool = False) -> d
     return mine
 
 
-def run_id(environ=None) -> str:
-    """This run's id, the one place it is decided: PODKIT_RUN_ID (`podkit deploy` sets it, and its watch's
-    replacements keep it); else on RunPod `pod-<RUNPOD_POD_ID>`: a pod started from the console is a run of
-    its own, and RunPod keeps a pod's id across its restarts, so its own guards hold over a restart and an
-    earlier pod's on the volume do not; else '' (compose, a local box: the cost guards are off there)."""
-    environ = os.environ if environ is None else environ
-    raw = environ.get(RUN_ENV, "")
-    if raw and RUN_ID.match(raw):
-        return raw
-    pod = environ.get("RUNPOD_POD_ID", "").strip()
-    return re.sub(r"[^A-Za-z0-9_-]", "_", f"pod-{pod}")[:64] if pod else ""
 
 
 def resolve(by_run: dict, base: dict, run: str | None = None) -> tuple[dict, dict]:
@@ -402,7 +389,6 @@ def forecast(state: Path, new: dict, rep: dict) -> list[str]:
     """What a guard just set does at once, said at the command: a budget at or below the run's spend, or a
     maximum run time already past, stops the trainer and the pod within the minute; a budget on a spend podkit
     cannot tell says so."""
-    from podkit.money import costguard
 
     out = []
     budget = new.get("max_spend")
@@ -411,16 +397,16 @@ def forecast(state: Path, new: dict, rep: dict) -> list[str]:
         out.append(f"the pod is in safe mode ({safe.get('stage')}): no trainer runs and nothing reads its spend, so the "
                    "budget acts once the pod trains; in safe mode guard.stop_pod_after_s and guard.stop_pod_at stop it")
     elif budget and rep["guards"]["max_spend"]["value"] == budget:
-        c = costguard.cost(state)
+        c = ledger.cost(state)
         total = spend.total(c)
         if total is None:
             why = spend.total_sureness(c) if c else "no cost.json yet (the log listener reads RunPod's price)"
             out.append(f"the run's spend is not known here ({why}): the budget acts once it is")
         elif total >= budget:
-            out.append(f"the run has spent {costguard.cents(total)} ({spend.total_sureness(c)}), at or past this "
+            out.append(f"the run has spent {spend.cents(total)} ({spend.total_sureness(c)}), at or past this "
                        "budget: the trainer stops with a checkpoint, then the pod, within the minute")
         else:
-            out.append(f"the run has spent {costguard.cents(total)} ({spend.total_sureness(c)}) of "
+            out.append(f"the run has spent {spend.cents(total)} ({spend.total_sureness(c)}) of "
                        f"{spend.usd(budget)}")
     at = new.get("stop_pod_at")
     if at and rep["guards"]["stop_pod_at"]["value"] == at and at <= time.time():

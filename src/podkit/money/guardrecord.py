@@ -20,7 +20,7 @@ from pathlib import Path
 
 from podkit import config
 from podkit.errors import ConfigError
-from podkit.money import guardfile
+from podkit.money import guardfile, guards
 
 AHEAD_S = 300.0  # a guard set further ahead of this clock would win over every later change: not believed
 
@@ -32,7 +32,7 @@ def recorded(entries: list[dict], run: str, now: float | None = None) -> dict:
     out: dict = {}
     for e in entries:
         key, t = e.get("key"), e.get("set_at")
-        if e.get("run") != run or key not in guardfile.KEYS or isinstance(t, bool) \
+        if e.get("run") != run or key not in guards.KEYS or isinstance(t, bool) \
                 or not isinstance(t, (int, float)) or not 0 < t <= now + AHEAD_S:
             continue
         by = e.get("pod") if isinstance(e.get("pod"), str) else "?"
@@ -62,7 +62,7 @@ def decide(mine: dict, rec: dict) -> tuple[dict, dict]:
     """(the file's changes, the record's new entries) for this run's entries in the file (`mine`, guardfile's) and
     in the record (`rec`, recorded()): per key, the one set later goes to the other side."""
     to_file, to_record = {}, {}
-    for key in guardfile.KEYS:
+    for key in guards.KEYS:
         f, r = mine.get(key), rec.get(key)
         ft = f.get("time") if f else None
         fo = (f.get("seq") or 0, ft) if f and ft is not None else None  # the later change: seq, then time
@@ -105,5 +105,5 @@ def sync(book, workspace: Path, run: str, say, push_s: float = 30.0) -> None:
         book.push(push_s)
     for key, e in took.items():
         if not e.get("cleared"):
-            say(f"guard.{key} {guardfile.show(key, e['value'])}: the run's, from {e['from']}, kept in {p}: this pod's "
+            say(f"guard.{key} {guards.show(key, e['value'])}: the run's, from {e['from']}, kept in {p}: this pod's "
                 "guard file had it not, or an older one (a replacement without the volume, a migrated pod)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import time
 
-from podkit import config
+from podkit import config, settings
 from podkit.errors import ConfigError
 from podkit.money import spend
 
@@ -183,7 +183,7 @@ def parse(key: str, text: str, now: float) -> object:
     """A value given on the command line, checked as the config checks it (its row's reading first: durations,
     "+6h", "$25")."""
     if key not in TABLE:
-        spec = config.SCHEMA["guard"].get(key)
+        spec = settings.SCHEMA["guard"].get(key)
         hint = (f"guard.{key} is read when the pod boots: set it in the pod config or env (a restart)" if spec
                 else config._did_you_mean(key, KEYS) or f"one of {', '.join(KEYS)}")
         raise ConfigError("command line", f"guard.{key}", "not a guard that changes on a running pod", hint=hint)

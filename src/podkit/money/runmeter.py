@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from podkit import log, records
-from podkit.money import spend
+from podkit.money import ledger, spend
 
 _log = log.get("costguard")
 POD_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # RunPod's pod ids: what goes into a request's path
@@ -186,7 +186,6 @@ class RunMeter:
     # -- the other pods -------------------------------------------------------------------------------------------
     def observations(self, now: float) -> list[dict]:
         """Every figure of this run's other pods: their entries in the record, the nodes' ledgers."""
-        from podkit.money import costguard
 
         out = []
         book = self.record()
@@ -197,7 +196,7 @@ class RunMeter:
                            f"figures ({str(e.get('_name'))[:80]}): not counted")
             out += found
         for d in self.siblings:
-            c = costguard._checked(records.COST.read(d))
+            c = ledger.checked(records.COST.read(d))
             if c is not None and c.get("run") == self.run:
                 out += figures({**c, "read_at": c["time"]}, now)
         return [o for o in out if o["run"] == self.run]
@@ -288,12 +287,11 @@ class RunMeter:
 def for_pod(cfg, say) -> RunMeter:
     """The log listener's: the run's record by its names (remote.book: on checkpoint.remote, else the volume), a
     cluster head's nodes (`.podkit/node-<rank>/` on the shared volume), this pod and run."""
-    from podkit.money import guardfile
     from podkit.remote import remote
 
     rank, nodes = cfg.cluster.rank if cfg.multi_node else 0, cfg.cluster.nodes if cfg.multi_node else 1
     siblings = [cfg.workspace_path / ".podkit" / f"node-{r}" for r in range(1, nodes)] if rank == 0 else []
     every = cfg.guard.cost_every_s
-    return RunMeter(lambda: remote.book(cfg), os.environ.get("RUNPOD_POD_ID", ""), guardfile.run_id(), say,
+    return RunMeter(lambda: remote.book(cfg), os.environ.get("RUNPOD_POD_ID", ""), ledger.run_id(), say,
                     siblings=siblings, head=rank == 0, workspace=cfg.workspace_path, every_s=every,
                     push_every_s=min(PUSH_S, 5 * every))  # every fifth look at most: an rclone start beside the trainer

@@ -60,7 +60,7 @@ def _money(v) -> float | None:
 
 def advance(ledger: dict | None, look: dict) -> dict:
     """The ledger after one look. `look`: time (wall clock), dt (seconds since the last look by this process's
-    monotonic clock, None in a new process), pod, run (guardfile.run_id), ok (RunPod answered the pod),
+    monotonic clock, None in a new process), pod, run (ledger.run_id), ok (RunPod answered the pod),
     price (its `cost`), running (its status bills), started (startedAt as a Unix time; None: not given or not
     readable), start_raw (startedAt as RunPod wrote it), catalogue (the list price of its GPUs, or None),
     boot (this container's boot, for a start that cannot be read), bill (RunPod's bill, or None), failed

@@ -27,7 +27,7 @@ from pathlib import Path
 from podkit import log, notify, records
 from podkit.host import lease, pid1, supervisord
 from podkit.judge import ending, standing
-from podkit.money import costguard
+from podkit.money import costguard, guards, ledger
 
 READY = b"READY\n"
 OK = b"RESULT 2\nOK"
@@ -209,7 +209,7 @@ class Pump:
             return ""
         now = time.time() if now is None else now
         prog = records.PROGRESS.read(self.state_dir)
-        d = standing.durable(records.REMOTE.read(self.state_dir), prog.get("step"), costguard.cost(self.state_dir), now,
+        d = standing.durable(records.REMOTE.read(self.state_dir), prog.get("step"), ledger.cost(self.state_dir), now,
                              configured=True, run=prog.get("run"))
         why = standing.behind(d, self.durable_within_s, self.standing().run == standing.TRAINING,
                               records.CURRENT.read(self.state_dir).get("started"), now)
@@ -277,7 +277,7 @@ def main(cfg) -> int:
 
     pump = Pump(sys.stderr, Path(cfg.run_path), state_dir=cfg.state_dir, trainer_grace_s=cfg.trainer.stop_grace_s,
                 on_runpod=costguard.on_runpod(), socket_path=cfg.socket_path)
-    pump.guards = guardfile.Live(cfg.workspace_path, {k: getattr(cfg.guard, k) for k in guardfile.KEYS}, pump.say)
+    pump.guards = guardfile.Live(cfg.workspace_path, {k: getattr(cfg.guard, k) for k in guards.KEYS}, pump.say)
     pump.idle_rule()  # a listener restarted after the trainer stopped for good: the rule holds still
     uploader = None
     if cfg.checkpoint.remote and not (cfg.multi_node and cfg.cluster.rank != 0):

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from podkit import config, log, records
 from podkit.areal import identity
+from podkit.money import ledger
 from podkit.remote import mover
 from podkit.remote.checkpoint import NAME as STEP_FILE
 from podkit.remote.mover import RemoteError
@@ -213,7 +214,6 @@ def new_lineage(cfg, why: str, say=print) -> str:
 def book(cfg, rem: Remote | None = None):
     """The run's record (runrecord.py) as this pod reads and writes it: on the remote when checkpoint.remote is
     set (`rem`, or one made here), else on the volume; None while the run's names cannot be told."""
-    from podkit.money import guardfile
     from podkit.remote import remotelease, runrecord
 
     found = names(cfg)
@@ -221,7 +221,7 @@ def book(cfg, rem: Remote | None = None):
         return None
     if rem is None and cfg.checkpoint.remote:
         rem = Remote(cfg.checkpoint.remote, "/".join(found), cfg.checkpoint.remote_timeout_s)
-    return runrecord.RunRecord(cfg.state_dir, found, rem, remotelease.pod_name(), guardfile.run_id())
+    return runrecord.RunRecord(cfg.state_dir, found, rem, remotelease.pod_name(), ledger.run_id())
 
 
 def mine(cfg) -> dict:

@@ -53,7 +53,7 @@ def pod_id(pod: str) -> str:
 class RunRecord:
     """The record of the run named `names` ((experiment, trial)), as pod `pod` reads and writes it. `remote` is a
     remote.Remote of the run (any lineage: the record sits beside the lineages), or None: the volume's mirror is
-    the record. `run` is the run's id for its money (guardfile.run_id: PODKIT_RUN_ID), stamped on every entry."""
+    the record. `run` is the run's id for its money (ledger.run_id: PODKIT_RUN_ID), stamped on every entry."""
 
     def __init__(self, state_dir: Path, names: tuple[str, str], remote=None, pod: str = "", run: str = "") -> None:
         self.names = names

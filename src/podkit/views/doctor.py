@@ -17,6 +17,7 @@ from podkit import records
 from podkit.boot import guard
 from podkit.host import gpu, proc, supervisord
 from podkit.judge import ending, health, startup
+from podkit.money import ledger
 from podkit.programs.watchdog import STARTUP
 from podkit.views import status
 
@@ -656,13 +657,13 @@ def examine(cfg, workspace: Path, *, environ=None, cgroup_dir: Path = Path("/sys
 def check_spend(pod: Pod, now: float) -> Finding | None:
     """What the run costs, when podkit is not sure of it: unknown (a budget cannot act) is a problem when a budget
     is set; an estimate is a note that says why and since when; a ledger not looked at for 10 minutes is a note."""
-    from podkit.money import costguard, guardfile, spend
+    from podkit.money import guardfile, spend
 
     c = pod.st.get("cost")
     if not c:
         return None
     budget = guardfile.report(pod.cfg)["guards"]["max_spend"]["value"] if pod.cfg is not None else 0
-    line = [costguard.words(c, now)] + ([f"guard.max_spend {spend.usd(budget)}"] if budget else [])
+    line = [ledger.words(c, now)] + ([f"guard.max_spend {spend.usd(budget)}"] if budget else [])
     run = c.get("total") if isinstance(c.get("total"), dict) else None
     if run and run.get("source") == "estimated" and c["source"] != "unknown":  # this pod's is sure, the run's is not
         return Finding("spend_estimated", "what this run has spent is an estimate: some of its pods' spend could not "

@@ -20,7 +20,7 @@ from string import Template
 
 from podkit import log
 from podkit.judge import ending, standing
-from podkit.money import costguard
+from podkit.money import ledger
 from podkit.views import status
 
 _log = log.get("page")
@@ -406,7 +406,7 @@ def _cost(c: dict, now: float) -> str:
     """The spend in costguard's one line: the price, the spend and how sure it is (billed, read, estimated since
     when and why, unknown), the run's with its earlier pods, the end at this pace, and its age."""
     try:
-        return costguard.words(c, now)
+        return ledger.words(c, now)
     except Exception:  # noqa: BLE001 - a record of the wrong shape: what can be said of it
         return f"{_usd(c.get('per_hour'))}/h, spent {_usd(c.get('spent'))}"
 

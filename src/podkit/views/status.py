@@ -13,7 +13,7 @@ from podkit import programs, records
 from podkit.host import proc, supervisord
 from podkit.host.supervisord import FATAL, RUNNING, UP
 from podkit.judge import ending, failure, health, standing, startup
-from podkit.money import costguard
+from podkit.money import guards, ledger
 
 RPC_TIMEOUT_S = 5.0  # status, the page and /metrics wait this long for supervisord, never for ever
 
@@ -75,7 +75,7 @@ def collect(workspace: Path, state_dir: Path | None = None, remote: bool | None 
             out["trainer"]["loop"] = {**counts, "last": (loop.get("error") or {}).get("type")
                                       and failure.summary(loop["error"]), "gave_up": bool(loop.get("gave_up"))}
         out["trainer"]["last_hour"] = last_hour(loop)
-    out["cost"] = costguard.cost(state_dir)  # on RunPod: what this pod costs (cost.json, checked); else None
+    out["cost"] = ledger.cost(state_dir)  # on RunPod: what this pod costs (cost.json, checked); else None
     join = records.RAY_LOOP.read(state_dir)
     if join.get("boot") == current.get("started") and (join.get("failures") or join.get("gave_up")):
         # A cluster node's `ray` that did not join the head (areal/ray_node.py), in this boot.
@@ -280,7 +280,7 @@ def human(st: dict) -> str:
     if st.get("durable"):
         lines.append(f"checkpoints off the pod: {printable(standing.durable_words(st['durable'], time.time()), 900)}")
     if st.get("cost"):
-        lines.append(f"cost: {costguard.words(st['cost'])}")
+        lines.append(f"cost: {ledger.words(st['cost'])}")
     if st.get("guards"):
         from podkit.money import guardfile
 
@@ -349,8 +349,8 @@ def main(workspace: Path, as_json: bool, health_check: bool = False, progress_ti
         from podkit.money import guardfile
 
         st["guards"] = guardfile.report(cfg)  # the values in force and where each comes from
-        # when each would stop the pod, on what evidence: worked out once (costguard.forecast), rendered here
-        st["forecast"] = costguard.forecast(st, st["guards"]["guards"], time.time(),
+        # when each would stop the pod, on what evidence: worked out once (guards.forecast), rendered here
+        st["forecast"] = guards.forecast(st, st["guards"]["guards"], time.time(),
                                             total_steps=cfg.trainer.max_steps)
     if health_check:
         problem = health_problem(st, progress_timeout_s, multi_node)
