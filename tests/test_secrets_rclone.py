@@ -132,8 +132,15 @@ def deploy_dry_run(stub, tmp_path, env: dict[str, str]) -> subprocess.CompletedP
     ({"PODKIT_CHECKPOINT_REMOTE": "a_b:ckpts/runs", "RCLONE_CONFIG_A_TYPE": "local",
       "RCLONE_CONFIG_A_B_KEY": "K005litEralKey99"}, "env.RCLONE_CONFIG_A_B_KEY"),
     # the string's own type= is the backend rclone uses, over RCLONE_CONFIG_DAV_TYPE
-    ({"PODKIT_CHECKPOINT_REMOTE": "dav,type=b2,account={{ RUNPOD_SECRET_B2_ACCOUNT }},key=K005litEralKey99:ckpts",
+    ({"PODKIT_CHECKPOINT_REMOTE": "dav,type=b2,account='{{ RUNPOD_SECRET_B2_ACCOUNT }}',key=K005litEralKey99:ckpts",
       "RCLONE_CONFIG_DAV_TYPE": "webdav"}, "env.PODKIT_CHECKPOINT_REMOTE"),
+    # a crypt over a connection string: the wrapped remote's key
+    ({"PODKIT_CHECKPOINT_REMOTE": ":crypt,remote=':b2,account=acc0012,key=K005litEralKey99:bucket/ckpts',"
+                                  "password='{{ RUNPOD_SECRET_CRYPT_PW }}':"}, "env.PODKIT_CHECKPOINT_REMOTE"),
+    # only the type variable rclone reads (the environment is case-sensitive) says whose key this is
+    ({"PODKIT_CHECKPOINT_REMOTE": "b2x:ckpts/runs", "rclone_config_b2x_type": "local", "RCLONE_CONFIG_B2X_TYPE": "b2",
+      "RCLONE_CONFIG_B2X_ACCOUNT": "{{ RUNPOD_SECRET_B2_ACCOUNT }}", "RCLONE_CONFIG_B2X_KEY": "K005litEralKey99"},
+     "env.RCLONE_CONFIG_B2X_KEY"),
 ])
 def test_deploy_refuses_an_rclone_secret_written_literally_in_the_template(runpod_api, tmp_path, env, where):
     """A B2 key, an Azure SAS URL, or a key inside a connection string, written literally in template.yaml's env:
@@ -142,6 +149,21 @@ def test_deploy_refuses_an_rclone_secret_written_literally_in_the_template(runpo
     assert r.returncode == 2, r.stdout + r.stderr
     assert where in r.stderr and "literal secret" in r.stderr and "RUNPOD_SECRET_" in r.stderr
     assert "K005litEralKey99" not in r.stdout + r.stderr
+
+
+def test_deploy_refuses_rclones_config_password_written_literally_however_plain(runpod_api, tmp_path):
+    r = deploy_dry_run(runpod_api, tmp_path, {"PODKIT_CHECKPOINT_REMOTE": "enc:ckpts",
+                                              "RCLONE_CONFIG": "/workspace/rclone.conf", "RCLONE_CONFIG_PASS": "40817263"})
+    assert r.returncode == 2 and "env.RCLONE_CONFIG_PASS" in r.stderr, r.stdout + r.stderr
+    assert "40817263" not in r.stdout + r.stderr
+
+
+def test_deploy_refuses_an_unquoted_secret_reference_in_a_connection_string(runpod_api, tmp_path):
+    """RunPod fills a secret in as is: a SAS URL or a service account's JSON holds ':' and ',', which would end an
+    unquoted value and put the rest (its signature, its private key) in the path rclone shows."""
+    r = deploy_dry_run(runpod_api, tmp_path, {"PODKIT_CHECKPOINT_REMOTE": ":azureblob,sas_url={{ RUNPOD_SECRET_SAS }}:c"})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "env.PODKIT_CHECKPOINT_REMOTE" in r.stderr and "sas_url" in r.stderr and "quote it" in r.stderr
 
 
 def test_deploy_takes_a_literal_option_the_remotes_own_backend_does_not_mark_secret(runpod_api, tmp_path):
@@ -158,7 +180,7 @@ def test_deploy_takes_a_literal_option_the_remotes_own_backend_does_not_mark_sec
 def test_deploy_takes_a_connection_string_of_references_and_shows_it_without_them(runpod_api, tmp_path):
     """A connection string whose secret parameters are RunPod secret references is a checkpoint.remote: no
     RCLONE_CONFIG_<NAME>_TYPE is asked for (the backend is in its name), and the dry run names it."""
-    remote = (":b2,account={{ RUNPOD_SECRET_B2_ACCOUNT }},key={{ RUNPOD_SECRET_B2_KEY }},hard_delete:ckpts/runs")
+    remote = (":b2,account='{{ RUNPOD_SECRET_B2_ACCOUNT }}',key='{{ RUNPOD_SECRET_B2_KEY }}',hard_delete:ckpts/runs")
     r = deploy_dry_run(runpod_api, tmp_path, {"PODKIT_CHECKPOINT_REMOTE": remote})
     assert r.returncode == 0, r.stderr
     assert "checkpoint.remote :b2,account=<redacted>,key=<redacted>,hard_delete:ckpts/runs" in r.stdout
@@ -192,6 +214,9 @@ def everything_said(ws: Path, out: Path, env: dict) -> dict[str, str]:
     (":s3,access_key_id=AKIAREFUSEDKEY01,secret_access_key=\"refusedSecret0123,endpoint=x:bucket/p",
      ["AKIAREFUSEDKEY01", "refusedSecret0123"]),
     ("s3://AKIAINURLKEY0001:inUrlSecret0123@bucket/p", ["AKIAINURLKEY0001", "inUrlSecret0123"]),
+    ("b2://0012keyid:AppKeySecret0123zz@bucket/ckpts", ["AppKeySecret0123zz"]),
+    (':gcs,service_account_credentials={"type":"service_account","private_key":"MIIEsecretPK0123"}:bucket/ckpts',
+     ["MIIEsecretPK0123"]),
 ])
 def test_a_remote_with_credentials_rclone_would_refuse_waits_in_safe_mode_without_showing_them(procs, tmp_path,
                                                                                                remote, secrets):
@@ -202,7 +227,8 @@ def test_a_remote_with_credentials_rclone_would_refuse_waits_in_safe_mode_withou
     wait_for(lambda: "SAFE MODE" in out.read_text(), 30, what="safe-mode banner")
     safe = json.loads((ws / ".podkit" / "safe-mode.json").read_text())
     assert "checkpoint.remote" in safe["message"]
-    assert ("not closed" in safe["message"]) if remote.startswith(":") else ("credentials in it" in safe["message"])
+    assert {":s3,": "not closed", ":gcs": "must be quoted", "s3:/": "credentials in it",
+            "b2:/": "neither s3://"}[remote[:4]] in safe["message"], safe["message"]
     said = everything_said(ws, out, env)
     assert {".podkit/boots.json", ".podkit/safe-mode.json"} <= set(said)
     leaked = [(where, s) for where, text in said.items() for s in secrets if s in text]
@@ -266,14 +292,21 @@ def test_a_connection_string_is_read_as_rclone_reads_it(remote, tmp_path):
     assert ours == rclone_takes, r.stderr
 
 
-def test_a_notification_of_a_failing_connection_string_remote_names_it_without_its_secret(procs, tmp_path, server):
+@pytest.mark.parametrize("wrapped", [False, True], ids=["plain", "inside-a-crypt"])
+def test_a_notification_of_a_failing_connection_string_remote_names_it_without_its_secret(procs, tmp_path, server,
+                                                                                          wrapped):
     """The durability guard's notification of a connection-string remote that refuses the credentials (a wrong
-    secret): it names the remote and rclone's refusal, with the secret parameters as <redacted>."""
+    secret): it names the remote and rclone's refusal, with the secret parameters as <redacted>; the same when
+    that remote is wrapped in a crypt (its string inside the crypt's `remote=`)."""
     from test_notify import Receiver
 
     wrong = "wrongSecretNotTheServers0123"
     remote = (f":s3,provider=Other,access_key_id={KEY},secret_access_key={wrong},"
               f"endpoint='http://127.0.0.1:{server.port}',no_check_bucket:ckpts/runs")
+    if wrapped:
+        password = subprocess.run([RCLONE, "obscure", "crypt-pw-0123"], capture_output=True, text=True,
+                                  check=True, timeout=30).stdout.strip()
+        remote = f":crypt,remote='{remote.replace(chr(39), chr(39) * 2)}',password={password}:"
     hook = Receiver()
     try:
         p, ws, out, env = boot(procs, tmp_path, PODKIT_CHECKPOINT_REMOTE=remote, PODKIT_CHECKPOINT_REMOTE_POLL_S="0.3",

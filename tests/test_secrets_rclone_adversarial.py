@@ -123,3 +123,94 @@ def test_no_form_of_a_secret_survives_redaction(secret, before, after, how):
     r = remote.Remote.__new__(remote.Remote)
     r.secrets = [secret]
     assert form not in r._redact(before + form + after)
+
+
+# -- the second adversarial pass: remotes inside remotes, other schemes, values cut at ':', odd bytes ------------
+NESTED_KEY = "K005nestedB2keyQ7"
+WRAPPED = {
+    "crypt": f":crypt,remote=':b2,account=0012acctNEST77,key={NESTED_KEY}:bucket/ckpts',password=OBSCUREDpw123:",
+    "alias": f":alias,remote=':b2,account=0012acctNEST77,key={NESTED_KEY}:bucket':ckpts",
+    "chunker": f":chunker,remote=':b2,account=acc0012,key={NESTED_KEY}:bucket':ckpts",
+    "union": f":union,upstreams=':b2,account=acc0012,key={NESTED_KEY}:b1 :local:/tmp/x':ckpts",
+    "combine": f":combine,upstreams='a=:b2,account=acc0012,key={NESTED_KEY}:b1':ckpts",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(WRAPPED))
+def test_a_remote_wrapped_in_another_shows_its_secrets_nowhere(kind):
+    """A crypt (alias, chunker, union, combine) over a connection string: the wrapped remote's key is a secret
+    wherever the remote is shown, read for the redactors, or written literally in a template."""
+    from podkit import config
+    from podkit.redact import literal_secret
+
+    url = WRAPPED[kind]
+    assert NESTED_KEY not in rclonesecrets.shown(url), rclonesecrets.shown(url)
+    assert NESTED_KEY in config.remote_secrets(url, {}).values()
+    assert NESTED_KEY not in rclonesecrets.redact_text(f"rclone: failed: {url} and more")
+    assert literal_secret(url.replace("OBSCUREDpw123", "{{ RUNPOD_SECRET_PW }}"), "PODKIT_CHECKPOINT_REMOTE", {})
+    inner = f":b2,account=0012acctNEST77,key={NESTED_KEY}:bucket/ckpts"  # RCLONE_CONFIG_X_REMOTE of a crypt X
+    for env in ({"RCLONE_CONFIG_X_TYPE": kind, "RCLONE_CONFIG_X_REMOTE": inner}, {"PODKIT_CHECKPOINT_REMOTE": url}):
+        said = Redactor.for_pod(object(), env)(f"error: {NESTED_KEY}")
+        assert NESTED_KEY not in said, said
+
+
+def test_a_go_quoted_value_in_rclones_words_is_taken_out_whole():
+    """rclone quotes a wrapped remote's value Go-escaped: `pass=\\"Kq,PART2secretB2\\":x` is read to its closing
+    quote, not to the backslash."""
+    said = rclonesecrets.redact_text('remote ":sftp,host=127.0.0.1,pass=\\"Kq,PART2secretB2\\":x" failed')
+    assert "PART2secretB2" not in said and "Kq" not in said, said
+
+
+@pytest.mark.parametrize("url,secret", [
+    ("b2://0012keyid:AppKeySecret0123zz@bucket/ckpts", "AppKeySecret0123zz"),
+    ("S3://AKIAKEYID000:wJalrXUtnFEMI/K7MDENG@bucket/p", "wJalrXUtnFEMI"),
+    ("https://bob:DAVpassW0rd1234@dav.example.com/dav", "DAVpassW0rd1234"),
+    (":webdav,url='https://bob:DAVpassW0rd1234@dav.example.com/remote.php/dav',vendor=nextcloud:ckpts",
+     "DAVpassW0rd1234"),
+])
+def test_credentials_in_a_url_of_any_scheme_are_shown_nowhere(url, secret):
+    assert secret not in rclonesecrets.shown(url)
+    assert secret not in rclonesecrets.redact_text(f"rclone said {url}")
+    try:
+        remote.parse(url)
+    except ValueError as e:
+        assert secret not in str(e), e
+
+
+def test_a_value_cut_at_its_unquoted_colon_is_refused_and_shown_without_the_rest():
+    """A service account's JSON, or a SAS URL, unquoted: rclone would end the value at its first ':' and take the
+    rest (the private key, the signature) as the path, into its argv."""
+    gcs = (":gcs,service_account_credentials=" + json.dumps({"type": "service_account", "private_key":
+           "-----BEGIN PRIVATE KEY-----\nMIIEsecretPK\n"}) + ":bucket/ckpts")
+    sas = ":azureblob,sas_url=https://acct.blob.core.windows.net/c?sv=2024-01-01&sp=rwdl&sig=SIGsecretQw3rTy0123%3D:c"
+    for url, secret in ((gcs, "MIIEsecretPK"), (sas, "SIGsecretQw3rTy")):
+        assert secret not in rclonesecrets.shown(url), rclonesecrets.shown(url)
+        with pytest.raises(ValueError, match="must be quoted") as e:
+            remote.parse(url)
+        assert secret not in str(e.value)
+
+
+def test_a_secret_with_a_byte_that_is_not_utf8_breaks_no_redaction():
+    """One secret-named variable with a byte that is not UTF-8 (os.fsdecode keeps it as a surrogate): the
+    Redactor still takes every secret out, the B2 key beside it too."""
+    import os as _os
+
+    env = {"RCLONE_CONFIG_B_TYPE": "b2", "RCLONE_CONFIG_B_KEY": "K005realB2keyXYZ123",
+           "LEGACY_TOKEN": _os.fsdecode(b"tok\xffen12345")}
+    said = notify._redacted("key K005realB2keyXYZ123 and tok\udcffen12345", env)
+    assert "K005realB2keyXYZ123" not in said and "en12345" not in said, said
+
+
+def test_rclones_config_password_is_a_secret_whatever_it_looks_like():
+    from podkit.redact import literal_secret
+
+    assert literal_secret("40817263", "RCLONE_CONFIG_PASS", {})
+    assert "40817263" not in Redactor.for_pod(object(), {"RCLONE_CONFIG_PASS": "40817263"})("pass 40817263")
+    assert literal_secret("4096", "MAX_TOKENS", {}) == ""  # a setting under a secret-sounding name stays one
+
+
+def test_only_the_type_variable_rclone_reads_decides_a_remotes_backend():
+    """The environment is case-sensitive: `rclone_config_b2x_type=local` is no variable rclone reads."""
+    env = {"rclone_config_b2x_type": "local", "RCLONE_CONFIG_B2X_TYPE": "b2"}
+    assert rclonesecrets.secret_env("RCLONE_CONFIG_B2X_KEY", env)
+    assert rclonesecrets.secret_params("b2x", {"key": "x"}, env) == ["key"]

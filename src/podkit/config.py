@@ -167,23 +167,13 @@ class Config:
 
 def remote_secrets(url: str, environ) -> dict[str, str]:
     """The secrets written into checkpoint.remote itself: the parameters of an rclone connection string that its
-    backend marks secret, credentials in an s3:// URL (refused, remote.parse; still never shown)."""
+    backend marks secret (in the remotes it wraps too), credentials in a URL (refused, remote.parse; still never
+    shown)."""
     if "," not in url and "@" not in url:
         return {}
     from podkit.remote import rclonesecrets  # only for such a remote: the boot path's imports are pinned
 
-    url = url.strip()
-    if url.startswith("s3://"):
-        user, _, password = url[len("s3://"):].partition("/")[0].rpartition("@")[0].partition(":")
-        return {k: v for k, v in (("checkpoint.remote user", user), ("checkpoint.remote password", password)) if v}
-    try:
-        parts = rclonesecrets.split(url)
-    except rclonesecrets.Invalid:
-        return {}
-    if parts is None:
-        return {}
-    name, params, _ = parts
-    return {f"checkpoint.remote {p}": params[p] for p in rclonesecrets.secret_params(name, params, environ)}
+    return {f"checkpoint.remote {p}": v for p, v in rclonesecrets.secret_values(url, environ)}
 
 
 def _number(x: float) -> str:

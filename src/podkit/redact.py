@@ -85,9 +85,8 @@ def _literal_parameter(v: str, environ=None) -> str:
         return ""
     if parts is None:
         return ""
-    name, params, _ = parts
-    for p in rclonesecrets.secret_params(name, params, environ):
-        if params[p].replace(_REF, "").strip(" '\""):
+    for p, value in rclonesecrets.secret_values(v, environ):  # the remotes it wraps too (a crypt over :b2,...)
+        if not p.endswith("user credentials") and value.replace(_REF, "").strip(" '\""):
             return f"a literal {p} in an rclone connection string"
     return ""
 
@@ -99,6 +98,8 @@ def _literal(v: str, name: str, environ=None) -> str:
     for prefix in SECRET_PREFIXES:
         if v.startswith(prefix) and len(v) >= len(prefix) + 8:
             return f"starts with {prefix}"
+    if name and rclonesecrets.secret_env(name, environ):  # rclone's own (RCLONE_CONFIG_PASS=40817263): any value
+        return f"a literal value under {name}"
     if name and secret_name(name, environ) and not _PLAIN.match(v) and not _PATH.match(v):
         return f"a literal value under {name}"  # whatever its length: a short password is still one
     return ""
@@ -147,8 +148,9 @@ def forms(v: str) -> list[str]:
     URL-encoded; longest first, so a form that holds another is replaced whole."""
     from urllib.parse import quote, quote_plus
 
-    found = {v, json.dumps(v)[1:-1], json.dumps(v, ensure_ascii=False)[1:-1], go_quoted(v), quote(v, safe=""),
-             quote_plus(v)}
+    # surrogateescape: a value read from the environment with a byte that is not UTF-8 (os.fsdecode's \udcff)
+    found = {v, json.dumps(v)[1:-1], json.dumps(v, ensure_ascii=False)[1:-1], go_quoted(v),
+             quote(v, safe="", errors="surrogateescape"), quote_plus(v, errors="surrogateescape")}
     return sorted(found, key=lambda f: (-len(f), f))
 
 
@@ -156,14 +158,16 @@ class Redactor:
     """Takes every known secret value out of a text, then whatever has a secret's shape: credentials
     inside URLs, known key prefixes, and the value of `key=value` or `"key": "value"` under a secret name."""
 
-    def __init__(self, values: dict[str, str]) -> None:
+    def __init__(self, values: dict[str, str], always: frozenset[str] = frozenset()) -> None:
+        """`values`: {what it is: the secret}; those named in `always` are secrets whatever they look like (rclone's
+        config password may be 40817263), the others only when they are no setting word (true, 4096)."""
         found: dict[str, str] = {}
         for name, v in values.items():
-            if not v or len(v) < 6 or _PLAIN.match(v.strip()):
+            if not v or len(v) < 6 or name not in always and _PLAIN.match(v.strip()):
                 continue
             # The value as a log, a JSON string, a Go-quoted error, a URL or base64 may carry it; a secret URL's
             # pieces travel alone too (an error quoting its password as a "port", its token path).
-            b64 = base64.b64encode(v.encode()).decode().rstrip("=")
+            b64 = base64.b64encode(v.encode(errors="surrogateescape")).decode().rstrip("=")
             for part in (v, *_url_pieces(v)):
                 for form in forms(part):
                     found.setdefault(form, name)
@@ -181,7 +185,13 @@ class Redactor:
         # A user with no password is the token itself (https://TOKEN@host/...).
         values = {f"config {k}": str(v) for k, v in secrets.items() if k != "repo.user" or "repo.token" not in secrets}
         values.update({f"env {k}": v for k, v in environ.items() if secret_name(k, environ)})
-        return cls(values)
+        always = {f"env {k}" for k in environ if rclonesecrets.secret_env(k, environ)}
+        for k, v in environ.items():  # a remote's secrets inside another value (RCLONE_CONFIG_X_REMOTE=:b2,key=...)
+            if "," in v or "://" in v:
+                for p, secret in rclonesecrets.secret_values(v, environ):
+                    values.setdefault(f"env {k} {p}", secret)
+                    always.add(f"env {k} {p}")
+        return cls(values, frozenset(always))
 
     def __call__(self, text: str) -> str:
         for value, name in self.values:

@@ -12,6 +12,7 @@ import yaml
 from podkit import config
 from podkit.errors import ConfigError
 from podkit.redact import literal_secret
+from podkit.remote import rclonesecrets
 
 TEMPLATE_KEYS = {"name": str, "imageName": str, "containerDiskInGb": int, "volumeInGb": int,
                  "volumeMountPath": str, "ports": str, "dockerArgs": str, "env": dict, "minCudaVersion": str,
@@ -58,6 +59,11 @@ def load_template(path: Path) -> dict:
         if why := literal_secret(v, k, data["env"]):  # the env tells an rclone remote's type: whose options
             raise ConfigError(str(path), f"env.{k}", f"looks like a literal secret ({why})",
                               hint=f'reference a RunPod secret: "{{{{ RUNPOD_SECRET_{k} }}}}"')
+        if param := rclonesecrets.unquoted_reference(v):
+            raise ConfigError(str(path), f"env.{k}", f"the RunPod secret reference of rclone parameter {param} is "
+                              "not quoted: the secret is filled in as is, and a ':' or ',' in it (a JSON key, a SAS "
+                              "URL) would end the value there and put the rest where rclone shows it",
+                              hint=f"quote it: {param}='{{{{ RUNPOD_SECRET_... }}}}'")
     return data
 
 

@@ -61,9 +61,9 @@ def secret_env(name: str, environ=None) -> bool:
 
 
 def _type_of(remote: str, environ) -> str | None:
-    if not environ:
-        return None
-    return next((v for k, v in environ.items() if k.upper() == f"RCLONE_CONFIG_{remote}_TYPE"), None)
+    """The type rclone reads for `remote`: RCLONE_CONFIG_<REMOTE>_TYPE, that name exactly (the environment is
+    case-sensitive: `rclone_config_x_type` is no variable rclone reads)."""
+    return environ.get(f"RCLONE_CONFIG_{remote.upper()}_TYPE") if environ else None
 
 
 class Invalid(ValueError):
@@ -132,15 +132,72 @@ def secret_params(name: str, params: dict[str, str], environ=None) -> list[str]:
     return [p for p in params if p.lower() in secret]
 
 
+# A wrapping backend's parameters that hold other remotes (crypt, alias, chunker, compress, hasher, cache: `remote`;
+# union, combine: `upstreams`, space-separated, combine's as dir=remote:path, union's with an optional :ro/:nc).
+WRAPS = ("remote", "upstreams")
+
+
+def _inner(param: str, value: str) -> list[str]:
+    """The remotes a wrapping parameter's value names."""
+    if param.lower() == "remote":
+        return [value]
+    return [re.sub(r"^[\w.-]+=(?=.*:)", "", v) for v in value.split()]
+
+
+def secret_values(remote: str, environ=None, depth: int = 0) -> list[tuple[str, str]]:
+    """(parameter, value) of every secret a remote's connection string holds, in the remotes it wraps too (a
+    crypt over `:b2,key=...:bucket`), and the credentials of a URL in it; [] for a plain name:path."""
+    remote = remote.strip()
+    out = [(f"{p} credentials", v) for p, v in url_credentials(remote)]
+    try:
+        parts = split(remote)
+    except Invalid:
+        return out
+    if parts is None or depth > 8:
+        return out
+    name, params, _ = parts
+    hide = set(secret_params(name, params, environ))
+    for p, v in params.items():
+        if p in hide:
+            out.append((p, v))
+        elif p.lower() in WRAPS:
+            out += [(f"{p}: {q}", w) for inner in _inner(p, v) for q, w in secret_values(inner, environ, depth + 1)]
+        else:
+            out += [(f"{p} credentials", w) for _, w in url_credentials(v)]
+    return out
+
+
+_SCHEME = re.compile(r"(?i)^([a-z][a-z0-9+.-]*://)(.*)$", re.S)
+
+
+def url_credentials(value: str) -> list[tuple[str, str]]:
+    """A URL's user and password (scheme://user:pass@host/..., any scheme, the password holding '/' or not)."""
+    m = _SCHEME.match(value.strip())
+    if not m or "@" not in m.group(2):
+        return []
+    head = m.group(2).rpartition("@")[0]
+    if ":" not in head and "/" in head:
+        return []  # an '@' in the path, not a user
+    user, _, password = head.partition(":")
+    return [(k, v) for k, v in (("user", user), ("password", password)) if v]
+
+
+def _without_userinfo(value: str) -> str:
+    m = _SCHEME.match(value)
+    if not m or not url_credentials(value):
+        return value
+    return f"{m.group(1)}{REDACTED}@{m.group(2).rpartition('@')[2]}"
+
+
 def shown(remote: str, environ=None) -> str:
     """`remote` in a message or a record: each secret parameter's value (and credentials in an s3:// URL) taken
     out; a connection string rclone would refuse shows its name only."""
-    remote = remote.strip()
-    if remote.startswith("s3://"):
-        if s3_credentials(remote):  # a secret may hold '/': everything up to the last '@' goes
-            return f"s3://{REDACTED}@{remote[len('s3://'):].rpartition('@')[2]}"
-        host, slash, rest = remote[len("s3://"):].partition("/")
-        return f"s3://{REDACTED}@{host.rpartition('@')[2]}{slash}{rest}" if "@" in host else remote
+    return _shown(remote.strip(), environ, 0)
+
+
+def _shown(remote: str, environ, depth: int) -> str:
+    if _SCHEME.match(remote):  # s3://KEY:SECRET@bucket, b2://, https://user:pass@host: any scheme, any case
+        return _without_userinfo(remote)
     try:
         parts = split(remote)
     except Invalid:
@@ -149,21 +206,49 @@ def shown(remote: str, environ=None) -> str:
         return remote.split(",")[0] + f",{REDACTED}" if "," in remote else remote
     name, params, path = parts
     hide = set(secret_params(name, params, environ))
-    said = ",".join(f"{p}={REDACTED}" if p in hide else p if v == "true" else f"{p}={_quoted(v)}"
-                    for p, v in params.items())
-    return f"{name},{said}:{redact_text(path)}"
+
+    def one(p: str, v: str) -> str:
+        if p in hide:
+            return f"{p}={REDACTED}"
+        if v == "true":
+            return p
+        if p.lower() in WRAPS and depth < 8:
+            inner = " ".join(_shown(i, environ, depth + 1) for i in _inner(p, v)) if p.lower() != "remote" \
+                else _shown(v, environ, depth + 1)
+            return f"{p}={_quoted(inner)}"
+        return f"{p}={_quoted(_without_userinfo(v))}"
+    said = ",".join(one(p, v) for p, v in params.items())
+    # the rest of a value cut at its unquoted ':' (JSON, a URL's query) is no path: it may be the secret itself
+    return f"{name},{said}:{REDACTED if cut_value(path) else redact_text(path)}"
 
 
 def s3_credentials(remote: str) -> bool:
-    """s3://KEY:SECRET@bucket/prefix (a bucket never holds ':' nor '@'; the secret may hold '/')."""
+    """s3://KEY:SECRET@bucket/prefix (a bucket never holds ':' nor '@'; the secret may hold '/'), S3:// too."""
     rest = remote.strip()[len("s3://"):]
-    return "@" in rest and ":" in rest.rpartition("@")[0]
+    return remote.strip()[:5].lower() == "s3://" and "@" in rest and ":" in rest.rpartition("@")[0]
 
 
 def unquoted_colon(path: str) -> bool:
     """A connection string's path that is the rest of a value cut at its unquoted ':' (an endpoint URL): more
     parameters, or a URL's '//' (rclone would take them, secrets included, as the path)."""
     return path.startswith("//") or re.search(r",[A-Za-z0-9_.]+=", path) is not None
+
+
+def cut_value(path: str) -> bool:
+    """unquoted_colon, or a path no bucket has and a cut value does: JSON's quotes and braces (a service account's
+    key), a URL's query (a SAS token's `sig=`), a line break."""
+    return unquoted_colon(path) or any(c in path for c in '"{}\n\r') or re.search(r"[?&][\w.-]+=", path) is not None
+
+
+# A RunPod secret reference as a connection string's value, unquoted: the secret is filled in as is, and its first
+# ':' or ',' (a JSON key, a SAS URL) would end the value there.
+_UNQUOTED_REF = re.compile(r"(?:^|,)([A-Za-z0-9_.]+)=\{\{\s*RUNPOD_SECRET_")
+
+
+def unquoted_reference(value: str) -> str:
+    """The parameter of a connection string in `value` whose RunPod secret reference is not quoted ('' if none)."""
+    m = _UNQUOTED_REF.search(value) if "," in value else None
+    return m.group(1) if m else ""
 
 
 def _quoted(v: str) -> str:
@@ -173,9 +258,10 @@ def _quoted(v: str) -> str:
 # A connection string inside any text (a log line, a record): the name, then each parameter (rclone's own message
 # may quote one it refused, cut short or ending in ",:"). An unquoted value in text ends at a space, a quote or a
 # backslash too (the JSON around it stays whole); a name with a space is not looked for (the scan stays linear).
-_IN_TEXT = re.compile(r"(?<![\w.+@-])(:?[\w.+@-]+)((?:,[A-Za-z0-9_.]+(?:=(?:\"(?:[^\"\n]|\"\")*\"?|'(?:[^'\n]|'')*'?"
-                      r"|[^,:\s\"'\\]*))?)+)")
-_PARAM = re.compile(r",([A-Za-z0-9_.]+)(=(?:\"(?:[^\"\n]|\"\")*\"?|'(?:[^'\n]|'')*'?|[^,:\s\"'\\]*))?")
+_GO_QUOTED = r'\\"(?:[^"\\\n]|\\[^"\n])*(?:\\")?'  # a value inside a Go-quoted error: \"...\"
+_VALUE = rf"""(?:{_GO_QUOTED}|"(?:[^"\n]|"")*"?|'(?:[^'\n]|'')*'?|[^,:\s"'\\]*)"""
+_IN_TEXT = re.compile(rf"(?<![\w.+@-])(:?[\w.+@-]+)((?:,[A-Za-z0-9_.]+(?:={_VALUE})?)+)")
+_PARAM = re.compile(rf",([A-Za-z0-9_.]+)(={_VALUE})?")
 
 
 # `RCLONE_..._KEY=value` (an env dump, `export`, a JSON of the environment): the variable's value.
@@ -183,7 +269,8 @@ _ENV_IN_TEXT = re.compile(r"""(?<![A-Za-z0-9_])(RCLONE_[A-Za-z0-9_]{1,128})(['"]
                           r"""(?!<redacted)([^\s'",}]{1,4096})""")
 
 
-_S3_IN_TEXT = re.compile(r"(s3://)[A-Za-z0-9_.-]+:[^\s@'\"]+@")
+_S3_IN_TEXT = re.compile(r"(?i)(s3://)[A-Za-z0-9_.-]+:[^\s@'\"]+@")
+_URL_IN_TEXT = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s@'\"/:]*:[^\s@'\"]+@")  # any scheme's user:password
 
 
 def redact_text(text: str) -> str:
@@ -193,17 +280,27 @@ def redact_text(text: str) -> str:
     if "RCLONE_" in text:
         text = _ENV_IN_TEXT.sub(lambda m: m.group(1) + m.group(2) + REDACTED if secret_env(m.group(1))
                                 else m.group(0), text)
-    if "s3://" in text:  # s3://KEY:SECRET@bucket, the secret holding '/' or not
-        text = _S3_IN_TEXT.sub(lambda m: m.group(1) + REDACTED + "@", text)
+    if "://" in text:  # s3://KEY:SECRET@bucket (the secret holding '/' or not), https://user:pass@host
+        text = _URL_IN_TEXT.sub(lambda m: m.group(1) + REDACTED + "@", _S3_IN_TEXT.sub(
+            lambda m: m.group(1) + REDACTED + "@", text))
     if "," not in text:
         return text
+    return _IN_TEXT.sub(_one, text)
 
-    def one(m: re.Match) -> str:
-        name = m.group(1)
-        secret = secrets_of(name[1:] if name.startswith(":") else None)
-        return name + _PARAM.sub(lambda p: f",{p.group(1)}={REDACTED}" if p.group(2) and p.group(1).lower()
-                                 in secret and p.group(2) != f"={REDACTED}" else p.group(0), m.group(2))
-    return _IN_TEXT.sub(one, text)
+
+def _one(m: re.Match) -> str:
+    name = m.group(1)
+    secret = secrets_of(name[1:] if name.startswith(":") else None)
+
+    def param(p: re.Match) -> str:
+        if not p.group(2) or p.group(2) == f"={REDACTED}":
+            return p.group(0)
+        if p.group(1).lower() in secret:
+            return f",{p.group(1)}={REDACTED}"
+        if p.group(1).lower() in WRAPS:  # the remote it wraps, its own secrets taken out
+            return f",{p.group(1)}={redact_text(p.group(2)[1:])}"
+        return p.group(0)
+    return name + _PARAM.sub(param, m.group(2))
 
 
 # -- the table, from the installed rclone ------------------------------------------------------------------------

@@ -79,8 +79,8 @@ def parse(url: str) -> tuple[str, dict[str, str]]:
         raise ValueError(f"{said!r} is not a connection string rclone takes: {e}") from None
     if parts is not None:
         name, params, path = parts
-        if rclonesecrets.unquoted_colon(path):
-            raise ValueError(f"{said!r}: a parameter's value that holds ':' (a URL) must be quoted, e.g. "
+        if rclonesecrets.cut_value(path):
+            raise ValueError(f"{said!r}: a parameter's value that holds ':' (a URL, JSON) must be quoted, e.g. "
                              "endpoint='http://host:9000': unquoted, rclone ends the parameters at its first ':' and "
                              "takes the rest, secrets and all, as the path")
         options = {k.upper(): v for k, v in params.items()}
@@ -120,8 +120,11 @@ def environment(url: str, environ: dict[str, str] | None = None) -> dict[str, st
 def _secrets(env: dict[str, str]) -> list[str]:
     from podkit.remote import rclonesecrets
 
-    return [v for k, v in env.items() if len(v) >= 4 and k.startswith(("RCLONE_", "AWS_"))
-            and (any(w in k.upper() for w in _SECRET_WORDS) or rclonesecrets.secret_env(k, env))]
+    found = [v for k, v in env.items() if len(v) >= 4 and k.startswith(("RCLONE_", "AWS_"))
+             and (any(w in k.upper() for w in _SECRET_WORDS) or rclonesecrets.secret_env(k, env))]
+    # what a wrapping remote's value holds (RCLONE_CONFIG_X_REMOTE=:sftp,pass=...:path), and URL credentials
+    return found + [v for k, value in env.items() if k.startswith("RCLONE_") and ("," in value or "://" in value)
+                    for _, v in rclonesecrets.secret_values(value, env) if len(v) >= 4]
 
 
 def sha256(path: Path, check=lambda: None) -> str:
