@@ -19,7 +19,7 @@ import pytest
 
 from conftest import ROOT, alive
 from podkit import records
-from podkit.judge import ending, failure, loopbound
+from podkit.judge import ending, failure, loopbound, verdict
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -84,7 +84,7 @@ def test_an_end_counts_for_a_run_only_when_it_names_that_runs_program_and_came_a
 
 # -- the judge ----------------------------------------------------------------------------------------------------
 def judge(cfg, rc, started, **kw):
-    return ending.judge(cfg, rc, started, signals=kw.pop("signals", ending.Signals()), **kw)
+    return verdict.judge(cfg, rc, started, signals=kw.pop("signals", ending.Signals()), **kw)
 
 
 def test_the_trainers_own_finish_or_refusal_is_its_end_whatever_else_happened(tmp_path):
@@ -207,16 +207,16 @@ def test_a_killed_program_is_judged_at_its_next_start_from_the_watchdog_its_stop
     records.WATCHDOG.write(tmp_path, [{"time": time.time(), "action": "restarted", "program": "trainer",
                                        "reason": "no training step for 40s; hung in your workflow at wf.py:9 in "
                                                  "arun_episode", "where": "/r/wf.py:9", "dump": "/w/logs/hang-1.txt"}])
-    end = ending.judge_killed(cfg, ran, 4242)
+    end = verdict.judge_killed(cfg, ran, 4242)
     assert end.kind.name == ending.HANG and end.where == "/r/wf.py:9" and "asyncio.wait_for" in end.hint, end.rec
     records.WATCHDOG.write(tmp_path, [])
     ending.RECEIVED.write(cfg.run_path, {"pid": 4242, "start": 1, "time": time.time(), "by": "the pod's stop",
                                          "supervisord": True}, mode=0o600)
-    end = ending.judge_killed(cfg, ran, 4242)
+    end = verdict.judge_killed(cfg, ran, 4242)
     assert end.kind.name == ending.SIGTERM and end.asked == "the pod's stop", end.rec
     events = stand_in_cgroup(tmp_path, monkeypatch, 2)
     events.write_text("oom_kill 3\n")
-    end = ending.judge_killed(cfg, ran, 4343, oom_before=2)
+    end = verdict.judge_killed(cfg, ran, 4343, oom_before=2)
     assert end.kind.name == ending.OOM and "oom_kill 2 -> 3" in end.evidence[0], end.rec
 
 

@@ -1,5 +1,5 @@
 """The trainer program's ends around a real torchrun: `podkit run trainer`'s own path (programs.run: its stop
-signal from the first line, the child subreaper, the loop bound, ending.judge) with the AReaL launcher's
+signal from the first line, the child subreaper, the loop bound, verdict.judge) with the AReaL launcher's
 `supervise`, and small rank scripts in AReaL's place (no AReaL: the ends are the launcher's and the kernel's).
 A step that never ends after a stop you asked for is cut, and it is a stop; a rank the kernel's OOM killer kills
 (a real memory cgroup, where the machine lets one be made) is out of memory, with its step, counted apart and

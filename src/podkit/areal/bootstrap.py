@@ -195,7 +195,7 @@ def run(cfg, argv: list[str]) -> int:
         if isinstance(e, KeyboardInterrupt) or not isinstance(e, Exception):
             raise
         if st.training or runtime_error(e, err["message"]) or any(err.get(k) for k in CAUSES):
-            raise  # the loop bound counts it, by its kind (ending.judge); the record above names it
+            raise  # the loop bound counts it, by its kind (verdict.judge); the record above names it
         st.refuse(f"the training script failed before training started, at {err['where']}",
                   f"{err['type']}: {err['message']}" + (f"\n{err['code']}" if err["code"] else ""),
                   (err["hint"] + "; " if err["hint"] else "") + ending.fix_code(cfg))

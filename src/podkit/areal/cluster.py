@@ -35,7 +35,7 @@ from podkit import log, notify, records
 from podkit.areal import checks, command, ray_node
 from podkit.areal.heartbeat import RUN_ENV, heartbeat_dir, heartbeats
 from podkit.host import proc
-from podkit.judge import ending
+from podkit.judge import ending, verdict
 from podkit.programs import refused
 
 _log = log.get("trainer")
@@ -308,12 +308,12 @@ class Cluster:
         return not why
 
     def outcome(self, rc: int, started: float, oom_before=None) -> int:
-        """How the run ended, judged as one pod's is (ending.judge), and the exit code for supervisord."""
+        """How the run ended, judged as one pod's is (verdict.judge), and the exit code for supervisord."""
         heartbeat = heartbeat_dir(self.state_dir)
         for p in heartbeat.glob("*.json"):
             p.unlink(missing_ok=True)
         records.CLUSTER_STOP.path(self.state_dir).unlink(missing_ok=True)
-        end = ending.judge(self.cfg, rc, started, oom_before=oom_before)
+        end = verdict.judge(self.cfg, rc, started, oom_before=oom_before)
         if not end.stored and end.kind.name != ending.ENDED:
             ending.store(self.state_dir, end.rec)
         if end.family == ending.FINISHED:

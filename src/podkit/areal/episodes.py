@@ -56,7 +56,7 @@ class Episodes:
 
     def server_down(self) -> str:
         """The server's words when the trip that stopped the trainer was every failure of it inference not
-        answering (its own addresses), else "": the end is then inference's, not the workflow's (ending.judge)."""
+        answering (its own addresses), else "": the end is then inference's, not the workflow's (verdict.judge)."""
         with self.lock:
             return self.unreachable if self.tripped and self.in_a_row and self.down_in_a_row >= self.in_a_row else ""
 

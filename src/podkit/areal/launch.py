@@ -34,7 +34,7 @@ _log = log.get("trainer")
 
 
 def main(cfg) -> int:
-    """The trainer's run: torchrun's exit code (the loop bound judges the end, ending.judge), or 0/1 with the
+    """The trainer's run: torchrun's exit code (the loop bound judges the end, verdict.judge), or 0/1 with the
     end recorded here when torchrun never started."""
     if cfg.multi_node:  # rank 0 of a cluster (the others idle): AReaL's own Ray launcher
         return cluster.main(cfg)

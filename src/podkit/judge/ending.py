@@ -601,10 +601,9 @@ def silent_ranks(run_dir: Path, since: float, log_file: Path | None = None) -> l
         out.append({"rank": rec.get("rank", int(n)), "pid": rec["pid"], "signal": None})
         path.unlink(missing_ok=True)
     if out and log_file is not None:
-        from podkit.judge import health
-
         by_pid = {}
-        for line in health.tail(log_file)[-2000:]:
+        tail = records.read_end(log_file, 256 * 1024, follow=True)[2].decode(errors="replace")  # a log is data
+        for line in tail.splitlines()[-2000:]:
             m = TORCHRUN_FAILED.search(line)
             if m:
                 by_pid[int(m.group(3))] = int(m.group(1))
@@ -619,45 +618,6 @@ def silent_ranks(run_dir: Path, since: float, log_file: Path | None = None) -> l
                 except ValueError:
                     r["signal"] = f"signal {sig}"
     return sorted(out, key=lambda r: r["rank"])
-
-
-# -- the judge -------------------------------------------------------------------------------------------------------
-def judge(cfg, rc: int, started: float, err: dict | None = None, oom_before=None, signals: Signals = SIGNALS,
-          name: str = "trainer") -> End:
-    """How the run this program started at `started` ended: its evidence gathered, then decided (verdict.py).
-    `err` is the exception this process saw itself (the fake trainer runs in-process)."""
-    from podkit.judge import verdict
-
-    ev = verdict.gather(cfg, rc, started, err, oom_before, signals, name)
-    return _end(verdict.decide(ev), ev)
-
-
-def judge_killed(cfg, ran: float, program_pid: int | None, oom_before=None) -> End:
-    """How the previous run ended when its program was killed before it could say (it never judged): the same
-    judge, on what that program left (its own record, the SIGTERM it noted, the watchdog's hang restart, the
-    OOM killer's count)."""
-    from podkit.judge import verdict
-
-    ev = verdict.gather(cfg, None, ran, oom_before=oom_before, program_pid=program_pid, killed=True)
-    return _end(verdict.decide(ev), ev)
-
-
-def _end(fields: dict, ev: dict) -> End:
-    """The judged end as an End: the trainer's own record as it was stored, or a new record of this moment."""
-    own = ev.get("own")
-    if fields is own:
-        return End(own, stored=True)
-    fields = {k: v for k, v in fields.items() if v is not None}
-    by, message, hint = fields.pop("by"), fields.pop("message", ""), fields.pop("hint", "")
-    rc = ev.get("rc")
-    sig = next((s.get("signal") for s in ev.get("silent") or [] if isinstance(s, dict) and s.get("signal")), None)
-    if sig is None and isinstance(rc, int) and rc < 0:
-        try:
-            sig = signal.Signals(-rc).name
-        except ValueError:
-            sig = f"signal {-rc}"
-    return End(record(by, message, hint, rc=rc, signal=sig, started=ev.get("started"), program=ev.get("program"),
-                      **fields))
 
 
 def oom_fix(where: str) -> str:

@@ -25,7 +25,7 @@ import traceback
 from pathlib import Path
 
 from podkit import log, notify, records
-from podkit.judge import ending, failure
+from podkit.judge import ending, failure, verdict
 
 _log = log.get("trainer")
 MAX_DELAY_S = 600.0
@@ -135,7 +135,7 @@ class Bound(Loop):
         ran, program = self.rec.pop("running", None), self.rec.pop("program", None)
         oom = self.rec.pop("oom_kills", None)
         if isinstance(ran, (int, float)):
-            end = ending.judge_killed(self.cfg, ran, program if isinstance(program, int) else None, oom)
+            end = verdict.judge_killed(self.cfg, ran, program if isinstance(program, int) else None, oom)
             self.count_end(end, 1, ran)
             if self.rec.get("gave_up"):
                 return False
@@ -186,7 +186,7 @@ class Bound(Loop):
         return f"after step {best}" if isinstance(best, int) else "before its first step"
 
     def finish(self, end: ending.End, rc: int, started: float) -> int:
-        """The exit code for supervisord once the run that began at `started` ended as `end` (ending.judge)."""
+        """The exit code for supervisord once the run that began at `started` ended as `end` (verdict.judge)."""
         for key in ("running", "oom_kills"):
             self.rec.pop(key, None)
         self.rec.update(phase="ended", ended_at=time.time(), program=os.getpid())
@@ -298,7 +298,7 @@ def _noted(*_) -> None:
 
 def run(cfg, main) -> int:
     """Run the trainer program's `main()` under the bound (a single pod; a cluster's launcher has its own), and
-    judge how it ended (ending.judge)."""
+    judge how it ended (verdict.judge)."""
     bound = Bound(cfg)
     started, err, code = time.time(), None, 1
     try:
@@ -320,6 +320,6 @@ def run(cfg, main) -> int:
     finally:
         if ending.SIGNALS.forward is None:
             ending.SIGNALS.forward = _noted
-    end = ending.judge(cfg, code, started, err, bound.rec.get("oom_kills"))
+    end = verdict.judge(cfg, code, started, err, bound.rec.get("oom_kills"))
     return bound.finish(end, code, started)
 

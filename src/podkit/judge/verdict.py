@@ -33,6 +33,7 @@ docs/failures.md ("How a trainer run's end is judged") and checked by property t
 from __future__ import annotations
 
 import math
+import signal
 import time
 from pathlib import Path
 
@@ -438,3 +439,38 @@ def inference(cfg, started: float) -> dict | None:
         except Exception:  # noqa: BLE001 - a log is data
             pass
     return out
+
+
+# -- the judgement, as an End ---------------------------------------------------------------------------------------
+def judge(cfg, rc: int, started: float, err: dict | None = None, oom_before=None,
+          signals: ending.Signals = ending.SIGNALS, name: str = "trainer") -> ending.End:
+    """How the run this program started at `started` ended: its evidence gathered, then decided.
+    `err` is the exception this process saw itself (the fake trainer runs in-process)."""
+    ev = gather(cfg, rc, started, err, oom_before, signals, name)
+    return _end(decide(ev), ev)
+
+
+def judge_killed(cfg, ran: float, program_pid: int | None, oom_before=None) -> ending.End:
+    """How the previous run ended when its program was killed before it could say (it never judged): the same
+    judge, on what that program left (its own record, the SIGTERM it noted, the watchdog's hang restart, the
+    OOM killer's count)."""
+    ev = gather(cfg, None, ran, oom_before=oom_before, program_pid=program_pid, killed=True)
+    return _end(decide(ev), ev)
+
+
+def _end(fields: dict, ev: dict) -> ending.End:
+    """The judged end as an End: the trainer's own record as it was stored, or a new record of this moment."""
+    own = ev.get("own")
+    if fields is own:
+        return ending.End(own, stored=True)
+    fields = {k: v for k, v in fields.items() if v is not None}
+    by, message, hint = fields.pop("by"), fields.pop("message", ""), fields.pop("hint", "")
+    rc = ev.get("rc")
+    sig = next((s.get("signal") for s in ev.get("silent") or [] if isinstance(s, dict) and s.get("signal")), None)
+    if sig is None and isinstance(rc, int) and rc < 0:
+        try:
+            sig = signal.Signals(-rc).name
+        except ValueError:
+            sig = f"signal {-rc}"
+    return ending.End(ending.record(by, message, hint, rc=rc, signal=sig, started=ev.get("started"), program=ev.get("program"),
+                      **fields))

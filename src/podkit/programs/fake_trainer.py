@@ -319,7 +319,7 @@ def lease_lost(step: int, checkpoint_step: int, holder: str) -> int:
 
 def stopped_by_sigterm(cfg, progress, step) -> int:
     """Stopped with a checkpoint; who asked, and so whether it stays stopped or restarts to resume, is the
-    judge's to say (ending.judge)."""
+    judge's to say (verdict.judge)."""
     ending.write(cfg.state_dir, ending.SIGTERM, f"stopped at step {step} with a checkpoint", progress=progress)
     _log.info(f"stopped cleanly at step {step}")
     return 0
