@@ -16,9 +16,12 @@ import pytest
 import tomllib
 
 from conftest import ROOT, raw_server
-from podkit import config, deploy
+from podkit import config
 from podkit import runpod as api
 from podkit.deploy import template as deploy_template
+from podkit.deploy.bodies import SHIPPED_CONFIG, SHIPPED_GPUS, new_run, pod_body
+from podkit.deploy.deployer import Deployer
+from podkit.deploy.template import default_template, load_template
 from podkit.errors import ConfigError, PodkitError
 from runpod_stub import RunPodV2Stub
 from test_deploy_watch import Clock
@@ -147,8 +150,8 @@ def test_a_pod_config_of_your_own_is_kept_for_any_gpu_count(runpod_api, tmp_path
 
 
 def test_every_shipped_config_deploy_can_name_is_in_the_image():
-    for n in deploy.SHIPPED_GPUS:
-        assert (ROOT / deploy.SHIPPED_CONFIG.format(n).removeprefix("/opt/podkit/")).is_file()
+    for n in SHIPPED_GPUS:
+        assert (ROOT / SHIPPED_CONFIG.format(n).removeprefix("/opt/podkit/")).is_file()
 
 
 def test_a_second_deploy_updates_the_template_of_the_same_name(runpod_api):
@@ -203,9 +206,9 @@ def test_capacity_refusals_are_retried_with_back_off_then_succeed(runpod_api):
     """'No longer any instances available' (RunPod's 400) twice, then a pod: retried with growing delays."""
     runpod_api.capacity_failures = 2
     slept: list[float] = []
-    d = deploy.Deployer(tiny_client(), sleep=slept.append)
-    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
-    pod = d.create_pod(deploy.pod_body(tpl, 4, "SECURE", "p"), capacity_timeout_s=600)
+    d = Deployer(tiny_client(), sleep=slept.append)
+    tpl = load_template(ROOT / "runpod" / "template.yaml")
+    pod = d.create_pod(pod_body(tpl, 4, "SECURE", "p"), capacity_timeout_s=600)
     assert runpod_api.pod(pod["id"])["name"] == "p"
     assert runpod_api.calls().count("POST /v2/pods") == 3
     assert len(slept) == 2 and slept[1] > slept[0]
@@ -213,10 +216,10 @@ def test_capacity_refusals_are_retried_with_back_off_then_succeed(runpod_api):
 
 def test_capacity_that_never_comes_is_reported_with_alternatives(runpod_api):
     runpod_api.capacity_failures = 1000
-    d = deploy.Deployer(tiny_client(), sleep=lambda s: None)
-    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
+    d = Deployer(tiny_client(), sleep=lambda s: None)
+    tpl = load_template(ROOT / "runpod" / "template.yaml")
     with pytest.raises(PodkitError) as e:
-        d.create_pod(deploy.pod_body(tpl, 4, "SECURE", "p"), capacity_timeout_s=0)
+        d.create_pod(pod_body(tpl, 4, "SECURE", "p"), capacity_timeout_s=0)
     assert "no 4x NVIDIA A40 available in SECURE cloud" in e.value.message
     assert "--cloud COMMUNITY" in e.value.hint and "--gpus 2" in e.value.hint
 
@@ -226,10 +229,10 @@ def test_a_create_whose_answer_is_lost_is_found_not_made_twice(runpod_api):
     name among the pods made since, follows it, and bills for one pod, not two."""
     runpod_api.fail("POST", "/v2/pods", None, delay_s=2.5)
     slept: list[float] = []
-    d = deploy.Deployer(tiny_client(timeout_s=1), sleep=lambda s: slept.append(s) or time.sleep(2))
-    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
+    d = Deployer(tiny_client(timeout_s=1), sleep=lambda s: slept.append(s) or time.sleep(2))
+    tpl = load_template(ROOT / "runpod" / "template.yaml")
     runpod_api.add_pod(name="p")  # an older pod of the same name is not the one just made
-    pod = d.create_pod(deploy.pod_body(tpl, 4, "SECURE", "p"), capacity_timeout_s=0)
+    pod = d.create_pod(pod_body(tpl, 4, "SECURE", "p"), capacity_timeout_s=0)
     assert runpod_api.calls().count("POST /v2/pods") == 1 and len(slept) == 1
     assert sorted(p["name"] for p in runpod_api.pods.values()) == ["p", "p"]
     assert pod["gpu"]["id"] == "NVIDIA A40"
@@ -301,14 +304,14 @@ def test_waiting_for_the_pod_polls_until_its_runtime_is_up(runpod_api):
     runpod_api.polls_until_running = 3
     pid = runpod_api.add_pod(status="PROVISIONING")["id"]
     slept: list[float] = []
-    pod = deploy.Deployer(tiny_client(), sleep=slept.append).wait_running(pid, timeout_s=60, poll_s=5)
+    pod = Deployer(tiny_client(), sleep=slept.append).wait_running(pid, timeout_s=60, poll_s=5)
     assert pod["status"] == "RUNNING" and pod["runtime"]["ports"] and slept == [5, 5]
 
 
 def test_a_pod_in_error_while_starting_points_at_its_system_log(runpod_api):
     pid = runpod_api.add_pod(status="ERROR")["id"]
     with pytest.raises(PodkitError) as e:
-        deploy.Deployer(tiny_client()).wait_running(pid, timeout_s=60)
+        Deployer(tiny_client()).wait_running(pid, timeout_s=60)
     assert "is in ERROR" in e.value.message and f"podkit deploy logs {pid} --system" in e.value.hint
 
 
@@ -385,19 +388,19 @@ def test_template_with_a_literal_secret_another_mount_or_spot_is_refused(tmp_pat
     tpl = tmp_path / "t.yaml"
     tpl.write_text("name: t\nimageName: i\nvolumeMountPath: /workspace\nenv:\n  GIT_TOKEN: ghp_abcdefghijklmnop\n")
     with pytest.raises(ConfigError, match="looks like a literal secret"):
-        deploy.load_template(tpl)
+        load_template(tpl)
     tpl.write_text("name: t\nimageName: i\nvolumeMountPath: /runpod-volume\n")
     with pytest.raises(ConfigError, match="podkit's workspace is /workspace"):
-        deploy.load_template(tpl)
+        load_template(tpl)
     tpl.write_text("name: t\nimageName: i\nvolumeMountPath: /workspace\nbidPerGpu: 0.2\n")
     with pytest.raises(ConfigError) as e:
-        deploy.load_template(tpl)
+        load_template(tpl)
     assert "no interruptible (spot) pods" in e.value.hint
 
 
 def test_the_shipped_template_is_the_one_deploy_sends():
-    assert deploy.default_template().read_text() == (ROOT / "runpod" / "template.yaml").read_text()
-    tpl = deploy.load_template(config.packaged("runpod/template.yaml"))
+    assert default_template().read_text() == (ROOT / "runpod" / "template.yaml").read_text()
+    tpl = load_template(config.packaged("runpod/template.yaml"))
     assert tpl["volumeMountPath"] == "/workspace" and tpl["dockerArgs"] == "" and tpl["minCudaVersion"]
 
 
@@ -442,8 +445,8 @@ def test_logs_of_a_pod_that_is_gone_or_a_bad_tail_say_so(runpod_api):
 def test_a_pod_create_answered_with_a_cut_2xx_is_found_not_made_twice(runpod_api):
     """RunPod made the pod; its 201 arrived cut short (not JSON): looked for by name, not sent again."""
     runpod_api.fail("POST", "/v2/pods", 201, body=b'{"id": "stubpod', times=1)
-    d = deploy.Deployer(tiny_client(), sleep=lambda s: None)
-    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
+    d = Deployer(tiny_client(), sleep=lambda s: None)
+    tpl = load_template(ROOT / "runpod" / "template.yaml")
     # The cut answer replaces the stub's own, so the stub makes no pod for it: make the one RunPod made.
     made = {}
     orig = d.api.create_pod
@@ -453,7 +456,7 @@ def test_a_pod_create_answered_with_a_cut_2xx_is_found_not_made_twice(runpod_api
         return orig(body)
 
     d.api.create_pod = create
-    pod = d.create_pod(deploy.pod_body(tpl, 4, "SECURE", "p"), capacity_timeout_s=0)
+    pod = d.create_pod(pod_body(tpl, 4, "SECURE", "p"), capacity_timeout_s=0)
     assert pod["id"] == made["pod"]["id"] and runpod_api.calls().count("POST /v2/pods") == 1
 
 
@@ -461,7 +464,7 @@ def test_a_start_whose_answer_was_lost_is_done_when_sent_again(runpod_api):
     """The first start was taken, its answer lost: the retry's 409 on a pod now starting is success."""
     pid = runpod_api.add_pod(status="EXITED")["id"]
     runpod_api.fail("POST", f"/v2/pods/{pid}/action", None, delay_s=1.5)
-    d = deploy.Deployer(api.Client(timeout_s=0.5, sleep=lambda s: time.sleep(1.5)))
+    d = Deployer(api.Client(timeout_s=0.5, sleep=lambda s: time.sleep(1.5)))
     d.act(pid, "start")
     assert runpod_api.pod(pid)["status"] in ("STARTING", "RUNNING")
     assert sent(runpod_api, f"POST /v2/pods/{pid}/action") == [{"action": "start"}] * 2
@@ -607,9 +610,9 @@ def test_ids_of_another_shape_never_go_into_a_url_path(runpod_api):
     dropped; the client refuses to put one in a path at all."""
     runpod_api.fail("POST", "/v2/pods", 201, body=dict(runpod_api.add_pod(name="other") | {"id": HOSTILE_ID}))
     c = tiny_client()
-    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
+    tpl = load_template(ROOT / "runpod" / "template.yaml")
     with pytest.raises(api.ApiError, match="no pod id of RunPod's shape"):
-        c.create_pod(deploy.pod_body(tpl, 4, "SECURE", "p", run=deploy.new_run()))
+        c.create_pod(pod_body(tpl, 4, "SECURE", "p", run=new_run()))
     runpod_api.fail("GET", "/v2/pods", 200, body={"pods": [dict(runpod_api.pod(next(iter(runpod_api.pods))),
                                                                 id=HOSTILE_ID)]})
     assert [p["id"] for p in c.pods()] == []
@@ -620,7 +623,7 @@ def test_ids_of_another_shape_never_go_into_a_url_path(runpod_api):
     assert not [q for q in runpod_api.requests if "victim" in q.path or "victim" in str(q.query)]
     runpod_api.fail("POST", "/v2/pods", 201, body={"id": f"Bearer {KEY}"})
     with pytest.raises(api.ApiError) as e:
-        c.create_pod(deploy.pod_body(tpl, 4, "SECURE", "p"))
+        c.create_pod(pod_body(tpl, 4, "SECURE", "p"))
     assert KEY[:4] not in e.value.message, "an id that echoes the key is shown redacted"
 
 
@@ -655,10 +658,10 @@ def late_create(stub: RunPodV2Stub, list_lag_s: float, create_answer_s: float, l
     `create_answer_s` + `lag_allowed_s` before it sends the create again."""
     stub.answer_late("POST", "/v2/pods", 3.0)
     stub.list_lag_s = list_lag_s
-    d = deploy.Deployer(api.Client(timeout_s=1, sleep=lambda s: None), sleep=time.sleep,
+    d = Deployer(api.Client(timeout_s=1, sleep=lambda s: None), sleep=time.sleep,
                         create_answer_s=create_answer_s, look_every_s=0.25, list_lag_s=lag_allowed_s)
-    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
-    return d, deploy.pod_body(tpl, 4, "SECURE", "p", run=deploy.new_run())
+    tpl = load_template(ROOT / "runpod" / "template.yaml")
+    return d, pod_body(tpl, 4, "SECURE", "p", run=new_run())
 
 
 def test_a_create_answered_late_is_looked_for_before_it_is_sent_again(runpod_api):
@@ -690,9 +693,9 @@ def lost_create(stub: RunPodV2Stub, clock: Clock):
     RunPod makes and answers with a connection dropped mid-body; the body, of a new run."""
     stub.garble("POST", "/v2/pods", "drop")
     stub.clock = clock
-    d = deploy.Deployer(api.Client(sleep=clock.sleep), sleep=clock.sleep)
-    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
-    return d, deploy.pod_body(tpl, 4, "SECURE", "p", run=deploy.new_run())
+    d = Deployer(api.Client(sleep=clock.sleep), sleep=clock.sleep)
+    tpl = load_template(ROOT / "runpod" / "template.yaml")
+    return d, pod_body(tpl, 4, "SECURE", "p", run=new_run())
 
 
 def test_a_pod_list_lagging_past_the_old_look_gets_no_second_create(runpod_api):
@@ -749,7 +752,7 @@ def test_a_pod_of_another_run_with_the_same_name_is_never_touched(runpod_api, ca
     d, body = lost_create(runpod_api, clock)
     runpod_api.list_lag_s = 200
     clock.events = {3: lambda: runpod_api.add_pod(id="pod-other", name="p", status="RUNNING",
-                                                  env={"PODKIT_RUN_ID": deploy.new_run()},
+                                                  env={"PODKIT_RUN_ID": new_run()},
                                                   createdAt="2026-01-01T00:00:00Z")}
     pod = d.create_pod(body, capacity_timeout_s=0)
     assert pod["id"] != "pod-other" and runpod_api.calls().count("POST /v2/pods") == 1
@@ -767,9 +770,9 @@ def test_a_create_made_but_answered_unreadably_is_followed_never_sent_again(runp
     in the pod's env), finds the one RunPod made, and follows it until it runs: one create sent, one pod billing."""
     runpod_api.garble("POST", "/v2/pods", how)
     runpod_api.add_pod(name="p")  # an older pod of the same name, of no run: not the one made
-    d = deploy.Deployer(tiny_client(), sleep=time.sleep, create_answer_s=2, look_every_s=0.2)
-    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
-    body = deploy.pod_body(tpl, 4, "SECURE", "p", run=deploy.new_run())
+    d = Deployer(tiny_client(), sleep=time.sleep, create_answer_s=2, look_every_s=0.2)
+    tpl = load_template(ROOT / "runpod" / "template.yaml")
+    body = pod_body(tpl, 4, "SECURE", "p", run=new_run())
     pod = d.create_pod(body, capacity_timeout_s=0)
     assert runpod_api.calls().count("POST /v2/pods") == 1, "never sent again"
     [made] = [p for p in runpod_api.pods.values() if p["env"].get("PODKIT_RUN_ID") == body["env"]["PODKIT_RUN_ID"]]

@@ -11,7 +11,10 @@ import time
 import pytest
 
 from conftest import ROOT
-from podkit import config, deploy
+from podkit import config
+from podkit.deploy.bodies import SHIPPED_CLUSTER_CONFIG, cluster_body
+from podkit.deploy.deployer import Deployer
+from podkit.deploy.template import load_template
 from podkit.errors import ConfigError, PodkitError
 from runpod_stub import RunPodV2Stub, schema_errors
 from test_deploy import KEY
@@ -139,10 +142,10 @@ def test_a_cluster_made_though_its_answer_was_lost_is_followed(runpod_api):
     from podkit import runpod as api
 
     runpod_api.fail("POST", "/v2/clusters", None, delay_s=1.5)
-    d = deploy.Deployer(api.Client(timeout_s=0.5, sleep=lambda s: None), sleep=lambda s: time.sleep(2))
-    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
+    d = Deployer(api.Client(timeout_s=0.5, sleep=lambda s: None), sleep=lambda s: time.sleep(2))
+    tpl = load_template(ROOT / "runpod" / "template.yaml")
     vol = d.network_volume(VOLUME)
-    c = d.create_cluster(deploy.cluster_body(tpl, "run-2x8", 2, 8, H100, vol))
+    c = d.create_cluster(cluster_body(tpl, "run-2x8", 2, 8, H100, vol))
     assert list(runpod_api.clusters) == [c["id"]] and runpod_api.calls().count("POST /v2/clusters") == 1
 
 
@@ -154,7 +157,7 @@ def test_a_2xx_that_is_not_json_is_reported(runpod_api):
 
 def test_a_create_the_spec_refuses_shows_runpods_validation_errors(runpod_api):
     """What RunPod's validation answers reaches the person: here a field the document does not define."""
-    d = deploy.Deployer()
+    d = Deployer()
     with pytest.raises(PodkitError) as e:
         d.create_cluster({"name": "x", "type": "TRAINING", "cloudType": "SECURE",
                           "compute": {"gpuTypeId": H100, "gpuCountPerPod": 8, "podCount": 2}})
@@ -188,7 +191,7 @@ def test_a_cluster_scaled_beyond_the_runs_nodes_is_reported(runpod_api):
 
 
 def test_the_shipped_cluster_config_is_in_the_image():
-    assert (ROOT / deploy.SHIPPED_CLUSTER_CONFIG.removeprefix("/opt/podkit/")).is_file()
+    assert (ROOT / SHIPPED_CLUSTER_CONFIG.removeprefix("/opt/podkit/")).is_file()
 
 
 def test_a_cluster_nodes_self_stop_names_the_cluster_delete_that_ends_its_billing(runpod_api, capfd):

@@ -11,9 +11,11 @@ import threading
 
 import pytest
 
-from podkit import deploy
 from podkit import runpod as api
-from podkit.deploy.watch import one_watch
+from podkit.deploy import bodies
+from podkit.deploy.deployer import Deployer
+from podkit.deploy.template import load_template
+from podkit.deploy.watch import Watch, one_watch, relauncher
 from podkit.errors import PodkitError
 from podkit.money import ledger
 from runpod_stub import RunPodV2Stub
@@ -45,7 +47,7 @@ def runpod_api(monkeypatch, tmp_path):
 def template(tmp_path, remote: str | None = REMOTE, **env: str) -> str:
     """A template whose env names `remote` and its credentials (references to RunPod secrets), plus `env`."""
     path = tmp_path / "template.yaml"
-    extra = {deploy.bodies.REMOTE_ENV: remote, **CREDENTIALS} if remote else {}
+    extra = {bodies.REMOTE_ENV: remote, **CREDENTIALS} if remote else {}
     path.write_text(json.dumps({"name": "t", "imageName": "registry.example/img", "volumeMountPath": "/workspace",
                                 "volumeInGb": 50, "env": {**extra, **env}}))
     return str(path)
@@ -58,12 +60,12 @@ def lost_pod(stub: RunPodV2Stub, **kw) -> None:
     stub.new_pod_ids = ["pod-new", "pod-r2", "pod-r3"]
 
 
-def watch(stub: RunPodV2Stub, tmp_path, cloud: str = "SECURE") -> tuple[deploy.Watch, Clock]:
+def watch(stub: RunPodV2Stub, tmp_path, cloud: str = "SECURE") -> tuple[Watch, Clock]:
     clock = Clock()
-    d = deploy.Deployer(api.Client(sleep=clock.sleep), sleep=clock.sleep)
-    tpl = deploy.load_template(template(tmp_path))
-    launch = deploy.relauncher(d, tpl, None, cloud, 4, None, capacity_timeout_s=0)
-    return deploy.Watch(d, "pod-old", launch, remote=REMOTE, clock=clock, lost_after_s=600, start_grace_s=900,
+    d = Deployer(api.Client(sleep=clock.sleep), sleep=clock.sleep)
+    tpl = load_template(template(tmp_path))
+    launch = relauncher(d, tpl, None, cloud, 4, None, capacity_timeout_s=0)
+    return Watch(d, "pod-old", launch, remote=REMOTE, clock=clock, lost_after_s=600, start_grace_s=900,
                         poll_s=30, max_relaunches=3, backoff_s=60), clock
 
 
@@ -87,9 +89,9 @@ def test_deploy_with_a_remote_asks_for_no_volume_and_lands_where_the_gpus_are(ru
     assert "GET /v2/network-volumes" not in runpod_api.calls(), "nothing asks for a volume"
     [body] = [q.body for q in runpod_api.requests if (q.method, q.path) == ("POST", "/v2/pods")]
     assert "dataCenterIds" not in body and body["mounts"] == {"persistent": {"size": 50, "path": "/workspace"}}
-    assert body["env"][deploy.bodies.REMOTE_ENV] == REMOTE and body["env"]["AWS_SECRET_ACCESS_KEY"] == \
+    assert body["env"][bodies.REMOTE_ENV] == REMOTE and body["env"]["AWS_SECRET_ACCESS_KEY"] == \
         "{{ RUNPOD_SECRET_AWS_SECRET_ACCESS_KEY }}"
-    assert deploy.bodies.NETWORK_VOLUME_ENV not in body["env"], "the pod's preflight counts the remote as durable"
+    assert bodies.NETWORK_VOLUME_ENV not in body["env"], "the pod's preflight counts the remote as durable"
     [pod] = [p for p in runpod_api.pods.values()]
     assert pod["dataCenterId"] == "US-TX-3"
     assert f"its checkpoints go to checkpoint.remote {REMOTE} as they are saved (no network volume)" in r.stdout
@@ -146,7 +148,7 @@ def test_watch_with_a_remote_replaces_a_lost_pod_in_another_data_center(runpod_a
     assert "GET /v2/network-volumes" not in runpod_api.calls()
     [new] = created(runpod_api)
     assert "dataCenterIds" not in new and "network" not in new["mounts"] and new["cloud"] == "COMMUNITY"
-    assert new["env"][ledger.RUN_ENV] == RUN and new["env"][deploy.bodies.REMOTE_ENV] == REMOTE
+    assert new["env"][ledger.RUN_ENV] == RUN and new["env"][bodies.REMOTE_ENV] == REMOTE
     assert new["gpu"]["count"] == 2 and new["image"] == "registry.example/podkit:v2"
     assert runpod_api.pod("pod-new")["dataCenterId"] == "US-TX-3" and KEY not in out
 
@@ -240,8 +242,8 @@ def test_a_remote_the_pod_could_not_use_is_refused_before_anything_is_sent(runpo
 
 
 def test_an_rclone_remote_configured_in_the_template_env_is_accepted(tmp_path):
-    tpl = deploy.load_template(template(tmp_path, "r2:ckpts/runs", RCLONE_CONFIG_R2_TYPE="s3"))
-    assert deploy.bodies.checkpoint_remote(tpl, "t.yaml") == "r2:ckpts/runs"
+    tpl = load_template(template(tmp_path, "r2:ckpts/runs", RCLONE_CONFIG_R2_TYPE="s3"))
+    assert bodies.checkpoint_remote(tpl, "t.yaml") == "r2:ckpts/runs"
 
 
 def test_one_watch_per_run_without_a_volume_goes_by_the_run_id(tmp_path, monkeypatch):

@@ -13,8 +13,12 @@ import time
 import pytest
 
 from conftest import ROOT
-from podkit import deploy
 from podkit import runpod as api
+from podkit.deploy.bodies import STOP_AT_ENV
+from podkit.deploy.deployer import Deployer
+from podkit.deploy.pods import created_order
+from podkit.deploy.template import load_template
+from podkit.deploy.watch import Watch, relauncher
 from podkit.errors import PodkitError
 from runpod_stub import MISSING, RunPodV2Stub
 from test_notify import Receiver
@@ -62,13 +66,13 @@ def old_pod(stub: RunPodV2Stub, gpus: int = 4, env: dict | None = None, **kw) ->
     return pod["id"]
 
 
-def watch(stub: RunPodV2Stub, pod_id: str = "pod-old", launch=None, **kw) -> tuple[deploy.Watch, Clock]:
+def watch(stub: RunPodV2Stub, pod_id: str = "pod-old", launch=None, **kw) -> tuple[Watch, Clock]:
     clock = Clock()
-    d = deploy.Deployer(api.Client(sleep=clock.sleep), sleep=clock.sleep)
-    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
-    launch = launch or deploy.relauncher(d, tpl, d.network_volume(VOLUME), "SECURE", 4, None, capacity_timeout_s=0)
+    d = Deployer(api.Client(sleep=clock.sleep), sleep=clock.sleep)
+    tpl = load_template(ROOT / "runpod" / "template.yaml")
+    launch = launch or relauncher(d, tpl, d.network_volume(VOLUME), "SECURE", 4, None, capacity_timeout_s=0)
     opts = dict(volume_id=VOLUME, lost_after_s=600, start_grace_s=900, poll_s=30, max_relaunches=3, backoff_s=60) | kw
-    return deploy.Watch(d, pod_id, launch, clock=clock, **opts), clock
+    return Watch(d, pod_id, launch, clock=clock, **opts), clock
 
 
 def created(stub: RunPodV2Stub) -> list[dict]:
@@ -83,7 +87,7 @@ def test_a_pod_gone_is_replaced_on_its_network_volume_and_followed_to_its_finish
     """RUNNING, then no such pod (host removed): one replacement on the same network volume, in its data
     center, with the lost pod's GPU count, image and maximum run time; its own stop ends the watch."""
     at = str(int(time.time()) + 3600)
-    old_pod(runpod_api, gpus=2, env={deploy.STOP_AT_ENV: at, "HF_TOKEN": "x"})
+    old_pod(runpod_api, gpus=2, env={STOP_AT_ENV: at, "HF_TOKEN": "x"})
     w, clock = watch(runpod_api)
     clock.events = {1: lambda: runpod_api.vanish("pod-old"), 8: lambda: runpod_api.set_status("pod-new", "EXITED")}
     assert w.run() == 0
@@ -91,7 +95,7 @@ def test_a_pod_gone_is_replaced_on_its_network_volume_and_followed_to_its_finish
     assert new["mounts"] == {"network": [{"volumeId": VOLUME, "path": "/workspace"}]}
     assert new["dataCenterIds"] == ["EU-SE-1"] and new["gpu"]["count"] == 2 and new["name"] == "podkit-run"
     assert new["image"] == "registry.example/podkit:v2", "the lost pod's image, not the template's default"
-    assert new["env"][deploy.STOP_AT_ENV] == at and new["env"]["PODKIT_CONFIG"].endswith("a40-2gpu.yaml")
+    assert new["env"][STOP_AT_ENV] == at and new["env"]["PODKIT_CONFIG"].endswith("a40-2gpu.yaml")
     assert new["env"]["HF_TOKEN"] == "{{ RUNPOD_SECRET_HF_TOKEN }}", "secrets come from the template, never the old pod"
     assert actions(runpod_api) == [], "nothing to stop: the pod is gone"
     assert w.pod_id == "pod-new" and w.relaunches == 1
@@ -209,18 +213,18 @@ def test_replacements_back_off_and_end_at_the_maximum(runpod_api, monkeypatch):
     receiver = Receiver()
     monkeypatch.setenv("PODKIT_NOTIFY_WEBHOOK_URL", receiver.url)
     try:
-        old_pod(runpod_api, env={deploy.STOP_AT_ENV: "4102444800"})
+        old_pod(runpod_api, env={STOP_AT_ENV: "4102444800"})
         clock = Clock()
-        d = deploy.Deployer(api.Client(sleep=clock.sleep), sleep=clock.sleep)
-        tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
-        real = deploy.relauncher(d, tpl, d.network_volume(VOLUME), "SECURE", 4, None, capacity_timeout_s=0)
+        d = Deployer(api.Client(sleep=clock.sleep), sleep=clock.sleep)
+        tpl = load_template(ROOT / "runpod" / "template.yaml")
+        real = relauncher(d, tpl, d.network_volume(VOLUME), "SECURE", 4, None, capacity_timeout_s=0)
 
         def launch(carry):
             pod = real(carry)
             runpod_api.vanish(pod["id"])  # its host is lost at once
             return pod
 
-        w = deploy.Watch(d, "pod-old", launch, volume_id=VOLUME, clock=clock, max_relaunches=3, backoff_s=60)
+        w = Watch(d, "pod-old", launch, volume_id=VOLUME, clock=clock, max_relaunches=3, backoff_s=60)
         clock.events = {1: lambda: runpod_api.vanish("pod-old")}
         assert w.run() == 1
         assert len(created(runpod_api)) == 3 and w.pod_id == "pod-r3"
@@ -230,7 +234,7 @@ def test_replacements_back_off_and_end_at_the_maximum(runpod_api, monkeypatch):
         assert "giving up" in receiver.posts[3]["text"]
         for new in created(runpod_api):  # the second and third keep what the first pod had, too
             assert new["name"] == "podkit-run" and new["image"] == "registry.example/podkit:v2"
-            assert new["env"][deploy.STOP_AT_ENV] == "4102444800"
+            assert new["env"][STOP_AT_ENV] == "4102444800"
     finally:
         receiver.close()
 
@@ -309,7 +313,7 @@ def test_deploy_on_a_network_volume_with_a_maximum_run_time(runpod_api):
     [new] = created(runpod_api)
     assert new["mounts"] == {"network": [{"volumeId": VOLUME, "path": "/workspace"}]}
     assert new["dataCenterIds"] == ["EU-SE-1"] and new["env"]["PODKIT_GUARD_NETWORK_VOLUME"] == "refuse"
-    at = float(new["env"][deploy.STOP_AT_ENV])
+    at = float(new["env"][STOP_AT_ENV])
     assert before + 12 * 3600 - 1 <= at <= time.time() + 12 * 3600
     assert f"podkit deploy watch pod-abc123 --network-volume {VOLUME}" in r.stdout
     runpod_api.requests.clear()
@@ -330,7 +334,7 @@ def test_no_replacement_once_the_maximum_run_time_has_passed(runpod_api, monkeyp
     receiver = Receiver()
     monkeypatch.setenv("PODKIT_NOTIFY_WEBHOOK_URL", receiver.url)
     try:
-        old_pod(runpod_api, env={deploy.STOP_AT_ENV: str(int(time.time()) - 60)})
+        old_pod(runpod_api, env={STOP_AT_ENV: str(int(time.time()) - 60)})
         w, clock = watch(runpod_api)
         clock.events = {1: lambda: runpod_api.vanish("pod-old")}
         assert w.run() == 0 and created(runpod_api) == []
@@ -378,16 +382,16 @@ def test_two_watches_that_replace_at_once_keep_the_first_pod_only(runpod_api):
     terminates it at once (still provisioning: nothing lost) and follows the first."""
     old_pod(runpod_api)
     clock = Clock()
-    d = deploy.Deployer(api.Client(sleep=clock.sleep), sleep=clock.sleep)
-    tpl = deploy.load_template(ROOT / "runpod" / "template.yaml")
-    real = deploy.relauncher(d, tpl, d.network_volume(VOLUME), "SECURE", 4, None, capacity_timeout_s=0)
+    d = Deployer(api.Client(sleep=clock.sleep), sleep=clock.sleep)
+    tpl = load_template(ROOT / "runpod" / "template.yaml")
+    real = relauncher(d, tpl, d.network_volume(VOLUME), "SECURE", 4, None, capacity_timeout_s=0)
 
     def launch(carry):  # the other watch's create lands just before this one's
         runpod_api.add_pod(volume=VOLUME, id="pod-zfirst", name="podkit-run", status="PROVISIONING",
                            createdAt="2026-01-01T00:00:00Z")  # created first: the id's order decides nothing
         return real(carry)
 
-    w = deploy.Watch(d, "pod-old", launch, volume_id=VOLUME, clock=clock, lost_after_s=600, start_grace_s=900)
+    w = Watch(d, "pod-old", launch, volume_id=VOLUME, clock=clock, lost_after_s=600, start_grace_s=900)
     clock.events = {1: lambda: runpod_api.vanish("pod-old"), 8: lambda: runpod_api.set_status("pod-zfirst", "EXITED")}
     assert w.run() == 0
     assert len(created(runpod_api)) == 1 and actions(runpod_api) == [("pod-new", "terminate")]
@@ -528,4 +532,4 @@ def test_a_pod_whose_answer_has_no_creation_time_is_never_taken_for_the_first():
     (it would have the run's real first pod terminated)."""
     pods = [{"id": "a-late"}, {"id": "z-first", "createdAt": "2026-01-01T00:00:00Z"},
             {"id": "m", "createdAt": "2026-01-02T00:00:00Z"}]
-    assert [p["id"] for p in sorted(pods, key=deploy.created_order)] == ["z-first", "m", "a-late"]
+    assert [p["id"] for p in sorted(pods, key=created_order)] == ["z-first", "m", "a-late"]

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import PODKIT, ROOT
 from gitserver import HTTPRemote, Remote
-from podkit import config, deploy
-from podkit.deploy.template import literal_secret
+from podkit import config
+from podkit.deploy.template import literal_secret, load_template
 from podkit.programs import sglang
 
 pytestmark = pytest.mark.timeout(120)
@@ -100,7 +100,7 @@ def test_deploy_refuses_a_literal_secret_in_the_template(tmp_path, value, why):
     from podkit.errors import ConfigError
 
     with pytest.raises(ConfigError, match=why):
-        deploy.load_template(tpl)
+        load_template(tpl)
 
 
 @pytest.mark.parametrize("name, value", [("HF_TOKEN", "{{ RUNPOD_SECRET_HF_TOKEN }}"), ("GIT_TOKEN", ""),

@@ -325,9 +325,9 @@ def _run(cfg, args) -> int:
       opt("--tail", type=int, help="logs: this many earlier lines first (RunPod's default 100; 0..5000)"),
       opt("--json", action="store_true"), load=False)
 def _deploy(_cfg, args) -> int:
-    from podkit import deploy
+    from podkit.deploy import verbs
 
-    return deploy.main(args)
+    return verbs.main(args)
 
 
 @verb("config", "print the resolved config (or --defaults, the documented default)",

@@ -13,25 +13,4 @@ The layers, each importing only those above it:
     deployer.py    the RunPod calls: the template saved, a pod created exactly once, waited for, acted on
     watch.py       `podkit deploy watch`: the relaunch state machine, one watch per run
     verbs.py       the verbs, one function each (SUBCOMMANDS); main
-
-What callers and tests use is named here.
 """
-
-from podkit.deploy.bodies import (
-    SHIPPED_CLUSTER_CONFIG,
-    SHIPPED_CONFIG,
-    SHIPPED_GPUS,
-    STOP_AT_ENV,
-    cluster_body,
-    new_run,
-    pod_body,
-)
-from podkit.deploy.deployer import Deployer
-from podkit.deploy.pods import created_order
-from podkit.deploy.template import default_template, load_template
-from podkit.deploy.verbs import SUBCOMMANDS, main
-from podkit.deploy.watch import Watch, relauncher
-
-__all__ = ["SHIPPED_CLUSTER_CONFIG", "SHIPPED_CONFIG", "SHIPPED_GPUS", "STOP_AT_ENV", "SUBCOMMANDS", "Deployer",
-           "Watch", "cluster_body", "created_order", "default_template", "load_template", "main", "new_run",
-           "pod_body", "relauncher"]
