@@ -169,7 +169,11 @@ def test_a_go_quoted_value_in_rclones_words_is_taken_out_whole():
      "DAVpassW0rd1234"),
 ])
 def test_credentials_in_a_url_of_any_scheme_are_shown_nowhere(url, secret):
+    from podkit.redact import literal_secret
+
     assert secret not in rclonesecrets.shown(url)
+    assert secret not in Redactor({})(f"PODKIT_CHECKPOINT_REMOTE={url}")
+    assert literal_secret(url), url  # and deploy refuses it written in a template
     assert secret not in rclonesecrets.redact_text(f"rclone said {url}")
     try:
         remote.parse(url)

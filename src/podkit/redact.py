@@ -27,7 +27,7 @@ def secret_name(name: str, environ=None) -> bool:
 
 _URL_CREDENTIALS = re.compile(r"(://)[^/\s:@'\"]+:(?:<redacted[^>]*>|[^/\s@'\"]+)@")
 # s3://KEY:SECRET@bucket: an AWS secret may hold '/' (a bucket never holds ':' nor '@')
-_S3_CREDENTIALS = re.compile(r"(s3://)[A-Za-z0-9_.-]+:[^\s@'\"]+@")
+_S3_CREDENTIALS = re.compile(r"(?i)(s3://)[A-Za-z0-9_.-]+:[^\s@'\"]+@")
 # A long user part alone is a token used as the user (https://TOKEN@github.com/...), as git allows.
 _URL_TOKEN_USER = re.compile(r"(://)[^/\s:@'\"<>]{16,}@")
 _PREFIXED = re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(map(re.escape, SECRET_PREFIXES)) + r")[A-Za-z0-9_\-]{8,}")
@@ -93,7 +93,8 @@ def _literal_parameter(v: str, environ=None) -> str:
 
 def _literal(v: str, name: str, environ=None) -> str:
     """The rule for a value without references, read whole."""
-    if _URL_CREDENTIALS.search(v) or _S3_CREDENTIALS.search(v):
+    if _URL_CREDENTIALS.search(v) or _S3_CREDENTIALS.search(v) or any(
+            k == "password" for k, _ in rclonesecrets.url_credentials(v)):  # any scheme, a password holding '/'
         return "credentials inside a URL"
     for prefix in SECRET_PREFIXES:
         if v.startswith(prefix) and len(v) >= len(prefix) + 8:

@@ -170,23 +170,30 @@ def secret_values(remote: str, environ=None, depth: int = 0) -> list[tuple[str, 
 _SCHEME = re.compile(r"(?i)^([a-z][a-z0-9+.-]*://)(.*)$", re.S)
 
 
+def _userinfo_end(rest: str) -> int:
+    """Where the user part of a URL (its text after scheme://) ends, at its '@'; -1 without one. user:password
+    runs to the last '@' (a password may hold '/' or '@'); a user alone (a token) ends in the host part."""
+    head, at, _ = rest.rpartition("@")
+    if at and ":" in head:
+        return len(head)
+    host = rest.split("/", 1)[0]
+    return host.rindex("@") if "@" in host else -1
+
+
 def url_credentials(value: str) -> list[tuple[str, str]]:
     """A URL's user and password (scheme://user:pass@host/..., any scheme, the password holding '/' or not)."""
     m = _SCHEME.match(value.strip())
-    if not m or "@" not in m.group(2):
+    end = _userinfo_end(m.group(2)) if m else -1
+    if end < 0:
         return []
-    head = m.group(2).rpartition("@")[0]
-    if ":" not in head and "/" in head:
-        return []  # an '@' in the path, not a user
-    user, _, password = head.partition(":")
+    user, _, password = m.group(2)[:end].partition(":")
     return [(k, v) for k, v in (("user", user), ("password", password)) if v]
 
 
 def _without_userinfo(value: str) -> str:
     m = _SCHEME.match(value)
-    if not m or not url_credentials(value):
-        return value
-    return f"{m.group(1)}{REDACTED}@{m.group(2).rpartition('@')[2]}"
+    end = _userinfo_end(m.group(2)) if m else -1
+    return value if end < 0 else f"{m.group(1)}{REDACTED}@{m.group(2)[end + 1:]}"
 
 
 def shown(remote: str, environ=None) -> str:
