@@ -122,11 +122,13 @@ def test_an_s3_urls_credentials_are_a_key_and_secret_before_its_last_at(remote, 
     assert rclonesecrets.s3_credentials(remote) is creds
 
 
-@pytest.mark.parametrize("path, cut", [
-    ("//127.0.0.1:9000/b", True), ("9000,secret_access_key=x:b", True), ("9000,KEY=x:b", True),
-    ("bucket/p", False), ("bucket/a,b", False), ("b//c", False)])
-def test_a_path_that_is_the_rest_of_a_cut_url_value_is_told(path, cut):
-    assert rclonesecrets.unquoted_colon(path) is cut
+@pytest.mark.parametrize("path, value, cut", [
+    ("//127.0.0.1:9000/b", "http", True), ("9000,secret_access_key=x:b", "host", True), ("9000,KEY=x:b", "", True),
+    ('"service_account","private_key":"k"}', '{"type"', True), ("x", "[1", True), ("x", " {", True),
+    ("bucket/p", "", False), ("bucket/a,b", "", False), ("b//c", "", False), ("bucket/lr=0.001,bs=64", "", False),
+    ("runs/what?v=2", "", False), ("runs/{a}", "v", False), ("p", "plain", False)])
+def test_a_path_that_is_the_rest_of_a_cut_value_is_told_and_a_users_own_path_is_not(path, value, cut):
+    assert rclonesecrets.cut_value(path, value) is cut
 
 
 # -- secrets taken out of any text ---------------------------------------------------------------------------------

@@ -218,3 +218,53 @@ def test_only_the_type_variable_rclone_reads_decides_a_remotes_backend():
     env = {"rclone_config_b2x_type": "local", "RCLONE_CONFIG_B2X_TYPE": "b2"}
     assert rclonesecrets.secret_env("RCLONE_CONFIG_B2X_KEY", env)
     assert rclonesecrets.secret_params("b2x", {"key": "x"}, env) == ["key"]
+
+
+# -- the third attack: upstreams as rclone reads them, a cut value one level down, and no false refusal ----------
+@pytest.mark.parametrize("url", [
+    ":union,upstreams='\":gcs,service_account_credentials=''{\"\"private_key\"\": \"\"PKSECRET0123\"\"}'':bkt\" /tmp/x':",
+    ":union,upstreams='\":b2,account=A1,key=PKSECRET0123:bucket\" /tmp/x':",
+    ":combine,upstreams='my+docs=:b2,account=A1,key=PKSECRET0123:b':",
+    ":union,upstreams=':b2,account=A1,key=PKSECRET0123:b1:ro /tmp/x:nc':",
+])
+def test_a_union_or_combine_upstream_is_read_as_rclone_reads_it(url):
+    """rclone reads `upstreams` as space-separated fields, each maybe double-quoted (holding spaces), a combine's as
+    dir=remote:path with any dir name: the wrapped remote's secret is found there, shown nowhere, refused literal."""
+    from podkit.redact import literal_secret
+
+    assert "PKSECRET0123" in " ".join(v for _, v in rclonesecrets.secret_values(url))
+    assert "PKSECRET0123" not in rclonesecrets.shown(url), rclonesecrets.shown(url)
+    assert literal_secret(url, "PODKIT_CHECKPOINT_REMOTE", {})
+
+
+def test_a_value_cut_inside_a_wrapped_remote_is_refused_before_rclone_can_echo_it():
+    url = ":crypt,password=x0bscured,remote=':azureblob,sas_url=http://127.0.0.1:9/c?sv=2020&sig=SIGSECRET9:':"
+    with pytest.raises(ValueError, match="must be quoted") as e:
+        remote.parse(url)
+    assert "SIGSECRET9" not in str(e.value) and "SIGSECRET9" not in rclonesecrets.shown(url)
+
+
+@pytest.mark.parametrize("url", [":local,case_insensitive=false:/tmp/hive/lr=0.001,bs=64",
+                                 ":s3,provider=AWS,env_auth=true:bucket/runs/what?v=2",
+                                 ":s3,provider=AWS,env_auth=true:bucket/runs/{a}/\"b\""])
+def test_a_path_rclone_takes_is_not_refused_as_a_cut_value(url):
+    remote.parse(url)
+
+
+@pytest.mark.parametrize("value", ["https://files.example.com:8443/shared/alice@example.com/data.tar",
+                                   "git+https://git.corp.example:8443/ml/lib.git@v1.2.0",
+                                   ":webdav,url='https://dav.example.com:8443/remote.php/dav/files/alice@example.com',"
+                                   "pass='{{ RUNPOD_SECRET_DAV }}':ckpts"])
+def test_a_url_with_a_port_and_an_at_in_its_path_holds_no_credentials(value):
+    """Go's URL parser ends the host part at the first '/': host:8443/.../alice@example.com has no user."""
+    from podkit.redact import literal_secret
+
+    assert literal_secret(value, "DATA_URL", {}) == "" and literal_secret(value, "PODKIT_CHECKPOINT_REMOTE", {}) == ""
+    url = value if value.startswith(("http", "git")) else value.split("'")[1]
+    assert url in rclonesecrets.shown(value) and url in rclonesecrets.redact_text(value)
+
+
+def test_a_reference_after_a_space_is_unquoted_too():
+    assert rclonesecrets.unquoted_reference(":gcs,service_account_credentials= {{ RUNPOD_SECRET_SA }}:bkt") == \
+        "service_account_credentials"
+    assert rclonesecrets.unquoted_reference(":gcs,service_account_credentials='{{ RUNPOD_SECRET_SA }}':bkt") == ""

@@ -137,11 +137,33 @@ def secret_params(name: str, params: dict[str, str], environ=None) -> list[str]:
 WRAPS = ("remote", "upstreams")
 
 
+def _upstreams(value: str) -> list[tuple[str, str]]:
+    """A union's or combine's `upstreams` as rclone reads it (fs.SpaceSepList: fields apart by spaces, a field
+    may be double-quoted, a doubled quote inside it one): (combine's `dir=`, or '', the remote) each. A field whose
+    '=' comes before any ',' or ':' is combine's dir=remote:path (a dir may be any name); a union's remote
+    (`:b2,key=...:bucket`, `name:path:ro`) has its ',' or ':' first."""
+    import csv
+
+    try:
+        fields = next(csv.reader([value], delimiter=" ", quotechar='"', skipinitialspace=True), [])
+    except csv.Error:
+        fields = value.split()
+    out = []
+    for f in (f for f in fields if f):
+        eq, stop = f.find("="), min((i for i in (f.find(","), f.find(":")) if i >= 0), default=len(f))
+        out.append((f[:eq + 1], f[eq + 1:]) if 0 <= eq < stop else ("", f))
+    return out
+
+
 def _inner(param: str, value: str) -> list[str]:
     """The remotes a wrapping parameter's value names."""
-    if param.lower() == "remote":
-        return [value]
-    return [re.sub(r"^[\w.-]+=(?=.*:)", "", v) for v in value.split()]
+    return [value] if param.lower() == "remote" else [r for _, r in _upstreams(value)]
+
+
+def _upstreams_shown(value: str, environ, depth: int) -> str:
+    def field(text: str) -> str:
+        return f'"{text.replace(chr(34), chr(34) * 2)}"' if any(c in text for c in ' "') else text
+    return " ".join(field(d + _shown(r, environ, depth + 1)) for d, r in _upstreams(value))
 
 
 def secret_values(remote: str, environ=None, depth: int = 0) -> list[tuple[str, str]]:
@@ -171,13 +193,17 @@ _SCHEME = re.compile(r"(?i)^([a-z][a-z0-9+.-]*://)(.*)$", re.S)
 
 
 def _userinfo_end(rest: str) -> int:
-    """Where the user part of a URL (its text after scheme://) ends, at its '@'; -1 without one. user:password
-    runs to the last '@' (a password may hold '/' or '@'); a user alone (a token) ends in the host part."""
-    head, at, _ = rest.rpartition("@")
-    if at and ":" in head:
-        return len(head)
+    """Where the user part of a URL (its text after scheme://) ends, at its '@'; -1 without one. It is in the
+    host part (before the first '/', as Go's URL parser reads it), or user:password runs to the last '@' when what
+    follows the ':' is no port (an AWS secret holds '/'); host:8443/path/alice@example.com has no user."""
     host = rest.split("/", 1)[0]
-    return host.rindex("@") if "@" in host else -1
+    if "@" in host:
+        return host.rindex("@")
+    head, at, _ = rest.rpartition("@")
+    user, colon, after = head.partition(":")
+    if at and colon and "/" not in user and not re.match(r"^\d{1,5}(?:/|$)", after):
+        return len(head)
+    return -1
 
 
 def url_credentials(value: str) -> list[tuple[str, str]]:
@@ -220,13 +246,13 @@ def _shown(remote: str, environ, depth: int) -> str:
         if v == "true":
             return p
         if p.lower() in WRAPS and depth < 8:
-            inner = " ".join(_shown(i, environ, depth + 1) for i in _inner(p, v)) if p.lower() != "remote" \
-                else _shown(v, environ, depth + 1)
+            inner = _shown(v, environ, depth + 1) if p.lower() == "remote" else _upstreams_shown(v, environ, depth)
             return f"{p}={_quoted(inner)}"
         return f"{p}={_quoted(_without_userinfo(v))}"
     said = ",".join(one(p, v) for p, v in params.items())
-    # the rest of a value cut at its unquoted ':' (JSON, a URL's query) is no path: it may be the secret itself
-    return f"{name},{said}:{REDACTED if cut_value(path) else redact_text(path)}"
+    # the rest of a value cut at its unquoted ':' (JSON, a URL) is no path: it may be the secret itself
+    last = list(params.values())[-1] if params else ""
+    return f"{name},{said}:{REDACTED if cut_value(path, last) else redact_text(path)}"
 
 
 def s3_credentials(remote: str) -> bool:
@@ -235,21 +261,31 @@ def s3_credentials(remote: str) -> bool:
     return remote.strip()[:5].lower() == "s3://" and "@" in rest and ":" in rest.rpartition("@")[0]
 
 
-def unquoted_colon(path: str) -> bool:
-    """A connection string's path that is the rest of a value cut at its unquoted ':' (an endpoint URL): more
-    parameters, or a URL's '//' (rclone would take them, secrets included, as the path)."""
-    return path.startswith("//") or re.search(r",[A-Za-z0-9_.]+=", path) is not None
+def cut_value(path: str, value: str = "") -> bool:
+    """Whether `path` is the rest of `value` (the last parameter's), cut at its unquoted ':': a URL's `//`, more
+    parameters before the path's first '/', or a value that opens JSON (a service account's key). A path is
+    otherwise the user's, whatever it holds (`lr=0.001,bs=64`, `?`, braces): rclone takes it."""
+    return (path.startswith("//") or re.match(r"^[^/]*,[A-Za-z0-9_.]+=", path) is not None
+            or value.lstrip()[:1] in ("{", "["))
 
 
-def cut_value(path: str) -> bool:
-    """unquoted_colon, or a path no bucket has and a cut value does: JSON's quotes and braces (a service account's
-    key), a URL's query (a SAS token's `sig=`), a line break."""
-    return unquoted_colon(path) or any(c in path for c in '"{}\n\r') or re.search(r"[?&][\w.-]+=", path) is not None
+def cut_anywhere(remote: str, depth: int = 0) -> bool:
+    """cut_value in a connection string or in any remote it wraps (a crypt over `:azureblob,sas_url=https://...`)."""
+    try:
+        parts = split(remote.strip())
+    except Invalid:
+        return False
+    if parts is None or depth > 8:
+        return False
+    name, params, path = parts
+    last = list(params.values())[-1] if params else ""
+    return cut_value(path, last) or any(cut_anywhere(inner, depth + 1) for p, v in params.items()
+                                        if p.lower() in WRAPS for inner in _inner(p, v))
 
 
 # A RunPod secret reference as a connection string's value, unquoted: the secret is filled in as is, and its first
 # ':' or ',' (a JSON key, a SAS URL) would end the value there.
-_UNQUOTED_REF = re.compile(r"(?:^|,)([A-Za-z0-9_.]+)=\{\{\s*RUNPOD_SECRET_")
+_UNQUOTED_REF = re.compile(r"(?:^|,)([A-Za-z0-9_.]+)=\s*\{\{\s*RUNPOD_SECRET_")
 
 
 def unquoted_reference(value: str) -> str:
@@ -277,7 +313,8 @@ _ENV_IN_TEXT = re.compile(r"""(?<![A-Za-z0-9_])(RCLONE_[A-Za-z0-9_]{1,128})(['"]
 
 
 _S3_IN_TEXT = re.compile(r"(?i)(s3://)[A-Za-z0-9_.-]+:[^\s@'\"]+@")
-_URL_IN_TEXT = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s@'\"/:]*:[^\s@'\"]+@")  # any scheme's user:password
+# any scheme's user:password (not host:port/path@...)
+_URL_IN_TEXT = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s@'\"/:]*:(?!\d{1,5}(?:/|@))[^\s@'\"]+@")
 
 
 def redact_text(text: str) -> str:

@@ -79,7 +79,7 @@ def parse(url: str) -> tuple[str, dict[str, str]]:
         raise ValueError(f"{said!r} is not a connection string rclone takes: {e}") from None
     if parts is not None:
         name, params, path = parts
-        if rclonesecrets.cut_value(path):
+        if rclonesecrets.cut_anywhere(url):
             raise ValueError(f"{said!r}: a parameter's value that holds ':' (a URL, JSON) must be quoted, e.g. "
                              "endpoint='http://host:9000': unquoted, rclone ends the parameters at its first ':' and "
                              "takes the rest, secrets and all, as the path")
