@@ -161,3 +161,28 @@ def test_two_containers_sharing_the_hosts_hostname_file_do_not_both_train(procs,
     for child in proc.children(second.pid):
         os.kill(child.pid, signal.SIGTERM)
     second.wait(60)
+
+
+def test_a_renewal_never_writes_over_the_lease_a_replacement_took_a_moment_before(tmp_path, monkeypatch):
+    """The stalled pod's listener read its own lease, then the replacement took the workspace, then the listener's
+    write landed: a rename over the file put the stalled pod's lease back (two pods training on one workspace;
+    seen as tests/faults/test_leftovers.py's lost-lease test failing under load). The renewal keeps the taker's."""
+    state = tmp_path / ".podkit"
+    state.mkdir()
+    assert lease.acquire(state, 60) is None  # ours (this test process holds it)
+    before = lease.read(state)
+    assert lease.renew(state) and lease.read(state)["beat"] == before["beat"] + 1  # a renewal as ever
+    taker = {"host": "replacement-pod", "boot_id": "x", "pid": 4242, "start": 1, "since": time.time(),
+             "renewed": time.time(), "token": "abc", "beat": 0}
+    real_rename = os.rename
+
+    def taken_between(src, dst):  # the replacement takes the workspace after the listener's read
+        if Path(src).name == lease.NAME:
+            (state / lease.NAME).write_text(__import__("json").dumps(taker))
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", taken_between)
+    assert lease.renew(state) is False
+    monkeypatch.setattr(os, "rename", real_rename)
+    assert lease.read(state)["host"] == "replacement-pod" and lease.lost(state) == lease.who(taker)
+    assert sorted(p.name for p in state.iterdir()) == [lease.NAME], "no temp file left"

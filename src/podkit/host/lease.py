@@ -24,6 +24,7 @@ boot at once cannot both take it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -268,14 +269,42 @@ def lost(state_dir: Path) -> str | None:
 
 def renew(state_dir: Path) -> bool:
     """Renew this pod's lease: a new count (what another host watches change), and the dates. False when
-    it is no longer ours (then there is nothing to renew)."""
+    it is no longer ours (then there is nothing to renew).
+
+    Never over a lease another pod wrote meanwhile: a read, then a rename over the file, would put this pod's
+    lease back over its replacement's taken a moment before (two pods on one workspace). So the lease is moved
+    aside (atomic), kept only if the one moved is still this pod's (else put back), and the renewed one created
+    where no other is (acquire's exclusive link): a taker in between wins, and this pod's trainer sees it lost."""
     holder = ours(state_dir)
     if holder is None:
         return False
     beat = holder.get("beat")
-    holder.update(renewed=_wall(), boottime=_boottime(), beat=beat + 1 if isinstance(beat, int) else 1)
-    records.write_json(state_dir / NAME, holder)  # temp file and rename; the temp file goes if it fails
-    return True
+    renewed = {**holder, "renewed": _wall(), "boottime": _boottime(), "beat": beat + 1 if isinstance(beat, int) else 1}
+    path, tag = state_dir / NAME, os.urandom(4).hex()
+    new, aside = path.with_name(f".{NAME}.new-{tag}"), path.with_name(f".{NAME}.renew-{tag}")
+    records.write_json(new, renewed)  # first, whole: a full volume fails here (the reserve given up) with the lease as it was
+    try:
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False
+        moved = _read(aside)
+        if not moved or moved.get("token") != holder.get("token") or _key(moved) != _key(holder):
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, path)  # another pod's, taken in between: back where it was
+            return False
+        try:
+            os.link(new, path)
+        except FileExistsError:
+            return False  # a taker created its own in the gap: it holds the workspace now
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.link(aside, path)  # the lease as it was, not none
+            raise
+        return True
+    finally:
+        aside.unlink(missing_ok=True)
+        new.unlink(missing_ok=True)
 
 
 def release(state_dir: Path) -> bool:
