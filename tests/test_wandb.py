@@ -26,24 +26,9 @@ pytestmark = [pytest.mark.validate, pytest.mark.timeout(240),
                                  reason="no AReaL environment: run `make test` (or set AREAL_PYTHON="
                                         "$(sh rehearse/env.sh))")]
 
-# Rank 0 of the trainer as far as W&B goes: AReaL's config loader over podkit's command line, then
-# AReaL's StatsLogger (wandb.init with its id), one step logged, closed.
-TRAINER = """
-import json, sys
-import wandb
-from areal.api import FinetuneSpec
-from areal.api.cli_args import GRPOConfig, load_expr_config
-from areal.utils.stats_logger import StatsLogger
-
-config, _ = load_expr_config(sys.argv[1:], GRPOConfig)
-logger = StatsLogger(config, FinetuneSpec(total_train_epochs=1, dataset_size=1, train_batch_size=1))
-print("WANDB " + json.dumps({"id": wandb.run.id, "mode": wandb.run.settings.mode}), flush=True)
-logger.commit(0, 0, 0, {"reward": 1.0})
-logger.close()
-"""
-# The same start with podkit's hooks installed, as the bootstrap installs them: what PPOTrainer's construction
-# runs first under podkit (hooks.hook_construction: the checks, then the W&B run chosen), AReaL's StatsLogger,
-# and the run's record as train() writes it when it starts. CHECKPOINT=1: the run leaves a recover checkpoint.
+# Rank 0 of the trainer as far as W&B goes, with podkit's hooks installed as the bootstrap installs them: what
+# PPOTrainer's construction runs first under podkit (hooks.hook_construction: the checks, then the W&B run
+# chosen), AReaL's StatsLogger, and the run's record as train() writes it when it starts. CHECKPOINT=1: the run leaves a recover checkpoint.
 HOOKED = """
 import json, os, sys
 sys.path.insert(0, os.environ["SRC"])
@@ -72,9 +57,9 @@ OFFLINE_RUN = re.compile(r"offline-run-\d{8}_\d{6}-(?P<id>.+)")
 REFUSED = "http://127.0.0.1:9"  # the discard port: nothing listens, a connection is refused at once
 
 
-def start(tmp_path, trial: str, overrides: str = "", hooked: bool = False, **pod_env: str) -> subprocess.Popen:
-    """One start of the run myrepo/<trial>: the user's YAML names it, and their trainer.overrides as given.
-    hooked: under podkit's hooks (HOOKED), which read the pod config from the env as the bootstrap does."""
+def start(tmp_path, trial: str, overrides: str = "", **pod_env: str) -> subprocess.Popen:
+    """One start of the run myrepo/<trial>: the user's YAML names it, and their trainer.overrides as given,
+    under podkit's hooks (HOOKED), which read the pod config from the env as the bootstrap does."""
     ws = tmp_path / "ws"
     data = yaml.safe_load((ROOT / "configs" / "areal" / "grpo-cpu.yaml").read_text())
     data.update(experiment_name="myrepo", trial_name=trial)
@@ -98,11 +83,10 @@ def start(tmp_path, trial: str, overrides: str = "", hooked: bool = False, **pod
     env = command.environment(cfg, environ=pod)
     if "WANDB_MODE" not in pod_env:
         assert env["WANDB_MODE"] == "disabled"  # podkit's default: W&B off unless the user turns it on
-    if hooked:
-        env.update(PODKIT_CONFIG=str(ROOT / "configs" / "cpu-rehearsal.yaml"), PODKIT_RUN_DIR=str(tmp_path / "run"),
-                   PODKIT_TRAINER_AREAL_CONFIG=str(areal_yaml), PODKIT_TRAINER_OVERRIDES=overrides,
-                   SRC=str(ROOT / "src"), RANK="0")
-    return subprocess.Popen([PYTHON, "-c", HOOKED if hooked else TRAINER, "--config", cfg.trainer.areal_config,
+    env.update(PODKIT_CONFIG=str(ROOT / "configs" / "cpu-rehearsal.yaml"), PODKIT_RUN_DIR=str(tmp_path / "run"),
+               PODKIT_TRAINER_AREAL_CONFIG=str(areal_yaml), PODKIT_TRAINER_OVERRIDES=overrides,
+               SRC=str(ROOT / "src"), RANK="0")
+    return subprocess.Popen([PYTHON, "-c", HOOKED, "--config", cfg.trainer.areal_config,
                              *command.overrides(cfg)],
                             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -126,13 +110,19 @@ def offline_runs(tmp_path, trial: str) -> list[str]:
     return [OFFLINE_RUN.fullmatch(d.name)["id"] for d in runs]
 
 
-def test_each_start_of_a_run_logs_into_its_one_wandb_run_and_another_trial_into_its_own(tmp_path):
+def test_each_start_logs_into_its_runs_one_wandb_run_another_trial_into_its_own_and_a_start_over_into_a_new_one(
+        tmp_path):
+    """Under podkit's hooks, as the bootstrap starts the trainer: the first run of myrepo/t0 logs into
+    myrepo_t0_train and its resume (a restart, a relaunch or a migration is the same: a new process with the same
+    names) into the same; another trial, t1, into its own; t2's pod sets only WANDB_MODE, which AReaL's own mode
+    (disabled) beats. AReaL's id with resume="allow" would send the run that a start-over restarts from step 0
+    into the W&B run it set aside, where W&B drops every step below the last one logged: after `podkit
+    start-over` the run from step 0 logs into myrepo_t0_train-2, its record says so, and its own resume stays
+    there. Two starts at a time where they are independent: each start costs AReaL's and W&B's imports."""
     offline = "stats_logger.wandb.mode=offline"  # what a user sets (online on a pod with WANDB_API_KEY)
-    # Two starts at a time. The second t0 is a restart (a relaunch or a migration is the same: a new
-    # process with the same names); t2's pod sets only WANDB_MODE, which AReaL's own mode (disabled) beats.
-    seen = {}
-    for batch in ([("t0", "t0", offline, {}), ("t1", "t1", offline, {})],
-                  [("t0 again", "t0", offline, {}), ("t2", "t2", "", {"WANDB_MODE": "offline"})]):
+    seen: dict[str, dict] = {}
+
+    def starts(*batch: tuple[str, str, str, dict]) -> None:
         started = []
         try:
             for name, trial, overrides, env in batch:
@@ -144,45 +134,29 @@ def test_each_start_of_a_run_logs_into_its_one_wandb_run_and_another_trial_into_
                     p.kill()
                     p.communicate()
 
+    starts(("first", "t0", offline, {"CHECKPOINT": "1"}), ("t1", "t1", offline, {}))
+    starts(("its resume", "t0", offline, {"CHECKPOINT": "1"}), ("t2", "t2", "", {"WANDB_MODE": "offline"}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+    r = subprocess.run([*PODKIT, "start-over", "--workspace", str(tmp_path / "ws")],
+                       env={**env, "PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"),
+                            "PODKIT_TRAINER_AREAL_CONFIG": str(tmp_path / "t0.yaml"),
+                            "PODKIT_RUN_DIR": str(tmp_path / "run")},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "nothing deleted" in r.stdout, r.stdout + r.stderr
+    starts(("from step 0", "t0", offline, {"CHECKPOINT": "1"}))
+    starts(("its resume after", "t0", offline, {"CHECKPOINT": "1"}))
+
     # The user's mode wins over podkit's WANDB_MODE=disabled: wandb.init(mode=...) beats the env.
-    assert seen["t0"] == seen["t0 again"] == {"id": "myrepo_t0_train", "mode": "offline"}, seen
+    assert seen["first"] == seen["its resume"] == {"id": "myrepo_t0_train", "mode": "offline"}, seen
     assert seen["t1"] == {"id": "myrepo_t1_train", "mode": "offline"}, seen
     assert seen["t2"]["mode"] == "disabled", seen
-    # On disk: two starts of t0, each its own offline directory, one W&B run; t1 its own; t2 none.
-    assert offline_runs(tmp_path, "t0") == ["myrepo_t0_train", "myrepo_t0_train"]
+    assert seen["from step 0"] == seen["its resume after"] == {"id": "myrepo_t0_train-2", "mode": "offline"}, seen
+    # On disk: each start of t0 its own offline directory, two W&B runs; t1 its own; t2 none.
+    assert offline_runs(tmp_path, "t0") == ["myrepo_t0_train"] * 2 + ["myrepo_t0_train-2"] * 2
     assert offline_runs(tmp_path, "t1") == ["myrepo_t1_train"]
     t2 = next((tmp_path / "ws" / "areal" / "logs").glob("*/myrepo/t2"))
     assert (t2 / "config.yaml").is_file() and not (t2 / "wandb").exists(), sorted(t2.iterdir())
     assert not list(tmp_path.glob("**/run-*-myrepo_t2_train")), "W&B wrote a run for t2"
-
-
-def test_a_start_over_opens_a_new_wandb_run_and_a_resume_keeps_the_one_it_resumes(tmp_path):
-    """AReaL's id with resume="allow" would send the run that a start-over restarts from step 0 into the W&B run
-    it set aside, where W&B drops every step below the last one logged. Under podkit's hooks: the first run
-    logs into myrepo_t0_train and its resume into the same; after `podkit start-over` the run from step 0 logs
-    into myrepo_t0_train-2, its record and the log say so, and its own resume stays there."""
-    offline = "stats_logger.wandb.mode=offline"
-    runs = []
-    for step in ("first", "its resume", "start-over", "from step 0", "its resume"):
-        if step == "start-over":
-            env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
-            r = subprocess.run([*PODKIT, "start-over", "--workspace", str(tmp_path / "ws")],
-                               env={**env, "PODKIT_CONFIG": str(ROOT / "configs" / "cpu-rehearsal.yaml"),
-                                    "PODKIT_TRAINER_AREAL_CONFIG": str(tmp_path / "t0.yaml"),
-                                    "PODKIT_RUN_DIR": str(tmp_path / "run")},
-                               capture_output=True, text=True, timeout=60)
-            assert r.returncode == 0 and "nothing deleted" in r.stdout, r.stdout + r.stderr
-            continue
-        p = start(tmp_path, "t0", offline, hooked=True, CHECKPOINT="1")
-        try:
-            runs.append(finished(p))
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    assert [r["id"] for r in runs] == ["myrepo_t0_train", "myrepo_t0_train", "myrepo_t0_train-2",
-                                       "myrepo_t0_train-2"], runs
-    assert offline_runs(tmp_path, "t0") == ["myrepo_t0_train"] * 2 + ["myrepo_t0_train-2"] * 2
     from podkit.areal import identity
 
     root = identity.save_root(str(tmp_path / "ws" / "areal"), "myrepo", "t0")
