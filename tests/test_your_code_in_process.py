@@ -142,16 +142,32 @@ def test_a_workflow_whose_own_dependency_is_missing_is_told_apart_from_a_wrong_i
     assert "fix the import path" in path[1], path
 
 
-def test_patches_still_match_the_areal_they_were_written_for():
-    r = areal_run("-c", "import json; from podkit.areal import patches as p; "
-                  "print(json.dumps({'version': p.areal_version(), 'hashes': p.check(), 'pinned': p.PINNED}))")
+# What three tests read of AReaL's code, in one process (each of AReaL's imports costs 7 CPU-s): the patched
+# code's hashes and the trainer's LoRA refusal first, as AReaL ships them, then the patches applied again and
+# again (PATCHED_TWICE).
+AREAL_FACTS = """
+import inspect, json
+from podkit.areal import patches as p
+from areal.trainer.rl_trainer import PPOTrainer
+facts = {"version": p.areal_version(), "hashes": p.check(), "pinned": p.PINNED,
+         "lora": inspect.getsource(PPOTrainer._init_rollout)}
+"""
+
+
+@pytest.fixture(scope="module")
+def areal_facts() -> dict:
+    r = areal_run("-c", AREAL_FACTS + PATCHED_TWICE + "print(json.dumps({**facts, 'twice': twice}))")
     assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_patches_still_match_the_areal_they_were_written_for(areal_facts):
+    got = areal_facts
     assert got["version"] == "1.0.4"
     assert got["hashes"] == got["pinned"], "AReaL code that podkit patches changed: re-read areal_patches.py"
 
 
-def test_areal_still_refuses_lora_under_torchrun_as_the_boots_lora_refusal_says():
+def test_areal_still_refuses_lora_under_torchrun_as_the_boots_lora_refusal_says(areal_facts):
     """checks._lora refuses actor.use_lora at boot because AReaL's trainer refuses it in SPMD mode (podkit's
     launch sets AREAL_SPMD_MODE=1). When an AReaL upgrade trains LoRA there, this fails: drop the refusal."""
     from podkit import config
@@ -159,10 +175,7 @@ def test_areal_still_refuses_lora_under_torchrun_as_the_boots_lora_refusal_says(
 
     cfg = config.load(ROOT / "configs/cpu-rehearsal.yaml", environ={})
     assert command.environment(cfg, {})["AREAL_SPMD_MODE"] == "1"
-    r = areal_run("-c", "import inspect, json; from areal.trainer.rl_trainer import PPOTrainer as T; "
-                  "print(json.dumps(inspect.getsource(T._init_rollout)))")
-    assert r.returncode == 0, r.stderr[-3000:]
-    src = json.loads(r.stdout.strip().splitlines()[-1])
+    src = areal_facts["lora"]
     assert checks.AREAL_LORA_REFUSAL in src and "not is_single_controller()" in src, src[:2000]
 
 
@@ -187,20 +200,18 @@ class Engine:
 
 installed = p.patch_once(Engine, "step", lambda original: lambda self: original(self) + 1)
 again = p.patch_once(Engine, "step", lambda original: lambda self: original(self) + 10)
-print(json.dumps({"helper": [installed is Engine.step, again, Engine().step()],
-                  "layers": [[hasattr(f, m) for m in ("_podkit", "_podkit_ride_out", "_podkit_api_key")]
-                             for f in (now[0], now[1], now[2], now[2].__wrapped__)],
-                  "originals": [now[0].__wrapped__ is originals[0], now[1].__wrapped__ is originals[1],
-                                now[2].__wrapped__.__wrapped__ is originals[2]]}))
+twice = {"helper": [installed is Engine.step, again, Engine().step()],
+         "layers": [[hasattr(f, m) for m in ("_podkit", "_podkit_ride_out", "_podkit_api_key")]
+                    for f in (now[0], now[1], now[2], now[2].__wrapped__)],
+         "originals": [now[0].__wrapped__ is originals[0], now[1].__wrapped__ is originals[1],
+                       now[2].__wrapped__.__wrapped__ is originals[2]]}
 """
 
 
-def test_areals_patches_wrap_once_however_often_they_are_applied():
+def test_areals_patches_wrap_once_however_often_they_are_applied(areal_facts):
     """Each patch goes through patches.patch_once: applied again in the same process it wraps nothing
     twice; the request function carries the ride-out and API-key wrappers, each once, around AReaL's own."""
-    r = areal_run("-c", PATCHED_TWICE)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = areal_facts["twice"]
     assert got["layers"] == [[True, False, False], [True, False, False], [False, False, True],
                              [False, True, False]], got
     assert all(got["originals"]), got
