@@ -17,7 +17,8 @@ pytestmark = pytest.mark.timeout(660)
 QUICK = {"boot.py": ["--runs", "2"], "reap.py": ["--idle", "20", "--runs", "1"],
          "sync.py": ["--commits", "20", "--runs", "1"], "stop.py": ["--runs", "1"],
          "rehearse.py": ["--smoke", "--steps", "2", "--runs", "1"], "entry.py": ["--smoke", "--steps", "1", "--runs", "1"],
-         "startup.py": ["--kind", "smoke", "--runs", "1"], "page.py": ["--steps", "3000", "--runs", "3"],
+         "startup.py": ["--kind", "smoke", "--runs", "1"],
+         "page.py": ["--steps", "3000", "--runs", "3", "--flood-seconds", "1"],
          "remote.py": ["--size-mib", "16", "--runs", "1", "--seconds", "3"]}
 # rehearse.py and entry.py time the real trainer under `make bench` (minutes each); here they run every
 # measurement on the smoke stack (--smoke: seconds), so the scripts cannot rot without taking a place on the
