@@ -26,7 +26,7 @@ RUN apt-get update \
 # ranges as it declares them, as constraints (docker/base-pins.py), so a conflicting release fails this
 # build instead of a pod; except the pins AReaL's own packaging overrides (docker/areal-overrides.txt:
 # openai, which AReaL's litellm needs newer; pip then warns that sglang wants openai 2.6.1, expected).
-# CI resolves this step with pip against sglang's wheel (tests/test_image_resolves.py). A base without
+# CI resolves this step with pip against sglang's wheel (tests/house/test_image_resolves.py). A base without
 # SGLang (CI's CPU base) runs only the smoke stack, which needs neither.
 COPY docker/base-pins.py docker/areal-overrides.txt /tmp/
 RUN if python3 -c "import sglang" 2>/dev/null; then \

@@ -21,7 +21,7 @@ run: $(VENV)/.ready
 	$(BIN)/podkit up --smoke --workspace $(WORKSPACE) $(if $(filter-out 0,$(STEPS)),--steps $(STEPS))
 
 # Tools the tests run for real: fuser/lsof (psmisc, lsof), git, and a headless browser for the page
-# (Debian's chromium: tests/test_page.py). Installed only where missing.
+# (Debian's chromium: tests/views/test_page.py). Installed only where missing.
 sysdeps:
 	@missing=""; \
 	command -v fuser >/dev/null || missing="$$missing psmisc"; \
@@ -76,7 +76,7 @@ test:
 lint: $(VENV)/.ready
 	$(BIN)/ruff check src tests bench docker rehearse
 
-# Every benchmark with the arguments bench/RESULTS.md records (tests/test_bench.py runs each briefly).
+# Every benchmark with the arguments bench/RESULTS.md records (tests/house/test_bench.py runs each briefly).
 bench: $(VENV)/.ready sysdeps
 	$(BIN)/python bench/boot.py --runs 11
 	$(BIN)/python bench/reap.py --idle 500 --runs 9

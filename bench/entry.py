@@ -8,7 +8,7 @@ shape, so the ratio shows what running a user's script costs (it should be ~1: t
     python bench/entry.py [--steps 6] [--runs 2] [--smoke]
 
 --smoke boots the smoke stack instead (the fake-data trainer, which runs no script: B only syncs the
-repo), in seconds: the suite's check that this script still runs (tests/test_bench.py). Its ratio is
+repo), in seconds: the suite's check that this script still runs (tests/house/test_bench.py). Its ratio is
 not the real trainer's.
 """
 

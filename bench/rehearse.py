@@ -19,7 +19,7 @@ time of the same run. The AReaL python is $AREAL_PYTHON, else what `sh rehearse/
 
 --smoke runs the same measurements on the smoke stack (configs/smoke.yaml: the fake-data trainer and
 the SGLang stand-in, podkit's own python, seconds): the suite's check that this script still runs
-(tests/test_bench.py), beside the real-trainer tests rather than on their lane. Its figures are the
+(tests/house/test_bench.py), beside the real-trainer tests rather than on their lane. Its figures are the
 smoke stack's, not the real trainer's.
 """
 

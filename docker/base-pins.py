@@ -12,7 +12,7 @@ install, not those of what is already there). Rules, in order (later wins):
 
 Run by the Dockerfile where SGLang is installed. docker/check_resolves.py applies rules 2 and 3 (this
 file's `constraints`) to sglang's wheel on PyPI and runs pip's resolver on them, without the image
-(tests/test_image_resolves.py)."""
+(tests/house/test_image_resolves.py)."""
 
 import argparse
 import importlib.metadata as md

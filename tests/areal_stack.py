@@ -111,3 +111,25 @@ def example_remote(root: Path, with_files=None, **changes: str) -> Remote:
 def repo_env(remote: Remote, **env: str) -> dict[str, str]:
     return {"PODKIT_REPO_URL": remote.url, "PODKIT_TRAINER_ENTRY": "train.py",
             "PODKIT_TRAINER_AREAL_CONFIG": "config.yaml", "PODKIT_TRAINER_OVERRIDES": CPU_OVERRIDES, **env}
+
+
+# The bootstrap, then the judge, in one process, entry after entry: every way out of the script is recorded, and
+# the end is judged on it (verdict.gather, verdict.decide).
+JUDGED = """
+import json, os, sys, time
+sys.path.insert(0, os.environ["SRC"])
+from podkit import config
+from podkit.judge import verdict
+from podkit.areal import bootstrap
+out = []
+for entry in sys.argv[1:]:
+    os.environ["PODKIT_TRAINER_ENTRY"] = entry
+    started = time.time()
+    try:
+        rc = bootstrap.main(["--config", "x.yaml"])
+    except BaseException as e:  # what torchrun's rank would die of
+        rc = 1
+    end = verdict.decide(verdict.gather(config.load(), rc, started))
+    out.append({"entry": entry, "rc": rc, **{k: end.get(k) for k in ("by", "message", "hint", "asked")}})
+print(json.dumps(out))
+"""

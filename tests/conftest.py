@@ -18,6 +18,8 @@ import pytest
 from harness import Pod, alive, free_port, pids_of_workspaces, wait_for
 
 pytest_plugins = ["timing"]  # where the suite's time went (tests/timing.py)
+# Helpers taken out of test modules (tests/stub_pod.py's fixture, ...): their asserts keep pytest's messages.
+pytest.register_assert_rewrite("chromium", "lease_pods", "scrape", "stub_pod", "webhook")
 
 ROOT = Path(__file__).resolve().parent.parent
 PODKIT = [sys.executable, "-m", "podkit"]

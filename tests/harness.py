@@ -1,7 +1,7 @@
 """What the tests and the benchmarks both drive a pod with: free ports, a pid's liveness, polling, and the
 pod itself under `podkit boot`. Plain Python (no pytest, podkit imported lazily): conftest.py imports it as
 a test module, and bench/*.py put tests/ on their path for it. It lives here, not in bench/, because
-bench/ holds one benchmark per file (tests/test_bench.py runs each) and tests/ already is the home of test
+bench/ holds one benchmark per file (tests/house/test_bench.py runs each) and tests/ already is the home of test
 helpers; nor in src/podkit, which ships in the image and holds nothing test-only."""
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def _dest(option) -> str:
 
 
 # Each verb imports its modules when it runs: `podkit boot`, the container's entrypoint, loads the boot
-# path and nothing else (pinned by tests/test_boot_imports.py).
+# path and nothing else (pinned by tests/boot/test_boot_imports.py).
 
 # -- the boot sequence and local runs ----------------------------------------------------------------------
 @verb("boot", "the container entrypoint: preflight, reap, sync, setup, render, exec supervisord", load=False)

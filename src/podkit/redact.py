@@ -13,7 +13,7 @@ SECRET_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "hf_",
                    "xoxb-", "xoxp-", "glpat-", "AKIA", "ASIA")
 SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL|WEBHOOK)",
                          re.I)
-# The secrets podkit itself reads from the environment, whatever their names say (tests/test_bundle.py
+# The secrets podkit itself reads from the environment, whatever their names say (tests/views/test_bundle.py
 # holds every such constant of podkit's to this list).
 PODKIT_SECRET_ENV = ("SGLANG_API_KEY", "PODKIT_METRICS_KEY", "PODKIT_NOTIFY_WEBHOOK_URL", "RUNPOD_API_KEY")
 

@@ -47,7 +47,7 @@ def test_a_supervisord_alive_but_not_answering_is_said_by_status_and_metrics_wit
 
     from conftest import PODKIT, free_port
     from podkit.views import status
-    from test_metrics import scrape
+    from scrape import scrape
 
     port = free_port()
     s = stack_factory(PODKIT_METRICS_PORT=str(port)).start()

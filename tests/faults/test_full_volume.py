@@ -15,7 +15,7 @@ from test_workspace import fill, small_ws  # noqa: F401 - fixture
 from conftest import wait_for
 from podkit import records
 from podkit.judge import ending
-from test_costguard import KEY, STOP, on_runpod, receiver, runpod_api  # noqa: F401 - fixtures
+from stub_pod import KEY, STOP, on_runpod, receiver, runpod_api  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

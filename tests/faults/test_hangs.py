@@ -15,7 +15,7 @@ import pytest
 
 from conftest import PODKIT, alive, free_port, smoke_env, wait_for
 from podkit.judge import ending
-from test_costguard import STOP, on_runpod, receiver, runpod_api  # noqa: F401 - fixtures
+from stub_pod import STOP, on_runpod, receiver, runpod_api  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 FAST = {"PODKIT_WATCHDOG_INTERVAL_S": "0.5", "PODKIT_WATCHDOG_TRAINER_STALL_S": "10",

@@ -2,7 +2,7 @@
 `state` and `lastState`), whether the run can still train and why not, and how much of it is durable (the last
 step whose checkpoint is off the pod, and what is at risk since).
 
-`judge(Evidence)` is a pure rule over gathered evidence (tests/test_standing.py states its invariants and checks
+`judge(Evidence)` is a pure rule over gathered evidence (tests/judge/test_standing.py states its invariants and checks
 them over generated evidence); `gather` reads that evidence from the records, `of_supervisord` and `of_events`
 turn supervisord's answer or the log listener's events into it. status.collect puts the standing in its answer;
 status, doctor, metrics, the page and the log listener's cost guard render it and never work it out again."""

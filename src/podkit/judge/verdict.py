@@ -3,7 +3,7 @@
 `gather` puts every piece of evidence of one run's end into one record first (Kubernetes'
 ContainerStateTerminated is the model: exit code, signal, message, start and end, plus podkit's own); `decide`
 names the end from that record alone. `decide` is a pure function: no file, clock, process or environment is
-read in it, so that it can be tested over generated evidence (tests/test_verdict.py), and it decides by what
+read in it, so that it can be tested over generated evidence (tests/judge/test_verdict.py), and it decides by what
 caused what (the order and timing of events, each exception's own type and chain), never by which source is
 read first.
 

@@ -2,7 +2,7 @@
 
 `advance(ledger, look)` is a pure function (no I/O, no clock): the ledger after one look at RunPod. The cost
 meter (costguard.Meter) makes the looks and keeps the ledger in cost.json; the budget, status, doctor, the page
-and the notifications read it. Its rules, each an invariant tests/test_spend.py checks over generated looks:
+and the notifications read it. Its rules, each an invariant tests/money/test_spend.py checks over generated looks:
 
 - Spend grows by the price in force over each interval: the price a read saw is what the pod cost from that read
   to the next, so a price change never re-prices the past (RunPod's `cost` is the price now, not an average).
@@ -20,7 +20,7 @@ and the notifications read it. Its rules, each an invariant tests/test_spend.py 
 `run_total(mine, observations, seen, now)` is the run's spend across its pods, pure too: this pod's ledger and,
 for each other pod of the same run (its own figures in the run's record, a cluster node's ledger, a carried
 part), its last figure plus its price from then until it stopped, or RunPod's bill for it when that is more.
-Its rules, each an invariant tests/test_spend.py checks:
+Its rules, each an invariant tests/money/test_spend.py checks:
 
 - Each pod counts once (its figures from several places are one pod's), another run's pod never, and the total is
   never below any pod's part nor any figure a pod recorded.
