@@ -1,5 +1,5 @@
 """A real headless browser for the page's tests (tests/views/test_page.py) and the real trainer's
-(tests/areal/test_your_code.py): Debian's chromium, which `make sysdeps` installs."""
+(tests/trainer/test_your_code.py): Debian's chromium, which `make sysdeps` installs."""
 
 from __future__ import annotations
 

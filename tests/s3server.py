@@ -1,6 +1,6 @@
 """A real S3 endpoint on loopback for the checkpoint remote: `rclone serve s3` over a directory, driven by the rclone
 podkit ships (mover.binary()). Each directory under the root is a bucket. Plain Python (no pytest), like harness.py:
-tests/remote/test_remote.py and tests/areal/test_rehearsal.py serve from it, and bench/remote.py puts tests/ on its path for it."""
+tests/remote/test_remote.py and tests/trainer/test_rehearsal.py serve from it, and bench/remote.py puts tests/ on its path for it."""
 
 from __future__ import annotations
 

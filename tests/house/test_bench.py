@@ -22,8 +22,8 @@ QUICK = {"boot.py": ["--runs", "2"], "reap.py": ["--idle", "20", "--runs", "1"],
          "remote.py": ["--size-mib", "16", "--runs", "1", "--seconds", "3"]}
 # rehearse.py and entry.py time the real trainer under `make bench` (minutes each); here they run every
 # measurement on the smoke stack (--smoke: seconds), so the scripts cannot rot without taking a place on the
-# real-trainer lane. What they measure is tested on the real trainer by tests/areal/test_rehearsal.py and
-# tests/areal/test_your_code.py: a cold launch, steps, kill -9 of the trainer, inference restarted alone.
+# real-trainer lane. What they measure is tested on the real trainer by tests/trainer/test_rehearsal.py and
+# tests/trainer/test_your_code.py: a cold launch, steps, kill -9 of the trainer, inference restarted alone.
 LIMIT = {"rehearse.py": 240, "entry.py": 240, "remote.py": 420}  # remote.py: 7 pod boots on a busy machine
 
 

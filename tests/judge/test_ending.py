@@ -2,7 +2,7 @@
 freshness rule, the judge on each kind of evidence (staged as records, real processes, a stand-in cgroup
 file), and the loop bound counting each kind apart. The stacks that end these ways for real:
 tests/judge/test_user_stops.py (the smoke stack, real supervisord), tests/programs/test_programs.py (torchrun, a real OOM
-kill), tests/areal/test_your_code.py (AReaL's trainer)."""
+kill), tests/trainer/test_your_code.py (AReaL's trainer)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ signal from the first line, the child subreaper, the loop bound, verdict.judge) 
 `supervise`, and small rank scripts in AReaL's place (no AReaL: the ends are the launcher's and the kernel's).
 A step that never ends after a stop you asked for is cut, and it is a stop; a rank the kernel's OOM killer kills
 (a real memory cgroup, where the machine lets one be made) is out of memory, with its step, counted apart and
-stopped for good in those words. The real AReaL trainer's ends: tests/areal/test_your_code.py."""
+stopped for good in those words. The real AReaL trainer's ends: tests/trainer/test_your_code.py."""
 
 from __future__ import annotations
 

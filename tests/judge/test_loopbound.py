@@ -1,7 +1,7 @@
 """The trainer's loop bound on the smoke stack (real supervisord, the fake trainer with an injected failure,
 `podkit boot`): a trainer that fails again and again without a new step stops once, named everywhere, and
 on RunPod (the loopback stub of tests/runpod_stub.py) the pod stops itself after guard.stop_pod_after_s.
-A failure after new steps restarts at once and resumes. The real trainer's cases: tests/areal/test_your_code.py."""
+A failure after new steps restarts at once and resumes. The real trainer's cases: tests/trainer/test_your_code.py."""
 
 from __future__ import annotations
 

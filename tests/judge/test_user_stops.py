@@ -2,7 +2,7 @@
 user's own restarts and stops count nothing and never stop the pod; podkit's own back-off is not a hang; a
 wait for inference that never comes is named as inference; a run that fails after every new step is named
 once; and `podkit resume` on a live pod takes a pushed fix to the trainer. The real trainer's own cases:
-tests/areal/test_your_code.py; the judge and the counts themselves: tests/judge/test_ending.py."""
+tests/trainer/test_your_code.py; the judge and the counts themselves: tests/judge/test_ending.py."""
 
 from __future__ import annotations
 

@@ -128,7 +128,7 @@ def test_user_overrides_that_contradict_what_podkit_depends_on_are_refused_all_a
 
 def test_overrides_in_hydras_other_syntaxes_that_turn_off_what_podkit_needs_are_refused_at_boot_too(tmp_path):
     """The boot's fast path reads a deletion (~key) and a flat dict (section={key:value}) as well; the trainer
-    checks the config AReaL ends up with whatever the syntax (tests/areal/test_run_identity.py)."""
+    checks the config AReaL ends up with whatever the syntax (tests/trainer/test_run_identity.py)."""
     cfg = load(tmp_path=tmp_path / "ws", PODKIT_TRAINER_AREAL_CONFIG=str(areal_shaped(tmp_path)), PODKIT_DEVICES="",
                PODKIT_RUN_DIR=str(tmp_path / "run"),
                PODKIT_TRAINER_OVERRIDES="~recover.mode actor={weight_update_mode:xccl}")
@@ -527,7 +527,7 @@ def test_a_pid_reused_by_a_younger_process_is_not_killed(procs, tmp_path):
 def test_trainer_rank0_flags_stale_weights_when_a_restarted_server_serves_base_weights(procs, tmp_path):
     """The AReaL entry script's watcher, against the stand-in's /model_info: weights it pushed (version
     5) are served, so nothing is flagged; a server answering `default` has restarted, so the flag is
-    set and every rank stops after the step in flight (tests/areal/test_rehearsal.py runs the whole path)."""
+    set and every rank stops after the step in flight (tests/trainer/test_rehearsal.py runs the whole path)."""
     import json
     import threading
     import urllib.request

@@ -1,4 +1,4 @@
-"""Runs in the AReaL environment (tests/areal/test_rehearsal.py): AReaL 1.0.4's own FSDPEngine.forward_batch
+"""Runs in the AReaL environment (tests/trainer/test_rehearsal.py): AReaL 1.0.4's own FSDPEngine.forward_batch
 path on CPU (no FSDP wrap), a tiny random Qwen2, three sequences packed into one micro-batch; each
 sequence's log-probs against the same sequence run alone, for sdpa and eager, without and with podkit's
 packed-mask patch. Prints one JSON line: {impl: {"unpatched": [max diff per sequence], "patched": [...]}}."""

@@ -1,4 +1,4 @@
-"""Runs in the AReaL environment (tests/areal/test_rehearsal.py) against a running generating stand-in started
+"""Runs in the AReaL environment (tests/trainer/test_rehearsal.py) against a running generating stand-in started
 with SGLANG_API_KEY: what AReaL relies on, checked against transformers' own forward of the same model.
     standin_check.py PORT MODEL_DIR KEY WORK_DIR   -> one JSON line of measurements"""
 

@@ -132,7 +132,7 @@ def test_a_short_literal_sglang_api_key_is_refused_by_deploy(tmp_path):
 def test_the_sglang_api_key_reaches_sglang_through_a_private_file_not_its_command_line(tmp_path):
     """SGLANG_API_KEY goes into a 0600 YAML file in the run dir that argv names with --config (SGLang's
     launcher merges it in-process); the key is on no command line and not in SGLang's environment.
-    tests/areal/test_validate.py runs SGLang's own merge on that file."""
+    tests/trainer/test_validate.py runs SGLang's own merge on that file."""
     cfg = config.load(ROOT / "configs" / "a40-4gpu.yaml",
                       environ={"PODKIT_WORKSPACE": str(tmp_path), "PODKIT_RUN_DIR": str(tmp_path / "run"),
                                "PODKIT_INFERENCE_HOST": "0.0.0.0"})

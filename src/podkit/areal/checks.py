@@ -181,7 +181,7 @@ def _owned_flags(extra_args: str) -> list[Problem]:
                         f"set {OWNED_FLAGS[flag]} instead; extra_args is for flags podkit does not manage"))
         elif len(flag) > 2 and flag.startswith("--") and (owned := [f for f in OWNED_FLAGS if f.startswith(flag)]):
             # SGLang's argparse takes an unambiguous prefix as the flag (`--hos` is --host); no SGLang flag
-            # that podkit leaves alone is a prefix of one it owns (tests/areal/test_validate.py reads the parser).
+            # that podkit leaves alone is a prefix of one it owns (tests/trainer/test_validate.py reads the parser).
             where = sorted({OWNED_FLAGS[f] for f in owned})
             out.append(("inference.extra_args", f"sets {flag}, which SGLang's parser reads as "
                         f"{' or '.join(owned)} (a prefix is taken for the flag), set by podkit from {', '.join(where)}",

@@ -3,7 +3,7 @@
 apply() runs in every rank before PPOTrainer is built (it patches classes and module names, so later
 engines are covered; a second call is a no-op). It refuses any other AReaL version: each patch below
 names file:line of areal 1.0.4's wheel, and `check()` pins the signature and source hash of everything
-wrapped (tests/areal/test_rehearsal.py runs it in the AReaL environment), so an upgrade fails loudly here,
+wrapped (tests/trainer/test_rehearsal.py runs it in the AReaL environment), so an upgrade fails loudly here,
 not silently in training.
 
 - packed_mask: with attn_impl sdpa or eager, AReaL packs each micro-batch into one row and passes

@@ -1,5 +1,5 @@
 """What a multi-node run reads from the shared volume, distrusted: heartbeats and stop requests that are
-planted, torn or left by an older run (tests/areal/test_cluster.py runs the cluster itself)."""
+planted, torn or left by an older run (tests/trainer/test_cluster.py runs the cluster itself)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Run identity: a volume holds many runs, and each resumes only itself. The names AReaL reads are the user's
 (their YAML, podkit's settings when set, trainer.overrides last); a checkpoint under those names that another
 run wrote is not resumed. podkit's side here; AReaL's loader and a real torch checkpoint in test_areal_*
-below (AReaL's environment); the real trainer in tests/areal/test_your_code.py."""
+below (AReaL's environment); the real trainer in tests/trainer/test_your_code.py."""
 
 from __future__ import annotations
 

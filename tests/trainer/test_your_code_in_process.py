@@ -1,7 +1,7 @@
 """The user's own code, in-process: the bootstrap and podkit's hooks run under AReaL's Python without a pod
 (no supervisord, no server, no trainer steps), so these share no stack and run beside the real-trainer
-lane. The real trainer on the same code: tests/areal/test_your_code.py. With them, AReaL's code that podkit
-patches, checked in-process (the rehearsals run it: tests/areal/test_rehearsal.py)."""
+lane. The real trainer on the same code: tests/trainer/test_your_code.py. With them, AReaL's code that podkit
+patches, checked in-process (the rehearsals run it: tests/trainer/test_rehearsal.py)."""
 
 from __future__ import annotations
 

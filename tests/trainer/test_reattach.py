@@ -1,6 +1,6 @@
 """Rank 0's re-attacher (podkit/areal/reattach.py) against podkit's STAND-IN for SGLang (`podkit run sglang`,
 not SGLang), restarted as supervisord would restart SGLang: what it pushes, when it falls back and what it
-records. The whole path with the real AReaL trainer is in tests/areal/test_rehearsal.py."""
+records. The whole path with the real AReaL trainer is in tests/trainer/test_rehearsal.py."""
 
 from __future__ import annotations
 

@@ -157,7 +157,7 @@ def test_a_two_node_cluster_trains_your_repo_through_a_dead_rank_a_dead_server_a
     and the run resumes from its checkpoint (AReaL's launcher alone would wait for ever); a killed SGLang
     server (the stand-in) is recovered by AReaL's recover run; a node that leaves is named while the run
     waits, and the run resumes when it returns and finishes. (podkit's own example trains on one pod in
-    tests/areal/test_rehearsal.py; on a cluster it takes the same launcher, and `make rehearse` runs it.)"""
+    tests/trainer/test_rehearsal.py; on a cluster it takes the same launcher, and `make rehearse` runs it.)"""
     remote = example_remote(tmp_path / "remote")
     synced = remote.head()
     env = repo_env(remote)
