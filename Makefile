@@ -60,12 +60,12 @@ rehearse: sysdeps
 	  $(if $(filter-out 0,$(STEPS)),--steps $(STEPS))
 
 # The suite on JOBS pytest-xdist workers: the real-trainer tests in order on one worker (their xdist_group
-# mark; two trainers at once overload 2 cores), the container tests on one, the rest spread. Three by
-# default on 2 cores: beside the real-trainer lane, most tests wait (leases, back-offs, stops) more than
-# they compute, and a third worker overlaps those waits (20 min 22 s -> 14 min 18 s, docs/testing.md).
-# It ends with its ten slowest tests. On a fresh machine podkit's venv and the AReaL environment are
-# built side by side (-j2).
-JOBS ?= 3
+# mark; two trainers at once overload 2 cores), the simulated cluster on one (it mostly waits on its nodes),
+# the container tests on one, the rest spread. Four by default on 2 cores: most tests wait (leases,
+# back-offs, stops) more than they compute, and the workers overlap those waits (docs/testing.md).
+# It ends with where the time went. On a fresh machine podkit's venv and the AReaL environment are
+# built side by side.
+JOBS ?= 4
 test:
 	@$(MAKE) --no-print-directory -j3 sysdeps $(VENV)/.ready areal-env
 	$(BIN)/ruff check src tests bench docker rehearse

@@ -20,7 +20,9 @@ from areal_stack import PYTHON, compile_cache, compile_env, example_remote, repo
 from conftest import PODKIT, ROOT, alive, free_port, wait_for
 from gitserver import git
 
-pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("areal"), pytest.mark.timeout(1500),  # 365 s on a quiet machine, 732 s on one 2x slower
+# A lane of its own, beside the real-trainer lane: most of its minutes wait on the cluster (a node joining,
+# a rank found dead, a node gone), not compute.
+pytestmark = [pytest.mark.rehearsal, pytest.mark.xdist_group("cluster"), pytest.mark.timeout(1500),  # 365 s on a quiet machine, 732 s on one 2x slower
               pytest.mark.skipif(not PYTHON and not os.environ.get("CI"),
                                  reason="no AReaL environment: run `make test` (or set AREAL_PYTHON="
                                         "$(sh rehearse/env.sh))")]
