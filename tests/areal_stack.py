@@ -6,6 +6,7 @@ against podkit's generating STAND-IN for SGLang (not SGLang). The fixtures `asse
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -20,6 +21,46 @@ def areal_run(*argv, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     assert PYTHON, "CI must run the real trainer: `make test` sets AREAL_PYTHON"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **kw.pop("env", {})}
     return subprocess.run([PYTHON, *argv], capture_output=True, text=True, timeout=timeout, env=env, **kw)
+
+
+# Scripts that only read AReaL's code, run in one AReaL process one after another (each process pays AReaL's
+# imports, 7 CPU-s): each with its own argv, cwd, environment, sys.path and globals, its stdout captured apart.
+# What one leaves behind in a module (a patch applied) the next sees: order them so nothing reads a change.
+BATCH = """
+import contextlib, io, json, os, sys, traceback
+out = {}
+for name, code, argv, cwd, env in json.loads(sys.stdin.read()):
+    saved = (sys.argv[:], sys.path[:], os.getcwd(), dict(os.environ))
+    buf, rc, err = io.StringIO(), 0, ""
+    try:
+        sys.argv = ["-c", *argv]
+        sys.path.insert(0, "")
+        os.environ.update(env)
+        os.chdir(cwd or saved[2])
+        with contextlib.redirect_stdout(buf):
+            exec(compile(code, f"<{name}>", "exec"), {"__name__": "__main__"})
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        rc, err = 1, traceback.format_exc()
+    finally:
+        sys.argv, sys.path[:] = saved[0], saved[1]
+        os.chdir(saved[2])
+        os.environ.clear()
+        os.environ.update(saved[3])
+    out[name] = {"rc": rc, "stdout": buf.getvalue(), "stderr": err}
+print("BATCH " + json.dumps(out))
+"""
+
+
+def areal_batch(scripts: list[tuple[str, str, list[str], str | None, dict[str, str]]],
+                timeout: float = 300) -> dict[str, subprocess.CompletedProcess]:
+    """BATCH over (name, code, argv, cwd, env): each script's result as areal_run's would be."""
+    r = areal_run("-c", BATCH, input=json.dumps(scripts), timeout=timeout)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("BATCH ")), None)
+    assert r.returncode == 0 and line, r.stdout[-2000:] + r.stderr[-3000:]
+    return {name: subprocess.CompletedProcess([name], o["rc"], o["stdout"], o["stderr"])
+            for name, o in json.loads(line[6:]).items()}
 
 
 def build_assets(tmp_path_factory) -> Path:

@@ -14,7 +14,7 @@ import time
 import pytest
 from test_your_code import VENDORED_AREAL
 
-from areal_stack import CPU_OVERRIDES, EXAMPLE, JUDGED, PYTHON, areal_run
+from areal_stack import CPU_OVERRIDES, EXAMPLE, JUDGED, PYTHON, areal_batch, areal_run
 from conftest import ROOT, free_port
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.timeout(300),
@@ -23,17 +23,43 @@ pytestmark = [pytest.mark.rehearsal, pytest.mark.timeout(300),
                                         "$(sh rehearse/env.sh))")]
 
 
-def test_the_example_repos_yaml_loads_into_its_own_config_class_through_areals_loader(tmp_path):
+EXAMPLE_YAML = ("import sys; sys.path.insert(0, '.'); from train import MyConfig; "
+                "from areal.api.cli_args import load_expr_config; "
+                "c, _ = load_expr_config(sys.argv[1:], MyConfig); "
+                "print('|'.join(map(str, (type(c).__name__, c.hint, c.train_dataset.path, c.train_dataset.batch_size, "
+                "c.actor.dtype))))")
+WORKFLOW_DEP = ("import json, sys; sys.path[:0] = [sys.argv[1]]\n"
+                "from podkit.areal.hooks import _import_error\n"
+                "print(json.dumps([_import_error('mywf.W'), _import_error('mywff.W')]))")
+
+
+@pytest.fixture(scope="module")
+def areal_reads(tmp_path_factory) -> dict:
+    """What the tests below read of AReaL's code, in one AReaL process (areal_stack.BATCH): the patched code's
+    hashes and the trainer's LoRA refusal as AReaL ships them first, the patches applied again and again last."""
+    tmp = tmp_path_factory.mktemp("areal-reads")
+    over = [*CPU_OVERRIDES.split(), f"++cluster.fileroot={tmp}", f"++stats_logger.fileroot={tmp}"]
+    lines = (ROOT / "configs/areal/grpo-cpu.yaml").read_text().splitlines()
+    at = lines.index("rollout:") + 1
+    lines.insert(at, "  max_concurent_rollouts: 8")
+    (tmp / "config.yaml").write_text("\n".join(lines) + "\n")
+    (tmp / "mywf.py").write_text("import not_installed_dep  # the workflow's own dependency\n\nclass W:\n    pass\n")
+    got = areal_batch([("facts", AREAL_FACTS, [], None, {}),
+                       ("yaml", EXAMPLE_YAML, ["--config", "config.yaml", *over], str(EXAMPLE), {"RANK": "1"}),
+                       ("misspelt", MISSPELT, [str(tmp / "config.yaml")], None, {}),
+                       ("episodes", EPISODES_SCRIPT, [], None, {}),
+                       ("workflow-dep", WORKFLOW_DEP, [str(tmp)], str(tmp), {}),
+                       ("twice", PATCHED_TWICE + "print(json.dumps(twice))", [], None, {})])
+    for name, r in got.items():
+        assert r.returncode == 0, f"{name}: {r.stderr[-3000:]}"
+    return {"tmp": tmp, "misspelt_line": at + 1,
+            **{name: json.loads(r.stdout.strip().splitlines()[-1]) if name != "yaml" else
+               r.stdout.strip().splitlines()[-1] for name, r in got.items()}}
+
+
+def test_the_example_repos_yaml_loads_into_its_own_config_class_through_areals_loader(areal_reads):
     """AReaL's own loader is the judge of the repo's YAML, with the CPU overrides on top."""
-    code = ("import sys; sys.path.insert(0, '.'); from train import MyConfig; "
-            "from areal.api.cli_args import load_expr_config; "
-            "c, _ = load_expr_config(sys.argv[1:], MyConfig); "
-            "print('|'.join(map(str, (type(c).__name__, c.hint, c.train_dataset.path, c.train_dataset.batch_size, "
-            "c.actor.dtype))))")
-    over = [*CPU_OVERRIDES.split(), f"++cluster.fileroot={tmp_path}", f"++stats_logger.fileroot={tmp_path}"]
-    r = areal_run("-c", code, "--config", "config.yaml", *over, cwd=EXAMPLE, env={"RANK": "1"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = r.stdout.strip().splitlines()[-1]
+    got = areal_reads["yaml"]
     assert got == "MyConfig|Please put your final answer within \\boxed{}.|data/train.jsonl|4|float32", got
 
 
@@ -129,45 +155,29 @@ def test_an_exception_before_training_is_the_scripts_own_named_with_its_line_and
     assert err["type"] == "ConnectionError" and err["where"] == f"{repo / 'hub.py'}:3", err
 
 
-def test_a_workflow_whose_own_dependency_is_missing_is_told_apart_from_a_wrong_import_path(tmp_path):
-    (tmp_path / "mywf.py").write_text("import not_installed_dep  # the workflow's own dependency\n\nclass W:\n    pass\n")
-    code = ("import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
-            "from podkit.areal.hooks import _import_error\n"
-            "print(json.dumps([_import_error('mywf.W'), _import_error('mywff.W')]))")
-    r = areal_run("-c", code, str(tmp_path), str(ROOT / "src"), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    dep, path = json.loads(r.stdout.strip().splitlines()[-1])
+def test_a_workflow_whose_own_dependency_is_missing_is_told_apart_from_a_wrong_import_path(areal_reads):
+    dep, path = areal_reads["workflow-dep"]
     assert "No module named 'not_installed_dep'" in dep[0] and "imports not_installed_dep, which is not installed" \
         in dep[1], dep
     assert "fix the import path" in path[1], path
 
 
-# What three tests read of AReaL's code, in one process (each of AReaL's imports costs 7 CPU-s): the patched
-# code's hashes and the trainer's LoRA refusal first, as AReaL ships them, then the patches applied again and
-# again (PATCHED_TWICE).
 AREAL_FACTS = """
 import inspect, json
 from podkit.areal import patches as p
 from areal.trainer.rl_trainer import PPOTrainer
-facts = {"version": p.areal_version(), "hashes": p.check(), "pinned": p.PINNED,
-         "lora": inspect.getsource(PPOTrainer._init_rollout)}
+print(json.dumps({"version": p.areal_version(), "hashes": p.check(), "pinned": p.PINNED,
+                  "lora": inspect.getsource(PPOTrainer._init_rollout)}))
 """
 
 
-@pytest.fixture(scope="module")
-def areal_facts() -> dict:
-    r = areal_run("-c", AREAL_FACTS + PATCHED_TWICE + "print(json.dumps({**facts, 'twice': twice}))")
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def test_patches_still_match_the_areal_they_were_written_for(areal_facts):
-    got = areal_facts
+def test_patches_still_match_the_areal_they_were_written_for(areal_reads):
+    got = areal_reads["facts"]
     assert got["version"] == "1.0.4"
     assert got["hashes"] == got["pinned"], "AReaL code that podkit patches changed: re-read areal_patches.py"
 
 
-def test_areal_still_refuses_lora_under_torchrun_as_the_boots_lora_refusal_says(areal_facts):
+def test_areal_still_refuses_lora_under_torchrun_as_the_boots_lora_refusal_says(areal_reads):
     """checks._lora refuses actor.use_lora at boot because AReaL's trainer refuses it in SPMD mode (podkit's
     launch sets AREAL_SPMD_MODE=1). When an AReaL upgrade trains LoRA there, this fails: drop the refusal."""
     from podkit import config
@@ -175,7 +185,7 @@ def test_areal_still_refuses_lora_under_torchrun_as_the_boots_lora_refusal_says(
 
     cfg = config.load(ROOT / "configs/cpu-rehearsal.yaml", environ={})
     assert command.environment(cfg, {})["AREAL_SPMD_MODE"] == "1"
-    src = areal_facts["lora"]
+    src = areal_reads["facts"]["lora"]
     assert checks.AREAL_LORA_REFUSAL in src and "not is_single_controller()" in src, src[:2000]
 
 
@@ -208,10 +218,10 @@ twice = {"helper": [installed is Engine.step, again, Engine().step()],
 """
 
 
-def test_areals_patches_wrap_once_however_often_they_are_applied(areal_facts):
+def test_areals_patches_wrap_once_however_often_they_are_applied(areal_reads):
     """Each patch goes through patches.patch_once: applied again in the same process it wraps nothing
     twice; the request function carries the ride-out and API-key wrappers, each once, around AReaL's own."""
-    got = areal_facts["twice"]
+    got = areal_reads["twice"]
     assert got["layers"] == [[True, False, False], [True, False, False], [False, False, True],
                              [False, True, False]], got
     assert all(got["originals"]), got
@@ -368,20 +378,14 @@ except Exception as e:
 """
 
 
-def test_a_misspelt_key_in_the_areal_yaml_is_named_at_its_line_with_the_field_it_may_have_meant(tmp_path):
+def test_a_misspelt_key_in_the_areal_yaml_is_named_at_its_line_with_the_field_it_may_have_meant(areal_reads):
     """AReaL's own loader refuses the key (omegaconf's ConfigKeyError, full_key only); the refusal's hint adds
     the YAML's file and line and the nearest field of the config class."""
-    lines = (ROOT / "configs/areal/grpo-cpu.yaml").read_text().splitlines()
-    at = lines.index("rollout:") + 1
-    lines.insert(at, "  max_concurent_rollouts: 8")
-    yaml_path = tmp_path / "config.yaml"
-    yaml_path.write_text("\n".join(lines) + "\n")
-    r = areal_run("-c", MISSPELT, str(yaml_path))
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got, yaml_path = areal_reads["misspelt"], areal_reads["tmp"] / "config.yaml"
     assert got["type"] == "ConfigKeyError", got
-    assert got["hint"] == (f"{yaml_path}:{at + 1} sets rollout.max_concurent_rollouts: InferenceEngineConfig has no "
-                           "'max_concurent_rollouts'; did you mean 'max_concurrent_rollouts'?; "), got
+    assert got["hint"] == (f"{yaml_path}:{areal_reads['misspelt_line']} sets rollout.max_concurent_rollouts: "
+                           "InferenceEngineConfig has no 'max_concurent_rollouts'; did you mean "
+                           "'max_concurrent_rollouts'?; "), got
 
 
 EPISODES_SCRIPT = """
@@ -465,14 +469,12 @@ print(json.dumps(out))
 """
 
 
-def test_episodes_are_counted_as_the_users_code_did_in_areals_own_task_function():
+def test_episodes_are_counted_as_the_users_code_did_in_areals_own_task_function(areal_reads):
     """AReaL's real _create_workflow_task, wrapped as patches.watch_episodes wraps it: the workflow's own None and
     should_accept_fn's rejection are the code working; an exception from either, or a trajectory AReaL cannot use
     (checked after arun_episode returned), is a failure; a success ends a streak; the streak must also span
     trainer.episode_failure_window_s; the trip hands the last exception over once, and the record keeps it."""
-    r = areal_run("-c", EPISODES_SCRIPT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = areal_reads["episodes"]
     assert got["rejections"] == [0, 3, 0, False], got
     assert got["reset"] == [2, 4, 0, False], got
     assert got["window"] == [5, 4, 3, False, []], got
