@@ -184,9 +184,9 @@ def test_up_whose_run_trains_to_the_end_then_hangs_ends_0_as_finished(procs, tmp
 
 
 def test_a_long_busy_preparation_before_the_first_step_is_not_a_hang(stack_factory):
-    """The trainer prepares its data for 20 s (CPU-bound, printing nothing) before its first step, past a 6 s stall
-    limit: its CPU time moves, so it is busy, not hung, and trains; a hang is still a hang after it."""
-    s = stack_factory(**{**FAST, "PODKIT_WATCHDOG_TRAINER_STALL_S": "6"}, FAKE_TRAINER_PREPARE_S="20").start()
+    """The trainer prepares its data for 14 s (CPU-bound, printing nothing) before its first step, past twice a 6 s
+    stall limit: its CPU time moves, so it is busy, not hung, and trains; a hang is still a hang after it."""
+    s = stack_factory(**{**FAST, "PODKIT_WATCHDOG_TRAINER_STALL_S": "6"}, FAKE_TRAINER_PREPARE_S="14").start()
     s.wait_step(2, timeout=90)
     assert not [a for a in actions(s.workspace) if a["program"] == "trainer"], actions(s.workspace)
     assert s.stop() == 0
