@@ -63,14 +63,17 @@ rehearse: sysdeps
 # mark; two trainers at once overload 2 cores), the simulated cluster on one (it mostly waits on its nodes),
 # the container tests on one, the rest spread. Four by default on 2 cores: most tests wait (leases,
 # back-offs, stops) more than they compute, and the workers overlap those waits (docs/testing.md).
-# It ends with where the time went. On a fresh machine podkit's venv and the AReaL environment are
-# built side by side.
+# Bytecode is written (a machine's PYTHONDONTWRITEBYTECODE=1 had every worker rewrite and compile every test
+# module again), and one collection first writes pytest's rewritten test modules, which the workers then read.
+# It ends with where the time went. On a fresh machine podkit's venv and the AReaL environment are built side
+# by side.
 JOBS ?= 4
 test:
 	@$(MAKE) --no-print-directory -j3 sysdeps $(VENV)/.ready areal-env
 	$(BIN)/ruff check src tests bench docker rehearse
-	py=$$(PYTHON=$(PYTHON) sh rehearse/env.sh) && AREAL_PYTHON=$$py $(BIN)/pytest -n $(JOBS) --dist loadgroup \
-	  --durations=10
+	py=$$(PYTHON=$(PYTHON) sh rehearse/env.sh) && export AREAL_PYTHON=$$py PYTHONDONTWRITEBYTECODE= && \
+	  { $(BIN)/pytest --collect-only -q >/dev/null 2>&1 || true; } && \
+	  $(BIN)/pytest -n $(JOBS) --dist loadgroup --durations=10
 
 # The linter `make test` runs first, alone.
 lint: $(VENV)/.ready
