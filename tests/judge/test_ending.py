@@ -321,6 +321,15 @@ def test_each_kind_of_end_is_counted_apart_and_stops_for_good_in_its_own_words(t
     assert "a smaller batch" in stopped["hint"] and "podkit resume" in stopped["hint"], stopped
 
 
+def test_a_bound_of_one_stops_at_the_first_counted_end_and_says_once_not_1_times(tmp_path):
+    b = loopbound.Bound(cfg_of(tmp_path, max_failures=1))
+    assert b.finish(end_of(ending.FAILED, "ValueError: a bad row at train.py:12"), 1, time.time()) == 0
+    stopped = records.PROGRESS.read(tmp_path)["stopped"]
+    assert stopped["by"] == ending.CRASH_LOOP, stopped
+    assert stopped["message"].startswith("the trainer failed once before its first step without a new step: "
+                                         "ValueError: a bad row"), stopped
+
+
 def test_a_run_that_fails_after_every_new_step_is_never_stopped_but_said_once(tmp_path, monkeypatch):
     cfg = cfg_of(tmp_path)
     told = []

@@ -253,8 +253,8 @@ class Bound(Loop):
     def give_up(self, c: ending.Count, n: int, end: ending.End) -> int:
         self.rec["gave_up"] = True
         self.save()
-        message = f"the trainer {c.what} {n} times in a row {self.at()} without a new step: " \
-                  f"{end.first() or end.kind.words}"
+        times = f"{n} times in a row" if n > 1 else "once"  # trainer.max_failures 1: its first counted end
+        message = f"the trainer {c.what} {times} {self.at()} without a new step: {end.first() or end.kind.words}"
         hint = self.fix_for(c, end)
         ending.write(self.state_dir, c.final, message, hint, where=end.where, last=end.kind.name,
                      evidence=end.evidence)
