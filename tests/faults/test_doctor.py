@@ -38,7 +38,9 @@ def test_trainer_waiting_on_rollouts_is_blamed_on_the_dead_inference(stack_facto
     # (weight_update_slow's case) before the trainer asks for rollouts again.
     s = stack_factory(PODKIT_TRAINER_CHECKPOINT_EVERY="1000").start()
     s.wait_step(3)
-    os.kill(s.pid("sglang"), signal.SIGUSR1)  # the stand-in stops answering
+    server = s.pid("sglang")
+    assert server, s.status()["programs"]["sglang"]  # never os.kill(0): that is this test's own process group
+    os.kill(server, signal.SIGUSR1)  # the stand-in stops answering
     # Generous: the starving is seen within ~5 s (one /generate's timeout), and doctor's finding is what is under
     # test; once, on a machine loaded with a CPU hog beside three workers, 30 s passed without the line.
     try:

@@ -221,7 +221,10 @@ def listen(httpd: ThreadingHTTPServer, host: str, port: int, stop: threading.Eve
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     say(f"Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
     say("The server is fired up and ready to roll!")
-    stop.wait()
+    # Python runs a signal's handler in the main thread only, when it wakes: a signal the kernel hands to a
+    # request's thread (SIGTERM, or the fault suite's SIGUSR1) would wait for ever on an untimed wait.
+    while not stop.wait(0.5):
+        pass
     say("Shutting down (SIGTERM)")
     httpd.shutdown()
     httpd.server_close()
