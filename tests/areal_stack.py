@@ -82,7 +82,7 @@ def build_assets(tmp_path_factory) -> Path:
 
 def compile_cache(tmp_path_factory) -> Path:
     """One torch inductor and Triton cache for every real-trainer stack of a test run, as a pod keeps its
-    own on the volume: AReaL's torch.compile'd log-prob gather is then compiled once, not per test."""
+    own on the volume (compile_env: the tests run torch.compile'd code eagerly)."""
     base = tmp_path_factory.getbasetemp()
     d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "compile-cache"
     d.mkdir(exist_ok=True)
@@ -90,7 +90,11 @@ def compile_cache(tmp_path_factory) -> Path:
 
 
 def compile_env(cache: Path) -> dict[str, str]:
-    return {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
+    # TORCHDYNAMO_DISABLE: AReaL's torch.compile'd log-prob gather runs eagerly in the tests. Its compile is
+    # AReaL's, not podkit's (15 CPU-s once, then 2 s at every rank's start on CPU); `make rehearse` compiles it
+    # as a pod does. Ray's workers inherit it from their raylet.
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton"),
+            "TORCHDYNAMO_DISABLE": "1"}
 
 
 class Rehearsal(Stack):
@@ -137,7 +141,8 @@ def example_remote(root: Path, with_files=None, **changes: str) -> Remote:
     """examples/my-repo as a bare remote's main branch, with files changed or added."""
     root.mkdir(parents=True, exist_ok=True)
     remote = Remote(root)
-    shutil.copytree(EXAMPLE, remote.work, dirs_exist_ok=True)
+    # Not the bytecode a test's import of examples/my-repo left there: a user's repo has none committed.
+    shutil.copytree(EXAMPLE, remote.work, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
     if with_files:
         with_files(remote.work)
     for path, text in changes.items():

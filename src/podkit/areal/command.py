@@ -69,11 +69,6 @@ def environment(cfg, environ: dict[str, str] | None = None) -> dict[str, str]:
                NCCL_CUMEM_ENABLE="0", NCCL_NVLS_ENABLE="0")
     env.setdefault("HF_HOME", str(cfg.workspace_path / "hf"))
     env.setdefault("WANDB_MODE", "disabled")  # opt in with stats_logger.wandb.mode=online in trainer.overrides
-    if cfg.trainer.cpu_ranks:
-        # CPU ranks run what AReaL torch.compiles (its log-prob gather) eagerly: on CPU the compile costs about
-        # 15 CPU-s once and 2 s at every start with a warm cache, for a kernel no faster there. The pod's own
-        # TORCHDYNAMO_DISABLE=0 compiles it.
-        env.setdefault("TORCHDYNAMO_DISABLE", "1")
     return compile_caches(cfg, env, "trainer")
 
 
