@@ -149,7 +149,13 @@ def test_start_over_with_a_remote_trains_from_step_0_and_no_pod_restores_the_lin
              what="two real steps and a generation uploaded")
     ctl = subprocess.run([*PODKIT, "ctl", "stop", "trainer"], capture_output=True, text=True, env=s.env, timeout=120)
     assert ctl.returncode == 0, ctl.stdout + ctl.stderr  # (ctl takes the rest of its line: the env names the pod)
-    left = max(steps(top))
+    # What the run leaves: its stop's checkpoint (step 2 or later), once uploaded. Read before that, `left` could be
+    # step 1 while the new lineage's first upload is its step 2 (suite run 77: a trainer without AReaL's compile
+    # steps faster than the uploader's first look), and the comparison below would show nothing.
+    stopped_at = s.progress().get("checkpoint_step") or 0
+    assert stopped_at >= 2, s.progress()  # the stop's own checkpoint, after two steps
+    left = wait_for(lambda: (m := max(steps(top))) >= stopped_at and m, 120, interval=0.5,
+                    what="the stop's checkpoint on the remote")
     r = s.podkit("start-over")
     assert r.returncode == 0 and "begin a new lineage" in r.stdout, r.stdout + r.stderr
     p = s.wait_fresh_step(1, time.time())
