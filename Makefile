@@ -4,7 +4,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STEPS  ?= 100
 WORKSPACE ?= ./workspace
-# torch 2.13.0 is the CPU build this machine's package index carries; the fake trainer needs it.
+# torch 2.13.0 is the CPU build this machine's package index carries: torchrun, the ranks in tests and the
+# environment a repo's own requirements inherit need it (the fake trainer is numpy).
 TORCH  ?= torch==2.13.0 numpy
 
 .PHONY: run test rehearse lint bench clean sysdeps areal-env mutate

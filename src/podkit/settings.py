@@ -179,7 +179,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "stop_grace_s": Field(int, 20, "supervisord's stopwaitsecs for inference", "s", minimum=1),
     },
     "trainer": {
-        "kind": Field(str, "areal", "areal: AReaL GRPO under torchrun (SPMD mode); fake: a real torch loop of a "
+        "kind": Field(str, "areal", "areal: AReaL GRPO under torchrun (SPMD mode); fake: a real numpy training loop of a "
                       "tiny model on seeded random data (CPU, smoke stack)", "", ("areal", "fake")),
         "gpus": Field(str, "", "CUDA_VISIBLE_DEVICES for training"),
         "cpu_ranks": Field(int, 0, "AReaL trainer on CPU (the rehearsal): this many torchrun ranks and no GPU; "

@@ -94,12 +94,12 @@ def test_up_with_steps_trains_to_the_step_and_exits_0_and_leaves_its_start_up_ti
 
 
 def test_up_whose_trainer_cannot_import_its_code_exits_1_with_doctors_finding(tmp_path):
-    """A trainer that fails at every start (here: its `import torch` fails) ends `podkit up --steps N` with exit 1
+    """A trainer that fails at every start (here: its `import numpy` fails) ends `podkit up --steps N` with exit 1
     and doctor's finding, instead of waiting for steps that never come: the loop bound stops it in the
     exception's own words (supervisord's own start retries never count: each start outlives its startsecs)."""
     ws, broken = tmp_path / "ws", tmp_path / "broken"
     broken.mkdir()
-    (broken / "torch.py").write_text("raise ImportError('torch is broken in this test')\n")
+    (broken / "numpy.py").write_text("raise ImportError('numpy is broken in this test')\n")
     e = smoke_env(ws, free_port(), PYTHONPATH=str(broken), PODKIT_TRAINER_RESTART_DELAY_S="1")
     e.pop("PODKIT_CONFIG")
     r = subprocess.run([*PODKIT, "up", "--smoke", "--workspace", str(ws), "--steps", "6"], env=e,
@@ -107,7 +107,7 @@ def test_up_whose_trainer_cannot_import_its_code_exits_1_with_doctors_finding(tm
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-3000:]
     assert "the trainer stopped for good (crash-loop) before its first step" in out, out[-3000:]
-    assert "[podkit:doctor] PROBLEM: " in out and "ImportError: torch is broken in this test" in out, out[-3000:]
+    assert "[podkit:doctor] PROBLEM: " in out and "ImportError: numpy is broken in this test" in out, out[-3000:]
 
 
 def test_up_that_stops_at_a_stage_says_why_afterwards_in_status_and_doctor(tmp_path):

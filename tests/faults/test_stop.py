@@ -8,10 +8,10 @@ import os
 import signal
 
 import pytest
-import torch
 
 from conftest import wait_for
 from podkit import config
+from podkit.programs.fake_trainer import Codec
 from podkit.remote.checkpoint import CheckpointDir
 from podkit.views import doctor
 
@@ -31,7 +31,7 @@ def test_sigterm_mid_checkpoint_never_leaves_a_bad_latest(stack_factory):
         s.wait_step(last + 5 + 3 * i)
         assert s.stop() == 0
         final = s.progress()
-        path, state = CheckpointDir(s.workspace / "checkpoints").load_latest(torch)
+        path, state = CheckpointDir(s.workspace / "checkpoints").load_latest(Codec)
         assert state["step"] == final["step"] == final["checkpoint_step"], (path, final)
         last = final["step"]
 

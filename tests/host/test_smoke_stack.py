@@ -1,4 +1,4 @@
-"""The smoke stack end to end: real supervisord, the SGLang stand-in, the real-torch fake trainer."""
+"""The smoke stack end to end: real supervisord, the SGLang stand-in, the fake trainer (a real numpy training loop)."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import test_remote
 
@@ -41,8 +42,8 @@ def train_to(cfg, step: int, pad: int = 0) -> FakeTrainer:
     t.step = step
     t.checkpoint("test")
     if pad:
-        t.torch.save({"step": step, "model": t.model.state_dict(), "optim": t.opt.state_dict(),
-                      "pad": t.torch.zeros(pad)}, cfg.checkpoint_dir / f"step-{step:08d}.pt")
+        t.codec.save({"step": step, "model": t.model.state_dict(), "optim": t.opt.state_dict(),
+                      "pad": np.zeros(pad, np.float32)}, cfg.checkpoint_dir / f"step-{step:08d}.pt")
     return t
 
 

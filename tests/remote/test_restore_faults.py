@@ -12,6 +12,7 @@ import subprocess
 import threading
 import time
 
+import numpy as np
 import pytest
 import test_remote
 import test_run_lineage
@@ -38,8 +39,8 @@ def train_to(cfg, step: int, pad: int = 0) -> FakeTrainer:
     """The fake trainer's checkpoint of `step` as it writes it; `pad` floats more in it (a bigger file)."""
     t = test_remote.train_to(cfg, step)
     if pad:
-        t.torch.save({"step": step, "model": t.model.state_dict(), "optim": t.opt.state_dict(),
-                      "pad": t.torch.zeros(pad)}, cfg.checkpoint_dir / f"step-{step:08d}.pt")
+        t.codec.save({"step": step, "model": t.model.state_dict(), "optim": t.opt.state_dict(),
+                      "pad": np.zeros(pad, np.float32)}, cfg.checkpoint_dir / f"step-{step:08d}.pt")
     return t
 
 

@@ -22,7 +22,7 @@ TABLE: dict[tuple[str, str], str] = {
     ("sglang", "standin"): "podkit.programs.standin",        # stand-in for SGLang's HTTP API (smoke stack)
     ("sglang", "standin-lm"): "podkit.programs.standin_lm",  # generating stand-in, tiny model on CPU (rehearsal)
     ("trainer", "areal"): "podkit.areal.launch",             # AReaL under torchrun (or its Ray launcher)
-    ("trainer", "fake"): "podkit.programs.fake_trainer",     # a real torch loop on random data (smoke stack)
+    ("trainer", "fake"): "podkit.programs.fake_trainer",     # a real numpy training loop on random data (smoke stack)
     ("ray", ""): "podkit.areal.ray_node",                     # a node of a multi-node run's Ray cluster
     ("watchdog", ""): "podkit.programs.watchdog",                     # the hang watchdog
     ("logs", ""): "podkit.programs.logs",                    # supervisord's event listener

@@ -1,4 +1,6 @@
-"""The fake-data trainer: a real torch training loop of a tiny model on seeded random data (CPU).
+"""The fake-data trainer: a real training loop (numpy: a 16-32-1 tanh net under Adam, its gradients by hand) of a
+tiny model on seeded random data (CPU). numpy, not torch: torch's import alone cost 1.5 CPU-s at every start, and
+what podkit supervises here is the loop, not the library.
 
 It behaves as the real trainer does where podkit depends on it: waits for inference to be ready,
 asks it for a rollout each step (and stalls, as AReaL does, while inference is down), writes a
@@ -20,13 +22,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from podkit import log, records
 from podkit.host import lease
 from podkit.judge import ending, health
 from podkit.programs import hold_devices, stacks_on_sigusr2
-from podkit.remote.checkpoint import CheckpointDir
+from podkit.remote.checkpoint import NPZ, CheckpointDir
 
 _log = log.get("trainer")
 
@@ -54,9 +56,100 @@ class Inference:
             return False
 
 
+def _rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed % 2**63)  # a negative seed is a setting, not an error
+
+
+class TinyNet:
+    """x (n, 16) -> tanh(x W1ᵀ + b1) (n, 32) -> h W2ᵀ + b2 (n, 1), initialised as torch's Linear is."""
+
+    SHAPES = {"w1": (32, 16), "b1": (32,), "w2": (1, 32), "b2": (1,)}
+
+    def __init__(self, seed: int) -> None:
+        rng = _rng(seed)
+        fan_in = {"w1": 16, "b1": 16, "w2": 32, "b2": 32}
+        self.params = {k: rng.uniform(-fan_in[k] ** -0.5, fan_in[k] ** -0.5, shape).astype(np.float32)
+                       for k, shape in self.SHAPES.items()}
+
+    def loss_and_grads(self, x: np.ndarray, y: np.ndarray) -> tuple[float, dict]:
+        """Mean squared error and its gradient for each parameter."""
+        p = self.params
+        h = np.tanh(x @ p["w1"].T + p["b1"])
+        out = h @ p["w2"].T + p["b2"]
+        d_out = 2.0 * (out - y) / out.size
+        dz = (d_out @ p["w2"]) * (1.0 - h * h)
+        grads = {"w2": d_out.T @ h, "b2": d_out.sum(0), "w1": dz.T @ x, "b1": dz.sum(0)}
+        return float(np.mean((out - y) ** 2)), grads
+
+    def state_dict(self) -> dict:
+        return dict(self.params)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.params = _checked(state, self.SHAPES, "model")
+
+
+class Adam:
+    """torch.optim.Adam's update (betas 0.9, 0.999; eps 1e-8), its moments in the checkpoint."""
+
+    def __init__(self, params: dict, lr: float) -> None:
+        self.lr, self.t = lr, 0
+        self.m = {k: np.zeros_like(v) for k, v in params.items()}
+        self.v = {k: np.zeros_like(v) for k, v in params.items()}
+
+    def step(self, params: dict, grads: dict) -> None:
+        self.t += 1
+        c1, c2 = 1 - 0.9 ** self.t, 1 - 0.999 ** self.t
+        for k, g in grads.items():
+            self.m[k] = 0.9 * self.m[k] + 0.1 * g
+            self.v[k] = 0.999 * self.v[k] + 0.001 * g * g
+            params[k] = (params[k] - self.lr * (self.m[k] / c1) / (np.sqrt(self.v[k] / c2) + 1e-8)).astype(np.float32)
+
+    def state_dict(self) -> dict:
+        return {"t": self.t, "m": dict(self.m), "v": dict(self.v)}
+
+    def load_state_dict(self, state: dict) -> None:
+        shapes = {k: np.shape(v) for k, v in self.m.items()}
+        if not isinstance(state, dict) or not isinstance(state.get("t"), int) or state["t"] < 0:
+            raise ValueError("optim: no step count")
+        self.m, self.v = _checked(state.get("m"), shapes, "optim.m"), _checked(state.get("v"), shapes, "optim.v")
+        self.t = state["t"]
+
+
+def _checked(state, shapes: dict, what: str) -> dict:
+    """The arrays of `state` when they are exactly `shapes` (float32); else ValueError naming what differs."""
+    if not isinstance(state, dict) or set(state) != set(shapes):
+        raise ValueError(f"{what}: keys {sorted(state) if isinstance(state, dict) else type(state).__name__}, "
+                         f"want {sorted(shapes)}")
+    out = {}
+    for k, shape in shapes.items():
+        a = np.asarray(state[k])
+        if a.shape != tuple(shape) or a.dtype.kind != "f":
+            raise ValueError(f"{what}.{k}: {a.dtype}{list(a.shape)}, want float{list(shape)}")
+        out[k] = a.astype(np.float32)
+    return out
+
+
+class Codec:
+    """NPZ whose load also checks the state's shape: a file that loads but is not this net's checkpoint (a
+    renamed key, another model's arrays, a step that is not a count) is unreadable, and an older one is tried."""
+
+    save = staticmethod(NPZ.save)
+
+    @staticmethod
+    def load(path) -> dict:
+        state = NPZ.load(path)
+        step = state.get("step")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step {step!r} is not a count of steps")
+        TinyNet(0).load_state_dict(state.get("model"))
+        net = TinyNet(0)
+        Adam(net.params, 0.0).load_state_dict(state.get("optim"))
+        return state
+
+
 class FakeTrainer:
     def __init__(self, cfg) -> None:
-        self.torch = torch
+        self.codec = Codec
         self.cfg = cfg
         t = cfg.trainer
         self.every, self.interval, self.max_steps = t.checkpoint_every, t.step_interval_s, t.max_steps
@@ -66,14 +159,9 @@ class FakeTrainer:
         self.ready_timeout = cfg.inference.ready_timeout_s
         self.update_timeout = t.weight_update_timeout_s
         self.stopping = False
-        # A model this small gains nothing from more threads: they spin between its ops. With one per core,
-        # 160 steps took 6.1 CPU-s against 2.9 s with one thread (2 cores), CPU a CI runner's stack shares.
-        torch.set_num_threads(1)
-        torch.manual_seed(t.seed)
-        self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=t.lr)
-        g = torch.Generator().manual_seed(t.seed)
-        self.true_w = torch.randn(16, 1, generator=g)
+        self.model = TinyNet(t.seed)
+        self.opt = Adam(self.model.params, t.lr)
+        self.true_w = _rng(t.seed + 1).standard_normal((16, 1)).astype(np.float32)
         self.seed = t.seed
         self.step = 0
         self.pushed: str | None = None
@@ -85,7 +173,7 @@ class FakeTrainer:
         self.stopping = True
 
     def resume(self) -> None:
-        found = self.ckpts.load_latest(self.torch)
+        found = self.ckpts.load_latest(self.codec)
         if found is None:
             _log.info("no checkpoint found: starting at step 0")
             return
@@ -132,21 +220,19 @@ class FakeTrainer:
                 time.sleep(0.25)
 
     def train_step(self) -> float:
-        torch = self.torch
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
-        x = torch.randn(64, 16, generator=g)
-        y = x @ self.true_w + 0.01 * torch.randn(64, 1, generator=g)
-        loss = torch.nn.functional.mse_loss(self.model(x), y)
-        self.opt.zero_grad()
-        loss.backward()
-        self.opt.step()
-        return float(loss.item())
+        g = _rng(self.seed * 1_000_003 + self.step)
+        x = g.standard_normal((64, 16)).astype(np.float32)
+        y = x @ self.true_w + np.float32(0.01) * g.standard_normal((64, 1)).astype(np.float32)
+        with np.errstate(all="ignore"):  # a diverging run's inf and NaN are its loss to report, not warnings
+            loss, grads = self.model.loss_and_grads(x, y)
+            self.opt.step(self.model.params, grads)
+        return loss
 
     def checkpoint(self, why: str) -> Path | None:
         if not self.cfg.multi_node and (holder := lease.lost(self.cfg.state_dir)):
             raise LeaseLost(holder)
         try:
-            path = self.ckpts.save(self.torch, self.step, {"step": self.step, "model": self.model.state_dict(),
+            path = self.ckpts.save(self.codec, self.step, {"step": self.step, "model": self.model.state_dict(),
                                                            "optim": self.opt.state_dict()})
         except OSError as e:
             # A full or read-only volume: keep training, keep the last good checkpoint, try again later.
@@ -162,7 +248,7 @@ class FakeTrainer:
         """The step of the checkpoint at `path` if it loads, else None: a file that does not load is
         never pushed to inference (it would fail there, or serve something else than its version)."""
         try:
-            return int(self.torch.load(path, map_location="cpu", weights_only=True)["step"])
+            return int(self.codec.load(path)["step"])
         except Exception as e:  # noqa: BLE001 - any unreadable file means: do not push it
             _log.warn(f"checkpoint {path.name} does not load ({type(e).__name__}); not pushing it")
             return None
@@ -171,7 +257,7 @@ class FakeTrainer:
         """Push a checkpoint that loads, tagged with the step it holds."""
         step = self.loads(path)
         if step is None:
-            found = self.ckpts.load_latest(self.torch)
+            found = self.ckpts.load_latest(self.codec)
             if found is None:
                 return
             path, step = found[0], int(found[1]["step"])

@@ -2,6 +2,9 @@
 
 `latest` names the newest complete checkpoint; a reader that finds it unreadable falls back to the
 newest checkpoint that loads. Temp files of a writer that died are the writer's own, never data.
+
+The bytes are a codec's (`save(state, file)`, `load(path) -> dict`): NPZ, numpy's uncompressed zip, whose
+member CRCs make a flipped or torn byte an error on load, and which loads no pickle.
 """
 
 from __future__ import annotations
@@ -56,13 +59,13 @@ class CheckpointDir:
         steps = self.steps()
         return steps[0][1] if steps else None
 
-    def save(self, torch, step: int, state: dict) -> Path:
+    def save(self, codec, step: int, state: dict) -> Path:
         self.path.mkdir(parents=True, exist_ok=True)
         final = self.path / f"step-{step:08d}.pt"
         tmp = self.path / f".{final.name}.tmp-{os.getpid()}"
         try:
             with open(tmp, "wb") as f:
-                torch.save(state, f)
+                codec.save(state, f)
                 f.flush()
                 os.fsync(f.fileno())
         except BaseException:
@@ -93,7 +96,7 @@ class CheckpointDir:
                     removed.append(p)
         return removed
 
-    def load_latest(self, torch) -> tuple[Path, dict] | None:
+    def load_latest(self, codec) -> tuple[Path, dict] | None:
         """The newest checkpoint that loads; a corrupt one is reported and skipped, never deleted."""
         for p in self.clear_dead_temps():
             _log.info(f"removed {p.name}, the temp file of a writer that died mid-checkpoint")
@@ -104,7 +107,53 @@ class CheckpointDir:
         candidates += [p for _, p in self.steps() if p != latest]
         for p in candidates:
             try:
-                return p, torch.load(p, map_location="cpu", weights_only=True)
+                return p, codec.load(p)
             except Exception as e:  # noqa: BLE001 - any unreadable file means: try the previous one
                 _log.warn(f"checkpoint {p.name} is unreadable ({type(e).__name__}: {e}); trying an older one")
         return None
+
+
+class NPZ:
+    """A nested dict of arrays and numbers as one .npz (keys joined with '/'); numpy is imported on use, so
+    what reads checkpoint names (remote, status) never pays for it."""
+
+    @staticmethod
+    def save(state: dict, target) -> None:
+        import numpy as np
+
+        flat: dict = {}
+
+        def walk(prefix: str, node) -> None:
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    if "/" in str(k) or not str(k):
+                        raise ValueError(f"checkpoint key {k!r}: empty or holds '/'")
+                    walk(f"{prefix}{k}/", v)
+            else:
+                flat[prefix[:-1]] = np.asarray(node)
+
+        walk("", state)
+        if isinstance(target, (str, os.PathLike)):  # np.savez would append .npz to a name
+            with open(target, "wb") as f:
+                np.savez(f, **flat)
+        else:
+            np.savez(target, **flat)
+
+    @staticmethod
+    def load(path) -> dict:
+        import numpy as np
+
+        state: dict = {}
+        with np.load(path, allow_pickle=False) as z:
+            for key in z.files:
+                *parents, leaf = key.split("/")
+                node = state
+                for k in parents:
+                    node = node.setdefault(k, {})
+                    if not isinstance(node, dict):
+                        raise ValueError(f"checkpoint key {key!r} is under a value")
+                value = z[key]
+                if not isinstance(value, np.ndarray):  # a member that is not .npy: another format's zip (torch's)
+                    raise ValueError(f"member {key!r} is not an array: not an NPZ checkpoint")
+                node[leaf] = value.item() if value.ndim == 0 else value
+        return state

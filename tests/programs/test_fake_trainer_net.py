@@ -1,0 +1,113 @@
+"""The fake trainer's numpy net and its checkpoints: its step is torch's Linear-Tanh-Linear under Adam (torch is
+the reference it stands in for), a checkpoint round-trips exactly, and a file that loads but is not this net's
+checkpoint (torch's zip, another shape, a step that is no count, a flipped byte) is passed over for an older one."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from podkit.programs.fake_trainer import Adam, Codec, TinyNet, _rng
+from podkit.remote.checkpoint import NPZ, CheckpointDir
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_forty_steps_of_the_numpy_net_are_torchs_adam_steps_to_float32_precision():
+    torch = pytest.importorskip("torch")
+    net = TinyNet(3)
+    opt = Adam(net.params, 0.01)
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    with torch.no_grad():
+        for layer, w, b in ((ref[0], "w1", "b1"), (ref[2], "w2", "b2")):
+            layer.weight.copy_(torch.from_numpy(net.params[w].copy()))
+            layer.bias.copy_(torch.from_numpy(net.params[b].copy()))
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01)
+    true_w = _rng(4).standard_normal((16, 1)).astype(np.float32)
+    losses = []
+    for step in range(40):
+        g = _rng(step)
+        x = g.standard_normal((64, 16)).astype(np.float32)
+        y = x @ true_w
+        loss, grads = net.loss_and_grads(x, y)
+        losses.append(loss)
+        opt.step(net.params, grads)
+        ref_loss = torch.nn.functional.mse_loss(ref(torch.from_numpy(x)), torch.from_numpy(y))
+        ref_opt.zero_grad()
+        ref_loss.backward()
+        ref_opt.step()
+        assert loss == pytest.approx(ref_loss.item(), rel=1e-4, abs=1e-6), step
+    assert np.allclose(net.params["w1"], ref[0].weight.detach().numpy(), atol=1e-5)
+    assert losses[-1] < losses[0] / 2, losses
+
+
+def checkpoint(step: int, seed: int = 0) -> dict:
+    net = TinyNet(seed)
+    return {"step": step, "model": net.state_dict(), "optim": Adam(net.params, 0.01).state_dict()}
+
+
+def test_a_file_that_loads_but_is_not_this_nets_checkpoint_is_passed_over_for_an_older_one(tmp_path):
+    torch = pytest.importorskip("torch")
+    d = CheckpointDir(tmp_path)
+    d.save(Codec, 1, checkpoint(1))
+    wrong = {
+        2: lambda p: torch.save(checkpoint(2), p),                                   # torch's zip of the same state
+        3: lambda p: NPZ.save({**checkpoint(3), "model": {"w1": np.zeros((8, 8), np.float32)}}, p),  # another net
+        4: lambda p: NPZ.save({**checkpoint(4), "step": -4}, p),                      # a step that is no count
+        5: lambda p: NPZ.save({**checkpoint(5), "step": 2.5}, p),
+        6: lambda p: NPZ.save({"step": 6, "model": checkpoint(6)["model"]}, p),       # no optimizer state
+    }
+    for step, write in wrong.items():
+        write(tmp_path / f"step-{step:08d}.pt")
+    good = tmp_path / "step-00000007.pt"
+    d.save(Codec, 7, checkpoint(7))
+    raw = bytearray(good.read_bytes())
+    raw[len(raw) // 3] ^= 0xFF  # inside an array's bytes: its member's CRC no longer matches
+    good.write_bytes(bytes(raw))
+    path, state = d.load_latest(Codec)
+    assert path.name == "step-00000001.pt" and state["step"] == 1
+    assert sorted(p.name for p in tmp_path.glob("step-*.pt")) == [f"step-{s:08d}.pt" for s in range(1, 8)], \
+        "nothing is deleted"
+
+
+ARRAYS = hnp.arrays(st.sampled_from([np.float32, np.float64, np.int64]), hnp.array_shapes(min_dims=0, max_dims=3,
+                                                                                          max_side=4))
+KEYS = st.text(st.characters(codec="utf-8", exclude_characters="/\x00"), min_size=1, max_size=8)
+TREES = st.recursive(ARRAYS, lambda kids: st.dictionaries(KEYS, kids, min_size=1, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(KEYS, TREES, min_size=1, max_size=4))
+def test_any_nested_dict_of_arrays_round_trips_through_npz_exactly(state):
+    buf = io.BytesIO()
+    NPZ.save(state, buf)
+    buf.seek(0)
+    back = NPZ.load(buf)
+
+    def same(a, b):
+        if isinstance(a, dict):
+            return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        a = np.asarray(a)
+        if a.ndim == 0:  # a number comes back as Python's own (a step is an int)
+            return not isinstance(b, np.ndarray) and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+        return np.array_equal(a, b, equal_nan=a.dtype.kind == "f") and a.dtype == b.dtype
+
+    assert same(state, back)
+
+
+def test_a_key_holding_a_slash_is_refused_at_save_not_read_back_as_another_tree():
+    with pytest.raises(ValueError, match="holds '/'"):
+        NPZ.save({"model": {"a/b": np.zeros(1)}}, io.BytesIO())
+
+
+def test_torchs_zip_is_not_read_as_an_npz_whose_members_are_bytes(tmp_path):
+    """torch.save writes a zip too: np.load opens it and hands its pickle back as bytes, not an error."""
+    torch = pytest.importorskip("torch")
+    torch.save({"step": 1}, tmp_path / "t.pt")
+    with pytest.raises(ValueError, match="not an NPZ checkpoint"):
+        NPZ.load(tmp_path / "t.pt")
