@@ -5,6 +5,8 @@ checkpoint (torch's zip, another shape, a step that is no count, a flipped byte)
 from __future__ import annotations
 
 import io
+import os
+import warnings
 
 import numpy as np
 import pytest
@@ -12,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from podkit.programs.fake_trainer import Adam, Codec, TinyNet, _rng
+from conftest import ROOT
+from podkit import config
+from podkit.programs.fake_trainer import Adam, Codec, FakeTrainer, TinyNet, _rng, train
 from podkit.remote.checkpoint import NPZ, CheckpointDir
 
 pytestmark = pytest.mark.timeout(60)
@@ -51,6 +55,11 @@ def checkpoint(step: int, seed: int = 0) -> dict:
     return {"step": step, "model": net.state_dict(), "optim": Adam(net.params, 0.01).state_dict()}
 
 
+def savez_to(path, savez, **arrays) -> None:
+    with open(path, "wb") as f:  # a name would get .npz appended
+        savez(f, **arrays)
+
+
 def test_a_file_that_loads_but_is_not_this_nets_checkpoint_is_passed_over_for_an_older_one(tmp_path):
     torch = pytest.importorskip("torch")
     d = CheckpointDir(tmp_path)
@@ -61,18 +70,26 @@ def test_a_file_that_loads_but_is_not_this_nets_checkpoint_is_passed_over_for_an
         4: lambda p: NPZ.save({**checkpoint(4), "step": -4}, p),                      # a step that is no count
         5: lambda p: NPZ.save({**checkpoint(5), "step": 2.5}, p),
         6: lambda p: NPZ.save({"step": 6, "model": checkpoint(6)["model"]}, p),       # no optimizer state
+        8: lambda p: NPZ.save({**checkpoint(8), "model": {k: np.ones(np.shape(v), np.int32)  # ints of the shape
+                                                          for k, v in checkpoint(8)["model"].items()}}, p),
+        9: lambda p: NPZ.save({**checkpoint(9), "optim": {**checkpoint(9)["optim"], "t": -1}}, p),
+        10: lambda p: savez_to(p, np.savez_compressed, step=np.asarray(10)),              # deflated: not written by podkit
+        11: lambda p: savez_to(p, np.savez, step=np.asarray(11), model=np.array([{"w1": 1}], dtype=object)),  # a pickle
     }
     for step, write in wrong.items():
         write(tmp_path / f"step-{step:08d}.pt")
     good = tmp_path / "step-00000007.pt"
     d.save(Codec, 7, checkpoint(7))
+    d.save(Codec, 12, checkpoint(12))
+    (tmp_path / "step-00000012.pt").write_bytes((tmp_path / "step-00000012.pt").read_bytes()[:-30])  # torn
     raw = bytearray(good.read_bytes())
     raw[len(raw) // 3] ^= 0xFF  # inside an array's bytes: its member's CRC no longer matches
     good.write_bytes(bytes(raw))
     path, state = d.load_latest(Codec)
     assert path.name == "step-00000001.pt" and state["step"] == 1
-    assert sorted(p.name for p in tmp_path.glob("step-*.pt")) == [f"step-{s:08d}.pt" for s in range(1, 8)], \
+    assert sorted(p.name for p in tmp_path.glob("step-*.pt")) == [f"step-{s:08d}.pt" for s in range(1, 13)], \
         "nothing is deleted"
+    assert [p.name for p in d.unreadable] == [f"step-{s:08d}.pt" for s in range(12, 1, -1)]
 
 
 ARRAYS = hnp.arrays(st.sampled_from([np.float32, np.float64, np.int64]), hnp.array_shapes(min_dims=0, max_dims=3,
@@ -109,5 +126,68 @@ def test_torchs_zip_is_not_read_as_an_npz_whose_members_are_bytes(tmp_path):
     """torch.save writes a zip too: np.load opens it and hands its pickle back as bytes, not an error."""
     torch = pytest.importorskip("torch")
     torch.save({"step": 1}, tmp_path / "t.pt")
-    with pytest.raises(ValueError, match="not an NPZ checkpoint"):
+    with pytest.raises(ValueError, match="a torch checkpoint, not NPZ"):
         NPZ.load(tmp_path / "t.pt")
+
+
+def test_a_checkpoint_of_float64_arrays_resumes_as_float32():
+    state = checkpoint(3)
+    state["model"] = {k: v.astype(np.float64) for k, v in state["model"].items()}
+    net = TinyNet(0)
+    net.load_state_dict(state["model"])
+    assert {v.dtype for v in net.params.values()} == {np.dtype(np.float32)}
+
+
+def test_a_diverging_step_reports_inf_then_nan_with_no_warning():
+    net = TinyNet(0)
+    opt = Adam(net.params, 1e30)
+    x = _rng(1).standard_normal((64, 16)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        losses = [train(net, opt, x, x[:, :1]) for _ in range(4)]
+    assert np.isfinite(losses[0]) and not np.isfinite(losses[-1]), losses
+
+
+@pytest.mark.parametrize("keys", [("a", "a/b"), ("a/b", "a")])
+def test_a_key_that_is_both_a_value_and_a_tree_is_refused(tmp_path, keys):
+    savez_to(tmp_path / "c.npz", np.savez, **{k: np.zeros(1) for k in keys})
+    with pytest.raises(ValueError, match="is under a value|is a value and a tree"):
+        NPZ.load(tmp_path / "c.npz")
+
+
+def test_an_older_podkits_torch_checkpoints_are_set_aside_so_the_runs_own_are_kept(tmp_path, monkeypatch):
+    """A smoke workspace an older podkit trained (torch's files, steps 80-100, keep 3): their step numbers would
+    outrank every new checkpoint, and retention would delete the run's own the moment each is written."""
+    torch = pytest.importorskip("torch")
+    for k in [k for k in os.environ if k.startswith("PODKIT_")]:
+        monkeypatch.delenv(k)
+    cfg = config.load(environ={"PODKIT_CONFIG": str(ROOT / "configs" / "smoke.yaml"),
+                               "PODKIT_WORKSPACE": str(tmp_path), "PODKIT_TRAINER_KEEP_CHECKPOINTS": "3"})
+    cfg.checkpoint_dir.mkdir(parents=True)
+    for step in (80, 90, 100):
+        torch.save({"step": step}, cfg.checkpoint_dir / f"step-{step:08d}.pt")
+    t = FakeTrainer(cfg)
+    t.resume()
+    assert t.step == 0
+    kept = sorted(p.name for p in (cfg.checkpoint_dir / "unreadable").iterdir())
+    assert kept == ["step-00000080.pt", "step-00000090.pt", "step-00000100.pt"]
+    t.step = 10
+    written = t.checkpoint("test")
+    assert written.exists() and CheckpointDir(cfg.checkpoint_dir).latest_path() == written
+    again = FakeTrainer(cfg)
+    again.resume()
+    assert again.step == 10
+
+
+def test_an_object_array_is_refused_before_its_pickle_is_read(tmp_path):
+    """A pickle in a checkpoint would run code on load: numpy is told never to read one."""
+    savez_to(tmp_path / "p.npz", np.savez, x=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(ValueError, match="allow_pickle"):
+        NPZ.load(tmp_path / "p.npz")
+
+
+def test_a_deflated_member_is_refused_unread_so_a_small_file_cannot_inflate_to_gigabytes(tmp_path):
+    savez_to(tmp_path / "z.npz", np.savez_compressed, x=np.zeros(1 << 20, np.float32))  # 4 MiB in about 4 KiB
+    assert (tmp_path / "z.npz").stat().st_size < 1 << 16
+    with pytest.raises(ValueError, match="a compressed member"):
+        NPZ.load(tmp_path / "z.npz")

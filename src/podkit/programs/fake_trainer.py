@@ -57,7 +57,7 @@ class Inference:
 
 
 def _rng(seed: int) -> np.random.Generator:
-    return np.random.default_rng(seed % 2**63)  # a negative seed is a setting, not an error
+    return np.random.default_rng(seed)  # trainer.seed is 0..2^32-1 (settings)
 
 
 class TinyNet:
@@ -129,6 +129,14 @@ def _checked(state, shapes: dict, what: str) -> dict:
     return out
 
 
+def train(net: TinyNet, opt: Adam, x: np.ndarray, y: np.ndarray) -> float:
+    """One step; its loss before the update."""
+    with np.errstate(all="ignore"):  # a diverging run's inf and NaN are its loss to report, not warnings
+        loss, grads = net.loss_and_grads(x, y)
+        opt.step(net.params, grads)
+    return loss
+
+
 class Codec:
     """NPZ whose load also checks the state's shape: a file that loads but is not this net's checkpoint (a
     renamed key, another model's arrays, a step that is not a count) is unreadable, and an older one is tried."""
@@ -174,6 +182,10 @@ class FakeTrainer:
 
     def resume(self) -> None:
         found = self.ckpts.load_latest(self.codec)
+        for p in self.ckpts.unreadable:  # newer than what loads (or than nothing): they would outrank this run's own
+            kept = self.ckpts.set_aside(p).relative_to(self.ckpts.path)
+            _log.warn(f"checkpoint {p.name} does not load: moved to checkpoints/{kept}, kept for you; this run's "
+                      "own checkpoints go on beside it")
         if found is None:
             _log.info("no checkpoint found: starting at step 0")
             return
@@ -223,10 +235,7 @@ class FakeTrainer:
         g = _rng(self.seed * 1_000_003 + self.step)
         x = g.standard_normal((64, 16)).astype(np.float32)
         y = x @ self.true_w + np.float32(0.01) * g.standard_normal((64, 1)).astype(np.float32)
-        with np.errstate(all="ignore"):  # a diverging run's inf and NaN are its loss to report, not warnings
-            loss, grads = self.model.loss_and_grads(x, y)
-            self.opt.step(self.model.params, grads)
-        return loss
+        return train(self.model, self.opt, x, y)
 
     def checkpoint(self, why: str) -> Path | None:
         if not self.cfg.multi_node and (holder := lease.lost(self.cfg.state_dir)):

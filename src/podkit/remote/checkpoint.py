@@ -42,6 +42,7 @@ class CheckpointDir:
     def __init__(self, path: Path, keep: int = 0) -> None:
         self.path = Path(path)
         self.keep = keep
+        self.unreadable: list[Path] = []
 
     def steps(self) -> list[tuple[int, Path]]:
         if not self.path.is_dir():
@@ -96,8 +97,22 @@ class CheckpointDir:
                     removed.append(p)
         return removed
 
+    def set_aside(self, p: Path) -> Path:
+        """Move a checkpoint that does not load to `unreadable/` beside the others, kept for a person: a step
+        number it still held would outrank the run's own checkpoints (retention would delete those, and
+        the remote would take it for the newest)."""
+        dest_dir = self.path / "unreadable"
+        dest_dir.mkdir(exist_ok=True)
+        dest = dest_dir / p.name
+        n = 1
+        while dest.exists():
+            dest, n = dest_dir / f"{p.name}.{n}", n + 1
+        os.replace(p, dest)
+        return dest
+
     def load_latest(self, codec) -> tuple[Path, dict] | None:
-        """The newest checkpoint that loads; a corrupt one is reported and skipped, never deleted."""
+        """The newest checkpoint that loads; a corrupt one is reported and skipped, never deleted. Those
+        skipped are in `self.unreadable`, newest first."""
         for p in self.clear_dead_temps():
             _log.info(f"removed {p.name}, the temp file of a writer that died mid-checkpoint")
         candidates = []
@@ -105,11 +120,13 @@ class CheckpointDir:
         if latest is not None:
             candidates.append(latest)
         candidates += [p for _, p in self.steps() if p != latest]
+        self.unreadable = []
         for p in candidates:
             try:
                 return p, codec.load(p)
             except Exception as e:  # noqa: BLE001 - any unreadable file means: try the previous one
                 _log.warn(f"checkpoint {p.name} is unreadable ({type(e).__name__}: {e}); trying an older one")
+                self.unreadable.append(p)
         return None
 
 
@@ -141,10 +158,18 @@ class NPZ:
 
     @staticmethod
     def load(path) -> dict:
+        import zipfile
+
         import numpy as np
 
         state: dict = {}
         with np.load(path, allow_pickle=False) as z:
+            names = [i.filename for i in z.zip.infolist()]
+            if any(n.endswith("data.pkl") for n in names):
+                raise ValueError("a torch checkpoint, not NPZ (an older podkit's fake trainer wrote torch's)")
+            if any(i.compress_type != zipfile.ZIP_STORED for i in z.zip.infolist()):
+                # np.savez stores: a deflated member is not ours, and could inflate a small file to GBs
+                raise ValueError("a compressed member: not an NPZ checkpoint podkit wrote")
             for key in z.files:
                 *parents, leaf = key.split("/")
                 node = state
@@ -152,8 +177,10 @@ class NPZ:
                     node = node.setdefault(k, {})
                     if not isinstance(node, dict):
                         raise ValueError(f"checkpoint key {key!r} is under a value")
+                if isinstance(node.get(leaf), dict):
+                    raise ValueError(f"checkpoint key {key!r} is a value and a tree")
                 value = z[key]
-                if not isinstance(value, np.ndarray):  # a member that is not .npy: another format's zip (torch's)
+                if not isinstance(value, np.ndarray):  # a member that is not .npy: another format's zip
                     raise ValueError(f"member {key!r} is not an array: not an NPZ checkpoint")
                 node[leaf] = value.item() if value.ndim == 0 else value
         return state
