@@ -37,6 +37,8 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import re
+import shutil
+import tempfile
 import threading
 import time
 from http.server import ThreadingHTTPServer
@@ -116,12 +118,16 @@ class RunPodV2Stub(Pods, Catalog, Wire):
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, args=(0.05,), name="runpod-stub", daemon=True).start()
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        # podkit's deploy cache (a pending create's note, a watch's lock) for the commands a test runs against this
+        # stub: one shared by the suite's workers read another test's create as an interrupted deploy of its own
+        self.cache_dir = tempfile.mkdtemp(prefix="podkit-deploy-cache-")
 
     # -- lifetime and what the tests read ----------------------------------------------------------
 
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+        shutil.rmtree(self.cache_dir, ignore_errors=True)
 
     def __enter__(self) -> RunPodV2Stub:
         return self

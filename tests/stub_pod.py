@@ -14,9 +14,10 @@ STOP = "POST /v2/pods/pod-abc123/action"
 
 
 @pytest.fixture
-def runpod_api():
+def runpod_api(monkeypatch):
     stub = RunPodV2Stub(key=KEY)
     stub.add_pod(id="pod-abc123", name="podkit-run")
+    monkeypatch.setenv("PODKIT_CACHE_DIR", stub.cache_dir)  # in-process verbs: this test's notes and locks
     yield stub
     assert stub.graphql == [] and stub.refused == []
     stub.assert_clean()

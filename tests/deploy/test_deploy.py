@@ -38,6 +38,7 @@ def runpod_api(monkeypatch):
     stub = RunPodV2Stub(key=KEY)
     monkeypatch.setenv("RUNPOD_API_BASE_URL", stub.url)
     monkeypatch.setenv("RUNPOD_API_KEY", KEY)
+    monkeypatch.setenv("PODKIT_CACHE_DIR", stub.cache_dir)  # in-process verbs: this test's notes and locks
     yield stub
     assert stub.graphql == [], "nothing of podkit's speaks GraphQL"
     stub.assert_clean()
@@ -46,7 +47,7 @@ def runpod_api(monkeypatch):
 
 def podkit_deploy(stub, *args, env: dict | None = None):
     env = {"RUNPOD_API_BASE_URL": stub.url, "RUNPOD_API_KEY": KEY, "PATH": "/usr/bin:/bin", "HOME": "/nonexistent",
-           **(env or {})}
+           "PODKIT_CACHE_DIR": stub.cache_dir, **(env or {})}
     return subprocess.run([sys.executable, "-m", "podkit", "deploy", *args], capture_output=True, text=True,
                           env=env, timeout=60)
 

@@ -250,7 +250,7 @@ def test_a_replacement_refused_for_capacity_is_tried_again_as_the_next_attempt(r
 
 def podkit_deploy(stub: RunPodV2Stub, *args: str, **env: str) -> subprocess.CompletedProcess:
     env = {"RUNPOD_API_BASE_URL": stub.url, "RUNPOD_API_KEY": KEY, "PATH": "/usr/bin:/bin", "HOME": "/nonexistent",
-           **env}
+           "PODKIT_CACHE_DIR": stub.cache_dir, **env}
     return subprocess.run([sys.executable, "-m", "podkit", "deploy", *args], capture_output=True, text=True,
                           env=env, timeout=60)
 
