@@ -29,6 +29,13 @@ def test_boot_after_a_dirty_restart_frees_the_gpus_and_resumes(stack_factory, tm
     held = {h.pid for h in gpu.holders(gpu.match_devices(f"{dev}/nvidia*"))[0]}
     assert set(old.values()) <= held
     sock = s.current()["socket"]
+    # The new boot takes the workspace's lease before it reaps: a running old trainer sees that at its next step and
+    # leaves by itself (lease.lost), sometimes before the reap (suite run 81). Hung (the fake trainer's SIGUSR1:
+    # blocked, SIGTERM ignored), it is the holder that does not leave, which the reap is for. Its stack says when.
+    os.kill(old["trainer"], signal.SIGUSR1)
+    stacks = s.workspace / "logs" / f"stacks-{old['trainer']}.txt"
+    wait_for(lambda: os.kill(old["trainer"], signal.SIGUSR2) or "_injected_hang" in stacks.read_text(), 20,
+             interval=0.2, what="the old trainer to hang")
     os.kill(s.proc.pid, signal.SIGKILL)
     s.proc.wait(10)
     assert os.path.exists(sock) and all(alive(p) for p in old.values()), "the leftovers this test needs"
