@@ -191,3 +191,55 @@ def test_a_deflated_member_is_refused_unread_so_a_small_file_cannot_inflate_to_g
     assert (tmp_path / "z.npz").stat().st_size < 1 << 16
     with pytest.raises(ValueError, match="a compressed member"):
         NPZ.load(tmp_path / "z.npz")
+
+
+def smoke_cfg(tmp_path, monkeypatch, **env):
+    for k in [k for k in os.environ if k.startswith("PODKIT_")]:
+        monkeypatch.delenv(k)
+    cfg = config.load(environ={"PODKIT_CONFIG": str(ROOT / "configs" / "smoke.yaml"), "PODKIT_WORKSPACE": str(tmp_path),
+                               **env})
+    cfg.checkpoint_dir.mkdir(parents=True)
+    return cfg
+
+
+def test_a_name_set_aside_twice_keeps_both_files(tmp_path):
+    """A restore can bring the same unreadable file back: the second move never overwrites the first."""
+    d = CheckpointDir(tmp_path)
+    for body in (b"first", b"second"):
+        (tmp_path / "step-00000009.pt").write_bytes(body)
+        d.set_aside(tmp_path / "step-00000009.pt")
+    kept = {p.name: p.read_bytes() for p in (tmp_path / "unreadable").iterdir()}
+    assert kept == {"step-00000009.pt": b"first", "step-00000009.pt.1": b"second"}
+
+
+@pytest.mark.parametrize("planted", ["file", "link"])
+def test_an_unreadable_checkpoint_that_cannot_be_moved_aside_is_left_and_the_trainer_trains(tmp_path, monkeypatch,
+                                                                                          planted):
+    cfg = smoke_cfg(tmp_path, monkeypatch)
+    NPZ.save({"step": 4, "model": {"w": np.zeros(2, np.float32)}}, cfg.checkpoint_dir / "step-00000004.pt")  # not ours
+    Codec.save(checkpoint(2), cfg.checkpoint_dir / "step-00000002.pt")
+    target = cfg.checkpoint_dir / "unreadable"
+    if planted == "file":
+        target.write_text("a user's notes\n")
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        target.symlink_to(tmp_path / "elsewhere")
+    t = FakeTrainer(cfg)
+    t.resume()
+    assert t.step == 2 and (cfg.checkpoint_dir / "step-00000004.pt").exists()
+    assert not list((tmp_path / "elsewhere").iterdir()) if planted == "link" else target.read_text() == "a user's notes\n"
+
+
+def test_a_checkpoint_whose_read_failed_is_not_set_aside(tmp_path, monkeypatch):
+    """An I/O error says nothing of a file's bytes (EIO, a file gone under the listing): it stays where it is."""
+    d = CheckpointDir(tmp_path)
+    d.save(Codec, 3, checkpoint(3))
+    d.save(Codec, 5, checkpoint(5))
+
+    def load(path):
+        if path.name == "step-00000005.pt":
+            raise OSError(5, "Input/output error")
+        return Codec.load(path)
+
+    path, state = d.load_latest(type("Flaky", (), {"load": staticmethod(load)}))
+    assert state["step"] == 3 and d.unreadable == []

@@ -183,7 +183,12 @@ class FakeTrainer:
     def resume(self) -> None:
         found = self.ckpts.load_latest(self.codec)
         for p in self.ckpts.unreadable:  # newer than what loads (or than nothing): they would outrank this run's own
-            kept = self.ckpts.set_aside(p).relative_to(self.ckpts.path)
+            try:
+                kept = self.ckpts.set_aside(p).relative_to(self.ckpts.path)
+            except OSError as e:  # a read-only volume, a planted `unreadable`: train on, as checkpoint() does
+                _log.warn(f"checkpoint {p.name} does not load and could not be moved aside ({e}): it stays, and "
+                          "retention may delete this run's older-numbered checkpoints; move it out of checkpoints/")
+                continue
             _log.warn(f"checkpoint {p.name} does not load: moved to checkpoints/{kept}, kept for you; this run's "
                       "own checkpoints go on beside it")
         if found is None:

@@ -102,17 +102,19 @@ class CheckpointDir:
         number it still held would outrank the run's own checkpoints (retention would delete those, and
         the remote would take it for the newest)."""
         dest_dir = self.path / "unreadable"
+        if dest_dir.is_symlink() or (os.path.lexists(dest_dir) and not dest_dir.is_dir()):
+            raise OSError(f"{dest_dir} is not a directory of podkit's (a link or a file)")
         dest_dir.mkdir(exist_ok=True)
         dest = dest_dir / p.name
         n = 1
-        while dest.exists():
+        while os.path.lexists(dest):  # one set aside before (a restore brought it back): both kept
             dest, n = dest_dir / f"{p.name}.{n}", n + 1
-        os.replace(p, dest)
+        os.rename(p, dest)
         return dest
 
     def load_latest(self, codec) -> tuple[Path, dict] | None:
         """The newest checkpoint that loads; a corrupt one is reported and skipped, never deleted. Those
-        skipped are in `self.unreadable`, newest first."""
+        skipped for their contents (not for a read that failed) are in `self.unreadable`, newest first."""
         for p in self.clear_dead_temps():
             _log.info(f"removed {p.name}, the temp file of a writer that died mid-checkpoint")
         candidates = []
@@ -126,7 +128,8 @@ class CheckpointDir:
                 return p, codec.load(p)
             except Exception as e:  # noqa: BLE001 - any unreadable file means: try the previous one
                 _log.warn(f"checkpoint {p.name} is unreadable ({type(e).__name__}: {e}); trying an older one")
-                self.unreadable.append(p)
+                if not isinstance(e, OSError):  # its bytes, not a read that failed this time (EIO, gone)
+                    self.unreadable.append(p)
         return None
 
 
